@@ -1,0 +1,24 @@
+"""The producer's API: enqueue jobs inside your own SQLAlchemy transaction.
+
+::
+
+    with Session(engine) as session, session.begin():
+        session.add(Order(...))
+        job_id = outbox.enqueue(session, "send_receipt", {"order_id": 42})
+    # committed together: the order, the job, and its wake-up
+
+Nothing here commits; a rolled-back transaction leaves no job behind.
+"""
+
+from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_BYTES_ENV",
+    "NewJob",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+]

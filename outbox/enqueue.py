@@ -1,0 +1,163 @@
+"""Enqueue jobs inside the caller's SQLAlchemy transaction.
+
+The job row and its wake-up (an outbox row) are written through the caller's
+connection and commit, or roll back, with the caller's own rows. Nothing here
+commits. The relay hears about new wake-ups through a NOTIFY that PostgreSQL sends
+only when the transaction commits.
+
+The statements are psycopg-style SQL from :mod:`schema.queries`, run with
+``exec_driver_sql``, so the session must use the psycopg 3 driver
+(``postgresql+psycopg://``), synchronous or asynchronous.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.validation import NewJob, max_payload_bytes, to_row
+from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
+
+
+@dataclass(frozen=True)
+class _Plan:
+    rows: list[str]
+    keys: list[tuple[str, str | None]]  # (job_type, dedup_key) per job, in order
+
+    @property
+    def document(self) -> str:
+        return "[" + ",".join(self.rows) + "]"
+
+    def lookup_document(self, inserted: set[uuid.UUID], ids: list[uuid.UUID]) -> str | None:
+        """The (job_type, dedup_key) pairs whose insert was skipped as a duplicate."""
+        wanted = [
+            {"job_type": t, "dedup_key": k}
+            for (t, k), job_id in zip(self.keys, ids, strict=True)
+            if job_id not in inserted
+        ]
+        return json.dumps(wanted, ensure_ascii=False) if wanted else None
+
+
+def _plan(jobs: Iterable[NewJob]) -> tuple[_Plan, list[uuid.UUID]]:
+    limit = max_payload_bytes()
+    rows: list[str] = []
+    keys: list[tuple[str, str | None]] = []
+    ids: list[uuid.UUID] = []
+    for job in jobs:
+        if not isinstance(job, NewJob):
+            raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
+        job_id, row = to_row(job, limit)
+        rows.append(row)
+        keys.append((job.job_type, job.dedup_key))
+        ids.append(job_id)
+    return _Plan(rows, keys), ids
+
+
+def _resolve(
+    plan: _Plan,
+    ids: list[uuid.UUID],
+    inserted: set[uuid.UUID],
+    found: Sequence[Any],
+) -> list[uuid.UUID]:
+    existing = {(row[0], row[1]): row[2] for row in found}
+    result: list[uuid.UUID] = []
+    for (job_type, dedup_key), job_id in zip(plan.keys, ids, strict=True):
+        if job_id in inserted:
+            result.append(job_id)
+        elif (job_type, dedup_key) in existing:
+            result.append(existing[(job_type, dedup_key)])
+        else:
+            # The winner of a dedup race was deleted, or rolled back after we looked.
+            raise RuntimeError(
+                f"dedup_key {dedup_key!r} for {job_type!r} conflicted but no job holds it; "
+                "retry the transaction"
+            )
+    return result
+
+
+def _check_driver(conn: Connection | AsyncConnection) -> None:
+    if conn.dialect.driver != "psycopg":
+        raise TypeError(
+            "outbox.enqueue needs a session on the psycopg 3 driver "
+            f"(postgresql+psycopg://), not {conn.dialect.name}+{conn.dialect.driver}"
+        )
+
+
+def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+    """Enqueue several jobs in one statement; returns their ids in the given order.
+
+    A job whose ``dedup_key`` is already taken for its job type is not inserted; its
+    place in the result holds the existing job's id.
+    """
+    plan, ids = _plan(jobs)
+    if not ids:
+        return []
+    conn = session.connection()
+    _check_driver(conn)
+    inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
+    lookup = plan.lookup_document(inserted, ids)
+    found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
+    return _resolve(plan, ids, inserted, found)
+
+
+async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+    """:func:`enqueue_many` for an ``AsyncSession``."""
+    plan, ids = _plan(jobs)
+    if not ids:
+        return []
+    conn = await session.connection()
+    _check_driver(conn)
+    result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
+    inserted = set(result.scalars())
+    lookup = plan.lookup_document(inserted, ids)
+    found: Sequence[Any] = []
+    if lookup:
+        found = (await conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup})).all()
+    return _resolve(plan, ids, inserted, found)
+
+
+def enqueue(
+    session: Session,
+    job_type: str,
+    payload: Any,
+    *,
+    queue: str = "default",
+    dedup_key: str | None = None,
+    run_after: datetime | timedelta | None = None,
+    max_attempts: int | None = None,
+    priority: int = 0,
+) -> uuid.UUID:
+    """Enqueue one job through the session's transaction, without committing.
+
+    Returns the new job's id, or with a ``dedup_key`` already used for ``job_type``,
+    the existing job's id (and inserts nothing). ``run_after`` is an aware datetime
+    or a timedelta from the database's now. Without ``max_attempts`` the job's
+    handler decides (else 5). Raises ``TypeError``/``ValueError`` before writing
+    anything if an argument is unacceptable.
+    """
+    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority)
+    return enqueue_many(session, [job])[0]
+
+
+async def enqueue_async(
+    session: AsyncSession,
+    job_type: str,
+    payload: Any,
+    *,
+    queue: str = "default",
+    dedup_key: str | None = None,
+    run_after: datetime | timedelta | None = None,
+    max_attempts: int | None = None,
+    priority: int = 0,
+) -> uuid.UUID:
+    """:func:`enqueue` for an ``AsyncSession``."""
+    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority)
+    return (await enqueue_many_async(session, [job]))[0]

@@ -1,0 +1,56 @@
+"""The job state machine: the states, and which transitions are legal.
+
+The same machine is enforced three times: by the CHECK constraint on ``jobs.state``
+(migration 0001), by the guarded UPDATEs in :mod:`schema.queries` (each names the
+states it may leave), and by this table, which the model-based test checks every
+applied transition against. ``docs/state_machine.md`` draws it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    CANCELLED = "CANCELLED"
+
+
+CLAIMABLE = frozenset({JobState.QUEUED, JobState.RETRY_WAIT})
+LEASED = frozenset({JobState.RUNNING, JobState.CANCEL_REQUESTED})
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+# Every transition a statement in schema/queries.py can make, and nothing else.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # claim; a cancel request on a job nobody holds cancels it outright
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RETRY_WAIT: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    # outcomes reported by the lease holder, the sweeper, a graceful give-back,
+    # a cancel request
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.RETRY_WAIT,
+            JobState.FAILED,
+            JobState.CANCELLED,
+            JobState.QUEUED,
+            JobState.CANCEL_REQUESTED,
+        }
+    ),
+    # the worker finishes anyway, gives up, acknowledges the cancel, or its lease
+    # lapses (the sweeper cancels); a give-back during shutdown cancels too, since
+    # nobody wants the job run again
+    JobState.CANCEL_REQUESTED: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def is_legal(before: JobState, after: JobState) -> bool:
+    return before == after or after in TRANSITIONS[before]
