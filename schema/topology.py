@@ -107,6 +107,9 @@ class Declared:
             self.queues[queue] = declared
         return declared
 
+    def forget_queues(self) -> None:
+        self.queues.clear()
+
 
 def _dead_letter_arguments(topology: Topology) -> dict[str, Any]:
     if topology.queue_type is QueueType.QUORUM:

@@ -29,7 +29,7 @@ def run_migrations_online() -> None:
         _run(connection)
         return
     try:
-        url = database_url()
+        url = context.config.attributes.get("url") or database_url()
     except ConfigError as exc:
         sys.exit(f"alembic: {exc}")
     engine = create_engine(url.sqlalchemy, poolclass=pool.NullPool)

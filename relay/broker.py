@@ -1,0 +1,90 @@
+"""The relay's side of RabbitMQ: a robust connection, and batches of wake-ups
+published with their confirms awaited together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+
+from schema.config import AmqpUrl
+from schema.topology import MAX_PRIORITY, Declared, Topology
+
+log = logging.getLogger("relay")
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    outbox_id: int
+    job_id: uuid.UUID
+    queue: str
+    priority: int
+
+
+class Publisher:
+    def __init__(self, amqp: AmqpUrl, topology: Topology) -> None:
+        self.amqp = amqp
+        self.topology = topology
+        self.connection: AbstractRobustConnection | None = None
+        self.declared: Declared | None = None
+        self.closing = False
+
+    async def connect(self) -> None:
+        self.connection = await aio_pika.connect_robust(
+            self.amqp.url, client_properties={"connection_name": "relay"}
+        )
+        self.connection.reconnect_callbacks.add(self._on_reconnect)
+        self.connection.close_callbacks.add(self._on_close)
+        # on_return_raises: an unroutable wake-up fails its publish instead of being
+        # dropped by the broker.
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        self.declared = Declared(channel, self.topology)
+        await self.declared.base()
+        log.info("relay.broker_connected", extra={"amqp": self.amqp.redacted()})
+
+    def _on_reconnect(self, *_: object) -> None:
+        log.info("relay.broker_reconnected", extra={"amqp": self.amqp.redacted()})
+
+    def _on_close(self, _connection: object, exc: BaseException | None = None) -> None:
+        if exc is not None and not self.closing:
+            log.warning("relay.broker_connection_lost", extra={"error": str(exc)})
+
+    async def publish(self, wakeups: Sequence[WakeUp], confirm_timeout: float) -> None:
+        """Publish every wake-up and wait for all the broker's confirms.
+
+        Raises if any is not confirmed (nacked, returned as unroutable, or not
+        confirmed within ``confirm_timeout`` seconds); the caller then rolls the batch back.
+        """
+        assert self.declared is not None, "connect() first"
+        for queue in {w.queue for w in wakeups}:
+            await self.declared.queue(queue)
+        exchange = await self.declared.base()
+
+        async def one(w: WakeUp) -> None:
+            message = aio_pika.Message(
+                str(w.job_id).encode(),
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                priority=min(max(w.priority, 0), MAX_PRIORITY),
+                message_id=str(w.outbox_id),
+                content_type="text/plain",
+            )
+            await exchange.publish(message, routing_key=w.queue, mandatory=True)
+
+        try:
+            async with asyncio.timeout(confirm_timeout):
+                await asyncio.gather(*(one(w) for w in wakeups))
+        except aio_pika.exceptions.PublishError:
+            # Returned as unroutable: the queue was deleted behind our back (say, from
+            # the management UI). Declare it again before the batch is retried.
+            self.declared.forget_queues()
+            raise
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.connection is not None:
+            await self.connection.close()

@@ -1,0 +1,67 @@
+"""``relay``: publish the outbox to RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import click
+
+from relay.service import Relay
+from relay.settings import RelaySettings
+from schema.cli import connection_options, run_daemon, topology
+from schema.config import amqp_url, database_url
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@connection_options
+@click.option(
+    "--poll-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between outbox polls when no NOTIFY arrives.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=500,
+    show_default=True,
+    help="Wake-ups claimed and published per transaction.",
+)
+@click.option(
+    "--publishers", type=int, default=2, show_default=True, help="Batches in flight at once."
+)
+@click.option(
+    "--publish-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for a batch's confirms before rolling it back.",
+)
+@click.option(
+    "--retention",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds a sent wake-up is kept before it is pruned.",
+)
+def main(**kwargs: Any) -> None:
+    """Publish due wake-ups from the outbox table to RabbitMQ, mark them sent,
+    and prune old ones. Stops cleanly on SIGTERM or SIGINT."""
+
+    def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+        settings = RelaySettings(
+            database=database_url(kwargs["database_url"]),
+            amqp=amqp_url(kwargs["amqp_url"]),
+            topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
+            poll_interval=kwargs["poll_interval"],
+            batch_size=kwargs["batch_size"],
+            publishers=kwargs["publishers"],
+            publish_timeout=kwargs["publish_timeout"],
+            retention=kwargs["retention"],
+        )
+        return Relay(settings).run
+
+    run_daemon("relay", kwargs["log_level"], build)

@@ -1,0 +1,45 @@
+"""The relay's settings: one frozen object, built by the CLI and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schema.config import AmqpUrl, ConfigError, DatabaseUrl
+from schema.topology import Topology
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    database: DatabaseUrl
+    amqp: AmqpUrl
+    topology: Topology = field(default_factory=Topology)
+    # Wake on NOTIFY, and at least this often in case a notification was missed.
+    poll_interval: float = 1.0
+    batch_size: int = 500
+    # Outbox batches in flight at once, each in its own transaction: while one waits
+    # for the broker's confirms, the next is already being claimed.
+    publishers: int = 2
+    # The publish inside the claim transaction is the one network call allowed
+    # there; it must not hold row locks for long.
+    publish_timeout: float = 5.0
+    retention: float = 300.0
+    prune_interval: float = 10.0
+    prune_batch: int = 5000
+    # Relay-wide gauges (published, rate) are logged this often.
+    stats_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "poll_interval": self.poll_interval,
+            "batch_size": self.batch_size,
+            "publishers": self.publishers,
+            "publish_timeout": self.publish_timeout,
+            "prune_interval": self.prune_interval,
+            "prune_batch": self.prune_batch,
+            "stats_interval": self.stats_interval,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.retention < 0:
+            raise ConfigError("retention must not be negative")

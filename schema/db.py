@@ -1,0 +1,47 @@
+"""PostgreSQL connections for the daemons: pooled for statements, single for LISTEN."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from schema.config import DatabaseUrl
+
+
+def connection_kwargs(application_name: str) -> dict[str, Any]:
+    # TCP keepalives notice a silently dead database connection in well under a minute;
+    # application_name shows who is who in pg_stat_activity.
+    return {
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "application_name": application_name,
+    }
+
+
+def make_pool(
+    database: DatabaseUrl, application_name: str, max_size: int
+) -> AsyncConnectionPool[AsyncConnection]:
+    """A closed pool; ``await pool.open(wait=False)`` starts it.
+
+    Connections are not checked on checkout (that is a round trip on every hot-path
+    statement); a broken one fails its statement, the caller's retry takes another,
+    and the pool discards the broken one when it comes back.
+    """
+    return AsyncConnectionPool(
+        database.conninfo,
+        min_size=1,
+        max_size=max_size,
+        kwargs=connection_kwargs(application_name),
+        open=False,
+        name=application_name,
+    )
+
+
+async def listen_connection(database: DatabaseUrl, application_name: str) -> AsyncConnection:
+    return await AsyncConnection.connect(
+        database.conninfo, autocommit=True, **connection_kwargs(application_name)
+    )

@@ -1,0 +1,87 @@
+"""Which failures are worth retrying, and how long to wait between tries.
+
+A transient failure is one where the same statement, run again, can succeed: the
+connection dropped or the server restarted, a serialization failure, a deadlock, a
+pool with no connection to give. Every statement this project retries is safe to
+repeat: a claim or an outcome that did not commit changed nothing, and one that did
+commit makes its repeat match zero rows (its fence or state predicate no longer
+holds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiormq.exceptions
+import psycopg
+import psycopg.errors
+import psycopg_pool
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential,
+    wait_random,
+)
+
+from schema.logfmt import describe_error
+
+# Seconds between reconnect attempts: 0.1, 0.2, 0.4 ... capped at 5, with jitter so a
+# fleet of workers does not return in lockstep after an outage.
+reconnect_wait = wait_exponential(multiplier=0.1, max=5.0) + wait_random(0, 0.2)
+
+_DB_TRANSIENT = (
+    psycopg.OperationalError,  # connection lost, admin shutdown, server starting up
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+    psycopg_pool.PoolTimeout,
+    psycopg.errors.QueryCanceled,
+)
+
+_BROKER_TRANSIENT = (
+    ConnectionError,
+    aiormq.exceptions.AMQPConnectionError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    aiormq.exceptions.ChannelClosed,
+    asyncio.TimeoutError,
+)
+
+
+def is_transient_db_error(exc: BaseException) -> bool:
+    return isinstance(exc, _DB_TRANSIENT)
+
+
+def is_transient_broker_error(exc: BaseException) -> bool:
+    return isinstance(exc, _BROKER_TRANSIENT)
+
+
+def retry_forever(log: logging.Logger, event: str) -> AsyncRetrying:
+    """Retry a step of a daemon loop until it succeeds, backing off between tries.
+
+    Transient failures log a warning; anything else logs an error with its traceback
+    (it is a bug or a misconfiguration, and the operator needs to see it), and is
+    retried too, so one bad moment never stops the daemon.
+    """
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        if exc is None:
+            return
+        fields = {
+            "attempt": state.attempt_number,
+            "retry_in_s": round(state.upcoming_sleep, 2),
+            "error": describe_error(exc),
+        }
+        if is_transient_db_error(exc) or is_transient_broker_error(exc):
+            log.warning(event, extra=fields)
+        else:
+            log.error(event, extra=fields, exc_info=exc)
+
+    return AsyncRetrying(
+        retry=retry_if_exception_type(Exception),
+        wait=reconnect_wait,
+        before_sleep=before_sleep,
+        reraise=True,
+    )

@@ -1,0 +1,168 @@
+"""Fixtures on the real services: a database per test, cloned from a migrated
+template, and a broker namespace (exchange and queue prefix) per test, so tests run
+in any order and side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import psycopg
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from schema.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://127.0.0.1:5672/")
+
+
+def _admin() -> psycopg.Connection:
+    return psycopg.connect(ADMIN_URL, autocommit=True)
+
+
+def _url_for(dbname: str) -> DatabaseUrl:
+    base = ADMIN_URL.rsplit("/", 1)[0]
+    return DatabaseUrl.parse(f"{base}/{dbname}")
+
+
+def alembic_config(url: DatabaseUrl) -> Config:
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "schema" / "migrations"))
+    cfg.attributes["url"] = url
+    return cfg
+
+
+def migrate(url: DatabaseUrl, target: str = "head", *, down: bool = False) -> None:
+    engine = create_engine(url.sqlalchemy)
+    try:
+        with engine.begin() as conn:
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = conn
+            (command.downgrade if down else command.upgrade)(cfg, target)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    name = f"hj_tpl_{uuid.uuid4().hex[:12]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        migrate(_url_for(name))
+        yield name
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_url(template_db: str) -> Iterator[DatabaseUrl]:
+    name = f"hj_t_{uuid.uuid4().hex[:12]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield _url_for(name)
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_db_url() -> Iterator[DatabaseUrl]:
+    """A database with no tables at all, for migration tests."""
+    name = f"hj_e_{uuid.uuid4().hex[:12]}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _url_for(name)
+    finally:
+        with _admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def engine(db_url: DatabaseUrl) -> Iterator[Engine]:
+    eng = create_engine(db_url.sqlalchemy)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+async def async_engine(db_url: DatabaseUrl) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(db_url.sqlalchemy)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+def pg(db_url: DatabaseUrl) -> Iterator[psycopg.Connection]:
+    """An autocommit connection for looking at, and poking, the test database."""
+    with psycopg.connect(db_url.conninfo, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def amqp_url() -> AmqpUrl:
+    return AmqpUrl.parse(AMQP_URL)
+
+
+@pytest.fixture
+async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
+    """A broker namespace of the test's own; its queues are deleted afterwards."""
+    topo = Topology(prefix=f"t{uuid.uuid4().hex[:10]}")
+    yield topo
+    with psycopg.connect(db_url.conninfo) as conn:
+        queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs")]
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        for name in [
+            *(topo.queue_name(q) for q in {*queues, "default"}),
+            topo.dead_letter_queue_name,
+        ]:
+            # A queue that never existed closes the channel: take a new one each time.
+            channel = await connection.channel()
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+        for name in (topo.exchange_name, topo.dead_letter_exchange_name):
+            channel = await connection.channel()
+            with contextlib.suppress(Exception):
+                await channel.exchange_delete(name)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fail early, and say how to fix it, when a service is not there."""
+    problems = []
+    try:
+        with _admin():
+            pass
+    except psycopg.OperationalError as exc:
+        problems.append(
+            f"PostgreSQL at {ADMIN_URL} does not answer ({str(exc).splitlines()[0]}). Start it: "
+            "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+        )
+
+    async def amqp_ok() -> None:
+        conn = await aio_pika.connect(AMQP_URL, timeout=5)
+        await conn.close()
+
+    try:
+        asyncio.run(amqp_ok())
+    except Exception as exc:
+        problems.append(
+            f"RabbitMQ at {AMQP_URL} does not answer ({type(exc).__name__}). "
+            "Start it: rabbitmq-server -detached"
+        )
+    if problems:
+        pytest.exit("\n".join(problems), returncode=3)

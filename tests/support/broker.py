@@ -1,0 +1,69 @@
+"""Reading wake-ups back from RabbitMQ in tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aio_pika
+
+from schema.topology import Declared, Topology
+
+
+async def collect(
+    amqp_url: str,
+    topology: Topology,
+    queue: str,
+    expected: int,
+    timeout: float = 30.0,
+    settle: float = 0.3,
+) -> list[str]:
+    """Consume and ack wake-ups from one queue until ``expected`` arrived and nothing
+    more came for ``settle`` seconds (so duplicates would be counted), or timeout."""
+    connection = await aio_pika.connect(amqp_url)
+    bodies: list[str] = []
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=1000)
+        q = await Declared(channel, topology).queue(queue)
+        deadline = time.monotonic() + timeout
+        async with q.iterator() as it:
+            while time.monotonic() < deadline:
+                wait = settle if len(bodies) >= expected else deadline - time.monotonic()
+                try:
+                    message = await asyncio.wait_for(it.__anext__(), max(wait, 0.01))
+                except TimeoutError:
+                    if len(bodies) >= expected:
+                        break
+                    continue
+                bodies.append(message.body.decode())
+                await message.ack()
+    return bodies
+
+
+async def queue_depth(amqp_url: str, topology: Topology, queue: str) -> int:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        q = await Declared(channel, topology).queue(queue)
+        return q.declaration_result.message_count or 0
+
+
+async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        declared = Declared(channel, topology)
+        await declared.queue(queue)
+        exchange = await declared.base()
+        await exchange.publish(aio_pika.Message(body), routing_key=queue)
+
+
+async def purge(amqp_url: str, topology: Topology, queue: str) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        q = await Declared(channel, topology).queue(queue)
+        with contextlib.suppress(Exception):
+            await q.purge()

@@ -1,0 +1,116 @@
+"""Real `relay` and `consumer` processes for tests where a process boundary matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from schema.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+class Daemon:
+    def __init__(self, command: str, args: list[str], env: dict[str, str]) -> None:
+        self.command = command
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{command}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [str(BIN / command), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def has_event(self, name: str) -> bool:
+        return any(e.get("event") == name for e in self.events())
+
+    def wait_for_event(self, name: str, timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events():
+                if e.get("event") == name:
+                    return e
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.command} exited {self.proc.returncode}:\n{self.text()}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} from {self.command} in {timeout}s:\n{self.text()[-4000:]}")
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then wait; returns the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+
+def service_env(
+    db: DatabaseUrl, amqp: AmqpUrl | str, topology: Topology, **extra: str
+) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RELAY_", "CONSUMER_"))
+    }
+    env.update(
+        DATABASE_URL=db.conninfo,
+        AMQP_URL=amqp if isinstance(amqp, str) else amqp.url,
+        AMQP_PREFIX=topology.prefix,
+        AMQP_QUEUE_TYPE=topology.queue_type.value,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def running(command: str, args: list[str], env: dict[str, str], ready: str) -> Iterator[Daemon]:
+    """Start a daemon, wait for its ready event, and stop it (or kill it) afterwards."""
+    daemon = Daemon(command, args, env)
+    try:
+        daemon.wait_for_event(ready)
+        yield daemon
+    finally:
+        if daemon.proc.poll() is None:
+            try:
+                daemon.stop(20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()

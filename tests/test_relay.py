@@ -1,0 +1,301 @@
+"""The relay against real PostgreSQL and RabbitMQ: wake-ups go out once each, late
+ones wait, outages delay and never lose them, several relays share the work."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import aio_pika
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import NewJob
+from relay.service import Relay
+from relay.settings import RelaySettings
+from schema.config import AmqpUrl, DatabaseUrl
+from schema.topology import Declared, Topology
+from tests.support.broker import collect, queue_depth
+from tests.support.processes import BIN, ROOT, running, service_env
+from tests.support.proxy import TcpProxy
+
+
+def enqueue(engine: Engine, n: int, queue: str = "default", **kw: Any) -> list[str]:
+    with Session(engine) as session, session.begin():
+        ids = outbox.enqueue_many(
+            session, [NewJob("t", {"i": i}, queue=queue, **kw) for i in range(n)]
+        )
+    return [str(i) for i in ids]
+
+
+def unsent(pg: psycopg.Connection) -> int:
+    return pg.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0]
+
+
+@asynccontextmanager
+async def relay_running(**overrides: Any) -> AsyncIterator[Relay]:
+    relay = Relay(RelaySettings(**overrides))
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    for _ in range(200):
+        if relay.publisher.declared is not None or task.done():
+            break
+        await asyncio.sleep(0.05)
+    try:
+        yield relay
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_publishes_each_wakeup_and_marks_it_sent(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    a = enqueue(engine, 30, queue="a")
+    b = enqueue(engine, 20, queue="b", priority=5)
+    async with relay_running(database=db_url, amqp=amqp_url, topology=topology):
+        got_a = await collect(amqp_url.url, topology, "a", 30)
+        got_b = await collect(amqp_url.url, topology, "b", 20)
+    assert sorted(got_a) == sorted(a)
+    assert sorted(got_b) == sorted(b)
+    assert unsent(pg) == 0
+
+
+async def test_messages_are_persistent_and_name_the_job(
+    engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    (job_id,) = enqueue(engine, 1, priority=42)
+    async with relay_running(database=db_url, amqp=amqp_url, topology=topology):
+        await asyncio.sleep(1)
+    connection = await aio_pika.connect(amqp_url.url)
+    async with connection:
+        channel = await connection.channel()
+        # Declaring it durable succeeds only if it is: RabbitMQ refuses a mismatch.
+        queue = await Declared(channel, topology).queue("default")
+        message = await queue.get(timeout=5)
+        assert message.body.decode() == job_id
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert message.priority == 9, "priority is clamped to the queue's range"
+        await message.ack()
+
+
+async def test_delayed_wakeup_waits_for_available_at(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    now = enqueue(engine, 1)
+    later = enqueue(engine, 1, run_after=timedelta(seconds=3))
+    async with relay_running(database=db_url, amqp=amqp_url, topology=topology, poll_interval=0.2):
+        assert await collect(amqp_url.url, topology, "default", 1, settle=1.0) == now
+        assert unsent(pg) == 1, "the delayed wake-up went out early"
+        assert await collect(amqp_url.url, topology, "default", 1, timeout=10) == later
+    assert unsent(pg) == 0
+
+
+async def test_broker_outage_leaves_rows_unsent_until_it_returns(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    proxy = TcpProxy("127.0.0.1", 5672)
+    try:
+        via_proxy = AmqpUrl.parse(f"amqp://127.0.0.1:{proxy.port}/")
+        async with relay_running(
+            database=db_url, amqp=via_proxy, topology=topology, poll_interval=0.2, publish_timeout=1
+        ):
+            first = enqueue(engine, 10)
+            assert sorted(await collect(amqp_url.url, topology, "default", 10)) == sorted(first)
+            proxy.down()
+            during = enqueue(engine, 100)
+            await asyncio.sleep(2)
+            assert unsent(pg) == 100
+            assert await queue_depth(amqp_url.url, topology, "default") == 0
+            proxy.up()
+            got = await collect(amqp_url.url, topology, "default", 100, timeout=60)
+    finally:
+        proxy.close()
+    assert sorted(got) == sorted(during)
+    assert unsent(pg) == 0
+
+
+async def test_database_connections_cut_loses_nothing(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    proxy = TcpProxy("127.0.0.1", 5432)
+    try:
+        base = db_url.conninfo.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        async with relay_running(
+            database=DatabaseUrl.parse(base), amqp=amqp_url, topology=topology, poll_interval=0.2
+        ):
+            ids = []
+            for _ in range(5):
+                ids += enqueue(engine, 200)
+                proxy.cut()
+                await asyncio.sleep(0.3)
+            got = await collect(amqp_url.url, topology, "default", 1000, timeout=60, settle=1)
+    finally:
+        proxy.close()
+    assert set(got) == set(ids), "every wake-up arrives (a duplicate is allowed, a loss is not)"
+    assert unsent(pg) == 0
+
+
+async def test_queue_deleted_behind_the_relays_back_is_declared_again(
+    engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    async with relay_running(database=db_url, amqp=amqp_url, topology=topology, poll_interval=0.2):
+        first = enqueue(engine, 5)
+        assert sorted(await collect(amqp_url.url, topology, "default", 5)) == sorted(first)
+        connection = await aio_pika.connect(amqp_url.url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(topology.queue_name("default"))
+        second = enqueue(engine, 5)
+        assert sorted(await collect(amqp_url.url, topology, "default", 5, timeout=30)) == sorted(
+            second
+        )
+
+
+async def test_prunes_sent_rows_after_retention(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    enqueue(engine, 20)
+    enqueue(engine, 5, run_after=timedelta(hours=1))
+    async with relay_running(
+        database=db_url, amqp=amqp_url, topology=topology, retention=0.5, prune_interval=0.2
+    ):
+        await collect(amqp_url.url, topology, "default", 20)
+        for _ in range(50):
+            if pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == 5:
+                break
+            await asyncio.sleep(0.1)
+    rows = pg.execute("SELECT count(*), count(sent_at) FROM outbox").fetchone()
+    assert rows == (5, 0), "sent rows pruned, unsent (delayed) rows kept"
+
+
+def test_two_relay_processes_share_5000_rows(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    env = service_env(db_url, amqp_url, topology)
+    args = ["--batch-size", "200", "--poll-interval", "0.2"]
+    with (
+        running("relay", args, env, "relay.started") as r1,
+        running("relay", args, env, "relay.started") as r2,
+    ):
+        ids = []
+        for _ in range(10):
+            ids += enqueue(engine, 500)
+        got = asyncio.run(collect(amqp_url.url, topology, "default", 5000, timeout=120, settle=1.0))
+        assert r1.stop() == 0
+        assert r2.stop() == 0
+    assert len(got) == 5000, "each row published exactly once"
+    assert set(got) == set(ids)
+    assert unsent(pg) == 0
+    published = [
+        e["published"] for r in (r1, r2) for e in r.events() if e["event"] == "relay.stopped"
+    ]
+    assert sum(published) == 5000
+    assert all(p > 0 for p in published), f"both relays should have taken a share: {published}"
+
+
+def test_sigterm_and_sigint_stop_the_relay_cleanly(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    env = service_env(db_url, amqp_url, topology)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with running("relay", [], env, "relay.started") as relay:
+            relay.signal(signum)
+            assert relay.proc.wait(15) == 0
+            assert relay.has_event("relay.stopped")
+
+
+def test_credentials_never_reach_the_logs(
+    engine: Engine, db_url: DatabaseUrl, topology: Topology
+) -> None:
+    # Trust authentication ignores the password, so a made-up one connects fine.
+    secret_db = DatabaseUrl.parse(db_url.conninfo.replace("127.0.0.1", "root:pg-s3cret@127.0.0.1"))
+    env = service_env(secret_db, "amqp://guest:guest@127.0.0.1:5672/", topology)
+    enqueue(engine, 3)
+    with running("relay", ["--poll-interval", "0.2"], env, "relay.started") as relay:
+        asyncio.run(collect("amqp://127.0.0.1:5672/", topology, "default", 3))
+    text = relay.text()
+    assert "relay.starting" in text
+    assert "pg-s3cret" not in text
+    assert "guest:guest" not in text
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("DATABASE_URL", "not a url", "DATABASE_URL must be a postgresql:// URL"),
+        ("DATABASE_URL", "mysql://u:hunter2@h/db", "DATABASE_URL must be a postgresql:// URL"),
+        (
+            "DATABASE_URL",
+            "postgresql://u:hunter2@h/db?sslmode=bogus=x=y",
+            "DATABASE_URL is not a valid",
+        ),
+        ("AMQP_URL", "http://u:hunter2@h/", "AMQP_URL must be an amqp:// or amqps:// URL"),
+        ("AMQP_URL", "amqp://u:hunter2@h:notaport/", "AMQP_URL"),
+        ("AMQP_URL", "amqp:///vhost", "AMQP_URL must name a host"),
+    ],
+)
+def test_malformed_urls_give_one_line_naming_the_variable(
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    variable: str,
+    value: str,
+    message: str,
+) -> None:
+    env = service_env(db_url, amqp_url, topology) | {variable: value}
+    done = subprocess.run(
+        [str(BIN / "relay")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert message in lines[0]
+    assert "hunter2" not in done.stderr + done.stdout
+
+
+def test_url_from_file(
+    tmp_path, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    secret = tmp_path / "database_url"
+    secret.write_text(db_url.conninfo + "\n")
+    env = service_env(db_url, amqp_url, topology)
+    del env["DATABASE_URL"]
+    env["DATABASE_URL_FILE"] = str(secret)
+    with running("relay", [], env, "relay.started") as relay:
+        assert (
+            os.path.basename(db_url.conninfo) in relay.wait_for_event("relay.starting")["database"]
+        )
