@@ -106,7 +106,7 @@ def run_daemon(
         await run(stop)
 
     try:
-        _event_loop_runner()(main())
+        event_loop_runner()(main())
     except ConfigError as exc:
         click.echo(f"{name}: {exc}", err=True)
         sys.exit(2)
@@ -114,7 +114,7 @@ def run_daemon(
         sys.exit(1)
 
 
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
+def event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not built for every platform

@@ -4,9 +4,7 @@ in any order and side by side."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from schema.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
+from tests.support import services
+from tests.support.services import ADMIN_URL, AMQP_URL
 
 ROOT = Path(__file__).resolve().parent.parent
-ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://127.0.0.1:5432/postgres")
-AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://127.0.0.1:5672/")
 
 
 def _admin() -> psycopg.Connection:
@@ -143,26 +141,6 @@ async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Fail early, and say how to fix it, when a service is not there."""
-    problems = []
-    try:
-        with _admin():
-            pass
-    except psycopg.OperationalError as exc:
-        problems.append(
-            f"PostgreSQL at {ADMIN_URL} does not answer ({str(exc).splitlines()[0]}). Start it: "
-            "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-        )
-
-    async def amqp_ok() -> None:
-        conn = await aio_pika.connect(AMQP_URL, timeout=5)
-        await conn.close()
-
-    try:
-        asyncio.run(amqp_ok())
-    except Exception as exc:
-        problems.append(
-            f"RabbitMQ at {AMQP_URL} does not answer ({type(exc).__name__}). "
-            "Start it: rabbitmq-server -detached"
-        )
-    if problems:
-        pytest.exit("\n".join(problems), returncode=3)
+    found = services.problems()
+    if found:
+        pytest.exit("\n".join(found), returncode=3)

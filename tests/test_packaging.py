@@ -1,0 +1,63 @@
+"""The files a user runs before any code: compose.yaml, the Dockerfile, the console
+scripts. Docker cannot run here, so compose.yaml is checked by reading it (and by
+`docker compose config` / `docker-compose config` where a client is installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_compose_services_wait_for_what_they_need() -> None:
+    services = compose()["services"]
+    assert services["postgres"]["healthcheck"]
+    assert services["rabbitmq"]["healthcheck"]
+    assert any("15672" in str(p) for p in services["rabbitmq"]["ports"]), "management UI"
+    assert "management" in services["rabbitmq"]["image"]
+    assert services["migrate"]["command"] == ["alembic", "upgrade", "head"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name, service in services.items():
+        if name in ("postgres", "rabbitmq", "migrate"):
+            continue
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+        env = service["environment"]
+        assert env["DATABASE_URL"].startswith("postgresql://")
+        assert "@postgres:5432/" in env["DATABASE_URL"]
+        assert "@rabbitmq:5672/" in env["AMQP_URL"]
+
+
+def test_compose_commands_are_console_scripts_we_ship() -> None:
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    scripts |= {"alembic", "python"}
+    for name, service in compose()["services"].items():
+        if "command" in service:
+            assert service["command"][0] in scripts, f"{name} runs {service['command'][0]}"
+
+
+def test_dockerfile_installs_the_project_and_drops_root() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "pip install" in text
+    assert "\nUSER app" in text
+
+
+@pytest.mark.parametrize("client", [["docker", "compose"], ["docker-compose"]])
+def test_compose_file_parses(client: list[str]) -> None:
+    if shutil.which(client[0]) is None:
+        pytest.skip(f"{client[0]} is not installed")
+    probe = subprocess.run([*client, "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{' '.join(client)} is not available here")
+    done = subprocess.run([*client, "config", "-q"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
