@@ -64,8 +64,13 @@ def main() -> None:
     with scratch_database() as db, scratch_topology(["default", "bare"]) as topology:
         bare = event_loop_runner()(bare_publisher(topology, args.rows, args.batch_size))
         relay = subprocess.Popen(
-            [str(BIN / "relay"), "--publishers", str(args.publishers),
-             "--batch-size", str(args.batch_size)],
+            [
+                str(BIN / "relay"),
+                "--publishers",
+                str(args.publishers),
+                "--batch-size",
+                str(args.batch_size),
+            ],
             env=service_env(db, topology),
         )
         try:
@@ -88,17 +93,22 @@ def main() -> None:
             relay.wait(30)
 
     relay_rate = args.rows / elapsed
-    print(json.dumps({
-        "benchmark": "relay_throughput",
-        "rows": args.rows,
-        "publishers": args.publishers,
-        "batch_size": args.batch_size,
-        "relay_rows_per_s": round(relay_rate),
-        "bare_aio_pika_msgs_per_s": round(bare),
-        "relay_to_bare_ratio": round(relay_rate / bare, 2),
-        "seconds": round(elapsed, 2),
-        "machine": machine(),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "relay_throughput",
+                "rows": args.rows,
+                "publishers": args.publishers,
+                "batch_size": args.batch_size,
+                "relay_rows_per_s": round(relay_rate),
+                "bare_aio_pika_msgs_per_s": round(bare),
+                "relay_to_bare_ratio": round(relay_rate / bare, 2),
+                "seconds": round(elapsed, 2),
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

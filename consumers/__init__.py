@@ -1,0 +1,35 @@
+"""The worker runtime: register handlers, run them with `consumer --app MODULE`.
+
+::
+
+    import consumers
+
+    @consumers.handler("send_receipt", queue="mail", max_attempts=8, timeout=30)
+    async def send_receipt(job):
+        async with job.transaction() as tx:          # commits with SUCCEEDED
+            if await tx.once(f"receipt:{job.payload['order_id']}"):
+                await tx.execute("INSERT INTO sent_emails ...", {...})
+
+Raise :class:`Retry` to try again later, :class:`Permanent` to fail at once,
+:class:`Cancel` to acknowledge ``job.cancel_requested``; any other exception retries
+with backoff until the job's attempts are spent.
+"""
+
+from consumers.backoff import Backoff
+from consumers.errors import Cancel, LeaseLost, Permanent, Retry
+from consumers.job import AsyncTx, Job, SyncTx
+from consumers.registry import Registry, default_registry, handler
+
+__all__ = [
+    "AsyncTx",
+    "Backoff",
+    "Cancel",
+    "Job",
+    "LeaseLost",
+    "Permanent",
+    "Registry",
+    "Retry",
+    "SyncTx",
+    "default_registry",
+    "handler",
+]

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from schema.tables import MAX_DEDUP_KEY_LENGTH, MAX_JOB_TYPE_LENGTH, QUEUE_NAME_PATTERN
+from schema import names
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_PAYLOAD_BYTES_ENV = "MAX_PAYLOAD_BYTES"
 PRIORITY_RANGE = range(-32768, 32768)  # smallint
 MAX_ATTEMPTS_LIMIT = 1000
 
-_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 # An escaped NUL in JSON text: \u0000 preceded by an even number of backslashes.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -55,18 +54,6 @@ def max_payload_bytes() -> int:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _text(name: str, value: object, max_length: int) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must not be empty")
-    if len(value) > max_length:
-        raise ValueError(f"{name} is {len(value)} characters long; the limit is {max_length}")
-    if "\x00" in value:
-        raise ValueError(f"{name} must not contain NUL characters")
-    return value
 
 
 def encode_payload(payload: Any, limit: int) -> str:
@@ -109,16 +96,9 @@ def _run_after(value: object) -> tuple[str | None, float | None]:
 def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
     """A new id for the job, and the validated job as a JSON object for
     ``JOB_INSERT_MANY`` (payload embedded)."""
-    job_type = _text("job_type", job.job_type, MAX_JOB_TYPE_LENGTH)
-    queue = _text("queue", job.queue, 100)
-    if not _QUEUE_NAME.match(queue):
-        raise ValueError(
-            "queue must be 1-100 characters of letters, digits and _ . : - "
-            "and start with a letter or digit"
-        )
-    dedup_key = None
-    if job.dedup_key is not None:
-        dedup_key = _text("dedup_key", job.dedup_key, MAX_DEDUP_KEY_LENGTH)
+    job_type = names.job_type(job.job_type)
+    queue = names.queue(job.queue)
+    dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
     if job.max_attempts is not None:
         if not _is_int(job.max_attempts):
             raise TypeError(f"max_attempts must be an int, not {type(job.max_attempts).__name__}")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aio_pika
+import aiormq.exceptions
 from aio_pika.abc import AbstractRobustConnection
 
 from schema.config import AmqpUrl
@@ -83,6 +84,29 @@ class Publisher:
             # the management UI). Declare it again before the batch is retried.
             self.declared.forget_queues()
             raise
+
+    async def ready_counts(self, queues: list[str]) -> dict[str, int]:
+        """Messages ready (not yet delivered) in each job queue; a queue that does not
+        exist counts as empty. Asked on plain AMQP channels, one per queue, outside
+        aio-pika's robust bookkeeping: a passive declare of a missing queue closes the
+        channel it is made on, and nothing should try to restore that channel."""
+        assert self.connection is not None, "connect() first"
+        await self.connection.ready()
+        transport = self.connection.transport
+        if transport is None:
+            raise ConnectionError("not connected to RabbitMQ")
+        counts: dict[str, int] = {}
+        for queue in queues:
+            channel = await transport.connection.channel(publisher_confirms=False)
+            try:
+                ok = await channel.queue_declare(self.topology.queue_name(queue), passive=True)
+                counts[queue] = ok.message_count or 0
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                counts[queue] = 0
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+        return counts
 
     async def close(self) -> None:
         self.closing = True

@@ -47,9 +47,24 @@ from schema.config import amqp_url, database_url
     show_default=True,
     help="Seconds a sent wake-up is kept before it is pruned.",
 )
+@click.option(
+    "--sweep-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between sweeps for expired leases.",
+)
+@click.option(
+    "--rewake-interval",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="A due job whose wake-up was lost is woken again within about this long.",
+)
 def main(**kwargs: Any) -> None:
-    """Publish due wake-ups from the outbox table to RabbitMQ, mark them sent,
-    and prune old ones. Stops cleanly on SIGTERM or SIGINT."""
+    """Publish due wake-ups from the outbox table to RabbitMQ and mark them sent;
+    sweep expired leases, wake jobs whose wake-up was lost, prune old wake-ups.
+    Stops cleanly on SIGTERM or SIGINT."""
 
     def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
         settings = RelaySettings(
@@ -61,6 +76,8 @@ def main(**kwargs: Any) -> None:
             publishers=kwargs["publishers"],
             publish_timeout=kwargs["publish_timeout"],
             retention=kwargs["retention"],
+            sweep_interval=kwargs["sweep_interval"],
+            rewake_interval=kwargs["rewake_interval"],
         )
         return Relay(settings).run
 

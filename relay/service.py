@@ -8,6 +8,9 @@ Tasks, all in one event loop:
   that finds a full batch goes again at once, otherwise waits for a wake-up or the
   poll interval, whichever comes first;
 - the pruner deletes sent rows past their retention;
+- the sweeper moves jobs whose lease expired without a report on (RETRY_WAIT,
+  FAILED or CANCELLED), and the re-waker queues a new wake-up for due jobs whose
+  wake-up was lost; these chores run in one relay at a time (an advisory lock);
 - a stats line every ``stats_interval`` says how much went out and what is waiting.
 """
 
@@ -21,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from relay.broker import Publisher
 from relay.drain import drain_batch
-from relay.maintenance import prune_sent
+from relay.maintenance import prune_sent, rewake_stranded, sweep_expired
 from relay.settings import RelaySettings
 from schema.db import listen_connection, make_pool
 from schema.tables import OUTBOX_CHANNEL
@@ -67,6 +70,8 @@ class Relay:
         chores = [
             asyncio.create_task(self._listen()),
             asyncio.create_task(self._every(self.settings.prune_interval, self._prune)),
+            asyncio.create_task(self._every(self.settings.sweep_interval, self._sweep)),
+            asyncio.create_task(self._every(self.settings.rewake_interval, self._rewake)),
             asyncio.create_task(self._report()),
         ]
         log.info("relay.started")
@@ -128,6 +133,15 @@ class Relay:
     async def _prune(self) -> None:
         await prune_sent(
             self.pool, retention=self.settings.retention, batch=self.settings.prune_batch
+        )
+
+    async def _sweep(self) -> None:
+        await sweep_expired(self.pool, batch=self.settings.sweep_batch)
+
+    async def _rewake(self) -> None:
+        s = self.settings
+        await rewake_stranded(
+            self.pool, self.publisher, grace=s.rewake_interval, batch=s.rewake_batch
         )
 
     async def _report(self) -> None:

@@ -25,6 +25,12 @@ class RelaySettings:
     retention: float = 300.0
     prune_interval: float = 10.0
     prune_batch: int = 5000
+    # Leases that expired without a report are swept this often.
+    sweep_interval: float = 5.0
+    sweep_batch: int = 1000
+    # Due jobs whose wake-up was lost are woken again after at most this long.
+    rewake_interval: float = 30.0
+    rewake_batch: int = 5000
     # Relay-wide gauges (published, rate) are logged this often.
     stats_interval: float = 30.0
 
@@ -37,9 +43,14 @@ class RelaySettings:
             "prune_interval": self.prune_interval,
             "prune_batch": self.prune_batch,
             "stats_interval": self.stats_interval,
+            "sweep_interval": self.sweep_interval,
+            "sweep_batch": self.sweep_batch,
+            "rewake_interval": self.rewake_interval,
+            "rewake_batch": self.rewake_batch,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive")
-        if self.retention < 0:
-            raise ConfigError("retention must not be negative")
+        if self.retention < self.rewake_interval:
+            # The re-waker reads sent wake-ups to tell "sent lately" from "lost".
+            raise ConfigError("retention must be at least the re-wake interval")

@@ -41,6 +41,9 @@ LEASED_SQL = _in(LEASED)
 
 # Queue names become RabbitMQ queue names, so they keep to a conservative alphabet.
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
+# The attempt budget of a job enqueued without one and claimed by no handler that
+# sets one.
+DEFAULT_MAX_ATTEMPTS = 5
 MAX_JOB_TYPE_LENGTH = 200
 MAX_DEDUP_KEY_LENGTH = 500
 
@@ -170,3 +173,13 @@ Index("outbox_sent_idx", outbox.c.sent_at, postgresql_where=text("sent_at IS NOT
 
 # The channel the outbox trigger (migration 0001) notifies on every insert.
 OUTBOX_CHANNEL = "outbox"
+
+# Effects a handler marked done, once per key (see consumers.JobTransaction.once).
+# No foreign key: the record of an effect outlives the job that performed it.
+job_effects = Table(
+    "job_effects",
+    metadata,
+    Column("effect_key", Text, primary_key=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

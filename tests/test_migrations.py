@@ -16,7 +16,7 @@ from schema.config import DatabaseUrl
 from schema.tables import metadata
 from tests.conftest import ROOT, migrate
 
-TABLES = {"jobs", "job_attempts", "outbox", "alembic_version"}
+TABLES = {"jobs", "job_attempts", "outbox", "job_effects", "alembic_version"}
 
 
 def _tables(url: DatabaseUrl) -> set[str]:

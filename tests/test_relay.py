@@ -187,7 +187,12 @@ async def test_prunes_sent_rows_after_retention(
     enqueue(engine, 20)
     enqueue(engine, 5, run_after=timedelta(hours=1))
     async with relay_running(
-        database=db_url, amqp=amqp_url, topology=topology, retention=0.5, prune_interval=0.2
+        database=db_url,
+        amqp=amqp_url,
+        topology=topology,
+        retention=0.5,
+        prune_interval=0.2,
+        rewake_interval=0.5,
     ):
         await collect(amqp_url.url, topology, "default", 20)
         for _ in range(50):

@@ -1,0 +1,104 @@
+"""``consumer --app MODULE``: run the handlers MODULE registers."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import click
+
+from consumers.registry import default_registry
+from consumers.runtime import Consumer
+from consumers.settings import ConsumerSettings
+from schema import names
+from schema.cli import connection_options, run_daemon, topology
+from schema.config import ConfigError, amqp_url, database_url
+
+
+def load_app(module: str) -> None:
+    # Like `celery -A`: the module is found relative to the working directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"--app {module}: cannot import it ({exc})") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--app",
+    "app",
+    required=True,
+    metavar="MODULE",
+    help="Module to import; it registers handlers with @consumers.handler.",
+)
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="NAME",
+    help="Queue to consume (repeatable). Default: the queues of the registered handlers.",
+)
+@click.option("--concurrency", type=int, default=10, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--prefetch",
+    type=int,
+    default=0,
+    show_default=True,
+    help="RabbitMQ QoS prefetch. 0 means twice the concurrency.",
+)
+@click.option(
+    "--lease-seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Lease length; a crashed worker's jobs run again after it.",
+)
+@click.option(
+    "--heartbeat-seconds",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Heartbeat interval. 0 means a third of the lease.",
+)
+@click.option(
+    "--drain-seconds",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, time for running jobs to finish before their claims go back.",
+)
+@connection_options
+def main(**kwargs: Any) -> None:
+    """Consume wake-ups from RabbitMQ, claim the jobs they name in PostgreSQL, run
+    their handlers, record the outcomes. Stops cleanly on SIGTERM or SIGINT."""
+
+    def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+        load_app(kwargs["app"])
+        try:
+            queues = tuple(names.queue(q) for q in kwargs["queues"]) or tuple(
+                default_registry.queues()
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--queue: {exc}") from None
+        if not len(default_registry):
+            raise ConfigError(f"--app {kwargs['app']} registered no handlers")
+        settings = ConsumerSettings(
+            database=database_url(kwargs["database_url"]),
+            amqp=amqp_url(kwargs["amqp_url"]),
+            topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
+            queues=queues,
+            concurrency=kwargs["concurrency"],
+            prefetch=kwargs["prefetch"],
+            lease_seconds=kwargs["lease_seconds"],
+            heartbeat_seconds=kwargs["heartbeat_seconds"],
+            drain_seconds=kwargs["drain_seconds"],
+        )
+        return Consumer(settings, default_registry).run
+
+    run_daemon("consumer", kwargs["log_level"], build)

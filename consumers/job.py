@@ -1,0 +1,191 @@
+"""The job a handler receives, and the transaction it can complete the job in."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, LiteralString
+
+from psycopg import AsyncConnection, Connection
+from psycopg.abc import Params
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from consumers.errors import LeaseLost
+from consumers.outcome import Outcome
+from consumers.store import Claimed, finish_on, finish_params
+from schema import queries as q
+
+
+@dataclass
+class Resources:
+    """What a job's transaction needs from its consumer."""
+
+    worker: str
+    pool: AsyncConnectionPool[AsyncConnection]
+    sync_pool: Callable[[], ConnectionPool[Connection]]
+
+
+@dataclass(eq=False)
+class Job:
+    """One claimed attempt of a job.
+
+    ``id``, ``job_type``, ``queue``, ``payload`` describe the job; ``attempt`` counts
+    from 1 and ``max_attempts`` is its budget; ``generation`` is the fencing token
+    this attempt holds. ``cancel_requested`` turns true (at a heartbeat) when someone
+    asked to cancel the job: stop at a safe point and ``raise consumers.Cancel()``.
+    """
+
+    id: uuid.UUID
+    job_type: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int | None
+    generation: int
+    created_at: datetime
+    worker: str
+    cancel_requested: bool = False
+    # Monotonic time by which the lease surely ends unless a heartbeat extends it.
+    lease_deadline: float = 0.0
+    # Set while the job's own transaction commits its completion, and once it has.
+    committing: bool = field(default=False, repr=False)
+    recorded: bool = field(default=False, repr=False)
+    _resources: Resources | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_claim(
+        cls, c: Claimed, resources: Resources, claim_sent_at: float, lease: float
+    ) -> Job:
+        return cls(
+            id=c.job_id,
+            job_type=c.job_type,
+            queue=c.queue,
+            payload=c.payload,
+            attempt=c.attempt,
+            max_attempts=c.max_attempts,
+            generation=c.generation,
+            created_at=c.created_at,
+            worker=resources.worker,
+            lease_deadline=claim_sent_at + lease,
+            _resources=resources,
+        )
+
+    @property
+    def fence(self) -> tuple[uuid.UUID, int]:
+        return (self.id, self.generation)
+
+    def lease_surely_expired(self) -> bool:
+        return time.monotonic() >= self.lease_deadline
+
+    def transaction(self) -> JobTransaction:
+        """A database transaction that completes this job when it commits.
+
+        ``async with job.transaction() as tx:`` in an async handler, ``with
+        job.transaction() as tx:`` in a plain one. Writes made through ``tx`` commit
+        together with the job's SUCCEEDED and its attempt row, or not at all: if the
+        lease was lost meanwhile, the fenced completion matches nothing, everything
+        rolls back and :class:`~consumers.LeaseLost` is raised.
+        """
+        assert self._resources is not None, "a job from a consumer has its resources"
+        return JobTransaction(self, self._resources)
+
+
+class JobTransaction:
+    def __init__(self, job: Job, resources: Resources) -> None:
+        self.job = job
+        self.resources = resources
+        self._async: Any = None
+        self._sync: Any = None
+
+    async def __aenter__(self) -> AsyncTx:
+        self._async = self._run_async()
+        tx: AsyncTx = await self._async.__aenter__()
+        return tx
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        result: bool | None = await self._async.__aexit__(*exc)
+        return result
+
+    def __enter__(self) -> SyncTx:
+        self._sync = self._run_sync()
+        tx: SyncTx = self._sync.__enter__()
+        return tx
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        result: bool | None = self._sync.__exit__(*exc)
+        return result
+
+    def _lost(self) -> LeaseLost:
+        job = self.job
+        return LeaseLost(
+            f"job {job.id} generation {job.generation} is no longer held by {job.worker}"
+        )
+
+    @asynccontextmanager
+    async def _run_async(self) -> AsyncIterator[AsyncTx]:
+        job = self.job
+        async with self.resources.pool.connection() as conn:
+            async with conn.transaction():
+                yield AsyncTx(conn, job)
+                job.committing = True
+                success = [(job.id, job.generation, Outcome.succeeded())]
+                if not await finish_on(conn, job.worker, success):
+                    job.committing = False
+                    raise self._lost()
+            job.recorded = True
+
+    @contextmanager
+    def _run_sync(self) -> Iterator[SyncTx]:
+        job = self.job
+        with self.resources.sync_pool().connection() as conn:
+            with conn.transaction():
+                yield SyncTx(conn, job)
+                job.committing = True
+                success = [(job.id, job.generation, Outcome.succeeded())]
+                cur = conn.execute(q.JOB_FINISH_MANY, finish_params(job.worker, success))
+                if not cur.fetchall():
+                    job.committing = False
+                    raise self._lost()
+            job.recorded = True
+
+
+class AsyncTx:
+    """The handler's side of ``async with job.transaction() as tx``."""
+
+    def __init__(self, connection: AsyncConnection, job: Job) -> None:
+        self.connection = connection
+        self.job = job
+
+    async def execute(self, query: LiteralString, params: Params | None = None) -> Any:
+        """Run a statement in the job's transaction; returns the psycopg cursor."""
+        return await self.connection.execute(query, params)
+
+    async def once(self, effect_key: str) -> bool:
+        """True the first time ``effect_key`` is seen: perform the effect then. False
+        on any later attempt (or any other job) with the same key: skip it. The key is
+        recorded in this transaction, so it commits with the effect, or not at all."""
+        cur = await self.connection.execute(
+            q.JOB_EFFECT_CLAIM, {"effect_key": effect_key, "job_id": self.job.id}
+        )
+        return await cur.fetchone() is not None
+
+
+class SyncTx:
+    """The handler's side of ``with job.transaction() as tx`` (plain handlers)."""
+
+    def __init__(self, connection: Connection, job: Job) -> None:
+        self.connection = connection
+        self.job = job
+
+    def execute(self, query: LiteralString, params: Params | None = None) -> Any:
+        return self.connection.execute(query, params)
+
+    def once(self, effect_key: str) -> bool:
+        cur = self.connection.execute(
+            q.JOB_EFFECT_CLAIM, {"effect_key": effect_key, "job_id": self.job.id}
+        )
+        return cur.fetchone() is not None

@@ -1,0 +1,53 @@
+"""The consumer's settings: one frozen object, built by the CLI and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schema.config import AmqpUrl, ConfigError, DatabaseUrl
+from schema.topology import Topology
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    database: DatabaseUrl
+    amqp: AmqpUrl
+    queues: tuple[str, ...]
+    topology: Topology = field(default_factory=Topology)
+    # Jobs running at once in this process.
+    concurrency: int = 10
+    # Unacknowledged deliveries RabbitMQ may push ahead (QoS); 0 means 2 x concurrency.
+    prefetch: int = 0
+    lease_seconds: float = 60.0
+    # 0 means a third of the lease, which tolerates one lost heartbeat.
+    heartbeat_seconds: float = 0.0
+    # On SIGTERM, how long running jobs may take to finish before their claims are
+    # given back.
+    drain_seconds: float = 30.0
+    claim_batch: int = 100
+    report_batch: int = 500
+    stats_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            raise ConfigError("no queues to consume: register handlers or pass --queue")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be at least 1")
+        if self.prefetch < 0:
+            raise ConfigError("prefetch must not be negative")
+        if self.lease_seconds <= 0:
+            raise ConfigError("lease seconds must be positive")
+        if self.heartbeat_seconds < 0 or self.heartbeat_seconds >= self.lease_seconds:
+            raise ConfigError("heartbeat seconds must be shorter than the lease")
+        if self.drain_seconds < 0:
+            raise ConfigError("drain seconds must not be negative")
+        if self.claim_batch < 1 or self.report_batch < 1 or self.stats_interval <= 0:
+            raise ConfigError("batch sizes and the stats interval must be positive")
+
+    @property
+    def effective_prefetch(self) -> int:
+        return self.prefetch or 2 * self.concurrency
+
+    @property
+    def effective_heartbeat(self) -> float:
+        return self.heartbeat_seconds or self.lease_seconds / 3

@@ -1,0 +1,35 @@
+"""job_effects: effects a handler marked done, once per key
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-29
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = "0002"
+down_revision: str | None = "0001"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "job_effects",
+        sa.Column("effect_key", sa.Text, primary_key=True),
+        sa.Column("job_id", postgresql.UUID(as_uuid=True), nullable=False),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            nullable=False,
+            server_default=sa.text("now()"),
+        ),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("job_effects")
