@@ -228,9 +228,12 @@ class Consumer:
         for row in claimed:
             self._start(row, sent_at)
         self.counts["claimed"] += len(claimed)
-        if len(claimed) < len(set(job_ids)):
+        unique = set(job_ids)
+        if len(unique) < len(job_ids):
+            self.counts["wakeup_duplicate"] += len(job_ids) - len(unique)
+        if len(claimed) < len(unique):
             got = {row.job_id for row in claimed}
-            await self._explain([i for i in job_ids if i not in got])
+            await self._explain([i for i in unique if i not in got])
 
     async def _explain(self, missed: list[uuid.UUID]) -> None:
         try:
@@ -408,5 +411,6 @@ class Consumer:
                     max_size=self.settings.concurrency,
                     kwargs=connection_kwargs("consumer-sync"),
                     name="consumer-sync",
+                    open=True,
                 )
             return self._sync_pool

@@ -10,6 +10,7 @@
 Nothing here commits; a rolled-back transaction leaves no job behind.
 """
 
+from outbox.cancel import request_cancel, request_cancel_async
 from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
 
@@ -21,4 +22,6 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "request_cancel",
+    "request_cancel_async",
 ]

@@ -83,7 +83,7 @@ def _resolve(
     return result
 
 
-def _check_driver(conn: Connection | AsyncConnection) -> None:
+def check_driver(conn: Connection | AsyncConnection) -> None:
     if conn.dialect.driver != "psycopg":
         raise TypeError(
             "outbox.enqueue needs a session on the psycopg 3 driver "
@@ -101,7 +101,7 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     if not ids:
         return []
     conn = session.connection()
-    _check_driver(conn)
+    check_driver(conn)
     inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
     lookup = plan.lookup_document(inserted, ids)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
@@ -114,7 +114,7 @@ async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> l
     if not ids:
         return []
     conn = await session.connection()
-    _check_driver(conn)
+    check_driver(conn)
     result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
     inserted = set(result.scalars())
     lookup = plan.lookup_document(inserted, ids)

@@ -206,12 +206,15 @@ SELECT job_id, state FROM finished
 
 # Whether this worker's outcomes were recorded after all: used when a commit failed
 # ambiguously (the connection dropped during COMMIT) and the retried statement then
-# matched nothing, to tell "already applied" from "stale".
+# matched nothing, to tell "already applied" from "stale". The sweeper also writes
+# rows under the worker's name, for leases that expired; those do not count.
 JOB_ATTEMPTS_RECORDED: Final = """
 SELECT job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 JOIN job_attempts AS a USING (job_id)
-WHERE a.lease_generation = h.generation AND a.worker = %(worker)s
+WHERE a.lease_generation = h.generation
+  AND a.worker = %(worker)s
+  AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
 """
 
 # A graceful stop gives back the claims whose handlers did not finish in time:

@@ -18,15 +18,23 @@ async def collect(
     expected: int,
     timeout: float = 30.0,
     settle: float = 0.3,
+    *,
+    dead_letters: bool = False,
 ) -> list[str]:
-    """Consume and ack wake-ups from one queue until ``expected`` arrived and nothing
-    more came for ``settle`` seconds (so duplicates would be counted), or timeout."""
+    """Consume and ack wake-ups from one queue (or the dead-letter queue) until
+    ``expected`` arrived and nothing more came for ``settle`` seconds (so duplicates
+    would be counted), or timeout."""
     connection = await aio_pika.connect(amqp_url)
     bodies: list[str] = []
     async with connection:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=1000)
-        q = await Declared(channel, topology).queue(queue)
+        declared = Declared(channel, topology)
+        if dead_letters:
+            await declared.base()
+            q = await channel.get_queue(topology.dead_letter_queue_name)
+        else:
+            q = await declared.queue(queue)
         deadline = time.monotonic() + timeout
         async with q.iterator() as it:
             while time.monotonic() < deadline:
@@ -37,7 +45,7 @@ async def collect(
                     if len(bodies) >= expected:
                         break
                     continue
-                bodies.append(message.body.decode())
+                bodies.append(message.body.decode(errors="replace"))
                 await message.ack()
     return bodies
 

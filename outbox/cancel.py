@@ -1,0 +1,40 @@
+"""Asking for a job to be cancelled, inside the caller's transaction."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
+from schema.states import JobState
+
+
+def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:
+    """Cancel a job that is waiting; ask a running one to stop.
+
+    Returns the job's state afterwards: CANCELLED (it had not started, or was
+    waiting for a retry), CANCEL_REQUESTED (it is running: its handler sees
+    ``job.cancel_requested`` at the next heartbeat and may stop, or finish anyway),
+    the final state of a job that had already finished, or None for an unknown id.
+    Like enqueue, it writes through the session's transaction and never commits.
+    """
+    conn: Connection = session.connection()
+    check_driver(conn)
+    row = conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id}).first()
+    if row is None:
+        row = conn.exec_driver_sql(JOB_STATE, {"job_id": job_id}).first()
+    return None if row is None else JobState(row[0])
+
+
+async def request_cancel_async(session: AsyncSession, job_id: uuid.UUID) -> JobState | None:
+    """:func:`request_cancel` for an ``AsyncSession``."""
+    conn = await session.connection()
+    check_driver(conn)
+    row = (await conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id})).first()
+    if row is None:
+        row = (await conn.exec_driver_sql(JOB_STATE, {"job_id": job_id})).first()
+    return None if row is None else JobState(row[0])

@@ -1,0 +1,47 @@
+"""Handlers for tests that run a real `consumer --app tests.apps.basic` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import consumers
+
+
+@consumers.handler("noop")
+async def noop(job: consumers.Job) -> None:
+    return None
+
+
+@consumers.handler("sleep")
+async def sleep(job: consumers.Job) -> None:
+    await asyncio.sleep(float(job.payload.get("seconds", 1)))
+
+
+@consumers.handler("sync_sleep", queue="sync")
+def sync_sleep(job: consumers.Job) -> None:
+    time.sleep(float(job.payload.get("seconds", 1)))
+
+
+@consumers.handler("record")
+async def record(job: consumers.Job) -> None:
+    """Writes its effect, once per key, in the transaction that completes the job."""
+    await asyncio.sleep(float(job.payload.get("seconds", 0)))
+    async with job.transaction() as tx:
+        if await tx.once(f"record:{job.payload['key']}"):
+            await tx.execute(
+                "INSERT INTO effects (key, job_id, worker, pid) VALUES (%s, %s, %s, %s)",
+                [job.payload["key"], job.id, job.worker, os.getpid()],
+            )
+
+
+@consumers.handler("crash")
+async def crash(job: consumers.Job) -> None:
+    """Kills its own worker process, the way an out-of-memory kill would."""
+    os.kill(os.getpid(), 9)
+
+
+@consumers.handler("always_fails", max_attempts=3, backoff=consumers.Backoff(base=0.1, cap=0.2))
+async def always_fails(job: consumers.Job) -> None:
+    raise RuntimeError(f"attempt {job.attempt} failed")

@@ -1,0 +1,69 @@
+"""Looking at jobs in tests: wait for states, read history."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import NewJob
+
+
+def enqueue(engine: Engine, job_type: str, payload: Any = None, **kw: Any) -> uuid.UUID:
+    with Session(engine) as session, session.begin():
+        return outbox.enqueue(session, job_type, {} if payload is None else payload, **kw)
+
+
+def enqueue_many(engine: Engine, jobs: list[NewJob]) -> list[uuid.UUID]:
+    with Session(engine) as session, session.begin():
+        return outbox.enqueue_many(session, jobs)
+
+
+def job(pg: psycopg.Connection, job_id: uuid.UUID) -> dict[str, Any]:
+    cur = pg.execute("SELECT * FROM jobs WHERE job_id = %s", [job_id])
+    names = [d.name for d in cur.description or []]
+    row = cur.fetchone()
+    assert row is not None, f"no job {job_id}"
+    return dict(zip(names, row, strict=True))
+
+
+def attempts(pg: psycopg.Connection, job_id: uuid.UUID) -> list[dict[str, Any]]:
+    cur = pg.execute("SELECT * FROM job_attempts WHERE job_id = %s ORDER BY attempt", [job_id])
+    names = [d.name for d in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def states(pg: psycopg.Connection) -> dict[str, int]:
+    return dict(pg.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+
+
+async def wait_for_state(
+    pg: psycopg.Connection, job_id: uuid.UUID, *wanted: str, timeout: float = 30
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = job(pg, job_id)
+        if row["state"] in wanted:
+            return row
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} is {row['state']}, not {wanted}: {row}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_until_all(
+    pg: psycopg.Connection, state: str, count: int, timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = states(pg)
+        if got.get(state, 0) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"wanted {count} {state}, have {got}")
+        await asyncio.sleep(0.1)

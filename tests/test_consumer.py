@@ -1,0 +1,594 @@
+"""The consumer against real PostgreSQL and RabbitMQ: claims, leases, outcomes,
+retries, the sweeper and the re-waker, a graceful stop, bad deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import consumers
+import outbox
+from consumers import Backoff, Registry
+from consumers.backoff import DEFAULT_BACKOFF
+from outbox import NewJob
+from schema.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+from tests.support.broker import collect, publish_raw, purge, queue_depth
+from tests.support.inproc import consumer_running, relay_running
+from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
+from tests.support.proxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def services(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology):
+    return db_url, amqp_url, topology
+
+
+async def test_runs_jobs_and_records_success(services, engine: Engine, pg) -> None:
+    registry = Registry()
+    seen: list[tuple[uuid.UUID, int, int, object]] = []
+
+    @registry.handler("greet")
+    async def greet(j: consumers.Job) -> None:
+        seen.append((j.id, j.attempt, j.generation, j.payload))
+
+    ids = enqueue_many(engine, [NewJob("greet", {"n": i}) for i in range(50)])
+    async with relay_running(*services), consumer_running(*services, registry):
+        for job_id in ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+    assert sorted(s[0] for s in seen) == sorted(ids)
+    assert {(s[1], s[2]) for s in seen} == {(1, 1)}
+    row = job(pg, ids[0])
+    assert row["lease_owner"] is None and row["finished_at"] is not None
+    assert row["max_attempts"] == 5, "a handler without max_attempts gives the default budget"
+    (history,) = attempts(pg, ids[0])
+    assert history["outcome"] == "SUCCEEDED" and history["attempt"] == 1
+
+
+async def test_duplicated_wakeups_run_the_handler_once(services, engine: Engine, pg) -> None:
+    _db, amqp, topology = services
+    registry = Registry()
+    calls: list[uuid.UUID] = []
+
+    @registry.handler("once")
+    async def once(j: consumers.Job) -> None:
+        calls.append(j.id)
+        await asyncio.sleep(0.2)
+
+    job_id = enqueue(engine, "once")
+    async with relay_running(*services):
+        for _ in range(5):  # the same wake-up, five more times
+            await publish_raw(amqp.url, topology, "default", str(job_id).encode())
+        async with consumer_running(*services, registry) as consumer:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+            await asyncio.sleep(0.5)
+            assert await queue_depth(amqp.url, topology, "default") == 0
+            duplicates = ("wakeup_duplicate", "wakeup_running", "wakeup_finished")
+            assert sum(consumer.counts[k] for k in duplicates) == 5
+    assert calls == [job_id]
+    assert job(pg, job_id)["attempt_count"] == 1
+    assert len(attempts(pg, job_id)) == 1
+
+
+async def test_heartbeats_keep_a_long_job_alive(services, engine: Engine, pg) -> None:
+    registry = Registry()
+
+    @registry.handler("long")
+    async def long(j: consumers.Job) -> None:
+        await asyncio.sleep(4)
+
+    job_id = enqueue(engine, "long")
+    async with (
+        relay_running(*services, sweep_interval=0.1),
+        consumer_running(*services, registry, lease_seconds=1.0, heartbeat_seconds=0.25),
+    ):
+        row = await wait_for_state(pg, job_id, "SUCCEEDED", timeout=20)
+    assert row["lease_generation"] == 1, "never swept, never claimed twice"
+    assert row["attempt_count"] == 1
+    assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+
+
+async def test_a_lost_lease_cancels_the_handler_and_reports_nothing(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @registry.handler("victim")
+    async def victim(j: consumers.Job) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job_id = enqueue(engine, "victim")
+    async with (
+        relay_running(*services),
+        consumer_running(*services, registry, lease_seconds=2, heartbeat_seconds=0.3),
+    ):
+        await asyncio.wait_for(started.wait(), 20)
+        # Someone else takes the job over: a newer generation under another owner.
+        pg.execute(
+            "UPDATE jobs SET lease_generation = lease_generation + 1, lease_owner = 'thief'"
+            " WHERE job_id = %s",
+            [job_id],
+        )
+        await asyncio.wait_for(cancelled.wait(), 10)
+        await asyncio.sleep(0.5)
+    row = job(pg, job_id)
+    assert (row["state"], row["lease_owner"]) == ("RUNNING", "thief"), "nothing was reported"
+    assert attempts(pg, job_id) == []
+
+
+async def test_retries_follow_the_backoff_then_fail(services, engine: Engine, pg) -> None:
+    registry = Registry()
+
+    @registry.handler("flaky", max_attempts=4, backoff=Backoff(base=0.3, cap=10, jitter=0.0))
+    async def flaky(j: consumers.Job) -> None:
+        raise ConnectionResetError(f"upstream hung up on attempt {j.attempt}")
+
+    job_id = enqueue(engine, "flaky")
+    async with relay_running(*services, poll_interval=0.05), consumer_running(*services, registry):
+        row = await wait_for_state(pg, job_id, "FAILED", timeout=30)
+    history = attempts(pg, job_id)
+    assert [a["attempt"] for a in history] == [1, 2, 3, 4]
+    assert [a["outcome"] for a in history] == ["RETRY_WAIT"] * 3 + ["FAILED"]
+    assert {a["error_code"] for a in history} == {"ConnectionResetError"}
+    gaps = [
+        (b["started_at"] - a["finished_at"]).total_seconds() for a, b in itertools.pairwise(history)
+    ]
+    for gap, expected in zip(gaps, [0.3, 0.6, 1.2], strict=True):
+        assert expected <= gap < expected + 1.5, f"gaps {gaps}"
+    assert row["attempt_count"] == 4 and row["max_attempts"] == 4
+    assert row["last_error_code"] == "ConnectionResetError"
+    assert "attempt 4" in row["last_error_message"]
+
+
+def test_backoff_schedule() -> None:
+    assert [Backoff(jitter=0).raw(n) for n in range(1, 11)] == [
+        5,
+        10,
+        20,
+        40,
+        80,
+        160,
+        320,
+        640,
+        900,
+        900,
+    ]
+    for n in range(1, 12):
+        assert 0.75 * DEFAULT_BACKOFF.raw(n) <= DEFAULT_BACKOFF.delay(n) <= 900
+    assert Backoff(jitter=0).raw(10_000) == 900
+
+
+async def test_permanent_fails_at_once_and_retry_takes_its_delay(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("declined", max_attempts=10)
+    async def declined(j: consumers.Job) -> None:
+        raise consumers.Permanent("card declined", code="CARD_DECLINED")
+
+    @registry.handler("later")
+    async def later(j: consumers.Job) -> None:
+        if j.attempt == 1:
+            raise consumers.Retry(delay=timedelta(hours=1), reason="come back later")
+
+    a = enqueue(engine, "declined")
+    b = enqueue(engine, "later")
+    async with relay_running(*services), consumer_running(*services, registry):
+        row = await wait_for_state(pg, a, "FAILED")
+        waiting = await wait_for_state(pg, b, "RETRY_WAIT")
+    assert (row["attempt_count"], row["last_error_code"]) == (1, "CARD_DECLINED")
+    assert len(attempts(pg, a)) == 1
+    delay = pg.execute("SELECT run_after - now() FROM jobs WHERE job_id = %s", [b]).fetchone()[0]
+    assert timedelta(minutes=59) < delay <= timedelta(hours=1)
+    assert waiting["last_error_code"] == "RETRY"
+
+
+async def test_handler_timeout_is_a_failed_attempt(services, engine: Engine, pg) -> None:
+    registry = Registry()
+
+    @registry.handler("slow", timeout=0.2, max_attempts=1)
+    async def slow(j: consumers.Job) -> None:
+        await asyncio.sleep(10)
+
+    job_id = enqueue(engine, "slow")
+    async with relay_running(*services), consumer_running(*services, registry):
+        row = await wait_for_state(pg, job_id, "FAILED")
+    assert row["last_error_code"] == "TIMEOUT"
+
+
+async def test_handler_budget_applies_to_jobs_enqueued_without_one(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("budgeted", max_attempts=2, backoff=Backoff(base=0.05))
+    async def budgeted(j: consumers.Job) -> None:
+        raise ValueError("no")
+
+    default = enqueue(engine, "budgeted")
+    explicit = enqueue(engine, "budgeted", max_attempts=3)
+    async with relay_running(*services, poll_interval=0.05), consumer_running(*services, registry):
+        a = await wait_for_state(pg, default, "FAILED")
+        b = await wait_for_state(pg, explicit, "FAILED")
+    assert (a["attempt_count"], a["max_attempts"]) == (2, 2)
+    assert (b["attempt_count"], b["max_attempts"]) == (3, 3), "the producer's budget wins"
+
+
+async def test_unknown_job_type_fails_an_attempt_and_runs_after_a_deploy(
+    services, engine: Engine, pg
+) -> None:
+    old, new = Registry(), Registry()
+
+    @old.handler("known")
+    async def known(j: consumers.Job) -> None:
+        return None
+
+    @new.handler("brand_new")
+    async def brand_new(j: consumers.Job) -> None:
+        return None
+
+    job_id = enqueue(engine, "brand_new")
+    async with relay_running(*services):
+        async with consumer_running(*services, old):
+            row = await wait_for_state(pg, job_id, "RETRY_WAIT")
+        assert row["last_error_code"] == "UNKNOWN_JOB_TYPE"
+        assert row["max_attempts"] is None, "the budget waits for a handler that knows the type"
+        pg.execute("UPDATE jobs SET run_after = now() WHERE job_id = %s", [job_id])
+        pg.execute("INSERT INTO outbox (job_id, queue) VALUES (%s, 'default')", [job_id])
+        async with consumer_running(*services, new):
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+    assert [a["error_code"] for a in attempts(pg, job_id)] == ["UNKNOWN_JOB_TYPE", None]
+
+
+async def test_sync_handlers_run_in_threads_and_can_use_a_transaction(
+    services, engine: Engine, pg
+) -> None:
+    pg.execute("CREATE TABLE receipts (order_id int PRIMARY KEY)")
+    registry = Registry()
+    threads: list[str] = []
+
+    @registry.handler("blocking", queue="sync")
+    def blocking(j: consumers.Job) -> None:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.2)  # would stall every other job if it ran in the event loop
+        with j.transaction() as tx:
+            if tx.once(f"receipt:{j.payload['order']}"):
+                tx.execute("INSERT INTO receipts VALUES (%s)", [j.payload["order"]])
+
+    ids = enqueue_many(
+        engine, [NewJob("blocking", {"order": i % 3}, queue="sync") for i in range(6)]
+    )
+    async with relay_running(*services), consumer_running(*services, registry, concurrency=6):
+        started = time.monotonic()
+        for job_id in ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+        elapsed = time.monotonic() - started
+    assert all(name.startswith("handler") for name in threads)
+    assert elapsed < 6 * 0.2 + 1, "the six sleeps ran side by side"
+    assert pg.execute("SELECT count(*) FROM receipts").fetchone()[0] == 3
+
+
+async def test_effects_commit_with_success_and_only_once_per_key(
+    services, engine: Engine, pg
+) -> None:
+    pg.execute("CREATE TABLE sent_emails (order_id int, job_id uuid)")
+    registry = Registry()
+
+    @registry.handler("receipt")
+    async def receipt(j: consumers.Job) -> None:
+        async with j.transaction() as tx:
+            if await tx.once(f"receipt:{j.payload['order']}"):
+                await tx.execute(
+                    "INSERT INTO sent_emails VALUES (%s, %s)", [j.payload["order"], j.id]
+                )
+            if j.payload.get("explode"):
+                raise RuntimeError("fails after writing: the write must roll back")
+
+    ids = enqueue_many(
+        engine,
+        [
+            NewJob("receipt", {"order": 1}),
+            NewJob("receipt", {"order": 1}),
+            NewJob("receipt", {"order": 2, "explode": True}, max_attempts=1),
+        ],
+    )
+    async with relay_running(*services), consumer_running(*services, registry):
+        await wait_for_state(pg, ids[0], "SUCCEEDED")
+        await wait_for_state(pg, ids[1], "SUCCEEDED")
+        await wait_for_state(pg, ids[2], "FAILED")
+    assert pg.execute("SELECT order_id FROM sent_emails").fetchall() == [(1,)]
+    assert pg.execute("SELECT effect_key FROM job_effects").fetchall() == [("receipt:1",)]
+
+
+async def test_cancel_request_reaches_the_running_handler(services, engine: Engine, pg) -> None:
+    registry = Registry()
+    running = asyncio.Event()
+
+    @registry.handler("cancellable")
+    async def cancellable(j: consumers.Job) -> None:
+        running.set()
+        while not j.cancel_requested:
+            await asyncio.sleep(0.05)
+        raise consumers.Cancel("stopped at a safe point")
+
+    queued_id = enqueue(engine, "cancellable", run_after=timedelta(hours=1))
+    job_id = enqueue(engine, "cancellable")
+    async with (
+        relay_running(*services),
+        consumer_running(*services, registry, lease_seconds=1.5, heartbeat_seconds=0.2),
+    ):
+        await asyncio.wait_for(running.wait(), 20)
+        with Session(engine) as session, session.begin():
+            assert outbox.request_cancel(session, job_id) == "CANCEL_REQUESTED"
+            assert outbox.request_cancel(session, queued_id) == "CANCELLED"
+        row = await wait_for_state(pg, job_id, "CANCELLED")
+    assert row["lease_owner"] is None
+    assert [a["outcome"] for a in attempts(pg, job_id)] == ["CANCELLED"]
+    with Session(engine) as session, session.begin():
+        assert outbox.request_cancel(session, job_id) == "CANCELLED", "finished: unchanged"
+        assert outbox.request_cancel(session, uuid.uuid4()) is None
+
+
+async def test_sweeper_retries_expired_leases_and_records_the_lost_attempt(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("swept")
+    async def swept(j: consumers.Job) -> None:
+        return None
+
+    retried, exhausted, cancelling = (
+        enqueue(engine, "swept", run_after=timedelta(hours=1)),
+        enqueue(engine, "swept", run_after=timedelta(hours=1), max_attempts=1),
+        enqueue(engine, "swept", run_after=timedelta(hours=1)),
+    )
+    # A worker that claimed them and died: leases already expired, no heartbeat.
+    pg.execute(
+        "UPDATE jobs SET state = CASE WHEN job_id = %s THEN 'CANCEL_REQUESTED' ELSE 'RUNNING' END,"
+        " lease_owner = 'dead-worker', lease_expires_at = now() - interval '1 second',"
+        " lease_generation = 1, attempt_count = 1, started_at = now(), run_after = now()",
+        [cancelling],
+    )
+    async with relay_running(*services), consumer_running(*services, registry):
+        await wait_for_state(pg, retried, "SUCCEEDED")
+        await wait_for_state(pg, exhausted, "FAILED")
+        await wait_for_state(pg, cancelling, "CANCELLED")
+    lost, done = attempts(pg, retried)
+    assert (lost["outcome"], lost["error_code"], lost["worker"]) == (
+        "RETRY_WAIT",
+        "LEASE_EXPIRED",
+        "dead-worker",
+    )
+    assert (done["attempt"], done["outcome"], done["lease_generation"]) == (2, "SUCCEEDED", 2)
+    assert job(pg, exhausted)["last_error_code"] == "LEASE_EXPIRED"
+    assert [a["outcome"] for a in attempts(pg, cancelling)] == ["CANCELLED"]
+
+
+async def test_rewaker_recovers_jobs_whose_wakeups_were_purged(
+    services, engine: Engine, pg
+) -> None:
+    _db, amqp, topology = services
+    registry = Registry()
+
+    @registry.handler("lost")
+    async def lost(j: consumers.Job) -> None:
+        return None
+
+    async with relay_running(*services, rewake_interval=1.0):
+        ids = enqueue_many(engine, [NewJob("lost", {"i": i}) for i in range(20)])
+        await asyncio.sleep(1)
+        assert await queue_depth(amqp.url, topology, "default") == 20
+        await purge(amqp.url, topology, "default")
+        async with consumer_running(*services, registry):
+            for job_id in ids:
+                await wait_for_state(pg, job_id, "SUCCEEDED", timeout=20)
+    woken = pg.execute("SELECT count(*) FROM outbox").fetchone()[0]
+    assert woken == 40, "one re-wake each, no flood"
+
+
+async def test_rewaker_leaves_a_backlog_alone(services, engine: Engine, pg) -> None:
+    """Wake-ups still waiting in RabbitMQ are not lost: no duplicates for them."""
+    _db, amqp, topology = services
+    async with relay_running(*services, rewake_interval=0.5, retention=60):
+        enqueue_many(engine, [NewJob("nobody_home", {}) for _ in range(10)])
+        await asyncio.sleep(3)
+    assert await queue_depth(amqp.url, topology, "default") == 10
+    assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == 10
+
+
+async def test_garbage_deliveries_go_to_the_dead_letter_queue(services, engine: Engine, pg) -> None:
+    _db, amqp, topology = services
+    registry = Registry()
+
+    @registry.handler("fine")
+    async def fine(j: consumers.Job) -> None:
+        return None
+
+    garbage = [b"", b"not-a-uuid", b"\xff\xfe\x00", b"x" * 1_000_000, b'{"job_id": 1}']
+    job_id = enqueue(engine, "fine")
+    async with relay_running(*services), consumer_running(*services, registry) as consumer:
+        for body in garbage:
+            await publish_raw(amqp.url, topology, "default", body)
+        nonexistent = uuid.uuid4()
+        await publish_raw(amqp.url, topology, "default", str(nonexistent).encode())
+        await wait_for_state(pg, job_id, "SUCCEEDED")
+        dead = await collect(amqp.url, topology, "", len(garbage), timeout=10, dead_letters=True)
+        late = enqueue(engine, "fine")
+        await wait_for_state(pg, late, "SUCCEEDED")
+        assert consumer.inbox.garbage == len(garbage)
+        assert consumer.counts["wakeup_missing"] == 1
+    assert len(dead) == len(garbage)
+    assert "not-a-uuid" in dead
+
+
+async def test_database_outage_pauses_consuming_and_loses_nothing(
+    services, engine: Engine, pg
+) -> None:
+    db, amqp, topology = services
+    registry = Registry()
+
+    @registry.handler("steady")
+    async def steady(j: consumers.Job) -> None:
+        return None
+
+    proxy = TcpProxy("127.0.0.1", 5432)
+    via_proxy = DatabaseUrl.parse(db.conninfo.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
+    try:
+        async with (
+            relay_running(*services),
+            consumer_running(via_proxy, amqp, topology, registry) as consumer,
+        ):
+            first = enqueue(engine, "steady")
+            await wait_for_state(pg, first, "SUCCEEDED")
+            proxy.down()
+            ids = enqueue_many(engine, [NewJob("steady", {}) for _ in range(30)])
+            for _ in range(100):
+                if consumer.paused:
+                    break
+                await asyncio.sleep(0.1)
+            assert consumer.paused, "consuming pauses while the database is away"
+            await asyncio.sleep(1)
+            assert await queue_depth(amqp.url, topology, "default") == 30, "deliveries went back"
+            proxy.up()
+            for job_id in ids:
+                await wait_for_state(pg, job_id, "SUCCEEDED", timeout=30)
+    finally:
+        proxy.close()
+    assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone()[0] == 1
+
+
+async def test_stale_completion_is_rejected_by_the_fence(
+    services, engine: Engine, pg, db_url: DatabaseUrl
+) -> None:
+    """Worker A claims, stalls past its lease, the sweeper re-queues, worker B claims
+    and finishes; A's late heartbeat, outcome and transaction all bounce."""
+    from consumers.job import Job, Resources
+    from consumers.outcome import Outcome
+    from consumers.store import JobStore
+    from schema.db import make_pool
+    from schema.queries import JOB_SWEEP_EXPIRED
+
+    pg.execute("CREATE TABLE effects_log (writer text)")
+    job_id = enqueue(engine, "contested")
+    pool = make_pool(db_url, "test", 4)
+    await pool.open()
+    try:
+        a = JobStore(pool, "worker-a", lease_seconds=0.5)
+        b = JobStore(pool, "worker-b", lease_seconds=30)
+        (claim_a,) = await a.claim([job_id], [])
+        await asyncio.sleep(0.7)
+        assert pg.execute(JOB_SWEEP_EXPIRED, {"limit": 10}).fetchall() == [(job_id, "RETRY_WAIT")]
+        (claim_b,) = await b.claim([job_id], [])
+        assert (claim_a.generation, claim_b.generation) == (1, 2)
+
+        assert await a.heartbeat([(job_id, 1)]) == {}
+        applied, stale = await a.finish([(job_id, 1, Outcome.succeeded())])
+        assert (applied, stale) == ({}, {job_id})
+        resources = Resources("worker-a", pool, lambda: None)  # type: ignore[arg-type,return-value]
+        stale_job = Job.from_claim(claim_a, resources, time.monotonic(), 0.5)
+        with pytest.raises(consumers.LeaseLost):
+            async with stale_job.transaction() as tx:
+                await tx.execute("INSERT INTO effects_log VALUES ('a')")
+        assert pg.execute("SELECT count(*) FROM effects_log").fetchone()[0] == 0
+
+        applied, stale = await b.finish([(job_id, 2, Outcome.succeeded())])
+        assert applied == {job_id: "SUCCEEDED"} and not stale
+    finally:
+        await pool.close()
+    row = job(pg, job_id)
+    assert (row["state"], row["lease_generation"], row["attempt_count"]) == ("SUCCEEDED", 2, 2)
+    assert [(h["worker"], h["outcome"]) for h in attempts(pg, job_id)] == [
+        ("worker-a", "RETRY_WAIT"),
+        ("worker-b", "SUCCEEDED"),
+    ]
+
+
+async def test_wakeup_for_a_missing_or_early_job_is_acked(services, engine: Engine, pg) -> None:
+    _db, amqp, topology = services
+    registry = Registry()
+
+    @registry.handler("later")
+    async def later(j: consumers.Job) -> None:
+        return None
+
+    early = enqueue(engine, "later", run_after=timedelta(hours=1))
+    async with consumer_running(*services, registry) as consumer:
+        await publish_raw(amqp.url, topology, "default", str(early).encode())
+        await publish_raw(amqp.url, topology, "default", str(uuid.uuid4()).encode())
+        for _ in range(100):
+            if consumer.counts["wakeup_early"] and consumer.counts["wakeup_missing"]:
+                break
+            await asyncio.sleep(0.05)
+        assert consumer.counts["wakeup_early"] == 1
+        assert consumer.counts["wakeup_missing"] == 1
+    assert job(pg, early)["state"] == "QUEUED"
+    assert await queue_depth(amqp.url, topology, "default") == 0
+
+
+async def test_broker_connection_loss_is_survived(services, engine: Engine, pg) -> None:
+    db, _amqp, topology = services
+    registry = Registry()
+
+    @registry.handler("through")
+    async def through(j: consumers.Job) -> None:
+        await asyncio.sleep(0.01)
+
+    proxy = TcpProxy("127.0.0.1", 5672)
+    via = AmqpUrl.parse(f"amqp://127.0.0.1:{proxy.port}/")
+    try:
+        async with relay_running(*services), consumer_running(db, via, topology, registry):
+            ids = []
+            for _ in range(4):
+                ids += enqueue_many(engine, [NewJob("through", {}) for _ in range(25)])
+                await asyncio.sleep(0.3)
+                proxy.cut()
+            for job_id in ids:
+                await wait_for_state(pg, job_id, "SUCCEEDED", timeout=60)
+    finally:
+        proxy.close()
+
+
+def test_message_bodies_are_job_ids() -> None:
+    from consumers.deliveries import parse_job_id
+
+    good = uuid.uuid4()
+    assert parse_job_id(str(good).encode()) == good
+    assert parse_job_id(f"urn:uuid:{good}".encode()) == good
+    for bad in [b"", b"0" * 46, b"\xff", b"hello", b"123"]:
+        assert parse_job_id(bad) is None
+
+
+def test_registry_refuses_bad_handlers() -> None:
+    registry = Registry()
+    with pytest.raises(ValueError, match="queue"):
+        registry.handler("t", queue="bad queue")
+    with pytest.raises(ValueError, match="job_type"):
+        registry.handler("")
+    with pytest.raises(ValueError, match="max_attempts"):
+        registry.handler("t", max_attempts=0)
+    with pytest.raises(TypeError, match="exactly one argument"):
+        registry.handler("t")(lambda: None)
+
+    @registry.handler("t")
+    def ok(job: consumers.Job) -> None: ...
+
+    with pytest.raises(ValueError, match="already"):
+        registry.handler("t")(ok)
