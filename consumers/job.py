@@ -5,10 +5,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any, Generic, LiteralString, TypeVar
 
 from psycopg import AsyncConnection, Connection
 from psycopg.abc import Params
@@ -18,6 +23,9 @@ from consumers.errors import LeaseLost
 from consumers.outcome import Outcome
 from consumers.store import Claimed, finish_on, finish_params
 from schema import queries as q
+
+A = TypeVar("A")
+S = TypeVar("S")
 
 
 @dataclass
@@ -81,7 +89,17 @@ class Job:
     def lease_surely_expired(self) -> bool:
         return time.monotonic() >= self.lease_deadline
 
-    def transaction(self) -> JobTransaction:
+    def connection(self) -> Dual[AsyncConnection, Connection]:
+        """A database connection of the consumer's, for reads and for writes that
+        should not wait for the outcome (progress a status page shows): ``async with
+        job.connection() as conn`` (psycopg ``AsyncConnection``), or ``with`` in a
+        plain handler (``Connection``). What it writes commits when the block ends,
+        whatever becomes of the job."""
+        assert self._resources is not None, "a job from a consumer has its resources"
+        resources = self._resources
+        return Dual(resources.pool.connection, lambda: resources.sync_pool().connection())
+
+    def transaction(self) -> Dual[AsyncTx, SyncTx]:
         """A database transaction that completes this job when it commits.
 
         ``async with job.transaction() as tx:`` in an async handler, ``with
@@ -91,66 +109,70 @@ class Job:
         rolls back and :class:`~consumers.LeaseLost` is raised.
         """
         assert self._resources is not None, "a job from a consumer has its resources"
-        return JobTransaction(self, self._resources)
-
-
-class JobTransaction:
-    def __init__(self, job: Job, resources: Resources) -> None:
-        self.job = job
-        self.resources = resources
-        self._async: Any = None
-        self._sync: Any = None
-
-    async def __aenter__(self) -> AsyncTx:
-        self._async = self._run_async()
-        tx: AsyncTx = await self._async.__aenter__()
-        return tx
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        result: bool | None = await self._async.__aexit__(*exc)
-        return result
-
-    def __enter__(self) -> SyncTx:
-        self._sync = self._run_sync()
-        tx: SyncTx = self._sync.__enter__()
-        return tx
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        result: bool | None = self._sync.__exit__(*exc)
-        return result
-
-    def _lost(self) -> LeaseLost:
-        job = self.job
-        return LeaseLost(
-            f"job {job.id} generation {job.generation} is no longer held by {job.worker}"
+        resources = self._resources
+        return Dual(
+            lambda: _transaction_async(self, resources), lambda: _transaction_sync(self, resources)
         )
 
-    @asynccontextmanager
-    async def _run_async(self) -> AsyncIterator[AsyncTx]:
-        job = self.job
-        async with self.resources.pool.connection() as conn:
-            async with conn.transaction():
-                yield AsyncTx(conn, job)
-                job.committing = True
-                success = [(job.id, job.generation, Outcome.succeeded())]
-                if not await finish_on(conn, job.worker, success):
-                    job.committing = False
-                    raise self._lost()
-            job.recorded = True
 
-    @contextmanager
-    def _run_sync(self) -> Iterator[SyncTx]:
-        job = self.job
-        with self.resources.sync_pool().connection() as conn:
-            with conn.transaction():
-                yield SyncTx(conn, job)
-                job.committing = True
-                success = [(job.id, job.generation, Outcome.succeeded())]
-                cur = conn.execute(q.JOB_FINISH_MANY, finish_params(job.worker, success))
-                if not cur.fetchall():
-                    job.committing = False
-                    raise self._lost()
-            job.recorded = True
+class Dual(Generic[A, S]):
+    """One context manager for both kinds of handler: ``async with`` enters the
+    async form, ``with`` the plain one."""
+
+    def __init__(
+        self,
+        make_async: Callable[[], AbstractAsyncContextManager[A]],
+        make_sync: Callable[[], AbstractContextManager[S]],
+    ) -> None:
+        self._make_async, self._make_sync = make_async, make_sync
+        self._async: AbstractAsyncContextManager[A] | None = None
+        self._sync: AbstractContextManager[S] | None = None
+
+    async def __aenter__(self) -> A:
+        self._async = self._make_async()
+        return await self._async.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._async is not None
+        return await self._async.__aexit__(*exc)
+
+    def __enter__(self) -> S:
+        self._sync = self._make_sync()
+        return self._sync.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        assert self._sync is not None
+        return self._sync.__exit__(*exc)
+
+
+def _lost(job: Job) -> LeaseLost:
+    return LeaseLost(f"job {job.id} generation {job.generation} is no longer held by {job.worker}")
+
+
+@asynccontextmanager
+async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[AsyncTx]:
+    async with resources.pool.connection() as conn:
+        async with conn.transaction():
+            yield AsyncTx(conn, job)
+            job.committing = True
+            success = [(job.id, job.generation, Outcome.succeeded())]
+            if not await finish_on(conn, job.worker, success):
+                job.committing = False
+                raise _lost(job)
+        job.recorded = True
+
+
+@contextmanager
+def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
+    with resources.sync_pool().connection() as conn:
+        with conn.transaction():
+            yield SyncTx(conn, job)
+            job.committing = True
+            success = [(job.id, job.generation, Outcome.succeeded())]
+            if not conn.execute(q.JOB_FINISH_MANY, finish_params(job.worker, success)).fetchall():
+                job.committing = False
+                raise _lost(job)
+        job.recorded = True
 
 
 class AsyncTx:

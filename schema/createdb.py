@@ -1,7 +1,8 @@
 """Create the database named in DATABASE_URL if it does not exist yet.
 
-``python -m schema.createdb``; used by scripts/run on a machine whose PostgreSQL
-is already running. Connects to the server's ``postgres`` database to do it.
+``python -m schema.createdb [--fresh]``; used by scripts/run and scripts/demo on a
+machine whose PostgreSQL is already running. Connects to the server's ``postgres``
+database to do it. ``--fresh`` drops the database first (the demo's, never yours).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def main() -> None:
     admin = psycopg.conninfo.make_conninfo(url.conninfo, dbname="postgres")
     try:
         with psycopg.connect(admin, autocommit=True) as conn:
+            if "--fresh" in sys.argv[1:]:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(str(name))
+                    )
+                )
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(str(name))))
