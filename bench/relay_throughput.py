@@ -85,6 +85,8 @@ def main() -> None:
                     sent = conn.execute("SELECT count(sent_at) FROM outbox").fetchone()[0]
                     if sent >= args.rows:
                         break
+                    if relay.poll() is not None:
+                        raise SystemExit(f"relay exited with {relay.returncode}")
                     time.sleep(0.02)
             elapsed = time.perf_counter() - committed
             engine.dispose()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aiormq.exceptions import ChannelInvalidStateError
 
 from schema.config import AmqpUrl
 from schema.topology import Declared, Topology
@@ -50,6 +51,32 @@ async def settle(message: AbstractIncomingMessage, *, ack: bool, requeue: bool =
     except Exception:
         return False
     return True
+
+
+async def ack_in_order(deliveries: list[Delivery]) -> None:
+    """Ack a batch the claimer took: one frame per channel, ``multiple`` on the
+    highest delivery tag.
+
+    Sound because deliveries are settled in the order they arrive: every delivery
+    on that channel with a lower tag has been acked, rejected or nacked already, so
+    "up to and including" covers exactly this batch.
+    """
+    newest: dict[int, AbstractIncomingMessage] = {}
+    for delivery in deliveries:
+        message = delivery.message
+        try:
+            key = id(message.channel)
+        except ChannelInvalidStateError:
+            log.debug("consumer.ack_skipped", extra={"why": "channel closed; broker requeued it"})
+            continue
+        tag = message.delivery_tag or 0
+        if key not in newest or tag > (newest[key].delivery_tag or 0):
+            newest[key] = message
+    for message in newest.values():
+        try:
+            await message.ack(multiple=True)
+        except Exception as exc:
+            log.debug("consumer.ack_failed", extra={"error": str(exc)})
 
 
 class Inbox:

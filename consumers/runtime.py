@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from consumers.deliveries import Delivery, Inbox, settle
+from consumers.deliveries import Delivery, Inbox, ack_in_order, settle
 from consumers.executor import execute
 from consumers.job import Job, Resources
 from consumers.outcome import Outcome
@@ -223,8 +223,7 @@ class Consumer:
             await self._pause_until_database_answers(exc)
             return
         self.claim_failures = 0
-        for delivery in batch:
-            await settle(delivery.message, ack=True)
+        await ack_in_order(batch)
         for row in claimed:
             self._start(row, sent_at)
         self.counts["claimed"] += len(claimed)

@@ -2,10 +2,11 @@
 
 Tasks, all in one event loop:
 
-- the listener holds a LISTEN connection and wakes the drainers on every commit
-  that added wake-ups (and after it reconnects, in case it missed some);
-- ``publishers`` drainers each loop: claim a batch, publish it, commit; a drainer
-  that finds a full batch goes again at once, otherwise waits for a wake-up or the
+- the listener holds a LISTEN connection and wakes a drainer on every commit that
+  added wake-ups (and all of them after it reconnects, in case it missed some);
+- ``publishers`` drainers each loop: claim a batch, publish it, commit. A
+  notification wakes one idle drainer; one that finds a full batch goes again at
+  once and wakes another to help, otherwise it waits for a notification or the
   poll interval, whichever comes first;
 - the pruner deletes sent rows past their retention;
 - the sweeper moves jobs whose lease expired without a report on (RETRY_WAIT,
@@ -44,8 +45,18 @@ class Relay:
         self.publisher = Publisher(settings.amqp, settings.topology)
         self.pool = make_pool(settings.database, "relay", max_size=settings.publishers + 2)
         self.wakes = [asyncio.Event() for _ in range(settings.publishers)]
+        self.idle: list[asyncio.Event] = []
+        # Set when work arrived while every drainer was busy.
+        self.more = False
         self.stopping = False
         self.published = 0
+
+    def nudge(self) -> None:
+        """Wake one idle drainer: one commit's wake-ups rarely need two."""
+        if self.idle:
+            self.idle.pop().set()
+        else:
+            self.more = True
 
     def wake_all(self) -> None:
         for event in self.wakes:
@@ -97,9 +108,9 @@ class Relay:
 
     async def _drainer(self, wake: asyncio.Event) -> None:
         s = self.settings
+        retrying = retry_forever(log, "relay.drain_failed")
         while not self.stopping:
-            wake.clear()
-            async for attempt in retry_forever(log, "relay.drain_failed"):
+            async for attempt in retrying:
                 with attempt:
                     sent = await drain_batch(
                         self.pool,
@@ -108,9 +119,20 @@ class Relay:
                         publish_timeout=s.publish_timeout,
                     )
             self.published += sent
-            if sent < s.batch_size:
+            if sent == s.batch_size:
+                self.nudge()  # a full batch: there is likely more, take a helper along
+                continue
+            if self.more:
+                self.more = False
+                continue
+            wake.clear()
+            self.idle.append(wake)
+            try:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), s.poll_interval)
+            finally:
+                if wake in self.idle:
+                    self.idle.remove(wake)
 
     async def _listen(self) -> None:
         async for attempt in retry_forever(log, "relay.listen_failed"):
@@ -121,7 +143,7 @@ class Relay:
                     # Whatever was committed while we were not listening.
                     self.wake_all()
                     async for _ in conn.notifies():
-                        self.wake_all()
+                        self.nudge()
 
     async def _every(self, interval: float, chore: Callable[[], Awaitable[None]]) -> None:
         while True:

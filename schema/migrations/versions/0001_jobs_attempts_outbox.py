@@ -149,20 +149,26 @@ def upgrade() -> None:
     op.create_index(
         "outbox_sent_idx", "outbox", ["sent_at"], postgresql_where=sa.text("sent_at IS NOT NULL")
     )
-    # Every statement that adds wake-ups pokes the relay. PostgreSQL delivers the
+    # A statement that adds wake-ups due now pokes the relay. PostgreSQL delivers the
     # notification only when the transaction commits, and folds repeats into one.
+    # Later wake-ups (delayed jobs, retries) are found by the relay's poll; not
+    # notifying for them, or for statements that added nothing, spares the relay a
+    # pointless claim on every outcome commit.
     op.execute(
         """
         CREATE FUNCTION outbox_notify() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
-          PERFORM pg_notify('outbox', '');
+          IF EXISTS (SELECT 1 FROM added WHERE available_at <= now()) THEN
+            PERFORM pg_notify('outbox', '');
+          END IF;
           RETURN NULL;
         END $$
         """
     )
     op.execute(
         "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox "
+        "REFERENCING NEW TABLE AS added "
         "FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()"
     )
 
