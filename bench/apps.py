@@ -1,0 +1,31 @@
+"""Handlers the benchmarks run: `consumer --app bench.apps`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TextIO
+
+import consumers
+
+_starts: TextIO | None = None
+
+
+@consumers.handler("noop")
+async def noop(job: consumers.Job) -> None:
+    return None
+
+
+def _starts_file() -> TextIO:
+    global _starts
+    if _starts is None:
+        path = os.path.join(os.environ["BENCH_STARTS_DIR"], f"{os.getpid()}.txt")
+        _starts = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+    return _starts
+
+
+@consumers.handler("latency")
+async def latency(job: consumers.Job) -> None:
+    """Notes when the handler started, for commit-to-start latency. One line per job
+    to a file of this process's own (all processes share the machine's clock)."""
+    _starts_file().write(f"{job.id} {time.time()}\n")
