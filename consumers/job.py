@@ -97,7 +97,7 @@ class Job:
         whatever becomes of the job."""
         assert self._resources is not None, "a job from a consumer has its resources"
         resources = self._resources
-        return Dual(resources.pool.connection, lambda: resources.sync_pool().connection())
+        return Dual(lambda: _connection_async(resources), lambda: _connection_sync(resources))
 
     def transaction(self) -> Dual[AsyncTx, SyncTx]:
         """A database transaction that completes this job when it commits.
@@ -147,6 +147,18 @@ class Dual(Generic[A, S]):
 
 def _lost(job: Job) -> LeaseLost:
     return LeaseLost(f"job {job.id} generation {job.generation} is no longer held by {job.worker}")
+
+
+@asynccontextmanager
+async def _connection_async(resources: Resources) -> AsyncIterator[AsyncConnection]:
+    async with resources.pool.connection() as conn, conn.transaction():
+        yield conn
+
+
+@contextmanager
+def _connection_sync(resources: Resources) -> Iterator[Connection]:
+    with resources.sync_pool().connection() as conn, conn.transaction():
+        yield conn
 
 
 @asynccontextmanager

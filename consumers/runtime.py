@@ -408,7 +408,7 @@ class Consumer:
                     self.settings.database.conninfo,
                     min_size=1,
                     max_size=self.settings.concurrency,
-                    kwargs=connection_kwargs("consumer-sync"),
+                    kwargs=connection_kwargs("consumer-sync") | {"autocommit": True},
                     name="consumer-sync",
                     open=True,
                 )

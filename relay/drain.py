@@ -33,7 +33,9 @@ async def drain_batch(
     every message is confirmed, so a failure anywhere leaves the rows unsent and
     they go out again: a wake-up can be published twice, never lost.
     """
-    async with pool.connection() as conn, conn.transaction():
+    # Pipeline mode sends BEGIN along with the claim instead of waiting a round trip
+    # for it: this is the latency path from a producer's commit to a consumer.
+    async with pool.connection() as conn, conn.pipeline(), conn.transaction():
         cur = await conn.execute(OUTBOX_CLAIM_DUE, {"limit": limit})
         wakeups = [WakeUp(*row) for row in await cur.fetchall()]
         if wakeups:

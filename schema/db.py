@@ -27,6 +27,12 @@ def make_pool(
 ) -> AsyncConnectionPool[AsyncConnection]:
     """A closed pool; ``await pool.open(wait=False)`` starts it.
 
+    Connections are in autocommit mode: every transition is one statement, and
+    outside an explicit ``conn.transaction()`` psycopg would spend a round trip on
+    BEGIN and another on COMMIT around it. Where a transaction is needed (the relay's
+    claim-publish-commit, a job's own transaction, maintenance under its advisory
+    lock) the code opens one explicitly.
+
     Connections are not checked on checkout (that is a round trip on every hot-path
     statement); a broken one fails its statement, the caller's retry takes another,
     and the pool discards the broken one when it comes back.
@@ -35,7 +41,7 @@ def make_pool(
         database.conninfo,
         min_size=1,
         max_size=max_size,
-        kwargs=connection_kwargs(application_name),
+        kwargs=connection_kwargs(application_name) | {"autocommit": True},
         open=False,
         name=application_name,
     )
