@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from consumers.deliveries import Delivery, Inbox, ack_in_order, settle
 from consumers.executor import execute
@@ -42,7 +43,7 @@ from consumers.store import Claimed, JobStore
 from schema.db import connection_kwargs, make_pool
 from schema.logfmt import describe_error
 from schema.states import JobState
-from schema.transient import retry_forever
+from schema.transient import is_transient_db_error, retry_forever, unless_stopped
 
 log = logging.getLogger("consumer")
 
@@ -110,9 +111,11 @@ class Consumer:
             },
         )
         await self.pool.open(wait=False)
-        async for attempt in retry_forever(log, "consumer.broker_connect_failed"):
-            with attempt:
-                await self.inbox.connect()
+        if not await unless_stopped(stop, self._connect()):
+            await self.inbox.close()
+            await self.pool.close()
+            log.info("consumer.stopped", extra={"worker": self.worker})
+            return
         background = [
             asyncio.create_task(self._claimer(), name="claimer"),
             asyncio.create_task(self._reporter(), name="reporter"),
@@ -127,6 +130,11 @@ class Consumer:
             if task is not stopped and task.exception() is not None:
                 log.error("consumer.task_crashed", exc_info=task.exception())
         await self._shutdown(background)
+
+    async def _connect(self) -> None:
+        async for attempt in retry_forever(log, "consumer.broker_connect_failed"):
+            with attempt:
+                await self.inbox.connect()
 
     async def _shutdown(self, background: list[asyncio.Task[None]]) -> None:
         s = self.settings
@@ -216,7 +224,18 @@ class Consumer:
         job_ids = [d.job_id for d in batch]
         sent_at = time.monotonic()
         try:
-            claimed = await self.store.claim(job_ids, self.registry.budgets())
+            # A dropped connection or a deadlock is worth two quick retries on a fresh
+            # connection (a claim that did not commit changed nothing) before the
+            # deliveries go back and consuming pauses.
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(is_transient_db_error),
+                stop=stop_after_attempt(3),
+                wait=wait_exponential(multiplier=0.05, max=0.5),
+                reraise=True,
+            ):
+                with attempt:
+                    sent_at = time.monotonic()
+                    claimed = await self.store.claim(job_ids, self.registry.budgets())
         except Exception as exc:
             for delivery in batch:
                 await settle(delivery.message, ack=False)

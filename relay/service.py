@@ -29,7 +29,7 @@ from relay.maintenance import prune_sent, rewake_stranded, sweep_expired
 from relay.settings import RelaySettings
 from schema.db import listen_connection, make_pool
 from schema.tables import OUTBOX_CHANNEL
-from schema.transient import retry_forever
+from schema.transient import retry_forever, unless_stopped
 
 log = logging.getLogger("relay")
 
@@ -74,9 +74,11 @@ class Relay:
             },
         )
         await self.pool.open(wait=False)
-        async for attempt in retry_forever(log, "relay.broker_connect_failed"):
-            with attempt:
-                await self.publisher.connect()
+        if not await unless_stopped(stop, self._connect()):
+            await self.publisher.close()
+            await self.pool.close()
+            log.info("relay.stopped", extra={"published": 0})
+            return
         drainers = [asyncio.create_task(self._drainer(ev)) for ev in self.wakes]
         chores = [
             asyncio.create_task(self._listen()),
@@ -89,6 +91,11 @@ class Relay:
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([stopped, *drainers], return_when=asyncio.FIRST_COMPLETED)
         await self._shutdown(drainers, chores)
+
+    async def _connect(self) -> None:
+        async for attempt in retry_forever(log, "relay.broker_connect_failed"):
+            with attempt:
+                await self.publisher.connect()
 
     async def _shutdown(
         self, drainers: list[asyncio.Task[None]], chores: list[asyncio.Task[None]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 import aiormq.exceptions
 import psycopg
@@ -85,3 +86,19 @@ def retry_forever(log: logging.Logger, event: str) -> AsyncRetrying:
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[None]) -> bool:
+    """Run ``work`` until it finishes (True) or ``stop`` is set first (False, and the
+    work is cancelled): a daemon still waiting for its services at startup must
+    still stop on SIGTERM."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        stopped.cancel()
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False

@@ -22,9 +22,11 @@ BIN = Path(sys.executable).parent
 
 
 class Daemon:
-    def __init__(self, command: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, command: str, args: list[str], env: dict[str, str], log_dir: str | None = None
+    ) -> None:
         self.command = command
-        self.log_path = Path(tempfile.mkstemp(prefix=f"{command}-", suffix=".log")[1])
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{command}-", suffix=".log", dir=log_dir)[1])
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [str(BIN / command), *args],

@@ -1,0 +1,131 @@
+"""The invariant checker: reads a database after a run and says whether the six
+promises held.
+
+    python -m tests.chaos.check [--database-url URL] [--expected N]
+
+Prints a JSON report; exits 1 if any must-be-zero count is not zero. Works on any
+database of this project's schema; the effect counts need the chaos_effects table
+the chaos app writes (see tests/chaos/app.py) and are null without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import psycopg
+
+from schema.config import ConfigError, database_url
+from schema.states import TERMINAL
+
+TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
+
+CHECKS = {
+    # Not in a final state after the run settled: lost (or stuck).
+    "lost": f"SELECT count(*) FROM jobs WHERE state NOT IN ({TERMINAL_SQL})",
+    # More than one successful attempt for a job: it completed twice.
+    "completed_twice": """
+        SELECT count(*) FROM (
+            SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'
+            GROUP BY job_id HAVING count(*) > 1) AS t""",
+    # An attempt recorded after the job's final one: a write after a terminal state.
+    "writes_after_terminal": """
+        SELECT count(*) FROM job_attempts AS a
+        JOIN job_attempts AS f
+          ON f.job_id = a.job_id AND f.outcome <> 'RETRY_WAIT' AND a.attempt > f.attempt""",
+    # Two attempts of a job under the same fencing token, or tokens that go down.
+    "generations_not_increasing": """
+        SELECT count(*) FROM (
+            SELECT lease_generation <= lag(lease_generation) OVER w AS bad
+            FROM job_attempts WINDOW w AS (PARTITION BY job_id ORDER BY attempt)) AS t
+        WHERE bad""",
+    # History and row disagree: the final attempt must match the row.
+    "history_mismatch": f"""
+        SELECT count(*) FROM jobs AS j
+        LEFT JOIN LATERAL (
+            SELECT * FROM job_attempts AS a WHERE a.job_id = j.job_id
+            ORDER BY attempt DESC LIMIT 1) AS last ON true
+        WHERE j.state IN ({TERMINAL_SQL}) AND j.attempt_count > 0
+          AND (last.outcome IS DISTINCT FROM j.state
+               OR last.attempt IS DISTINCT FROM j.attempt_count)
+          -- cancelled while waiting for a retry: the cancel is not an attempt
+          AND NOT (j.state = 'CANCELLED' AND last.outcome = 'RETRY_WAIT')""",
+    "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
+}
+
+EFFECT_CHECKS = {
+    "effects_applied_more_than_once": """
+        SELECT count(*) FROM (
+            SELECT key FROM chaos_effects GROUP BY key HAVING count(*) > 1) AS t""",
+    # An effect whose writer was not the attempt that completed the job: its
+    # transaction committed without holding the lease. Fencing forbids it.
+    "stale_writes_accepted": """
+        SELECT count(*) FROM chaos_effects AS e
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_attempts AS a
+            WHERE a.job_id = e.job_id AND a.outcome = 'SUCCEEDED'
+              AND a.lease_generation = e.generation AND a.worker = e.worker)""",
+    # A job that succeeded without its effect being applied by anyone.
+    "succeeded_without_effect": """
+        SELECT count(*) FROM jobs AS j
+        WHERE j.job_type = 'effect' AND j.state = 'SUCCEEDED'
+          AND NOT EXISTS (
+            SELECT 1 FROM chaos_effects AS e WHERE e.key = j.payload->>'key')""",
+}
+
+
+def check(conninfo: str, expected: int | None = None) -> dict[str, Any]:
+    with psycopg.connect(conninfo) as conn:
+        report: dict[str, Any] = {
+            "jobs_enqueued": conn.execute("SELECT count(*) FROM jobs").fetchone()[0],  # type: ignore[index]
+            "by_state": dict(
+                conn.execute(
+                    "SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state"
+                ).fetchall()
+            ),
+        }
+        report["terminal"] = sum(n for s, n in report["by_state"].items() if s in TERMINAL)
+        if expected is not None:
+            # A committed enqueue whose row is missing is lost too.
+            report["missing_rows"] = max(expected - report["jobs_enqueued"], 0)
+        for name, sql in CHECKS.items():
+            report[name] = conn.execute(sql).fetchone()[0]  # type: ignore[index]
+        has_effects = conn.execute("SELECT to_regclass('chaos_effects') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+        for name, sql in EFFECT_CHECKS.items():
+            report[name] = conn.execute(sql).fetchone()[0] if has_effects else None  # type: ignore[index]
+        report["attempts_per_job"] = dict(
+            conn.execute(
+                "SELECT attempt_count, count(*) FROM jobs GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        )
+        report["lease_expired_attempts"] = conn.execute(
+            "SELECT count(*) FROM job_attempts WHERE error_code = 'LEASE_EXPIRED'"
+        ).fetchone()[0]  # type: ignore[index]
+    return report
+
+
+MUST_BE_ZERO = [*CHECKS, *EFFECT_CHECKS, "missing_rows"]
+
+
+def violations(report: dict[str, Any]) -> dict[str, int]:
+    return {k: report[k] for k in MUST_BE_ZERO if report.get(k)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Check the promises on a database.")
+    parser.add_argument("--database-url", help="default: $DATABASE_URL")
+    parser.add_argument("--expected", type=int, help="how many jobs were enqueued")
+    args = parser.parse_args()
+    try:
+        url = database_url(args.database_url)
+    except ConfigError as exc:
+        sys.exit(f"check: {exc}")
+    report = check(url.conninfo, args.expected)
+    print(json.dumps(report, indent=2, default=str))
+    sys.exit(1 if violations(report) else 0)
+
+
+if __name__ == "__main__":
+    main()
