@@ -1,0 +1,34 @@
+"""The chaos soak, in the short form every test run includes; the long form (20,000
+jobs, 120 s of faults) is `scripts/chaos`, or `./scripts/test -m soak`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.chaos.check import violations
+from tests.chaos.run import run
+
+
+def _assert_clean(report: dict) -> None:
+    shown = json.dumps(report, indent=2, default=str)
+    assert report["settled"], f"jobs still open after the settle time:\n{shown}"
+    assert violations(report) == {}, shown
+    assert report["lost"] == 0
+    assert report["stale_writes_accepted"] == 0
+    assert report["effects_applied_more_than_once"] == 0
+    assert report["terminal"] == report["jobs_enqueued"]
+
+
+@pytest.mark.timeout(400)
+def test_short_chaos_soak_keeps_every_promise() -> None:
+    report = run(jobs=2500, seconds=40, seed=20261129)
+    _assert_clean(report)
+    assert sum(report["chaos"].values()) >= 10, "faults were actually inflicted"
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_long_chaos_soak_keeps_every_promise() -> None:
+    _assert_clean(run(jobs=20_000, seconds=120, seed=7))
