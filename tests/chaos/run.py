@@ -164,7 +164,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
                 )
                 if due > enqueued:
                     batch = [
-                        outbox.NewJob("effect", {"key": f"k{i}", "fail_rate": 0.05})
+                        outbox.NewJob("effect", job_payload(rng, i))
                         for i in range(enqueued, min(due, enqueued + 500))
                     ]
                     with Session(engine) as session, session.begin():
@@ -221,6 +221,13 @@ def fence_rejections(roles: list[Role]) -> dict[str, int]:
                     if f'"event": "{event}"' in line:
                         seen[event] += 1
     return dict(seen)
+
+
+def job_payload(rng: random.Random, i: int) -> dict[str, Any]:
+    # One job in ten is slow, so a frozen or killed worker is usually holding some:
+    # that is when a lease lapses mid-handler and the fence has work to do.
+    seconds = rng.uniform(0.3, 1.5) if rng.random() < 0.1 else rng.uniform(0, 0.02)
+    return {"key": f"k{i}", "fail_rate": 0.05, "seconds": round(seconds, 3)}
 
 
 def inflict(
