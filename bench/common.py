@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import aio_pika
 import psycopg
 
 from schema.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
+from tests.support.broker import delete_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -51,20 +51,7 @@ def scratch_topology(queues: list[str]) -> Iterator[Topology]:
     try:
         yield topology
     finally:
-        asyncio.run(_delete(topology, queues))
-
-
-async def _delete(topology: Topology, queues: list[str]) -> None:
-    connection = await aio_pika.connect(AMQP.url)
-    async with connection:
-        for name in [*(topology.queue_name(q) for q in queues), topology.dead_letter_queue_name]:
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(name)
-        for name in (topology.exchange_name, topology.dead_letter_exchange_name):
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(name)
+        asyncio.run(delete_topology(AMQP.url, topology, queues))
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:

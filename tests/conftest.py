@@ -4,12 +4,10 @@ in any order and side by side."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import aio_pika
 import psycopg
 import pytest
 from alembic import command
@@ -20,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from schema.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support import services
+from tests.support.broker import delete_topology
 from tests.support.services import ADMIN_URL, AMQP_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,20 +122,7 @@ async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
     yield topo
     with psycopg.connect(db_url.conninfo) as conn:
         queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs")]
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        for name in [
-            *(topo.queue_name(q) for q in {*queues, "default"}),
-            topo.dead_letter_queue_name,
-        ]:
-            # A queue that never existed closes the channel: take a new one each time.
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(name)
-        for name in (topo.exchange_name, topo.dead_letter_exchange_name):
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(name)
+    await delete_topology(AMQP_URL, topo, {*queues, "default"})
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -7,8 +7,6 @@ import asyncio
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -20,10 +18,9 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import NewJob
-from relay.service import Relay
-from relay.settings import RelaySettings
 from schema.config import AmqpUrl, DatabaseUrl
 from schema.topology import Declared, Topology
+from tests.support import inproc
 from tests.support.broker import collect, queue_depth
 from tests.support.processes import BIN, ROOT, running, service_env
 from tests.support.proxy import TcpProxy
@@ -37,24 +34,14 @@ def enqueue(engine: Engine, n: int, queue: str = "default", **kw: Any) -> list[s
     return [str(i) for i in ids]
 
 
+def relay_running(*args: Any, **overrides: Any) -> Any:
+    """The relay on its own. No consumer claims anything in these tests, so the
+    re-waker (rightly) would re-wake every job; keep it to its production interval."""
+    return inproc.relay_running(*args, **({"rewake_interval": 30.0} | overrides))
+
+
 def unsent(pg: psycopg.Connection) -> int:
     return pg.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0]
-
-
-@asynccontextmanager
-async def relay_running(**overrides: Any) -> AsyncIterator[Relay]:
-    relay = Relay(RelaySettings(**overrides))
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop))
-    for _ in range(200):
-        if relay.publisher.declared is not None or task.done():
-            break
-        await asyncio.sleep(0.05)
-    try:
-        yield relay
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_publishes_each_wakeup_and_marks_it_sent(
@@ -66,7 +53,7 @@ async def test_publishes_each_wakeup_and_marks_it_sent(
 ) -> None:
     a = enqueue(engine, 30, queue="a")
     b = enqueue(engine, 20, queue="b", priority=5)
-    async with relay_running(database=db_url, amqp=amqp_url, topology=topology):
+    async with relay_running(db_url, amqp_url, topology):
         got_a = await collect(amqp_url.url, topology, "a", 30)
         got_b = await collect(amqp_url.url, topology, "b", 20)
     assert sorted(got_a) == sorted(a)
@@ -78,7 +65,7 @@ async def test_messages_are_persistent_and_name_the_job(
     engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
 ) -> None:
     (job_id,) = enqueue(engine, 1, priority=42)
-    async with relay_running(database=db_url, amqp=amqp_url, topology=topology):
+    async with relay_running(db_url, amqp_url, topology):
         await asyncio.sleep(1)
     connection = await aio_pika.connect(amqp_url.url)
     async with connection:
@@ -101,7 +88,7 @@ async def test_delayed_wakeup_waits_for_available_at(
 ) -> None:
     now = enqueue(engine, 1)
     later = enqueue(engine, 1, run_after=timedelta(seconds=3))
-    async with relay_running(database=db_url, amqp=amqp_url, topology=topology, poll_interval=0.2):
+    async with relay_running(db_url, amqp_url, topology, poll_interval=0.2):
         assert await collect(amqp_url.url, topology, "default", 1, settle=1.0) == now
         assert unsent(pg) == 1, "the delayed wake-up went out early"
         assert await collect(amqp_url.url, topology, "default", 1, timeout=10) == later
@@ -118,9 +105,7 @@ async def test_broker_outage_leaves_rows_unsent_until_it_returns(
     proxy = TcpProxy("127.0.0.1", 5672)
     try:
         via_proxy = AmqpUrl.parse(f"amqp://127.0.0.1:{proxy.port}/")
-        async with relay_running(
-            database=db_url, amqp=via_proxy, topology=topology, poll_interval=0.2, publish_timeout=1
-        ):
+        async with relay_running(db_url, via_proxy, topology, poll_interval=0.2, publish_timeout=1):
             first = enqueue(engine, 10)
             assert sorted(await collect(amqp_url.url, topology, "default", 10)) == sorted(first)
             proxy.down()
@@ -146,9 +131,7 @@ async def test_database_connections_cut_loses_nothing(
     proxy = TcpProxy("127.0.0.1", 5432)
     try:
         base = db_url.conninfo.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        async with relay_running(
-            database=DatabaseUrl.parse(base), amqp=amqp_url, topology=topology, poll_interval=0.2
-        ):
+        async with relay_running(DatabaseUrl.parse(base), amqp_url, topology, poll_interval=0.2):
             ids = []
             for _ in range(5):
                 ids += enqueue(engine, 200)
@@ -164,7 +147,7 @@ async def test_database_connections_cut_loses_nothing(
 async def test_queue_deleted_behind_the_relays_back_is_declared_again(
     engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
 ) -> None:
-    async with relay_running(database=db_url, amqp=amqp_url, topology=topology, poll_interval=0.2):
+    async with relay_running(db_url, amqp_url, topology, poll_interval=0.2):
         first = enqueue(engine, 5)
         assert sorted(await collect(amqp_url.url, topology, "default", 5)) == sorted(first)
         connection = await aio_pika.connect(amqp_url.url)
@@ -187,9 +170,9 @@ async def test_prunes_sent_rows_after_retention(
     enqueue(engine, 20)
     enqueue(engine, 5, run_after=timedelta(hours=1))
     async with relay_running(
-        database=db_url,
-        amqp=amqp_url,
-        topology=topology,
+        db_url,
+        amqp_url,
+        topology,
         retention=0.5,
         prune_interval=0.2,
         rewake_interval=0.5,

@@ -37,6 +37,7 @@ from schema.config import DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.chaos.check import check, violations
+from tests.support.broker import delete_topology
 from tests.support.processes import Daemon, service_env
 from tests.support.proxy import TcpProxy
 from tests.support.services import ADMIN_URL, AMQP_URL
@@ -107,24 +108,7 @@ def scratch(seed: int) -> Iterator[tuple[DatabaseUrl, Topology]]:
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        asyncio.run(_delete_topology(Topology(prefix=f"chaos{seed}")))
-
-
-async def _delete_topology(topology: Topology) -> None:
-    import contextlib
-
-    import aio_pika
-
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        for name in (topology.queue_name("default"), topology.dead_letter_queue_name):
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(name)
-        for name in (topology.exchange_name, topology.dead_letter_exchange_name):
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(name)
+        asyncio.run(delete_topology(AMQP_URL, Topology(prefix=f"chaos{seed}"), ["default"]))
 
 
 def terminate_backends(db: DatabaseUrl) -> int:

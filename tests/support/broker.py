@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterable
 
 import aio_pika
 
@@ -75,3 +76,18 @@ async def purge(amqp_url: str, topology: Topology, queue: str) -> None:
         q = await Declared(channel, topology).queue(queue)
         with contextlib.suppress(Exception):
             await q.purge()
+
+
+async def delete_topology(amqp_url: str, topology: Topology, queues: Iterable[str]) -> None:
+    """Delete a namespace's job queues, dead-letter queue and exchanges, whichever
+    exist (deleting one that does not closes the channel, so each gets its own)."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        for name in [*(topology.queue_name(q) for q in queues), topology.dead_letter_queue_name]:
+            channel = await connection.channel()
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+        for name in (topology.exchange_name, topology.dead_letter_exchange_name):
+            channel = await connection.channel()
+            with contextlib.suppress(Exception):
+                await channel.exchange_delete(name)

@@ -73,10 +73,15 @@ class Daemon:
             os.kill(self.proc.pid, signum)
 
     def stop(self, timeout: float = 30) -> int:
-        """SIGTERM, then wait; returns the exit code."""
+        """SIGTERM, then wait; returns the exit code. A process that does not stop in
+        time is killed (and the TimeoutExpired raised), never left behind."""
         self.signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise
         finally:
             self._log.close()
 
