@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from consumers.outcome import MAX_RETRY_DELAY
+
 
 class Retry(Exception):
     """Try again later: after ``delay`` (seconds or a timedelta), else the handler's
@@ -15,8 +17,8 @@ class Retry(Exception):
         super().__init__(reason or "retry requested")
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
-        if delay is not None and not delay >= 0:
-            raise ValueError("Retry delay must be a non-negative number of seconds")
+        if delay is not None and not 0 <= delay <= MAX_RETRY_DELAY:
+            raise ValueError("Retry delay must be between 0 seconds and a year")
         self.delay = delay
 
 

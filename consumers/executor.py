@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from concurrent.futures import Executor
 
 from consumers.backoff import DEFAULT_BACKOFF
@@ -41,19 +42,12 @@ async def execute(job: Job, handler: Handler | None, threads: Executor) -> Outco
             f"no handler for job type {job.job_type!r} in this consumer",
             DEFAULT_BACKOFF.delay(job.attempt),
         )
-    timeout = asyncio.timeout(handler.timeout)
     try:
-        async with timeout:
-            if handler.is_async:
-                await handler.fn(job)
-            else:
-                await asyncio.get_running_loop().run_in_executor(threads, handler.fn, job)
+        await _run_handler(job, handler, threads)
     except LeaseLost:
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})
         return None
-    except TimeoutError as exc:
-        if not timeout.expired():
-            return _failure(job, handler, exc)
+    except _TimedOut:
         # A plain handler's thread cannot be stopped; it runs on, and its own
         # transaction (if any) is fenced like every other write.
         return Outcome.retry(
@@ -61,14 +55,60 @@ async def execute(job: Job, handler: Handler | None, threads: Executor) -> Outco
             f"the attempt ran past the handler's {handler.timeout}s timeout",
             handler.backoff.delay(job.attempt),
         )
-    except Exception as exc:
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the consumer cancelled it: lease lost, or shutting down
+        # A cancellation from inside the handler (it awaited something that was
+        # cancelled): a failed attempt like any other error.
+        return _failure(job, handler, exc)
+    except BaseException as exc:
+        # Any exception, and SystemExit or KeyboardInterrupt raised by handler code:
+        # the job's attempt failed, the worker goes on.
         return _failure(job, handler, exc)
     if job.recorded:
         return None
     return Outcome.succeeded()
 
 
-def _failure(job: Job, handler: Handler, exc: Exception) -> Outcome | None:
+class _TimedOut(Exception):
+    """The attempt ran past the handler's timeout (not a TimeoutError of its own)."""
+
+
+async def _run_handler(job: Job, handler: Handler, threads: Executor) -> None:
+    if handler.is_async:
+        await _bounded(handler.fn(job), handler.timeout)
+        return
+    # A plain handler runs in the pool, and its timeout starts when a thread takes it:
+    # waiting for a thread (the pool may be busy with timed-out handlers that run
+    # on) must not spend the attempt.
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def call() -> object:
+        loop.call_soon_threadsafe(started.set)
+        return handler.fn(job)
+
+    future = loop.run_in_executor(threads, call)
+    try:
+        await started.wait()
+    except BaseException:
+        future.cancel()  # not started yet: now it never will be
+        raise
+    await _bounded(future, handler.timeout)
+
+
+async def _bounded(work: Awaitable[object], seconds: float | None) -> None:
+    try:
+        async with asyncio.timeout(seconds) as limit:
+            await work
+    except TimeoutError:
+        if limit.expired():
+            raise _TimedOut from None
+        raise
+
+
+def _failure(job: Job, handler: Handler, exc: BaseException) -> Outcome | None:
     if job.recorded:
         # The job's transaction committed SUCCEEDED, then the handler raised: the
         # recorded outcome stands.

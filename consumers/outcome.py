@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -9,6 +10,9 @@ Kind = Literal["succeeded", "retry", "failed", "cancelled"]
 
 # Long enough for a useful message, short enough to keep the hot row small.
 MAX_ERROR_MESSAGE = 2000
+MAX_ERROR_CODE = 200
+# A retry later than this is a mistake (an infinite or absurd delay); it is capped.
+MAX_RETRY_DELAY = 365 * 24 * 3600.0
 
 UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
 TIMEOUT = "TIMEOUT"
@@ -27,18 +31,25 @@ class Outcome:
 
     @classmethod
     def retry(cls, code: str, message: str, delay_seconds: float) -> Outcome:
-        return cls("retry", code, _bounded(message), delay_seconds)
+        delay = delay_seconds if math.isfinite(delay_seconds) else MAX_RETRY_DELAY
+        return cls(
+            "retry",
+            _clean(code, MAX_ERROR_CODE),
+            _clean(message, MAX_ERROR_MESSAGE),
+            min(max(delay, 0.0), MAX_RETRY_DELAY),
+        )
 
     @classmethod
     def failed(cls, code: str, message: str) -> Outcome:
-        return cls("failed", code, _bounded(message))
+        return cls("failed", _clean(code, MAX_ERROR_CODE), _clean(message, MAX_ERROR_MESSAGE))
 
     @classmethod
     def cancelled(cls, message: str) -> Outcome:
-        return cls("cancelled", "CANCELLED", _bounded(message))
+        return cls("cancelled", "CANCELLED", _clean(message, MAX_ERROR_MESSAGE))
 
 
-def _bounded(message: str) -> str:
-    if len(message) <= MAX_ERROR_MESSAGE:
-        return message
-    return message[: MAX_ERROR_MESSAGE - 1] + "…"
+def _clean(text: str, limit: int) -> str:
+    """Text PostgreSQL will store whatever a handler put in its exception: no NUL,
+    no lone surrogates, bounded."""
+    text = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -30,7 +30,7 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 
 from psycopg import Connection
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from consumers.deliveries import Delivery, Inbox, ack_in_order, settle
@@ -61,11 +61,16 @@ class Consumer:
         self.settings = settings
         self.registry = registry
         self.worker = make_worker_id()
-        self.pool = make_pool(settings.database, "consumer", max_size=settings.concurrency + 4)
+        # The consumer's own statements (claims, heartbeats, outcomes) get a small pool
+        # of their own, so handlers holding connections can never starve a heartbeat.
+        self.pool = make_pool(settings.database, "consumer", max_size=4)
+        self.handler_pool = make_pool(
+            settings.database, "consumer-handlers", max_size=settings.concurrency, options=None
+        )
         self.store = JobStore(self.pool, self.worker, settings.lease_seconds)
         self._sync_pool: ConnectionPool[Connection] | None = None
         self._sync_pool_lock = threading.Lock()
-        self.resources = Resources(self.worker, self.pool, self._get_sync_pool)
+        self.resources = Resources(self.worker, self.handler_pool, self._get_sync_pool)
         self.threads = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="handler")
         self.inbox = Inbox(
             settings.amqp,
@@ -87,6 +92,9 @@ class Consumer:
         # Heartbeats and outcome batches lock this worker's rows; one at a time, so
         # they never wait on each other inside PostgreSQL.
         self.write_lock = asyncio.Lock()
+        # Held while a claim is in flight; shutdown waits on it, so jobs a claim is
+        # just starting are drained or given back with the rest.
+        self.claim_lock = asyncio.Lock()
         self.stopping = False
         self.paused = False
         self.claim_failures = 0
@@ -111,9 +119,11 @@ class Consumer:
             },
         )
         await self.pool.open(wait=False)
+        await self.handler_pool.open(wait=False)
         if not await unless_stopped(stop, self._connect()):
             await self.inbox.close()
             await self.pool.close()
+            await self.handler_pool.close()
             log.info("consumer.stopped", extra={"worker": self.worker})
             return
         background = [
@@ -142,12 +152,14 @@ class Consumer:
         log.info("consumer.stopping", extra={"running": len(self.running)})
         await self.inbox.pause()
         await self._return_buffered()
+        async with self.claim_lock:
+            pass  # a claim in flight finishes, and its jobs join the ones below
         if self.running:
             log.info(
                 "consumer.draining",
                 extra={"running": len(self.running), "drain_s": s.drain_seconds},
             )
-            await asyncio.wait(list(self.running.values()), timeout=s.drain_seconds or None)
+            await asyncio.wait(list(self.running.values()), timeout=s.drain_seconds)
         unfinished = [self.held[i] for i in self.running if i in self.held]
         for task in self.running.values():
             task.cancel()
@@ -159,13 +171,16 @@ class Consumer:
         await asyncio.gather(*background, return_exceptions=True)
         await self.inbox.close()
         await self.pool.close()
+        await self.handler_pool.close()
         if self._sync_pool is not None:
             self._sync_pool.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
         log.info("consumer.stopped", extra={"worker": self.worker, **self.counts})
 
     async def _give_back(self, jobs: list[Job]) -> None:
-        fences = [j.fence for j in jobs if not j.committing and not j.recorded]
+        # A job whose own transaction is committing right now is left to that commit.
+        jobs = [j for j in jobs if not j.committing and not j.recorded]
+        fences = [j.fence for j in jobs]
         if not fences:
             return
         try:
@@ -218,29 +233,43 @@ class Consumer:
                 if free <= 0:
                     break  # a finishing job sets claim_wake again
                 size = min(free, s.claim_batch, len(self.buffer))
-                await self._claim([self.buffer.popleft() for _ in range(size)])
+                async with self.claim_lock:
+                    failure = await self._claim([self.buffer.popleft() for _ in range(size)])
+                if failure is not None:
+                    await self._pause_until_database_answers(failure)
 
-    async def _claim(self, batch: list[Delivery]) -> None:
+    async def _claim(self, batch: list[Delivery]) -> Exception | None:
+        """Claim the jobs a batch of deliveries names and start them; the failure,
+        if the database could not be reached (the deliveries went back)."""
         job_ids = [d.job_id for d in batch]
         sent_at = time.monotonic()
+        ambiguous = False
         try:
             # A dropped connection or a deadlock is worth two quick retries on a fresh
-            # connection (a claim that did not commit changed nothing) before the
-            # deliveries go back and consuming pauses.
+            # connection before the deliveries go back and consuming pauses; no
+            # connection to be had at all means the database is away: pause now.
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception(is_transient_db_error),
+                retry=retry_if_exception(
+                    lambda e: is_transient_db_error(e) and not isinstance(e, PoolTimeout)
+                ),
                 stop=stop_after_attempt(3),
                 wait=wait_exponential(multiplier=0.05, max=0.5),
                 reraise=True,
             ):
                 with attempt:
+                    ambiguous = attempt.retry_state.attempt_number > 1
                     sent_at = time.monotonic()
                     claimed = await self.store.claim(job_ids, self.registry.budgets())
+            if ambiguous:
+                # The failed try may have committed before its connection dropped:
+                # those jobs are ours, and only we can start them.
+                got = {row.job_id for row in claimed}
+                mine = await self.store.held_by_me([i for i in job_ids if i not in got])
+                claimed += [row for row in mine if row.job_id not in self.held]
         except Exception as exc:
             for delivery in batch:
                 await settle(delivery.message, ack=False)
-            await self._pause_until_database_answers(exc)
-            return
+            return exc
         self.claim_failures = 0
         await ack_in_order(batch)
         for row in claimed:
@@ -252,6 +281,7 @@ class Consumer:
         if len(claimed) < len(unique):
             got = {row.job_id for row in claimed}
             await self._explain([i for i in unique if i not in got])
+        return None
 
     async def _explain(self, missed: list[uuid.UUID]) -> None:
         try:
@@ -267,6 +297,8 @@ class Consumer:
             )
 
     async def _pause_until_database_answers(self, exc: Exception) -> None:
+        if self.stopping:
+            return
         self.claim_failures += 1
         log.warning(
             "consumer.database_unavailable",
@@ -318,42 +350,67 @@ class Consumer:
                 ]
                 for job, _ in batch:
                     job.committing = True
-                triples = [(job.id, job.generation, outcome) for job, outcome in batch]
-                async for attempt in retry_forever(log, "consumer.report_failed"):
-                    with attempt:
-                        async with self.write_lock:
-                            applied, stale = await self.store.finish(triples)
-                for job, outcome in batch:
-                    self.held.pop(job.id, None)
-                    if job.id in stale:
-                        self.counts["stale_outcome"] += 1
-                        log.warning(
-                            "consumer.stale_outcome",
-                            extra={
-                                "job_id": str(job.id),
-                                "generation": job.generation,
-                                "outcome": outcome.kind,
-                                "action": "rejected by the fence; the job moved on without us",
-                            },
-                        )
-                    elif job.id in applied:
-                        self.counts[applied[job.id]] += 1
-                        if outcome.kind != "succeeded":
-                            log.info(
-                                "consumer.attempt_failed",
-                                extra={
-                                    "job_id": str(job.id),
-                                    "job_type": job.job_type,
-                                    "attempt": job.attempt,
-                                    "state": applied[job.id],
-                                    "error_code": outcome.error_code,
-                                    "error": outcome.error_message,
-                                    "retry_in_s": round(outcome.delay_seconds or 0, 1)
-                                    if applied[job.id] == JobState.RETRY_WAIT
-                                    else None,
-                                },
-                            )
+                await self._record(batch)
             self.reported.set()
+
+    async def _record(self, batch: list[tuple[Job, Outcome]]) -> None:
+        """Record a batch of outcomes, retrying through outages. An outcome the
+        database refuses for good is isolated and dropped: its lease lapses and the
+        sweeper retries the job, while every other outcome is still recorded."""
+        triples = [(job.id, job.generation, outcome) for job, outcome in batch]
+        try:
+            async for attempt in retry_forever(log, "consumer.report_failed", only_transient=True):
+                with attempt:
+                    async with self.write_lock:
+                        applied, stale = await self.store.finish(triples)
+        except Exception as exc:
+            if len(batch) > 1:
+                for item in batch:
+                    await self._record([item])
+                return
+            job, outcome = batch[0]
+            self.held.pop(job.id, None)
+            log.error(
+                "consumer.outcome_unrecordable",
+                extra={
+                    "job_id": str(job.id),
+                    "outcome": outcome.kind,
+                    "error": describe_error(exc),
+                    "action": "dropped; the lease lapses and the sweeper retries the job",
+                },
+            )
+            return
+        for job, outcome in batch:
+            self.held.pop(job.id, None)
+            if job.id in stale:
+                self.counts["stale_outcome"] += 1
+                log.warning(
+                    "consumer.stale_outcome",
+                    extra={
+                        "job_id": str(job.id),
+                        "generation": job.generation,
+                        "outcome": outcome.kind,
+                        "action": "rejected by the fence; the job moved on without us",
+                    },
+                )
+            elif job.id in applied:
+                state = applied[job.id]
+                self.counts[state] += 1
+                if outcome.kind != "succeeded":
+                    log.info(
+                        "consumer.attempt_failed",
+                        extra={
+                            "job_id": str(job.id),
+                            "job_type": job.job_type,
+                            "attempt": job.attempt,
+                            "state": state,
+                            "error_code": outcome.error_code,
+                            "error": outcome.error_message,
+                            "retry_in_s": round(outcome.delay_seconds or 0, 1)
+                            if state == JobState.RETRY_WAIT
+                            else None,
+                        },
+                    )
 
     async def _heartbeater(self) -> None:
         s = self.settings

@@ -90,6 +90,13 @@ class JobStore:
             )
             return [Claimed(*row) for row in await cur.fetchall()]
 
+    async def held_by_me(self, job_ids: Sequence[uuid.UUID]) -> list[Claimed]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.JOB_HELD_BY, {"job_ids": list(job_ids), "worker": self.worker}
+            )
+            return [Claimed(*row) for row in await cur.fetchall()]
+
     async def explain_misses(self, job_ids: Sequence[uuid.UUID]) -> Counter[str]:
         """Why each of these deliveries claimed nothing, counted by reason."""
         async with self.pool.connection() as conn:

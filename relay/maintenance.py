@@ -18,12 +18,15 @@ from schema.queries import (
 
 log = logging.getLogger("relay")
 
-# pg_try_advisory_xact_lock key: one relay at a time does maintenance.
-MAINTENANCE_LOCK_KEY = 0x6A6F6273  # "jobs"
+# pg_try_advisory_xact_lock keys: one relay at a time does each chore, and a long
+# prune never makes the sweeper skip its round.
+PRUNE_LOCK = 0x6A6F6201
+SWEEP_LOCK = 0x6A6F6202
+REWAKE_LOCK = 0x6A6F6203
 
 
-async def _locked(conn: AsyncConnection) -> bool:
-    row = await (await conn.execute(MAINTENANCE_TRY_LOCK, {"key": MAINTENANCE_LOCK_KEY})).fetchone()
+async def _locked(conn: AsyncConnection, key: int) -> bool:
+    row = await (await conn.execute(MAINTENANCE_TRY_LOCK, {"key": key})).fetchone()
     return bool(row and row[0])
 
 
@@ -34,7 +37,7 @@ async def prune_sent(
     total = 0
     while True:
         async with pool.connection() as conn, conn.transaction():
-            if not await _locked(conn):
+            if not await _locked(conn, PRUNE_LOCK):
                 return total
             cur = await conn.execute(
                 OUTBOX_PRUNE_SENT, {"retention_seconds": retention, "limit": batch}
@@ -51,7 +54,7 @@ async def sweep_expired(pool: AsyncConnectionPool[AsyncConnection], *, batch: in
     total = 0
     while True:
         async with pool.connection() as conn, conn.transaction():
-            if not await _locked(conn):
+            if not await _locked(conn, SWEEP_LOCK):
                 return total
             rows = await (await conn.execute(JOB_SWEEP_EXPIRED, {"limit": batch})).fetchall()
         total += len(rows)
@@ -90,7 +93,7 @@ async def rewake_stranded(
     if not empty:
         return 0
     async with pool.connection() as conn, conn.transaction():
-        if not await _locked(conn):
+        if not await _locked(conn, REWAKE_LOCK):
             return 0
         cur = await conn.execute(JOB_REWAKE_STRANDED, params | {"queues": empty, "limit": batch})
         woken = cur.rowcount

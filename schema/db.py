@@ -22,8 +22,19 @@ def connection_kwargs(application_name: str) -> dict[str, Any]:
     }
 
 
+# For the daemons' own statements: a transition that waits on a row lock for more
+# than a few seconds (a producer holding a cancel request open, say) fails as
+# transient and is retried, rather than stalling every heartbeat behind it.
+CONTROL_TIMEOUTS = "-c lock_timeout=5000 -c statement_timeout=30000"
+
+
 def make_pool(
-    database: DatabaseUrl, application_name: str, max_size: int
+    database: DatabaseUrl,
+    application_name: str,
+    max_size: int,
+    *,
+    options: str | None = CONTROL_TIMEOUTS,
+    checkout_timeout: float = 5.0,
 ) -> AsyncConnectionPool[AsyncConnection]:
     """A closed pool; ``await pool.open(wait=False)`` starts it.
 
@@ -35,15 +46,20 @@ def make_pool(
 
     Connections are not checked on checkout (that is a round trip on every hot-path
     statement); a broken one fails its statement, the caller's retry takes another,
-    and the pool discards the broken one when it comes back.
+    and the pool discards the broken one when it comes back. Waiting for a
+    connection gives up after ``checkout_timeout``: when the database is down the
+    caller should find out soon and say so, not hang.
     """
     return AsyncConnectionPool(
         database.conninfo,
         min_size=1,
         max_size=max_size,
-        kwargs=connection_kwargs(application_name) | {"autocommit": True},
+        kwargs=connection_kwargs(application_name)
+        | {"autocommit": True}
+        | ({"options": options} if options else {}),
         open=False,
         name=application_name,
+        timeout=checkout_timeout,
     )
 
 

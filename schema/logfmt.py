@@ -49,6 +49,10 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def describe_error(exc: BaseException) -> str:
-    """A one-line description of an exception: its type and first line."""
-    text = str(exc).strip().splitlines()
+    """A one-line description of an exception: its type and first line (never
+    raises, whatever the exception's ``__str__`` does)."""
+    try:
+        text = str(exc).strip().splitlines()
+    except Exception:
+        text = []
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

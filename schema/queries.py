@@ -78,8 +78,11 @@ JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
 # becomes RUNNING under this worker's lease, with the next generation and attempt.
 # Rows are locked in job_id order, so two consumers claiming overlapping batches
 # (a duplicated wake-up) wait for each other instead of deadlocking; the loser then
-# sees the job RUNNING and claims nothing. A job enqueued without max_attempts takes
-# its handler's budget here (never less than the attempt being started).
+# sees the job RUNNING and claims nothing. Worker statements lock FOR NO KEY UPDATE,
+# the strength their UPDATE needs: it does not conflict with the key-share lock an
+# insert into outbox or job_attempts takes on the job it references. A job enqueued
+# without max_attempts takes its handler's budget here (never less than the attempt
+# being started).
 JOB_CLAIM_MANY: Final = f"""
 WITH wanted AS (
     SELECT j.job_id
@@ -89,7 +92,7 @@ WITH wanted AS (
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 ), budgets AS (
     SELECT * FROM jsonb_to_recordset(%(budgets)s::jsonb) AS b(job_type text, max_attempts int)
 )
@@ -109,6 +112,16 @@ FROM wanted AS w
 WHERE j.job_id = w.job_id
 RETURNING j.job_id, j.job_type, j.queue, j.payload, j.attempt_count, j.max_attempts,
           j.lease_generation, j.lease_expires_at, j.created_at
+"""
+
+# After a claim whose commit was ambiguous (the connection dropped while it ran): the
+# named jobs this worker holds. Worker ids are unique per process, so a job held
+# under ours that the process does not know about came from that claim.
+JOB_HELD_BY: Final = f"""
+SELECT job_id, job_type, queue, payload, attempt_count, max_attempts, lease_generation,
+       lease_expires_at, created_at
+FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """
 
 # Why a delivery claimed nothing: each named job's state, due or not. A job id with
@@ -132,7 +145,7 @@ WITH held AS (
       AND j.state IN ({LEASED_SQL})
       AND j.lease_expires_at > now()
     ORDER BY j.job_id
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j
 )
 UPDATE jobs AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
@@ -173,7 +186,7 @@ WITH outcome AS (
     JOIN jobs AS j ON j.job_id = o.job_id AND j.lease_generation = o.generation
     WHERE j.lease_owner = %(worker)s AND j.state IN ({LEASED_SQL})
     ORDER BY j.job_id
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j
 ), finished AS (
     UPDATE jobs AS j
     SET state = d.new_state,
@@ -228,7 +241,7 @@ WITH held AS (
     JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
     WHERE j.lease_owner = %(worker)s AND j.state IN ({LEASED_SQL})
     ORDER BY j.job_id
-    FOR UPDATE OF j
+    FOR NO KEY UPDATE OF j
 ), returned AS (
     UPDATE jobs AS j
     SET state = CASE WHEN held.old_state = 'RUNNING' THEN 'QUEUED' ELSE 'CANCELLED' END,
@@ -318,7 +331,7 @@ WITH expired AS (
     WHERE j.state IN ({LEASED_SQL}) AND j.lease_expires_at <= now()
     ORDER BY j.lease_expires_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE jobs AS j
     SET state = e.new_state,
@@ -377,8 +390,8 @@ LIMIT %(limit)s
 RETURNING job_id
 """
 
-# Periodic maintenance (pruning, sweeping, re-waking) runs in one relay at a time: the
-# others find this transaction-scoped advisory lock taken and skip the round.
+# Each periodic chore (pruning, sweeping, re-waking) runs in one relay at a time: the
+# others find its transaction-scoped advisory lock taken and skip the round.
 MAINTENANCE_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(%(key)s)"
 
 __all__ = [
@@ -390,6 +403,7 @@ __all__ = [
     "JOB_FINISH_MANY",
     "JOB_GIVE_BACK_MANY",
     "JOB_HEARTBEAT_MANY",
+    "JOB_HELD_BY",
     "JOB_INSERT_MANY",
     "JOB_REQUEST_CANCEL",
     "JOB_REWAKE_STRANDED",

@@ -21,6 +21,7 @@ import psycopg_pool
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
+    retry_if_exception,
     retry_if_exception_type,
     wait_exponential,
     wait_random,
@@ -58,12 +59,19 @@ def is_transient_broker_error(exc: BaseException) -> bool:
     return isinstance(exc, _BROKER_TRANSIENT)
 
 
-def retry_forever(log: logging.Logger, event: str) -> AsyncRetrying:
+def is_transient(exc: BaseException) -> bool:
+    return is_transient_db_error(exc) or is_transient_broker_error(exc)
+
+
+def retry_forever(
+    log: logging.Logger, event: str, *, only_transient: bool = False
+) -> AsyncRetrying:
     """Retry a step of a daemon loop until it succeeds, backing off between tries.
 
     Transient failures log a warning; anything else logs an error with its traceback
     (it is a bug or a misconfiguration, and the operator needs to see it), and is
-    retried too, so one bad moment never stops the daemon.
+    retried too, so one bad moment never stops the daemon; with ``only_transient``
+    it is raised instead, for a caller that can do something else with it.
     """
 
     def before_sleep(state: RetryCallState) -> None:
@@ -75,13 +83,15 @@ def retry_forever(log: logging.Logger, event: str) -> AsyncRetrying:
             "retry_in_s": round(state.upcoming_sleep, 2),
             "error": describe_error(exc),
         }
-        if is_transient_db_error(exc) or is_transient_broker_error(exc):
+        if is_transient(exc):
             log.warning(event, extra=fields)
         else:
             log.error(event, extra=fields, exc_info=exc)
 
     return AsyncRetrying(
-        retry=retry_if_exception_type(Exception),
+        retry=retry_if_exception(is_transient)
+        if only_transient
+        else retry_if_exception_type(Exception),
         wait=reconnect_wait,
         before_sleep=before_sleep,
         reraise=True,

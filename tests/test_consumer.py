@@ -592,3 +592,112 @@ def test_registry_refuses_bad_handlers() -> None:
 
     with pytest.raises(ValueError, match="already"):
         registry.handler("t")(ok)
+
+
+async def test_handlers_that_misbehave_fail_their_attempt_not_the_worker(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("exits", max_attempts=1)
+    async def exits(j: consumers.Job) -> None:
+        raise SystemExit(3)
+
+    @registry.handler("self_cancels", max_attempts=1)
+    async def self_cancels(j: consumers.Job) -> None:
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        inner.cancel()
+        await inner  # CancelledError from inside the handler, not from the consumer
+
+    @registry.handler("dirty_error", max_attempts=1)
+    async def dirty_error(j: consumers.Job) -> None:
+        raise ValueError("nul \x00 and a lone surrogate \ud800 and " + "x" * 5000)
+
+    @registry.handler("bad_retry", max_attempts=1)
+    async def bad_retry(j: consumers.Job) -> None:
+        raise consumers.Retry(delay=float("inf"))
+
+    ids = {t: enqueue(engine, t) for t in ("exits", "self_cancels", "dirty_error", "bad_retry")}
+    after = enqueue(engine, "exits", max_attempts=2)
+    async with relay_running(*services), consumer_running(*services, registry):
+        rows = {t: await wait_for_state(pg, i, "FAILED") for t, i in ids.items()}
+        assert (await wait_for_state(pg, after, "FAILED"))["attempt_count"] == 2
+    assert rows["exits"]["last_error_code"] == "SystemExit"
+    assert rows["self_cancels"]["last_error_code"] == "asyncio.exceptions.CancelledError"
+    message = rows["dirty_error"]["last_error_message"]
+    assert "\x00" not in message and len(message) <= 2000 and message.startswith("ValueError: nul")
+    assert rows["bad_retry"]["last_error_code"] == "ValueError", "an infinite delay is refused"
+
+
+async def test_a_sync_timeout_starts_when_a_thread_takes_the_job(
+    services, engine: Engine, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("hog", timeout=0.3, max_attempts=1)
+    def hog(j: consumers.Job) -> None:
+        time.sleep(1.5)  # outlives its timeout; its thread stays busy
+
+    @registry.handler("quick", timeout=0.3, max_attempts=1)
+    def quick(j: consumers.Job) -> None:
+        time.sleep(0.05)
+
+    hog_id = enqueue(engine, "hog")
+    async with relay_running(*services), consumer_running(*services, registry, concurrency=1):
+        await wait_for_state(pg, hog_id, "FAILED")
+        quick_id = enqueue(engine, "quick")  # waits for the hog's thread, then runs
+        row = await wait_for_state(pg, quick_id, "SUCCEEDED", "FAILED")
+    assert job(pg, hog_id)["last_error_code"] == "TIMEOUT"
+    assert row["state"] == "SUCCEEDED", row["last_error_code"]
+
+
+async def test_zero_drain_gives_claims_back_at_once(services, engine: Engine, pg) -> None:
+    registry = Registry()
+    started = asyncio.Event()
+
+    @registry.handler("long")
+    async def long(j: consumers.Job) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    job_id = enqueue(engine, "long")
+    async with relay_running(*services):
+        async with consumer_running(*services, registry, drain_seconds=0):
+            await asyncio.wait_for(started.wait(), 20)
+            stopping = time.monotonic()
+        assert time.monotonic() - stopping < 10
+    row = job(pg, job_id)
+    assert (row["state"], row["attempt_count"]) == ("QUEUED", 0)
+
+
+async def test_a_claim_whose_commit_was_lost_still_runs_its_jobs(
+    services, engine: Engine, pg
+) -> None:
+    """The connection drops after the claim committed: the retry claims nothing,
+    yet the jobs are this worker's and must run, not wait out their lease."""
+    import psycopg as pg_driver
+
+    registry = Registry()
+
+    @registry.handler("lucky")
+    async def lucky(j: consumers.Job) -> None:
+        return None
+
+    job_id = enqueue(engine, "lucky")
+    async with consumer_running(*services, registry, lease_seconds=300) as consumer:
+        real_claim = consumer.store.claim
+        calls = 0
+
+        async def claim_then_drop(job_ids, budgets):
+            nonlocal calls
+            calls += 1
+            rows = await real_claim(job_ids, budgets)
+            if calls == 1:
+                raise pg_driver.OperationalError("server closed the connection unexpectedly")
+            return rows
+
+        consumer.store.claim = claim_then_drop  # type: ignore[method-assign]
+        async with relay_running(*services):
+            row = await wait_for_state(pg, job_id, "SUCCEEDED", timeout=20)
+    assert calls == 2
+    assert (row["attempt_count"], row["lease_generation"]) == (1, 1)

@@ -62,7 +62,11 @@ async def test_publishes_each_wakeup_and_marks_it_sent(
 
 
 async def test_messages_are_persistent_and_name_the_job(
-    engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
 ) -> None:
     (job_id,) = enqueue(engine, 1, priority=42)
     async with relay_running(db_url, amqp_url, topology):
@@ -76,6 +80,8 @@ async def test_messages_are_persistent_and_name_the_job(
         assert message.body.decode() == job_id
         assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert message.priority == 9, "priority is clamped to the queue's range"
+        outbox_id = pg.execute("SELECT id FROM outbox").fetchone()[0]
+        assert message.message_id == str(outbox_id), "unique: returns are matched on it"
         await message.ack()
 
 
