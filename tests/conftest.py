@@ -122,7 +122,8 @@ async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
     yield topo
     with psycopg.connect(db_url.conninfo) as conn:
         queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs")]
-    await delete_topology(AMQP_URL, topo, {*queues, "default"})
+    # The test apps declare "sync" whether or not a job used it.
+    await delete_topology(AMQP_URL, topo, {*queues, "default", "sync"})
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -11,16 +11,13 @@ own. Prints the checker's report plus what chaos was done; exits 1 on a violatio
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,10 +34,10 @@ from schema.config import DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.chaos.check import check, violations
-from tests.support.broker import delete_topology
 from tests.support.processes import Daemon, service_env
 from tests.support.proxy import TcpProxy
-from tests.support.services import ADMIN_URL, AMQP_URL
+from tests.support.scratch import scratch_database, scratch_topology
+from tests.support.services import AMQP_URL
 
 LEASE = 3.0
 RELAY_ARGS = [
@@ -90,25 +87,11 @@ class Role:
 
 
 @contextmanager
-def scratch(seed: int) -> Iterator[tuple[DatabaseUrl, Topology]]:
-    name = f"chaos_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    db = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "alembic", "upgrade", "head"],
-            check=True,
-            env={**os.environ, "DATABASE_URL": db.conninfo},
-            capture_output=True,
-        )
+def scratch() -> Iterator[tuple[DatabaseUrl, Topology]]:
+    with scratch_database("chaos") as db, scratch_topology(["default"], "chaos") as topology:
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute(EFFECTS_TABLE)
-        yield db, Topology(prefix=f"chaos{seed}")
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        asyncio.run(delete_topology(AMQP_URL, Topology(prefix=f"chaos{seed}"), ["default"]))
+        yield db, topology
 
 
 def terminate_backends(db: DatabaseUrl) -> int:
@@ -126,7 +109,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
     done: Counter[str] = Counter()
     broker = yarl.URL(AMQP_URL)
     proxy = TcpProxy(broker.host or "127.0.0.1", broker.port or 5672)
-    with scratch(seed) as (db, topology):
+    with scratch() as (db, topology):
         env = service_env(db, f"amqp://127.0.0.1:{proxy.port}/", topology, LOG_LEVEL="INFO")
         log_dir = tempfile.mkdtemp(prefix="chaos-logs-")
         roles = [Role(f"relay{i}", "relay", RELAY_ARGS, env, log_dir) for i in range(2)]

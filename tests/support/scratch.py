@@ -1,0 +1,52 @@
+"""A migrated database and a broker namespace that exist for one run, for the
+benchmarks and the chaos soak (tests use the per-test fixtures in conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from schema.config import DatabaseUrl
+from schema.topology import Topology
+from tests.support.broker import delete_topology
+from tests.support.services import ADMIN_URL, AMQP_URL
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str = "scratch") -> Iterator[DatabaseUrl]:
+    """A new database, migrated to head with the real `alembic upgrade head`."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "alembic", "upgrade", "head"],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": url.conninfo},
+            check=True,
+            capture_output=True,
+        )
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def scratch_topology(queues: list[str], prefix: str = "scratch") -> Iterator[Topology]:
+    topology = Topology(prefix=f"{prefix}{uuid.uuid4().hex[:8]}")
+    try:
+        yield topology
+    finally:
+        asyncio.run(delete_topology(AMQP_URL, topology, queues))
