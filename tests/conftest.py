@@ -4,6 +4,7 @@ in any order and side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -51,42 +52,39 @@ def migrate(url: DatabaseUrl, target: str = "head", *, down: bool = False) -> No
         engine.dispose()
 
 
-@pytest.fixture(scope="session")
-def template_db() -> Iterator[str]:
-    name = f"hj_tpl_{uuid.uuid4().hex[:12]}"
+@contextlib.contextmanager
+def _database(prefix: str, template: str | None = None) -> Iterator[str]:
+    """A database of its own, dropped afterwards (even if connections linger)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clone = f' TEMPLATE "{template}"' if template else ""
     with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"{clone}')
     try:
-        migrate(_url_for(name))
         yield name
     finally:
         with _admin() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    """Migrated once per session; each test's database is a copy of it."""
+    with _database("hj_tpl") as name:
+        migrate(_url_for(name))
+        yield name
+
+
 @pytest.fixture
 def db_url(template_db: str) -> Iterator[DatabaseUrl]:
-    name = f"hj_t_{uuid.uuid4().hex[:12]}"
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    try:
+    with _database("hj_t", template=template_db) as name:
         yield _url_for(name)
-    finally:
-        with _admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def empty_db_url() -> Iterator[DatabaseUrl]:
     """A database with no tables at all, for migration tests."""
-    name = f"hj_e_{uuid.uuid4().hex[:12]}"
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with _database("hj_e") as name:
         yield _url_for(name)
-    finally:
-        with _admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
