@@ -15,6 +15,7 @@ COPY schema/__init__.py schema/
 COPY outbox/__init__.py outbox/
 COPY relay/__init__.py relay/
 COPY consumers/__init__.py consumers/
+COPY plumbing/__init__.py plumbing/
 RUN pip install . && pip uninstall -y hybrid-jobs
 
 COPY . .

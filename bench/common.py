@@ -8,7 +8,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.scratch import scratch_database, scratch_topology
 

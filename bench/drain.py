@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import BIN, machine, percentiles, scratch_database, scratch_topology, service_env
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 
 # The loop a plain table-backed queue runs, one commit per transition.
 BASELINE_CLAIM = """

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import BIN, machine, percentiles, scratch_database, scratch_topology, service_env
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 
 
 def producer(url: str, seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import AMQP, BIN, machine, scratch_database, scratch_topology, service_env
-from schema.cli import event_loop_runner
+from plumbing.cli import event_loop_runner
 from schema.topology import Declared, Topology
 
 

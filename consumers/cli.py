@@ -14,9 +14,9 @@ import click
 from consumers.registry import default_registry
 from consumers.runtime import Consumer
 from consumers.settings import ConsumerSettings
+from plumbing.cli import connection_options, run_daemon, topology
+from plumbing.config import ConfigError, amqp_url, database_url
 from schema import names
-from schema.cli import connection_options, run_daemon, topology
-from schema.config import ConfigError, amqp_url, database_url
 
 
 def load_app(module: str) -> None:

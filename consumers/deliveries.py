@@ -15,7 +15,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
 from aiormq.exceptions import ChannelInvalidStateError
 
-from schema.config import AmqpUrl
+from plumbing.config import AmqpUrl
 from schema.topology import Declared, Topology
 
 log = logging.getLogger("consumer")

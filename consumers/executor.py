@@ -17,7 +17,7 @@ from consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from consumers.job import Job
 from consumers.outcome import TIMEOUT, UNKNOWN_JOB_TYPE, Outcome
 from consumers.registry import Handler
-from schema.logfmt import describe_error
+from plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
 

@@ -40,10 +40,10 @@ from consumers.outcome import Outcome
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
 from consumers.store import Claimed, JobStore
-from schema.db import connection_kwargs, make_pool
-from schema.logfmt import describe_error
+from plumbing.db import connection_kwargs, make_pool
+from plumbing.logfmt import describe_error
+from plumbing.transient import is_transient_db_error, retry_forever, unless_stopped
 from schema.states import JobState
-from schema.transient import is_transient_db_error, retry_forever, unless_stopped
 
 log = logging.getLogger("consumer")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schema.config import AmqpUrl, ConfigError, DatabaseUrl
+from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from schema.topology import Topology
 
 

@@ -14,7 +14,7 @@ import aiormq
 import aiormq.exceptions
 from aio_pika.abc import AbstractRobustConnection
 
-from schema.config import AmqpUrl
+from plumbing.config import AmqpUrl
 from schema.topology import MAX_PRIORITY, Declared, Topology
 
 log = logging.getLogger("relay")

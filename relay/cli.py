@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
+from plumbing.cli import connection_options, run_daemon, topology
+from plumbing.config import amqp_url, database_url
 from relay.service import Relay
 from relay.settings import RelaySettings
-from schema.cli import connection_options, run_daemon, topology
-from schema.config import amqp_url, database_url
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

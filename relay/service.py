@@ -23,13 +23,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from plumbing.db import listen_connection, make_pool
+from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
 from relay.drain import drain_batch
 from relay.maintenance import prune_sent, rewake_stranded, sweep_expired
 from relay.settings import RelaySettings
-from schema.db import listen_connection, make_pool
 from schema.tables import OUTBOX_CHANNEL
-from schema.transient import retry_forever, unless_stopped
 
 log = logging.getLogger("relay")
 

@@ -16,7 +16,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support import services
 from tests.support.broker import delete_topology

@@ -19,7 +19,7 @@ import outbox
 from consumers import Backoff, Registry
 from consumers.backoff import DEFAULT_BACKOFF
 from outbox import NewJob
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.broker import collect, publish_raw, purge, queue_depth
 from tests.support.inproc import consumer_running, relay_running
@@ -483,7 +483,7 @@ async def test_stale_completion_is_rejected_by_the_fence(
     from consumers.job import Job, Resources
     from consumers.outcome import Outcome
     from consumers.store import JobStore
-    from schema.db import make_pool
+    from plumbing.db import make_pool
     from schema.queries import JOB_SWEEP_EXPIRED
 
     pg.execute("CREATE TABLE effects_log (writer text)")

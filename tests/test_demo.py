@@ -9,7 +9,7 @@ import psycopg
 from sqlalchemy import Engine
 
 from examples.shop.checkout import checkout, create_shop_tables, summary
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.jobs import wait_until_all
 from tests.support.processes import running, service_env

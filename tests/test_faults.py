@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine
 
 from outbox import NewJob
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.chaos.check import check, violations

@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 from schema.tables import metadata
 from tests.conftest import ROOT, migrate
 

@@ -10,7 +10,7 @@ import psycopg
 from sqlalchemy import Engine
 
 from outbox import NewJob
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import running, service_env

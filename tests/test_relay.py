@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import NewJob
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Declared, Topology
 from tests.support import inproc
 from tests.support.broker import collect, queue_depth

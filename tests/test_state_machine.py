@@ -27,8 +27,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from plumbing.config import DatabaseUrl
 from schema import queries as q
-from schema.config import DatabaseUrl
 from schema.states import LEASED, TERMINAL, JobState, is_legal
 
 WORKERS = ["w1", "w2", "w3"]

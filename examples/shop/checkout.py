@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import outbox
-from schema.config import ConfigError, database_url
+from plumbing.config import ConfigError, database_url
 
 SHOP_TABLES = """
 CREATE TABLE IF NOT EXISTS orders (

@@ -11,7 +11,7 @@ import sys
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from schema.config import ConfigError, database_url
+from plumbing.config import ConfigError, database_url
 from schema.tables import metadata
 
 target_metadata = metadata

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from schema.config import ConfigError, database_url
+from plumbing.config import ConfigError, database_url
 from schema.states import TERMINAL
 
 TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))

@@ -30,7 +30,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.chaos.check import check, violations

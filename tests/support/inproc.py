@@ -11,9 +11,9 @@ from typing import Any
 from consumers.registry import Registry
 from consumers.runtime import Consumer
 from consumers.settings import ConsumerSettings
+from plumbing.config import AmqpUrl, DatabaseUrl
 from relay.service import Relay
 from relay.settings import RelaySettings
-from schema.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 
 FAST_RELAY = {"poll_interval": 0.2, "sweep_interval": 0.2, "rewake_interval": 1.0, "retention": 60}

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from schema.config import AmqpUrl, DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 from tests.support.broker import delete_topology
 from tests.support.services import ADMIN_URL, AMQP_URL

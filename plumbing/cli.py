@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from schema.config import ConfigError
-from schema.logfmt import setup_logging
+from plumbing.config import ConfigError
+from plumbing.logfmt import setup_logging
 from schema.topology import QueueType, Topology
 
 F = Callable[..., Any]

@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from schema.config import DatabaseUrl
+from plumbing.config import DatabaseUrl
 
 
 def connection_kwargs(application_name: str) -> dict[str, Any]:

@@ -1,0 +1,2 @@
+"""Process plumbing shared by `relay`, `consumer` and `jobctl`: settings and URLs,
+connection pools, transient-error retry, JSON logging, command-line helpers."""
