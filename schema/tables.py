@@ -9,10 +9,13 @@ in :mod:`schema.queries`.
 from __future__ import annotations
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -26,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-from schema.states import CLAIMABLE, LEASED, JobState
+from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
 
 metadata = MetaData()
 
@@ -38,16 +41,31 @@ def _in(states: frozenset[JobState] | list[JobState]) -> str:
 ALL_STATES = _in(list(JobState))
 CLAIMABLE_SQL = _in(CLAIMABLE)
 LEASED_SQL = _in(LEASED)
+TERMINAL_SQL = _in(TERMINAL)
 
-# Queue names become RabbitMQ queue names, so they keep to a conservative alphabet.
+# Queue and tenant names become RabbitMQ queue names and metric labels, so they keep
+# to a conservative alphabet.
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 # The attempt budget of a job enqueued without one and claimed by no handler that
 # sets one.
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_JOB_TYPE_LENGTH = 200
 MAX_DEDUP_KEY_LENGTH = 500
+# outbox.tenant of a job that belongs to no tenant: the fair-share grouping key needs
+# a value that an index can order and compare, which NULL is not.
+NO_TENANT = ""
+# fair_shares.tenant of the row that holds a queue's virtual clock; not a valid
+# tenant name, so it can never collide with one.
+CLOCK_ROW = "*"
 
 NOW = text("now()")
+
+
+def _ts(name: str, *, nullable: bool = True, default: bool = False) -> Column[object]:
+    return Column(
+        name, DateTime(timezone=True), nullable=nullable, server_default=NOW if default else None
+    )
+
 
 jobs = Table(
     "jobs",
@@ -69,10 +87,28 @@ jobs = Table(
     Column("lease_generation", BigInteger, nullable=False, server_default=text("0")),
     Column("last_error_code", Text),
     Column("last_error_message", Text),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    Column("started_at", DateTime(timezone=True)),
-    Column("finished_at", DateTime(timezone=True)),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    _ts("started_at"),
+    _ts("finished_at"),
+    # NULL: the job belongs to no tenant, and no tenant limit applies to it.
+    Column("tenant", Text),
+    # True while this lease holds one of its tenant's running slots (tenant_usage):
+    # set by the claim that reserved it, cleared by the fenced statement that ends
+    # the lease, so a slot is released exactly once.
+    Column("holds_slot", Boolean, nullable=False, server_default=text("false")),
+    # The handler's backoff for this attempt, fixed at claim: the sweeper, which
+    # knows no handlers, waits this long before retrying an expired lease.
+    Column("expiry_backoff", Float),
+    # Why a consumer turned the job's last wake-up down (TENANT_CAP, QUEUE_PAUSED,
+    # NO_HANDLER), and since when that has been so; cleared by the claim.
+    Column("delay_reason", Text),
+    _ts("delay_since"),
+    _ts("cancel_requested_at"),
+    # What the handler reported while running (job.progress) and returned.
+    Column("progress", JSONB),
+    _ts("progress_at"),
+    Column("result", JSONB),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -92,12 +128,18 @@ jobs = Table(
         f"dedup_key IS NULL OR char_length(dedup_key) BETWEEN 1 AND {MAX_DEDUP_KEY_LENGTH}",
         name="jobs_dedup_key_length",
     ),
+    CheckConstraint(
+        f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
+    ),
+    CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
 )
 
-# The claim itself goes by primary key (a delivery names the job); this index serves
-# the re-waker, which looks for due claimable jobs, and stays as small as the backlog.
+# Jobs waiting to run, per queue and state, oldest first: the oldest runnable job
+# per queue is one probe, and counts per state read only the backlog.
 Index(
     "jobs_claimable_idx",
+    jobs.c.queue,
+    jobs.c.state,
     jobs.c.run_after,
     postgresql_where=text(f"state IN ({CLAIMABLE_SQL})"),
 )
@@ -108,16 +150,52 @@ Index(
     unique=True,
     postgresql_where=text("dedup_key IS NOT NULL"),
 )
-# The sweeper's index. It deliberately leaves lease_expires_at out: a heartbeat only
-# moves lease_expires_at, so with no index on that column it stays a HOT update.
+# The sweeper's and the counts' index. It deliberately leaves lease_expires_at out:
+# a heartbeat only moves lease_expires_at, so with no index on that column it stays
+# a HOT update.
 Index(
     "jobs_leased_idx",
-    jobs.c.lease_owner,
+    jobs.c.queue,
+    jobs.c.state,
     postgresql_where=text(f"state IN ({LEASED_SQL})"),
+)
+# Retention walks finished jobs oldest first; the operator surface lists failed and
+# cancelled ones, which stay few, newest first.
+Index(
+    "jobs_finished_idx",
+    jobs.c.finished_at,
+    postgresql_where=text(f"state IN ({TERMINAL_SQL})"),
+)
+Index(
+    "jobs_unsuccessful_idx",
+    jobs.c.queue,
+    jobs.c.finished_at,
+    postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
+)
+# A tenant's waiting jobs, for its backpressure count (max_queued).
+Index(
+    "jobs_tenant_waiting_idx",
+    jobs.c.tenant,
+    jobs.c.created_at,
+    postgresql_where=text(f"state IN ({CLAIMABLE_SQL}) AND tenant IS NOT NULL"),
+)
+# Jobs no live consumer can run wait here until one that knows their type starts.
+Index(
+    "jobs_no_handler_idx",
+    jobs.c.queue,
+    jobs.c.job_type,
+    postgresql_where=text(f"delay_reason = 'NO_HANDLER' AND state IN ({CLAIMABLE_SQL})"),
 )
 
 ATTEMPT_OUTCOMES = _in(
-    [JobState.SUCCEEDED, JobState.RETRY_WAIT, JobState.FAILED, JobState.CANCELLED]
+    [
+        JobState.SUCCEEDED,
+        JobState.RETRY_WAIT,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        # given back at a graceful stop: the attempt was refunded
+        JobState.QUEUED,
+    ]
 )
 
 job_attempts = Table(
@@ -132,16 +210,25 @@ job_attempts = Table(
     Column("attempt", Integer, nullable=False),
     Column("lease_generation", BigInteger, nullable=False),
     Column("worker", Text, nullable=False),
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("finished_at", DateTime(timezone=True), nullable=False),
+    _ts("started_at", nullable=False),
+    _ts("finished_at", nullable=False),
     # The state the attempt left the job in.
     Column("outcome", Text, nullable=False),
     Column("error_code", Text),
     Column("error_message", Text),
-    PrimaryKeyConstraint("job_id", "attempt", name="job_attempts_pkey"),
+    # When the job became runnable for this attempt: started_at minus this is the
+    # time it waited in the queue.
+    _ts("ready_at"),
+    # The handler's traceback, bounded, when the attempt ended in an exception.
+    Column("traceback", Text),
+    # A generation is unique per claim; an attempt number is not, since an attempt
+    # given back at a graceful stop is refunded and its number used again.
+    PrimaryKeyConstraint("job_id", "lease_generation", name="job_attempts_pkey"),
     CheckConstraint(f"outcome IN ({ATTEMPT_OUTCOMES})", name="job_attempts_outcome_valid"),
     CheckConstraint("attempt >= 1", name="job_attempts_attempt_positive"),
 )
+# The metrics collector reads the history incrementally, by when attempts ended.
+Index("job_attempts_finished_idx", job_attempts.c.finished_at)
 
 outbox = Table(
     "outbox",
@@ -155,31 +242,162 @@ outbox = Table(
     ),
     Column("queue", Text, nullable=False),
     # A wake-up may be due later: delayed jobs and retries are woken when they are due.
-    Column("available_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    Column("sent_at", DateTime(timezone=True)),
+    _ts("available_at", nullable=False, default=True),
+    _ts("created_at", nullable=False, default=True),
+    # NULL: waiting for the relay (the backlog). Set: published, and not yet taken up
+    # by a consumer (in flight); the relay deletes it once the job was claimed since.
+    _ts("sent_at"),
+    # Copied from the job, so the relay orders the backlog from this table alone.
+    Column("tenant", Text, nullable=False, server_default=text("''")),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
 )
 
+# The backlog in the order the relay wakes it: per queue and tenant, higher
+# priority first, then oldest. Its leading columns also enumerate the queues and the
+# tenants that have a backlog (a loose index scan).
 Index(
-    "outbox_unsent_idx",
+    "outbox_pending_idx",
+    outbox.c.queue,
+    outbox.c.tenant,
+    outbox.c.priority.desc(),
     outbox.c.available_at,
     outbox.c.id,
     postgresql_where=text("sent_at IS NULL"),
 )
-# The re-waker asks "was this job woken lately?" and the job's delete cascades here.
+# The oldest unsent wake-up, and the queues that have one due.
+Index(
+    "outbox_due_idx",
+    outbox.c.available_at,
+    outbox.c.queue,
+    postgresql_where=text("sent_at IS NULL"),
+)
+# Wake-ups in flight, which the window counts: at most a window's worth per queue.
+Index(
+    "outbox_inflight_idx",
+    outbox.c.queue,
+    outbox.c.tenant,
+    postgresql_where=text("sent_at IS NOT NULL"),
+)
+# A job's wake-ups, for the re-waker and the cascade when a job is deleted.
 Index("outbox_job_id_idx", outbox.c.job_id)
-# Pruning walks sent rows oldest first and stops at the retention cutoff.
-Index("outbox_sent_idx", outbox.c.sent_at, postgresql_where=text("sent_at IS NOT NULL"))
 
-# The channel the outbox trigger (migration 0001) notifies on every insert.
+# The channel the outbox trigger (migration 0001) notifies on every insert, and a
+# freed tenant slot (migration 0003) too.
 OUTBOX_CHANNEL = "outbox"
 
 # Effects a handler marked done, once per key (see consumers.JobTransaction.once).
-# No foreign key: the record of an effect outlives the job that performed it.
+# No foreign key: the record of an effect outlives the job that performed it, until
+# retention deletes the job.
 job_effects = Table(
     "job_effects",
     metadata,
     Column("effect_key", Text, primary_key=True),
     Column("job_id", UUID(as_uuid=True), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    _ts("created_at", nullable=False, default=True),
 )
+Index("job_effects_job_id_idx", job_effects.c.job_id)
+
+# ------------------------------------------------------------------ operator state
+
+# One row per queue an operator paused (or that the relay keeps a clock for).
+queues = Table(
+    "queues",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    _ts("paused_at"),
+    Column("paused_by", Text),
+    _ts("updated_at", nullable=False, default=True),
+    CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queues_name_valid"),
+)
+
+# A tenant's limits, written by operators in their own transactions. The counters
+# the claim moves live in tenant_usage, so an operator's open transaction never
+# blocks a claim.
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    # NULL: unlimited.
+    Column("max_running", Integer),
+    Column("weight", Float, nullable=False, server_default=text("1")),
+    Column("max_queued", Integer),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    CheckConstraint(f"tenant ~ '{QUEUE_NAME_PATTERN}'", name="tenant_limits_name_valid"),
+    CheckConstraint("max_running IS NULL OR max_running >= 0", name="tenant_limits_running"),
+    CheckConstraint("weight > 0 AND weight <= 1000", name="tenant_limits_weight"),
+    CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="tenant_limits_queued"),
+)
+
+tenant_usage = Table(
+    "tenant_usage",
+    metadata,
+    Column(
+        "tenant",
+        Text,
+        ForeignKey("tenant_limits.tenant", ondelete="CASCADE", name="tenant_usage_tenant_fkey"),
+        primary_key=True,
+    ),
+    # Slots held: leases whose claim reserved one (jobs.holds_slot).
+    Column("running", Integer, nullable=False, server_default=text("0")),
+    # Jobs waiting, as the relay last counted them, and how fast they drained.
+    Column("queued", Integer, nullable=False, server_default=text("0")),
+    _ts("queued_at"),
+    Column("drain_per_s", Float),
+    # Claims of the tenant's jobs ever made: the drain rate is its rate of change.
+    Column("claimed", BigInteger, nullable=False, server_default=text("0")),
+    # ``claimed`` as of queued_at.
+    Column("claimed_seen", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("running >= 0", name="tenant_usage_running_non_negative"),
+)
+
+# Weighted fair share between the tenants of a queue, kept by the relay: each
+# tenant's virtual pass, the queue's virtual clock (the row with tenant '*'), and
+# why a tenant's wake-ups are being held back, written when that changes.
+fair_shares = Table(
+    "fair_shares",
+    metadata,
+    Column("queue", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("vpass", Float, nullable=False, server_default=text("0")),
+    Column("held_reason", Text),
+    _ts("held_since"),
+    PrimaryKeyConstraint("queue", "tenant", name="fair_shares_pkey"),
+)
+
+# Live consumers, kept fresh by their heartbeats; the relay deletes stale rows.
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", ARRAY(Text), nullable=False),
+    Column("job_types", ARRAY(Text), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("prefetch", Integer, nullable=False),
+    _ts("started_at", nullable=False, default=True),
+    _ts("last_seen_at", nullable=False, default=True),
+    Column("stopping", Boolean, nullable=False, server_default=text("false")),
+    # Cumulative counters of the process (claimed, succeeded, fence rejections...).
+    Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
+
+# Who put a failed or cancelled job back in the queue, and when.
+job_replays = Table(
+    "job_replays",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_replays_job_id_fkey"),
+        nullable=False,
+    ),
+    _ts("replayed_at", nullable=False, default=True),
+    Column("replayed_by", Text, nullable=False),
+    Column("from_state", Text, nullable=False),
+    Column("attempts_before", Integer, nullable=False),
+)
+Index("job_replays_job_id_idx", job_replays.c.job_id)
