@@ -1,50 +1,109 @@
-"""Every statement that changes a job or the outbox, named, in one place.
+"""Every statement that changes a job, the outbox or the control tables, named, in
+one place.
 
 Each transition is a single guarded statement: its WHERE clause carries the state it
 may leave and, when a worker writes, the fence (``lease_owner`` and
-``lease_generation``). Statements that apply to a batch take the fence per row, so a
-batch is many fenced updates in one commit. Times are always the database's
-``now()``, never a worker's clock. Parameters use psycopg's ``%(name)s`` style and
+``lease_generation``, see :data:`FENCE`). Statements that apply to a batch take the
+fence per row, so a batch is many fenced updates in one commit. Times are always the
+database's clock, never a worker's. Parameters use psycopg's ``%(name)s`` style and
 are always bound, never formatted in.
 
+A worker's statements lock their rows ``FOR NO KEY UPDATE SKIP LOCKED``: a row some
+other transaction holds (a producer's open cancel request, say) delays that row only;
+the statement reports it as ``LOCKED`` and the worker tries it again on its own.
+
 Names are noun first, the way River names its queries: ``job_claim_many``,
-``outbox_claim_due``. The relay and the consumer call them by name and never write
-SQL of their own.
+``outbox_wake_queue``. The relay, the consumer and the producer API call them by
+name and never write SQL of their own.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
+from schema.tables import (
+    CLAIMABLE_SQL,
+    CLOCK_ROW,
+    DEFAULT_MAX_ATTEMPTS,
+    LEASED_SQL,
+    TERMINAL_SQL,
+)
 
 # The attempt budget in force: the row's, else the default.
 _BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"
+
+# The fence every worker write carries: the row is still this worker's lease, of
+# the generation the worker was given at claim (``h`` names the worker's handle).
+FENCE: Final = (
+    "j.job_id = h.job_id AND j.lease_generation = h.generation"
+    f" AND j.lease_owner = %(worker)s AND j.state IN ({LEASED_SQL})"
+)
+
+# A wake-up ``o`` that was sent and not yet taken up: its job ``j`` still waits to
+# run, was due when it was sent, and has not been claimed since.
+UNTAKEN: Final = (
+    f"j.state IN ({CLAIMABLE_SQL}) AND j.run_after <= o.sent_at"
+    " AND (j.started_at IS NULL OR j.started_at < o.sent_at)"
+)
+
+# A live consumer: heartbeating within the given number of seconds, not stopping.
+_LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
+
+
+def _lease_ended(source: str) -> str:
+    """The tail of every statement that ends a lease (outcome, give-back, sweep):
+    the attempt's history row, a wake-up for a job that will run again, and the
+    release of the tenant slot the lease held, all in the statement that ended it,
+    so none can happen twice or be forgotten.
+
+    ``source`` names a CTE of the rows that left the lease, with the columns
+    job_id, state (the new one), queue, tenant, priority, run_after, attempt,
+    lease_generation, worker, ready_at, started_at, held_slot, error_code,
+    error_message and traceback.
+    """
+    return f"""history AS (
+    INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
+                              finished_at, outcome, error_code, error_message, traceback)
+    SELECT job_id, attempt, lease_generation, worker, ready_at, started_at,
+           statement_timestamp(), state, error_code, error_message, traceback
+    FROM {source}
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
+    FROM {source} WHERE state IN ({CLAIMABLE_SQL})
+), released AS (
+    -- never below zero: drift is the reconciler's to repair, never a reason to
+    -- refuse an outcome
+    UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
+    FROM (SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant) AS r
+    WHERE u.tenant = r.tenant
+)"""
+
 
 # --------------------------------------------------------------------------- producer
 
 # Inserts a batch of jobs and their wake-ups in one statement. A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
-# caller then looks its id up with job_find_by_dedup_many. The outbox trigger
+# caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
 # notifies the relay when the caller's transaction commits.
 JOB_INSERT_MANY: Final = """
 WITH input AS (
     SELECT *
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
-        job_id uuid, job_type text, queue text, payload jsonb, dedup_key text,
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision)
 ), inserted AS (
     INSERT INTO jobs AS j
-        (job_id, job_type, queue, payload, dedup_key, max_attempts, priority, run_after)
-    SELECT job_id, job_type, queue, payload, dedup_key, max_attempts, priority,
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after)
+    SELECT job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0)))
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.run_after
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
 ), woken AS (
-    INSERT INTO outbox (job_id, queue, available_at)
-    SELECT job_id, queue, run_after FROM inserted
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
 )
 SELECT job_id FROM inserted
 """
@@ -58,213 +117,354 @@ FROM jsonb_to_recordset(%(keys)s::jsonb) AS k(job_type text, dedup_key text)
 JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key
 """
 
-# A cancel request from outside: a job nobody holds is cancelled at once; a running
-# one is asked to stop (its worker sees CANCEL_REQUESTED on its next heartbeat).
+# Backpressure at enqueue: for each tenant of a batch that has a max_queued, how many
+# of its jobs wait. No hot row and no count of the whole table: the relay counts
+# each such tenant's waiting jobs about once a second (TENANT_USAGE_REFRESH), and
+# this adds only the ones enqueued since, read from the tenant's own index entries.
+TENANT_BACKPRESSURE: Final = f"""
+SELECT l.tenant, l.max_queued,
+       u.queued + (SELECT count(*) FROM jobs AS j
+                   WHERE j.tenant = l.tenant AND j.state IN ({CLAIMABLE_SQL})
+                     AND j.created_at > COALESCE(u.queued_at, '-infinity')) AS waiting,
+       u.drain_per_s
+FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
+WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL
+"""
+
+# A cancel request from outside: a job nobody holds is cancelled at once (and its
+# pending wake-ups go); a running one is asked to stop (its worker sees
+# CANCEL_REQUESTED on its next heartbeat, and keeps its slot until it stops).
 # Returns the new state, or nothing if the job is finished already or unknown.
 JOB_REQUEST_CANCEL: Final = f"""
-UPDATE jobs
-SET state = CASE state WHEN 'RUNNING' THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
-    finished_at = CASE state WHEN 'RUNNING' THEN finished_at ELSE now() END,
-    updated_at = now()
-WHERE job_id = %(job_id)s AND state IN ({CLAIMABLE_SQL}, 'RUNNING')
-RETURNING state
+WITH cancelled AS (
+    UPDATE jobs
+    SET state = CASE state WHEN 'RUNNING' THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
+        finished_at = CASE state WHEN 'RUNNING' THEN finished_at ELSE statement_timestamp() END,
+        cancel_requested_at = now(),
+        delay_reason = NULL,
+        delay_since = NULL,
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state IN ({CLAIMABLE_SQL}, 'RUNNING')
+    RETURNING job_id, state
+), unwoken AS (
+    DELETE FROM outbox AS o USING cancelled AS c
+    WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
+)
+SELECT state FROM cancelled
 """
 
 JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
 
+# ---------------------------------------------------------------------- tenants
+
+# Creates or changes a tenant's limits (and its usage row), in the caller's
+# transaction. Only tenant_limits is written here; the counters a claim moves live
+# in tenant_usage, so an operator holding this transaction open blocks no claim.
+TENANT_LIMIT_SET: Final = """
+WITH limits AS (
+    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued)
+    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s)
+    ON CONFLICT (tenant) DO UPDATE
+    SET max_running = EXCLUDED.max_running, weight = EXCLUDED.weight,
+        max_queued = EXCLUDED.max_queued, updated_at = now()
+    RETURNING l.tenant
+), usage AS (
+    INSERT INTO tenant_usage (tenant) SELECT tenant FROM limits
+    ON CONFLICT (tenant) DO NOTHING
+)
+SELECT tenant FROM limits
+"""
+
+TENANT_LIMITS: Final = """
+SELECT l.tenant, l.max_running, l.weight, l.max_queued,
+       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s
+FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
+ORDER BY l.tenant
+"""
+
 # -------------------------------------------------------------------------- consumer
 
-# Claims the jobs a batch of deliveries names: each one that is claimable and due
-# becomes RUNNING under this worker's lease, with the next generation and attempt.
-# Rows are locked in job_id order, so two consumers claiming overlapping batches
-# (a duplicated wake-up) wait for each other instead of deadlocking; the loser then
-# sees the job RUNNING and claims nothing. Worker statements lock FOR NO KEY UPDATE,
-# the strength their UPDATE needs: it does not conflict with the key-share lock an
-# insert into outbox or job_attempts takes on the job it references. A job enqueued
-# without max_attempts takes its handler's budget here (never less than the attempt
-# being started).
+# Claims the jobs a batch of wake-ups names, and says for every other one why not.
+#
+# A named job is taken when it is claimable and due, its type is one this worker has
+# a handler for, its queue is not paused, a plain-function handler has a free thread
+# (free_threads), and its tenant has a free slot; the slot is reserved in this same
+# statement (tenant_usage, locked in tenant order). The claim raises the generation
+# and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
+# without one and the backoff the sweeper will use if the lease expires.
+#
+# A job turned down for its queue, its type or its tenant's cap records why
+# (delay_reason, written when the reason changes) and its used-up wake-up goes back
+# to the backlog, where the relay wakes it again once it can run. A job of a type
+# no live consumer knows waits without a wake-up, until one announces it
+# (JOB_WAKE_PARKED); nothing about it spends an attempt.
+#
+# Rows another transaction holds are skipped (status 'locked'): the worker tries
+# them again alone. One row per requested id comes back: 'claimed' with the job, or
+# the reason it was not.
 JOB_CLAIM_MANY: Final = f"""
-WITH wanted AS (
-    SELECT j.job_id
-    FROM jobs AS j
+WITH types AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
+        job_type text, max_attempts int, backoff_base double precision,
+        backoff_cap double precision, backoff_jitter double precision, sync boolean)
+), locked AS (
+    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority,
+           t.job_type IS NOT NULL AS known,
+           COALESCE(t.sync, false) AS sync,
+           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
+    FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY(%(job_ids)s::uuid[])
       AND j.state IN ({CLAIMABLE_SQL})
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
-    FOR NO KEY UPDATE
-), budgets AS (
-    SELECT * FROM jsonb_to_recordset(%(budgets)s::jsonb) AS b(job_type text, max_attempts int)
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), runnable AS (
+    SELECT r.*
+    FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
+                 AS thread_rank
+          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+    WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), usage AS (
+    SELECT u.tenant, l.max_running - u.running AS free
+    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
+    WHERE u.tenant IN (SELECT tenant FROM runnable)
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
+), admitted AS (
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
+    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
+                 AS slot_rank
+          FROM runnable AS r) AS a
+    LEFT JOIN usage AS u ON u.tenant = a.tenant
+    WHERE u.free IS NULL OR a.slot_rank <= u.free
+), reserved AS (
+    UPDATE tenant_usage AS u
+    SET running = u.running + a.slots, claimed = u.claimed + a.taken
+    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+    WHERE u.tenant = a.tenant
+), refused AS (
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
+           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
+                WHEN NOT l.known THEN 'NO_HANDLER'
+                ELSE 'TENANT_CAP' END AS reason
+    FROM locked AS l
+    WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
+      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+), noted AS (
+    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id AND j.delay_reason IS DISTINCT FROM r.reason
+), used_up AS (
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
+), requeued AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority, now()
+    FROM refused AS r
+    WHERE r.reason <> 'NO_HANDLER'
+       OR EXISTS (SELECT 1 FROM workers AS w
+                  WHERE w.worker_id <> %(worker)s AND {_LIVE_WORKER}
+                    AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types))
+), claimed AS (
+    UPDATE jobs AS j
+    SET state = 'RUNNING',
+        lease_owner = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        lease_generation = j.lease_generation + 1,
+        attempt_count = j.attempt_count + 1,
+        max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
+        expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
+                         * (1 + t.backoff_jitter * (2 * random() - 1)),
+        holds_slot = a.holds,
+        delay_reason = NULL,
+        delay_since = NULL,
+        started_at = now(),
+        updated_at = now()
+    FROM admitted AS a, types AS t
+    WHERE j.job_id = a.job_id AND t.job_type = j.job_type
+    RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
+              j.max_attempts, j.lease_generation, j.created_at
 )
-UPDATE jobs AS j
-SET state = 'RUNNING',
-    lease_owner = %(worker)s,
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-    lease_generation = j.lease_generation + 1,
-    attempt_count = j.attempt_count + 1,
-    max_attempts = COALESCE(
-        j.max_attempts,
-        (SELECT GREATEST(b.max_attempts, j.attempt_count + 1)
-         FROM budgets AS b WHERE b.job_type = j.job_type)),
-    started_at = now(),
-    updated_at = now()
-FROM wanted AS w
-WHERE j.job_id = w.job_id
-RETURNING j.job_id, j.job_type, j.queue, j.payload, j.attempt_count, j.max_attempts,
-          j.lease_generation, j.lease_expires_at, j.created_at
+SELECT 'claimed' AS status, c.* FROM claimed AS c
+UNION ALL
+SELECT CASE
+           WHEN j.job_id IS NULL THEN 'missing'
+           WHEN r.reason IS NOT NULL THEN r.reason
+           WHEN l.job_id IS NOT NULL THEN 'no_thread'
+           WHEN j.state IN ({LEASED_SQL}) THEN 'running'
+           WHEN j.state IN ({TERMINAL_SQL}) THEN 'finished'
+           WHEN j.run_after > now() THEN 'early'
+           WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
+           ELSE 'locked'
+       END,
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
+LEFT JOIN jobs AS j ON j.job_id = ids.job_id
+LEFT JOIN refused AS r ON r.job_id = ids.job_id
+LEFT JOIN locked AS l ON l.job_id = ids.job_id
+WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 """
 
 # After a claim whose commit was ambiguous (the connection dropped while it ran): the
 # named jobs this worker holds. Worker ids are unique per process, so a job held
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
-SELECT job_id, job_type, queue, payload, attempt_count, max_attempts, lease_generation,
-       lease_expires_at, created_at
+SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
+       lease_generation, created_at
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """
 
-# Why a delivery claimed nothing: each named job's state, due or not. A job id with
-# no row at all is missing from the result.
-JOB_EXPLAIN_MISSES: Final = """
-SELECT job_id, state, run_after > now() AS early
-FROM jobs
-WHERE job_id = ANY(%(job_ids)s::uuid[])
+# Extends the leases this worker holds, through the fence and only while they have
+# not expired (once expired the sweeper may have moved the job on; a late heartbeat
+# must not revive it). One row per handle: the renewed job's state (so the worker
+# sees CANCEL_REQUESTED), 'LOCKED' for a lease still ours whose row another
+# transaction holds (try again alone), or NULL for a lease that is gone.
+JOB_HEARTBEAT_MANY: Final = f"""
+WITH h AS (
+    SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
+), held AS (
+    SELECT j.job_id
+    FROM h JOIN jobs AS j ON {FENCE}
+    WHERE j.lease_expires_at > now()
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobs AS j
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+    FROM held
+    WHERE j.job_id = held.job_id
+    RETURNING j.job_id, j.state
+)
+SELECT h.job_id,
+       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END)
+FROM h
+LEFT JOIN renewed AS r ON r.job_id = h.job_id
+LEFT JOIN jobs AS j ON {FENCE}
 """
 
-# Extends the leases this worker holds, through the fence: owner, generation, and a
-# lease not yet expired (once expired the sweeper may have moved the job on; a late
-# heartbeat must not revive it). Returns each renewed job's state, so the worker sees
-# CANCEL_REQUESTED; a held job missing from the result has lost its lease.
-JOB_HEARTBEAT_MANY: Final = f"""
-WITH held AS (
-    SELECT j.job_id
-    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
-    JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
-    WHERE j.lease_owner = %(worker)s
-      AND j.state IN ({LEASED_SQL})
-      AND j.lease_expires_at > now()
-    ORDER BY j.job_id
-    FOR NO KEY UPDATE OF j
-)
-UPDATE jobs AS j
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-    updated_at = now()
-FROM held
-WHERE j.job_id = held.job_id
-RETURNING j.job_id, j.state
-"""
 
 # Records the outcomes of a batch of attempts, each through its own fence, and for
-# each applied one writes the attempt's history row and, for a retry, the wake-up
-# due at run_after, all in one statement. kind is one of:
-#   succeeded  -> SUCCEEDED
+# each one that applied writes what every end of a lease writes (_lease_ended), all
+# in one statement. kind is one of:
+#   succeeded  -> SUCCEEDED, with the handler's result
 #   cancelled  -> CANCELLED (the handler acknowledged a cancel request)
 #   failed     -> FAILED at once (Permanent)
 #   retry      -> RETRY_WAIT after delay_seconds, or FAILED once the budget is spent,
 #                 or CANCELLED if a cancel was requested meanwhile
 # The new state is decided on the locked row, so a concurrent cancel request is seen.
-# A stale outcome (generation or owner no longer matches) matches no row and changes
-# nothing; it is simply absent from the result.
-JOB_FINISH_MANY: Final = f"""
-WITH outcome AS (
+# Returns the applied ones' new states, and 'LOCKED' for outcomes whose row another
+# transaction holds (still ours: try again alone). A stale outcome (generation or
+# owner no longer match) matches no row, changes nothing and is absent.
+def _finish(lock: str) -> str:
+    return f"""
+WITH h AS (
     SELECT *
-    FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
+    FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS h(
         job_id uuid, generation bigint, kind text, error_code text, error_message text,
-        delay_seconds double precision)
+        traceback text, delay_seconds double precision, result jsonb)
 ), decided AS (
-    SELECT o.*,
+    SELECT h.job_id, h.kind, h.error_code, h.error_message, h.traceback, h.delay_seconds,
+           h.result, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
            CASE
-               WHEN o.kind = 'succeeded' THEN 'SUCCEEDED'
-               WHEN o.kind = 'cancelled' THEN 'CANCELLED'
-               WHEN o.kind = 'failed' THEN 'FAILED'
+               WHEN h.kind = 'succeeded' THEN 'SUCCEEDED'
+               WHEN h.kind = 'cancelled' THEN 'CANCELLED'
+               WHEN h.kind = 'failed' THEN 'FAILED'
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
                WHEN j.attempt_count >= {_BUDGET} THEN 'FAILED'
                ELSE 'RETRY_WAIT'
-           END AS new_state
-    FROM outcome AS o
-    JOIN jobs AS j ON j.job_id = o.job_id AND j.lease_generation = o.generation
-    WHERE j.lease_owner = %(worker)s AND j.state IN ({LEASED_SQL})
+           END AS state
+    FROM h JOIN jobs AS j ON {FENCE}
     ORDER BY j.job_id
-    FOR NO KEY UPDATE OF j
+    FOR NO KEY UPDATE OF j {lock}
 ), finished AS (
     UPDATE jobs AS j
-    SET state = d.new_state,
-        run_after = CASE WHEN d.new_state = 'RETRY_WAIT'
+    SET state = d.state,
+        run_after = CASE WHEN d.state = 'RETRY_WAIT'
                          THEN now() + make_interval(secs => d.delay_seconds)
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
+        holds_slot = false,
         last_error_code = COALESCE(d.error_code, j.last_error_code),
         last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
                                   ELSE d.error_message END,
-        finished_at = CASE WHEN d.new_state = 'RETRY_WAIT' THEN NULL ELSE now() END,
+        result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
+        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
     WHERE j.job_id = d.job_id
-    RETURNING j.job_id, j.state, j.queue, j.run_after, j.attempt_count, j.lease_generation,
-              j.started_at, d.error_code, d.error_message
-), history AS (
-    INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, started_at,
-                              finished_at, outcome, error_code, error_message)
-    SELECT job_id, attempt_count, lease_generation, %(worker)s, started_at, now(), state,
-           error_code, error_message
-    FROM finished
-), woken AS (
-    INSERT INTO outbox (job_id, queue, available_at)
-    SELECT job_id, queue, run_after FROM finished WHERE state = 'RETRY_WAIT'
-)
+    RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
+              d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
+              d.error_code, d.error_message, d.traceback
+), {_lease_ended("finished")}
 SELECT job_id, state FROM finished
+UNION ALL
+SELECT h.job_id, 'LOCKED'
+FROM h JOIN jobs AS j ON {FENCE}
+WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 """
+
+
+JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
+
+# The same, from inside the job's own transaction (job.transaction()), which waits
+# for a row lock rather than skip it: it cannot be retried alone later.
+JOB_FINISH_IN_TX: Final = _finish("")
 
 # Whether this worker's outcomes were recorded after all: used when a commit failed
 # ambiguously (the connection dropped during COMMIT) and the retried statement then
 # matched nothing, to tell "already applied" from "stale". The sweeper also writes
 # rows under the worker's name, for leases that expired; those do not count.
 JOB_ATTEMPTS_RECORDED: Final = """
-SELECT job_id
+SELECT a.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
-JOIN job_attempts AS a USING (job_id)
-WHERE a.lease_generation = h.generation
-  AND a.worker = %(worker)s
-  AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
+JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation
+WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
 """
 
 # A graceful stop gives back the claims whose handlers did not finish in time:
-# RUNNING goes back to QUEUED with its attempt returned (a routine deploy must not
+# RUNNING goes back to QUEUED with its attempt refunded (a routine deploy must not
 # burn attempts) and a fresh wake-up; CANCEL_REQUESTED becomes CANCELLED, since
-# nobody wants it run again. Fenced like every worker write.
+# nobody wants it run again. Either way the attempt gets its history row (outcome
+# QUEUED for a refunded one) and the slot is released. Fenced like every worker write.
 JOB_GIVE_BACK_MANY: Final = f"""
-WITH held AS (
-    SELECT j.job_id, j.state AS old_state
-    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
-    JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
-    WHERE j.lease_owner = %(worker)s AND j.state IN ({LEASED_SQL})
+WITH h AS (
+    SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
+), giving AS (
+    SELECT h.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           CASE WHEN j.state = 'RUNNING' THEN 'QUEUED' ELSE 'CANCELLED' END AS state
+    FROM h JOIN jobs AS j ON {FENCE}
     ORDER BY j.job_id
-    FOR NO KEY UPDATE OF j
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), returned AS (
     UPDATE jobs AS j
-    SET state = CASE WHEN held.old_state = 'RUNNING' THEN 'QUEUED' ELSE 'CANCELLED' END,
-        attempt_count = CASE WHEN held.old_state = 'RUNNING' THEN j.attempt_count - 1
+    SET state = g.state,
+        attempt_count = CASE WHEN g.state = 'QUEUED' THEN j.attempt_count - 1
                              ELSE j.attempt_count END,
         run_after = now(),
         lease_owner = NULL,
         lease_expires_at = NULL,
-        finished_at = CASE WHEN held.old_state = 'RUNNING' THEN NULL ELSE now() END,
+        holds_slot = false,
+        finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
-    FROM held
-    WHERE j.job_id = held.job_id
-    RETURNING j.job_id, j.state, j.queue, j.attempt_count, j.lease_generation, j.started_at
-), history AS (
-    INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, started_at,
-                              finished_at, outcome, error_code, error_message)
-    SELECT job_id, attempt_count, lease_generation, %(worker)s, started_at, now(), state,
-           'SHUTDOWN', 'worker stopped while a cancel was requested'
-    FROM returned WHERE state = 'CANCELLED'
-), woken AS (
-    INSERT INTO outbox (job_id, queue)
-    SELECT job_id, queue FROM returned WHERE state = 'QUEUED'
-)
+    FROM giving AS g
+    WHERE j.job_id = g.job_id
+    RETURNING g.job_id, g.state, g.queue, g.tenant, g.priority, j.run_after, g.attempt,
+              g.lease_generation, g.worker, g.ready_at, g.started_at, g.held_slot,
+              'SHUTDOWN'::text AS error_code,
+              CASE WHEN g.state = 'QUEUED'
+                   THEN 'given back at a graceful stop; the attempt was refunded'
+                   ELSE 'the worker stopped while a cancel was requested' END AS error_message,
+              NULL::text AS traceback
+), {_lease_ended("returned")}
 SELECT job_id, state FROM returned
 """
 
@@ -277,56 +477,284 @@ ON CONFLICT (effect_key) DO NOTHING
 RETURNING true
 """
 
-# ----------------------------------------------------------------------------- relay
-
-# Claims a batch of due wake-ups and marks them sent, in the relay's transaction. The
-# relay publishes them before it commits; a failed publish rolls the mark back, so the
-# rows go out again. SKIP LOCKED lets several relays drain the outbox side by side
-# without ever holding the same row.
-OUTBOX_CLAIM_DUE: Final = """
-WITH due AS (
-    SELECT id
-    FROM outbox
-    WHERE sent_at IS NULL AND available_at <= now()
-    ORDER BY available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+# A handler's progress, through the fence. A row another transaction holds is
+# skipped: progress is advisory and the next report will land.
+JOB_PROGRESS: Final = f"""
+WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
+held AS (
+    SELECT j.job_id FROM h JOIN jobs AS j ON {FENCE}
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 )
-UPDATE outbox AS o
-SET sent_at = now()
-FROM due, jobs AS j
-WHERE o.id = due.id AND j.job_id = o.job_id
-RETURNING o.id, o.job_id, o.queue, j.priority
+UPDATE jobs AS j SET progress = %(progress)s::jsonb, progress_at = now()
+FROM held WHERE j.job_id = held.job_id
+RETURNING j.job_id
 """
 
-# Deletes one batch of wake-ups sent longer ago than the retention.
-OUTBOX_PRUNE_SENT: Final = """
-DELETE FROM outbox
-WHERE id IN (
-    SELECT id
-    FROM outbox
-    WHERE sent_at IS NOT NULL
-      AND sent_at < now() - make_interval(secs => %(retention_seconds)s)
-    ORDER BY sent_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+# ---------------------------------------------------------------------- workers
+
+# A consumer announces itself at start and at every heartbeat: which queues and job
+# types it serves, with what capacity, and its counters. Upsert, so a worker whose
+# row expired while it was frozen comes back.
+WORKER_SEEN: Final = """
+INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
+                          stopping, counts)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)s,
+        %(prefetch)s, %(stopping)s, %(counts)s::jsonb)
+ON CONFLICT (worker_id) DO UPDATE
+SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
+    job_types = EXCLUDED.job_types
+"""
+
+WORKER_GONE: Final = "DELETE FROM workers WHERE worker_id = %(worker)s"
+
+# Jobs that waited for a consumer that knows their type: woken when one announces it
+# (and by the re-waker, as a backstop), without waiting for the periodic re-wake.
+JOB_WAKE_PARKED: Final = f"""
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
+FROM jobs AS j
+WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+  AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
+RETURNING job_id
+"""
+
+# ----------------------------------------------------------------------------- relay
+
+# The queues that have wake-ups due, by a loose index scan of the backlog (a few
+# index probes, however long the backlog).
+OUTBOX_DUE_QUEUES: Final = """
+WITH RECURSIVE q AS (
+    (SELECT queue FROM outbox WHERE sent_at IS NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.queue FROM outbox AS o
+            WHERE o.sent_at IS NULL AND o.queue > q.queue ORDER BY o.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
 )
+SELECT q.queue FROM q
+WHERE q.queue IS NOT NULL
+  AND EXISTS (SELECT 1 FROM outbox AS o
+              WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now())
+"""
+
+# The relay's one decision: which of a queue's due wake-ups to send now. In the
+# relay's transaction, under a per-queue advisory lock (another relay skips the
+# queue meanwhile), in one statement:
+#
+# 1. settle: wake-ups in flight whose job has been taken up since (claimed, finished,
+#    or turned down: the claim deletes those) leave the table;
+# 2. room: the queue's window (given, or twice the capacity of its live consumers,
+#    at least min_window) minus the wake-ups still in flight; none while paused;
+# 3. order: higher priority first; within a priority, weighted fair share between
+#    the queue's tenants by start-time fair queuing: a tenant's k-th wake-up gets the
+#    virtual start max(its pass, the queue's clock) + (k-1)/weight, so a tenant of
+#    weight 2 gets twice the share of a busy queue, and an idle tenant, whose pass
+#    has fallen behind the clock, banks no credit; then age. A capped tenant gets
+#    no more than its free slots minus its wake-ups in flight;
+# 4. mark the chosen ones sent (the caller publishes them before it commits), move
+#    the passes and the clock on, and note per tenant why wake-ups were held back
+#    (TENANT_CAP, WINDOW, FAIR_SHARE), only when that changed.
+#
+# Returns the sent wake-ups, then one summary row (id NULL): the room there was,
+# whether the lock was had, and whether due wake-ups were held back.
+OUTBOX_WAKE_QUEUE: Final = f"""
+WITH RECURSIVE gate AS (
+    SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
+), settled AS (
+    DELETE FROM outbox AS o USING jobs AS j
+    WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
+      AND j.job_id = o.job_id AND NOT ({UNTAKEN})
+    RETURNING o.id
+), capacity AS (
+    SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
+               SELECT 2 * sum(w.concurrency)::int FROM workers AS w
+               WHERE %(queue)s = ANY(w.queues) AND {_LIVE_WORKER}))) AS size
+), room AS (
+    SELECT CASE
+               WHEN NOT (SELECT ok FROM gate) THEN 0
+               WHEN EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) THEN 0
+               ELSE GREATEST(0, LEAST(%(limit)s::int, (SELECT size FROM capacity)
+                   - (SELECT count(*) FROM outbox AS i
+                      WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
+                   + (SELECT count(*) FROM settled)::int))
+           END AS n
+), tenants AS (
+    (SELECT o.tenant FROM outbox AS o
+     WHERE o.queue = %(queue)s AND o.sent_at IS NULL ORDER BY o.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > t.tenant
+            ORDER BY o.tenant LIMIT 1)
+    FROM tenants AS t WHERE t.tenant IS NOT NULL
+), clock AS (
+    SELECT COALESCE((SELECT vpass FROM fair_shares
+                     WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'), 0) AS v
+), shares AS (
+    SELECT t.tenant,
+           COALESCE(l.weight, 1) AS weight,
+           GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
+           CASE WHEN l.max_running IS NULL THEN NULL
+                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - (
+                    SELECT count(*) FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+                    WHERE o.tenant = t.tenant AND o.sent_at IS NOT NULL AND {UNTAKEN})::int)
+           END AS cap_room,
+           s.held_reason
+    FROM tenants AS t
+    LEFT JOIN tenant_limits AS l ON l.tenant = t.tenant
+    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
+    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = t.tenant
+    WHERE t.tenant IS NOT NULL
+), candidates AS (
+    -- each tenant's best due wake-ups, one more than it could get (to tell that
+    -- something was held back)
+    SELECT c.id, c.job_id, c.priority, c.available_at, sh.tenant, c.k,
+           sh.start + (c.k - 1) / sh.weight AS vstart
+    FROM shares AS sh
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.job_id, o.priority, o.available_at,
+               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
+        FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = sh.tenant AND o.sent_at IS NULL
+          AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT LEAST((SELECT n FROM room), COALESCE(sh.cap_room, 2147483646)) + 1
+    ) AS c
+), chosen AS (
+    SELECT c.*
+    FROM candidates AS c JOIN shares AS sh USING (tenant)
+    WHERE sh.cap_room IS NULL OR c.k <= sh.cap_room
+    ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
+    LIMIT (SELECT n FROM room)
+), marked AS (
+    SELECT o.id FROM outbox AS o
+    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL
+    FOR UPDATE SKIP LOCKED
+), sent AS (
+    UPDATE outbox AS o SET sent_at = now()
+    FROM marked WHERE o.id = marked.id
+    RETURNING o.id, o.job_id, o.priority
+), verdicts AS (
+    SELECT sh.tenant, sh.weight, sh.cap_room, sh.held_reason,
+           (SELECT max(c.vstart) FROM chosen AS c
+            WHERE c.tenant = sh.tenant AND c.id IN (SELECT id FROM sent)) AS last_vstart,
+           (SELECT count(*) FROM candidates AS c WHERE c.tenant = sh.tenant) AS wanted,
+           (SELECT count(*) FROM chosen AS c WHERE c.tenant = sh.tenant) AS got
+    FROM shares AS sh
+), reasons AS (
+    SELECT v.*,
+           CASE WHEN v.got >= v.wanted THEN NULL
+                WHEN v.cap_room IS NOT NULL AND v.got >= v.cap_room THEN 'TENANT_CAP'
+                WHEN (SELECT n FROM room) = 0 THEN 'WINDOW'
+                ELSE 'FAIR_SHARE'
+           END AS reason
+    FROM verdicts AS v
+), shared AS (
+    INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
+    SELECT %(queue)s, r.tenant, COALESCE(r.last_vstart + 1 / r.weight, 0), r.reason,
+           CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
+    FROM reasons AS r
+    WHERE (SELECT ok FROM gate)
+      AND (r.last_vstart IS NOT NULL OR r.reason IS DISTINCT FROM r.held_reason)
+    UNION ALL
+    SELECT %(queue)s, '{CLOCK_ROW}', max(c.vstart), NULL, NULL
+    FROM chosen AS c WHERE c.id IN (SELECT id FROM sent)
+    HAVING count(*) > 0
+    ON CONFLICT (queue, tenant) DO UPDATE
+    SET vpass = GREATEST(f.vpass, EXCLUDED.vpass),
+        held_reason = EXCLUDED.held_reason,
+        held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
+                          THEN f.held_since ELSE EXCLUDED.held_since END
+)
+SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held
+FROM sent AS s
+UNION ALL
+SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
+       EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
+"""
+
+# Wake-ups in flight whose job has been taken up since, in every queue: the wake
+# statement settles its own queue as it goes; this catches queues that got no new
+# work since. Rows a wake statement holds are skipped.
+OUTBOX_SETTLE: Final = f"""
+DELETE FROM outbox AS o USING jobs AS j
+WHERE o.id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL
+               ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+  AND j.job_id = o.job_id AND NOT ({UNTAKEN})
+"""
+
+# Wake-ups in flight longer than the grace whose job still waits untaken, per queue:
+# their message may have been lost. Read under the re-waker's lock.
+OUTBOX_LOST_QUEUES: Final = f"""
+SELECT o.queue, count(*)
+FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+WHERE o.sent_at IS NOT NULL
+  AND o.sent_at < now() - make_interval(secs => %(grace_seconds)s)
+  AND {UNTAKEN}
+GROUP BY o.queue
+"""
+
+# The re-waker: such wake-ups in the given queues (those the broker holds no ready
+# message for, so none is on its way) go back to the backlog, to be sent again.
+OUTBOX_REWAKE_LOST: Final = f"""
+UPDATE outbox AS o SET sent_at = NULL, available_at = now()
+FROM jobs AS j
+WHERE o.queue = ANY(%(queues)s::text[])
+  AND o.sent_at IS NOT NULL
+  AND o.sent_at < now() - make_interval(secs => %(grace_seconds)s)
+  AND j.job_id = o.job_id AND {UNTAKEN}
+RETURNING o.job_id
+"""
+
+# A backstop under the re-waker's lock: a due job that waits to run and has no
+# wake-up at all (none pending, none in flight) gets one. Nothing in this project
+# leaves a job so; a row edited by hand might. Jobs parked for a handler nobody runs
+# are left parked until someone can run them.
+JOB_WAKE_ORPHANS: Final = f"""
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
+FROM jobs AS j
+WHERE j.state IN ({CLAIMABLE_SQL})
+  AND j.run_after <= now() - make_interval(secs => %(grace_seconds)s)
+  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
+  AND (j.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+       OR EXISTS (SELECT 1 FROM workers AS w
+                  WHERE {_LIVE_WORKER} AND j.queue = ANY(w.queues)
+                    AND j.job_type = ANY(w.job_types)))
+LIMIT %(limit)s
+RETURNING job_id, queue
+"""
+
+# The backlog per queue, for the relay's stats line: wake-ups waiting (due or
+# later) and in flight.
+OUTBOX_BACKLOG: Final = """
+SELECT queue,
+       count(*) FILTER (WHERE sent_at IS NULL AND available_at <= now()) AS due,
+       count(*) FILTER (WHERE sent_at IS NOT NULL) AS in_flight,
+       EXTRACT(EPOCH FROM now() - min(available_at) FILTER (WHERE sent_at IS NULL
+                                                            AND available_at <= now()))
+FROM outbox
+GROUP BY queue
+ORDER BY queue
 """
 
 # The sweeper: leases that expired without a report. A crashed or frozen worker
-# looks exactly like this. RUNNING becomes RETRY_WAIT (or FAILED once the attempts
-# are spent: attempts are counted at claim, so a job that kills its worker still
-# stops), CANCEL_REQUESTED becomes CANCELLED; the lost attempt gets its history row
-# and a retry gets its wake-up. SKIP LOCKED passes over a row whose worker is
-# heartbeating it right now.
+# looks exactly like this. RUNNING becomes RETRY_WAIT after the handler's backoff
+# (fixed at claim in expiry_backoff), like any failed attempt, so a job that kills
+# its worker does not take the next one down at once; or FAILED once the attempts
+# are spent (counted at claim, so such a job still stops); CANCEL_REQUESTED becomes
+# CANCELLED. The lost attempt gets what every end of a lease gets (_lease_ended).
+# SKIP LOCKED passes over a row whose worker is heartbeating it right now.
 JOB_SWEEP_EXPIRED: Final = f"""
 WITH expired AS (
-    SELECT j.job_id, j.lease_owner AS old_owner,
+    SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           COALESCE(j.expiry_backoff, %(default_backoff)s) AS backoff,
            CASE
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
                WHEN j.attempt_count >= {_BUDGET} THEN 'FAILED'
                ELSE 'RETRY_WAIT'
-           END AS new_state
+           END AS state
     FROM jobs AS j
     WHERE j.state IN ({LEASED_SQL}) AND j.lease_expires_at <= now()
     ORDER BY j.lease_expires_at
@@ -334,83 +762,73 @@ WITH expired AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE jobs AS j
-    SET state = e.new_state,
-        run_after = now(),
+    SET state = e.state,
+        run_after = CASE WHEN e.state = 'RETRY_WAIT'
+                         THEN now() + make_interval(secs => e.backoff) ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
+        holds_slot = false,
         last_error_code = 'LEASE_EXPIRED',
-        last_error_message = 'the lease of ' || e.old_owner || ' expired without a report',
-        finished_at = CASE WHEN e.new_state = 'RETRY_WAIT' THEN NULL ELSE now() END,
+        last_error_message = 'the lease of ' || e.worker || ' expired without a report',
+        finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM expired AS e
     WHERE j.job_id = e.job_id
-    RETURNING j.job_id, j.state, j.queue, j.attempt_count, j.lease_generation, j.started_at,
-              e.old_owner, j.last_error_message
-), history AS (
-    INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, started_at,
-                              finished_at, outcome, error_code, error_message)
-    SELECT job_id, attempt_count, lease_generation, old_owner, started_at, now(), state,
-           'LEASE_EXPIRED', last_error_message
-    FROM swept
-), woken AS (
-    INSERT INTO outbox (job_id, queue)
-    SELECT job_id, queue FROM swept WHERE state = 'RETRY_WAIT'
+    RETURNING e.job_id, e.state, e.queue, e.tenant, e.priority, j.run_after, e.attempt,
+              e.lease_generation, e.worker, e.ready_at, e.started_at, e.held_slot,
+              'LEASE_EXPIRED'::text AS error_code, j.last_error_message AS error_message,
+              NULL::text AS traceback
+), {_lease_ended("swept")}
+SELECT job_id, state, worker, run_after FROM swept
+"""
+
+# The reconciler, in one transaction: lock every tenant's usage row (claims and
+# releases of capped tenants wait for the moment), then, in a statement whose
+# snapshot is taken after the locks, set each count of held slots to the number of
+# leases that hold one. Returns the tenants that had drifted, with both figures.
+TENANT_USAGE_LOCK: Final = "SELECT tenant FROM tenant_usage ORDER BY tenant FOR NO KEY UPDATE"
+
+TENANT_USAGE_RECONCILE: Final = f"""
+WITH actual AS (
+    SELECT u.tenant, u.running AS recorded,
+           (SELECT count(*) FROM jobs AS j
+            WHERE j.tenant = u.tenant AND j.state IN ({LEASED_SQL}) AND j.holds_slot)::int AS held
+    FROM tenant_usage AS u
 )
-SELECT job_id, state FROM swept
+UPDATE tenant_usage AS u SET running = a.held
+FROM actual AS a
+WHERE u.tenant = a.tenant AND u.running <> a.held
+RETURNING u.tenant, a.recorded, a.held
 """
 
-# Due claimable jobs whose wake-up is not pending and was not sent lately, per queue:
-# their wake-up may have been lost (a purged queue, a broker that dropped it).
-_STRANDED = f"""
-    j.state IN ({CLAIMABLE_SQL})
-    AND j.run_after <= now() - make_interval(secs => %(grace_seconds)s)
-    AND NOT EXISTS (
-        SELECT 1 FROM outbox AS o
-        WHERE o.job_id = j.job_id
-          AND (o.sent_at IS NULL
-               OR o.sent_at > now() - make_interval(secs => %(grace_seconds)s)))
+# About once a second: the waiting jobs of each tenant that has a max_queued, and how
+# fast its jobs are being claimed (for the retry-after hint of Backpressure).
+TENANT_USAGE_REFRESH: Final = f"""
+WITH counted AS (
+    SELECT u.tenant,
+           (SELECT count(*) FROM jobs AS j
+            WHERE j.tenant = u.tenant AND j.state IN ({CLAIMABLE_SQL}))::int AS waiting,
+           (u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)
+               AS rate
+    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
+    WHERE l.max_queued IS NOT NULL
+)
+UPDATE tenant_usage AS u
+SET queued = c.waiting,
+    queued_at = now(),
+    claimed_seen = u.claimed,
+    drain_per_s = COALESCE(0.5 * COALESCE(u.drain_per_s, c.rate) + 0.5 * c.rate, u.drain_per_s)
+FROM counted AS c
+WHERE u.tenant = c.tenant
 """
 
-JOB_STRANDED_QUEUES: Final = f"""
-SELECT j.queue, count(*)
-FROM jobs AS j
-WHERE {_STRANDED}
-GROUP BY j.queue
+# Consumers that stopped heartbeating (killed, frozen, partitioned) are forgotten.
+WORKERS_EXPIRE: Final = """
+DELETE FROM workers
+WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
+RETURNING worker_id
 """
 
-# The re-waker: a fresh wake-up for the stranded jobs of the given queues (those the
-# broker holds no ready message for, so nothing is on its way to them).
-JOB_REWAKE_STRANDED: Final = f"""
-INSERT INTO outbox (job_id, queue)
-SELECT j.job_id, j.queue
-FROM jobs AS j
-WHERE j.queue = ANY(%(queues)s::text[]) AND {_STRANDED}
-ORDER BY j.run_after
-LIMIT %(limit)s
-RETURNING job_id
-"""
-
-# Each periodic chore (pruning, sweeping, re-waking) runs in one relay at a time: the
-# others find its transaction-scoped advisory lock taken and skip the round.
+# Each periodic chore (sweeping, re-waking, reconciling...) runs in one relay at a
+# time: the others find its transaction-scoped advisory lock taken and skip the round.
 MAINTENANCE_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(%(key)s)"
-
-__all__ = [
-    "JOB_ATTEMPTS_RECORDED",
-    "JOB_CLAIM_MANY",
-    "JOB_EFFECT_CLAIM",
-    "JOB_EXPLAIN_MISSES",
-    "JOB_FIND_BY_DEDUP_MANY",
-    "JOB_FINISH_MANY",
-    "JOB_GIVE_BACK_MANY",
-    "JOB_HEARTBEAT_MANY",
-    "JOB_HELD_BY",
-    "JOB_INSERT_MANY",
-    "JOB_REQUEST_CANCEL",
-    "JOB_REWAKE_STRANDED",
-    "JOB_STATE",
-    "JOB_STRANDED_QUEUES",
-    "JOB_SWEEP_EXPIRED",
-    "MAINTENANCE_TRY_LOCK",
-    "OUTBOX_CLAIM_DUE",
-    "OUTBOX_PRUNE_SENT",
-]
