@@ -18,9 +18,10 @@ with backoff until the job's attempts are spent.
 from consumers.backoff import Backoff
 from consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from consumers.job import AsyncTx, Job, SyncTx
-from consumers.registry import Registry, default_registry, handler
+from consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
 
 __all__ = [
+    "NO_TIMEOUT",
     "AsyncTx",
     "Backoff",
     "Cancel",

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from consumers.registry import default_registry
-from consumers.runtime import Consumer
 from consumers.settings import ConsumerSettings
+from consumers.worker import Consumer
 from plumbing.cli import connection_options, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
 from schema import names
@@ -67,6 +67,15 @@ def load_app(module: str) -> None:
     help="Heartbeat interval. 0 means a third of the lease.",
 )
 @click.option(
+    "--default-timeout",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Time limit of an attempt whose handler sets no timeout; 0 for none. A quarter "
+    "of an hour: longer than work that belongs in a job usually takes, short enough that "
+    "a hung handler is retried within the hour instead of holding its lease for ever.",
+)
+@click.option(
     "--drain-seconds",
     type=float,
     default=30.0,
@@ -98,6 +107,7 @@ def main(**kwargs: Any) -> None:
             lease_seconds=kwargs["lease_seconds"],
             heartbeat_seconds=kwargs["heartbeat_seconds"],
             drain_seconds=kwargs["drain_seconds"],
+            default_timeout=kwargs["default_timeout"] or None,
         )
         return Consumer(settings, default_registry).run
 

@@ -1,25 +1,124 @@
 """Running one attempt: the handler in, one Outcome (or nothing to report) out.
 
 The pipeline, in the manner of Oban's executor: resolve the handler, run it (async
-in the loop, plain functions in a thread) under its timeout, and normalise however
+in the loop, plain functions in a thread) under its time limit, and normalise however
 it ended into the one result the reporter records.
+
+A plain function cannot be stopped once it runs: a thread whose handler ran past its
+time limit stays busy until the function returns. :class:`Threads` counts such a
+thread as busy, and the claimer takes no more plain-function jobs than there are free
+threads, so a claimed job never waits for a thread it may never get.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable
-from concurrent.futures import Executor
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from consumers.backoff import DEFAULT_BACKOFF
 from consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from consumers.job import Job
-from consumers.outcome import TIMEOUT, UNKNOWN_JOB_TYPE, Outcome
+from consumers.outcome import TIMEOUT, Outcome, encode_result
 from consumers.registry import Handler
 from plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
+
+
+class Threads:
+    """The thread pool plain-function handlers run in, with an honest count of the
+    threads that are busy, including those still running a handler that timed out."""
+
+    def __init__(self, size: int, on_free: Callable[[], None] = lambda: None) -> None:
+        self.size = size
+        self.on_free = on_free
+        self.busy = 0
+        # Threads whose handler ran past its time limit and has not returned yet.
+        self.overdue = 0
+        self.executor = ThreadPoolExecutor(size, thread_name_prefix="handler")
+
+    @property
+    def free(self) -> int:
+        return max(0, self.size - self.busy)
+
+    def reserve(self) -> Reservation:
+        """Count a thread busy from the moment its job is claimed."""
+        self.busy += 1
+        return Reservation(self)
+
+    async def run(
+        self, reservation: Reservation, handler: Handler, job: Job, limit: float | None
+    ) -> Any:
+        """Run the handler on its reserved thread; the thread counts as busy until
+        the function returns, however long after the time limit that is."""
+        loop = asyncio.get_running_loop()
+        reservation.taken = True
+
+        def call() -> Any:
+            reservation.started = True
+            try:
+                return handler.fn(job)
+            finally:
+                # the loop may be gone: the process is exiting
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(reservation.release)
+
+        future = loop.run_in_executor(self.executor, call)
+        try:
+            return await _bounded(future, limit)
+        except _TimedOut:
+            reservation.overdue = True
+            self.overdue += 1
+            raise
+        finally:
+            if future.cancelled() and not reservation.started:
+                reservation.release()  # never ran, never will
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Reservation:
+    """One thread, counted busy from claim until the handler's function returns."""
+
+    def __init__(self, threads: Threads) -> None:
+        self.threads = threads
+        self.taken = False
+        self.started = False
+        self.overdue = False
+        self.released = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.threads.busy -= 1
+        if self.overdue:
+            self.threads.overdue -= 1
+        self.threads.on_free()
+
+    def release_if_unused(self) -> None:
+        """The job ended before its handler was handed the thread."""
+        if not self.taken:
+            self.release()
+
+
+class _TimedOut(Exception):
+    """The attempt ran past its time limit (not a TimeoutError of the handler's own)."""
+
+
+async def _bounded(work: Any, seconds: float | None) -> Any:
+    try:
+        async with asyncio.timeout(seconds) as limit:
+            return await work
+    except TimeoutError:
+        if limit.expired():
+            raise _TimedOut from None
+        raise
 
 
 def error_code(exc: BaseException) -> str:
@@ -33,17 +132,22 @@ def error_code(exc: BaseException) -> str:
     )
 
 
-async def execute(job: Job, handler: Handler | None, threads: Executor) -> Outcome | None:
+async def execute(
+    job: Job,
+    handler: Handler,
+    threads: Threads,
+    reservation: Reservation | None,
+    default_timeout: float | None,
+) -> Outcome | None:
     """Run one attempt; None means there is nothing to report (the job's own
-    transaction recorded it, or the lease was lost)."""
-    if handler is None:
-        return Outcome.retry(
-            UNKNOWN_JOB_TYPE,
-            f"no handler for job type {job.job_type!r} in this consumer",
-            DEFAULT_BACKOFF.delay(job.attempt),
-        )
+    transaction recorded it, or the lease was lost). A plain-function handler runs
+    on the thread ``reservation`` holds for it."""
+    limit = handler.time_limit(default_timeout)
     try:
-        await _run_handler(job, handler, threads)
+        if reservation is None:
+            value = await _bounded(handler.fn(job), limit)
+        else:
+            value = await threads.run(reservation, handler, job, limit)
     except LeaseLost:
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})
         return None
@@ -52,7 +156,7 @@ async def execute(job: Job, handler: Handler | None, threads: Executor) -> Outco
         # transaction (if any) is fenced like every other write.
         return Outcome.retry(
             TIMEOUT,
-            f"the attempt ran past the handler's {handler.timeout}s timeout",
+            f"the attempt ran past its {limit:g} s time limit",
             handler.backoff.delay(job.attempt),
         )
     except asyncio.CancelledError as exc:
@@ -68,44 +172,14 @@ async def execute(job: Job, handler: Handler | None, threads: Executor) -> Outco
         return _failure(job, handler, exc)
     if job.recorded:
         return None
-    return Outcome.succeeded()
+    return Outcome.succeeded(_result(job, value))
 
 
-class _TimedOut(Exception):
-    """The attempt ran past the handler's timeout (not a TimeoutError of its own)."""
-
-
-async def _run_handler(job: Job, handler: Handler, threads: Executor) -> None:
-    if handler.is_async:
-        await _bounded(handler.fn(job), handler.timeout)
-        return
-    # A plain handler runs in the pool, and its timeout starts when a thread takes it:
-    # waiting for a thread (the pool may be busy with timed-out handlers that run
-    # on) must not spend the attempt.
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-
-    def call() -> object:
-        loop.call_soon_threadsafe(started.set)
-        return handler.fn(job)
-
-    future = loop.run_in_executor(threads, call)
-    try:
-        await started.wait()
-    except BaseException:
-        future.cancel()  # not started yet: now it never will be
-        raise
-    await _bounded(future, handler.timeout)
-
-
-async def _bounded(work: Awaitable[object], seconds: float | None) -> None:
-    try:
-        async with asyncio.timeout(seconds) as limit:
-            await work
-    except TimeoutError:
-        if limit.expired():
-            raise _TimedOut from None
-        raise
+def _result(job: Job, value: Any) -> str | None:
+    encoded, dropped = encode_result(value)
+    if dropped is not None:
+        log.warning("consumer.result_dropped", extra={"job_id": str(job.id), "why": dropped})
+    return encoded
 
 
 def _failure(job: Job, handler: Handler, exc: BaseException) -> Outcome | None:
@@ -120,8 +194,11 @@ def _failure(job: Job, handler: Handler, exc: BaseException) -> Outcome | None:
     if isinstance(exc, Retry):
         delay = exc.delay if exc.delay is not None else handler.backoff.delay(job.attempt)
         return Outcome.retry(exc.code, str(exc), delay)
-    if isinstance(exc, Permanent):
-        return Outcome.failed(exc.code, str(exc))
     if isinstance(exc, Cancel):
         return Outcome.cancelled(str(exc) or "cancelled by the handler")
-    return Outcome.retry(error_code(exc), describe_error(exc), handler.backoff.delay(job.attempt))
+    trace = "".join(traceback.format_exception(exc))
+    if isinstance(exc, Permanent):
+        return Outcome.failed(exc.code, str(exc), trace)
+    return Outcome.retry(
+        error_code(exc), describe_error(exc), handler.backoff.delay(job.attempt), trace
+    )

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import json
+import math
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,9 +25,15 @@ from psycopg.abc import Params
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from consumers.errors import LeaseLost
-from consumers.outcome import Outcome
+from consumers.outcome import Outcome, encode_result
 from consumers.store import Claimed, finish_on, finish_params
 from schema import queries as q
+from schema.states import JobState
+
+# Progress is written at most this often per job; reports in between are folded into
+# the next write (the latest wins).
+PROGRESS_INTERVAL = 1.0
+MAX_STAGE_LENGTH = 200
 
 A = TypeVar("A")
 S = TypeVar("S")
@@ -35,21 +46,24 @@ class Resources:
     worker: str
     pool: AsyncConnectionPool[AsyncConnection]
     sync_pool: Callable[[], ConnectionPool[Connection]]
+    loop: asyncio.AbstractEventLoop
 
 
 @dataclass(eq=False)
 class Job:
     """One claimed attempt of a job.
 
-    ``id``, ``job_type``, ``queue``, ``payload`` describe the job; ``attempt`` counts
-    from 1 and ``max_attempts`` is its budget; ``generation`` is the fencing token
-    this attempt holds. ``cancel_requested`` turns true (at a heartbeat) when someone
-    asked to cancel the job: stop at a safe point and ``raise consumers.Cancel()``.
+    ``id``, ``job_type``, ``queue``, ``tenant``, ``payload`` describe the job;
+    ``attempt`` counts from 1 and ``max_attempts`` is its budget; ``generation`` is
+    the fencing token this attempt holds. ``cancel_requested`` turns true (at a
+    heartbeat) when someone asked to cancel the job: stop at a safe point and
+    ``raise consumers.Cancel()``.
     """
 
     id: uuid.UUID
     job_type: str
     queue: str
+    tenant: str | None
     payload: Any
     attempt: int
     max_attempts: int | None
@@ -63,6 +77,9 @@ class Job:
     committing: bool = field(default=False, repr=False)
     recorded: bool = field(default=False, repr=False)
     _resources: Resources | None = field(default=None, repr=False)
+    _progress: dict[str, Any] | None = field(default=None, repr=False)
+    _progress_written: float = field(default=0.0, repr=False)
+    _progress_flush: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(
@@ -72,6 +89,7 @@ class Job:
             id=c.job_id,
             job_type=c.job_type,
             queue=c.queue,
+            tenant=c.tenant,
             payload=c.payload,
             attempt=c.attempt,
             max_attempts=c.max_attempts,
@@ -88,6 +106,60 @@ class Job:
 
     def lease_surely_expired(self) -> bool:
         return time.monotonic() >= self.lease_deadline
+
+    def progress(
+        self, done: float, total: float | None = None, stage: str | None = None
+    ) -> asyncio.Future[None] | concurrent.futures.Future[None]:
+        """Report how far the job got, for status pages: ``await job.progress(40,
+        total=100, stage="importing")`` in an async handler, ``job.progress(...)``
+        (no await) in a plain one. Written through the fence at most about once a
+        second; a report in between replaces the one waiting to be written."""
+        for name, value in (("done", done), ("total", total)):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise TypeError(f"progress {name} must be a finite number")
+        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LENGTH):
+            raise ValueError(
+                f"progress stage must be a str of at most {MAX_STAGE_LENGTH} characters"
+            )
+        assert self._resources is not None, "a job from a consumer has its resources"
+        loop = self._resources.loop
+        report = {"done": done, "total": total, "stage": stage}
+        if threading.get_ident() == getattr(loop, "_thread_id", None):
+            return self._schedule_progress(report)
+        return asyncio.run_coroutine_threadsafe(self._from_thread(report), loop)
+
+    async def _from_thread(self, report: dict[str, Any]) -> None:
+        await self._schedule_progress(report)
+
+    def _schedule_progress(self, report: dict[str, Any]) -> asyncio.Future[None]:
+        self._progress = report
+        if self._progress_flush is None or self._progress_flush.done():
+            self._progress_flush = asyncio.ensure_future(self._write_progress())
+        return self._progress_flush
+
+    async def _write_progress(self) -> None:
+        wait = self._progress_written + PROGRESS_INTERVAL - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        report, self._progress = self._progress, None
+        if report is None or self.recorded:
+            return
+        assert self._resources is not None
+        self._progress_written = time.monotonic()
+        async with self._resources.pool.connection() as conn:
+            await conn.execute(
+                q.JOB_PROGRESS,
+                {
+                    "job_id": self.id,
+                    "generation": self.generation,
+                    "worker": self.worker,
+                    "progress": json.dumps(report),
+                },
+            )
 
     def connection(self) -> Dual[AsyncConnection, Connection]:
         """A database connection of the consumer's, for reads and for writes that
@@ -165,10 +237,11 @@ def _connection_sync(resources: Resources) -> Iterator[Connection]:
 async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[AsyncTx]:
     async with resources.pool.connection() as conn:
         async with conn.transaction():
-            yield AsyncTx(conn, job)
+            tx = AsyncTx(conn, job)
+            yield tx
             job.committing = True
-            success = [(job.id, job.generation, Outcome.succeeded())]
-            if not await finish_on(conn, job.worker, success):
+            success = [(job.id, job.generation, Outcome.succeeded(tx.encoded_result))]
+            if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
                 job.committing = False
                 raise _lost(job)
         job.recorded = True
@@ -178,16 +251,26 @@ async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[As
 def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
     with resources.sync_pool().connection() as conn:
         with conn.transaction():
-            yield SyncTx(conn, job)
+            tx = SyncTx(conn, job)
+            yield tx
             job.committing = True
-            success = [(job.id, job.generation, Outcome.succeeded())]
-            if not conn.execute(q.JOB_FINISH_MANY, finish_params(job.worker, success)).fetchall():
+            success = [(job.id, job.generation, Outcome.succeeded(tx.encoded_result))]
+            rows = conn.execute(q.JOB_FINISH_IN_TX, finish_params(job.worker, success)).fetchall()
+            if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
                 job.committing = False
                 raise _lost(job)
         job.recorded = True
 
 
-class AsyncTx:
+class _Result:
+    encoded_result: str | None = None
+
+    def set_result(self, value: Any) -> None:
+        """Keep ``value`` (JSON) as the job's result, recorded with its completion."""
+        self.encoded_result, _ = encode_result(value)
+
+
+class AsyncTx(_Result):
     """The handler's side of ``async with job.transaction() as tx``."""
 
     def __init__(self, connection: AsyncConnection, job: Job) -> None:
@@ -208,7 +291,7 @@ class AsyncTx:
         return await cur.fetchone() is not None
 
 
-class SyncTx:
+class SyncTx(_Result):
     """The handler's side of ``with job.transaction() as tx`` (plain handlers)."""
 
     def __init__(self, connection: Connection, job: Job) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from consumers.backoff import DEFAULT_BACKOFF, Backoff
 from schema import names
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     from consumers.job import Job
 
 HandlerFn = Callable[["Job"], Any]
+
+# ``timeout=NO_TIMEOUT``: this handler may run as long as it likes (the consumer's
+# --default-timeout does not apply to it).
+NO_TIMEOUT: Final = math.inf
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,12 @@ class Handler:
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    def time_limit(self, default: float | None) -> float | None:
+        """Seconds one attempt may take: the handler's own, else the consumer's
+        default; None for no limit."""
+        limit = default if self.timeout is None else self.timeout
+        return None if limit is None or math.isinf(limit) else limit
 
 
 class Registry:
@@ -47,7 +58,8 @@ class Registry:
         """Register the decorated function as the handler of ``job_type``.
 
         ``max_attempts`` applies to jobs enqueued without their own; ``timeout`` (in
-        seconds) bounds one attempt, which then fails with code TIMEOUT; ``backoff``
+        seconds) bounds one attempt, which then fails with code TIMEOUT (default: the
+        consumer's ``--default-timeout``; ``NO_TIMEOUT`` for none); ``backoff``
         spaces the retries (default: 5 s doubling up to 15 min, with jitter).
         """
         names.job_type(job_type)
@@ -81,10 +93,22 @@ class Registry:
     def queues(self) -> list[str]:
         return sorted({h.queue for h in self._handlers.values()})
 
-    def budgets(self) -> list[dict[str, Any]]:
-        """Each job type's attempt budget, for jobs enqueued without one."""
+    def job_types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def claim_terms(self) -> list[dict[str, Any]]:
+        """What the claim needs per job type: the attempt budget for jobs enqueued
+        without one, the backoff the sweeper applies if a lease expires, and whether
+        the handler needs a thread."""
         return [
-            {"job_type": h.job_type, "max_attempts": h.max_attempts or DEFAULT_MAX_ATTEMPTS}
+            {
+                "job_type": h.job_type,
+                "max_attempts": h.max_attempts or DEFAULT_MAX_ATTEMPTS,
+                "backoff_base": h.backoff.base,
+                "backoff_cap": h.backoff.cap,
+                "backoff_jitter": h.backoff.jitter,
+                "sync": not h.is_async,
+            }
             for h in self._handlers.values()
         ]
 

@@ -24,9 +24,14 @@ class ConsumerSettings:
     # On SIGTERM, how long running jobs may take to finish before their claims are
     # given back.
     drain_seconds: float = 30.0
+    # The time limit of an attempt whose handler sets none (see DEFAULT_TIMEOUT);
+    # None for no limit.
+    default_timeout: float | None = 900.0
     claim_batch: int = 100
     report_batch: int = 500
     stats_interval: float = 30.0
+    # A worker row not refreshed for this long belongs to a consumer that is gone.
+    worker_ttl: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -41,6 +46,10 @@ class ConsumerSettings:
             raise ConfigError("heartbeat seconds must be shorter than the lease")
         if self.drain_seconds < 0:
             raise ConfigError("drain seconds must not be negative")
+        if self.default_timeout is not None and not self.default_timeout > 0:
+            raise ConfigError("default timeout must be positive (0 on the command line: none)")
+        if self.worker_ttl <= 0:
+            raise ConfigError("the worker TTL must be positive")
         if self.claim_batch < 1 or self.report_batch < 1 or self.stats_interval <= 0:
             raise ConfigError("batch sizes and the stats interval must be positive")
 

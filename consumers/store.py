@@ -1,22 +1,27 @@
-"""The consumer's side of the jobs table: every read and write goes through here,
-by name, to the statements in schema/queries.py."""
+"""The consumer's side of the tables: every read and write goes through here, by
+name, to the statements in schema/queries.py."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from consumers.outcome import Outcome
 from schema import queries as q
-from schema.states import LEASED, TERMINAL, JobState
+from schema.states import JobState
+
+# What a claim says of a wake-up it did not turn into a running job. The reasons a
+# consumer turned the job down are recorded on the row; the rest say where the job
+# is, or that its row was held by another transaction ('locked': try it again).
+LOCKED = "locked"
+NO_THREAD = "no_thread"
 
 
 @dataclass(frozen=True)
@@ -24,12 +29,19 @@ class Claimed:
     job_id: uuid.UUID
     job_type: str
     queue: str
+    tenant: str | None
     payload: Any
     attempt: int
     max_attempts: int | None
     generation: int
-    lease_expires_at: datetime
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claimed: list[Claimed]
+    # job id -> why it was not claimed
+    missed: dict[uuid.UUID, str]
 
 
 Fence = tuple[uuid.UUID, int]  # (job_id, lease_generation)
@@ -49,7 +61,9 @@ def finish_params(worker: str, batch: Sequence[tuple[uuid.UUID, int, Outcome]]) 
                 "kind": o.kind,
                 "error_code": o.error_code,
                 "error_message": o.error_message,
+                "traceback": o.traceback,
                 "delay_seconds": o.delay_seconds,
+                "result": None if o.result is None else json.loads(o.result),
             }
             for job_id, generation, o in batch
         ],
@@ -59,12 +73,22 @@ def finish_params(worker: str, batch: Sequence[tuple[uuid.UUID, int, Outcome]]) 
 
 
 async def finish_on(
-    conn: AsyncConnection, worker: str, batch: Sequence[tuple[uuid.UUID, int, Outcome]]
-) -> dict[uuid.UUID, JobState]:
-    """Apply outcomes on ``conn`` (in the caller's transaction); returns the applied
-    ones' new states. An outcome missing from the result was stale."""
-    cur = await conn.execute(q.JOB_FINISH_MANY, finish_params(worker, batch))
-    return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
+    conn: AsyncConnection,
+    worker: str,
+    batch: Sequence[tuple[uuid.UUID, int, Outcome]],
+    statement: LiteralString = q.JOB_FINISH_IN_TX,
+) -> dict[uuid.UUID, str]:
+    """Apply outcomes on ``conn`` (in the caller's transaction): each applied one's
+    new state, or 'LOCKED'. An outcome missing from the result was stale."""
+    cur = await conn.execute(statement, finish_params(worker, batch))
+    return {row[0]: row[1] for row in await cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class Finished:
+    applied: dict[uuid.UUID, JobState]
+    locked: set[uuid.UUID]
+    stale: set[uuid.UUID]
 
 
 class JobStore:
@@ -76,74 +100,67 @@ class JobStore:
         self.lease_seconds = lease_seconds
 
     async def claim(
-        self, job_ids: Sequence[uuid.UUID], budgets: list[dict[str, Any]]
-    ) -> list[Claimed]:
+        self,
+        job_ids: Sequence[uuid.UUID],
+        terms: list[dict[str, Any]],
+        *,
+        free_threads: int,
+        worker_ttl: float,
+    ) -> ClaimResult:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 q.JOB_CLAIM_MANY,
                 {
                     "job_ids": list(job_ids),
-                    "budgets": json.dumps(budgets),
+                    "types": json.dumps(terms),
+                    "free_threads": free_threads,
                     "worker": self.worker,
                     "lease_seconds": self.lease_seconds,
+                    "worker_ttl": worker_ttl,
                 },
             )
-            return [Claimed(*row) for row in await cur.fetchall()]
+            rows = await cur.fetchall()
+        claimed = [Claimed(*row[1:]) for row in rows if row[0] == "claimed"]
+        missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
+        return ClaimResult(claimed, missed)
 
     async def held_by_me(self, job_ids: Sequence[uuid.UUID]) -> list[Claimed]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 q.JOB_HELD_BY, {"job_ids": list(job_ids), "worker": self.worker}
             )
-            return [Claimed(*row) for row in await cur.fetchall()]
+            return [Claimed(*row[1:]) for row in await cur.fetchall()]
 
-    async def explain_misses(self, job_ids: Sequence[uuid.UUID]) -> Counter[str]:
-        """Why each of these deliveries claimed nothing, counted by reason."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(q.JOB_EXPLAIN_MISSES, {"job_ids": list(job_ids)})
-            rows = await cur.fetchall()
-        reasons: Counter[str] = Counter()
-        for _, state, early in rows:
-            if state in LEASED:
-                reasons["running"] += 1
-            elif state in TERMINAL:
-                reasons["finished"] += 1
-            elif early:
-                reasons["early"] += 1
-            else:  # claimable and due: a concurrent claim took it between our two looks
-                reasons["running"] += 1
-        reasons["missing"] = len(set(job_ids)) - len(rows)
-        return +reasons
-
-    async def heartbeat(self, held: Sequence[Fence]) -> dict[uuid.UUID, JobState]:
-        """Extend the leases still ours; returns their states (CANCEL_REQUESTED shows
-        here). A job absent from the result has lost its lease."""
+    async def heartbeat(self, held: Sequence[Fence]) -> dict[uuid.UUID, str | None]:
+        """Extend the leases still ours: each one's state (CANCEL_REQUESTED shows
+        here), 'LOCKED' for one whose row another transaction holds, None for one
+        that is gone."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 q.JOB_HEARTBEAT_MANY,
                 {"jobs": _fences(held), "worker": self.worker, "lease_seconds": self.lease_seconds},
             )
-            return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
+            return {row[0]: row[1] for row in await cur.fetchall()}
 
-    async def finish(
-        self, batch: Sequence[tuple[uuid.UUID, int, Outcome]]
-    ) -> tuple[dict[uuid.UUID, JobState], set[uuid.UUID]]:
-        """Record outcomes; returns (applied: new states, stale ids).
+    async def finish(self, batch: Sequence[tuple[uuid.UUID, int, Outcome]]) -> Finished:
+        """Record outcomes.
 
         Safe to call again after a failure: an outcome that did commit makes its
         repeat match nothing, and is then recognised by its attempt row, not
         reported as stale.
         """
         async with self.pool.connection() as conn:
-            applied = await finish_on(conn, self.worker, batch)
-            missing = [(job_id, gen) for job_id, gen, _ in batch if job_id not in applied]
+            result = await finish_on(conn, self.worker, batch, q.JOB_FINISH_MANY)
+            missing = [(job_id, gen) for job_id, gen, _ in batch if job_id not in result]
             recorded: set[uuid.UUID] = set()
             if missing:
                 cur = await conn.execute(
                     q.JOB_ATTEMPTS_RECORDED, {"jobs": _fences(missing), "worker": self.worker}
                 )
                 recorded = {row[0] for row in await cur.fetchall()}
-        return applied, {job_id for job_id, _ in missing} - recorded
+        applied = {i: JobState(s) for i, s in result.items() if s != "LOCKED"}
+        locked = {i for i, s in result.items() if s == "LOCKED"}
+        return Finished(applied, locked, {job_id for job_id, _ in missing} - recorded)
 
     async def give_back(self, held: Sequence[Fence]) -> dict[uuid.UUID, JobState]:
         async with self.pool.connection() as conn:
@@ -151,6 +168,23 @@ class JobStore:
                 q.JOB_GIVE_BACK_MANY, {"jobs": _fences(held), "worker": self.worker}
             )
             return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
+
+    async def seen(self, params: dict[str, Any]) -> None:
+        """The worker's row: who it is, what it runs, its counters."""
+        async with self.pool.connection() as conn:
+            await conn.execute(q.WORKER_SEEN, {"worker": self.worker, **params})
+
+    async def gone(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(q.WORKER_GONE, {"worker": self.worker})
+
+    async def wake_parked(self, queues: Sequence[str], job_types: Sequence[str]) -> int:
+        """Wake the jobs that waited for a consumer knowing their type."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.JOB_WAKE_PARKED, {"queues": list(queues), "job_types": list(job_types)}
+            )
+            return cur.rowcount
 
     async def ping(self) -> None:
         async with self.pool.connection() as conn:

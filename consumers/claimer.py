@@ -1,0 +1,352 @@
+"""Wake-ups in, claims out.
+
+Every id a delivery names waits here until a claim takes it or explains it. The
+claimer takes as many as there are free slots, claims them in one statement, starts
+the claimed jobs and settles each message once every id in it is accounted for:
+from then on the table owns the job, so a long job never trips RabbitMQ's delivery
+timeout, and a consumer that dies holding a half-claimed message loses nothing (its
+redelivery is claimed or explained).
+
+What comes back unclaimed is handled by why:
+
+- explained (running elsewhere, finished, not due, unknown, or turned down and
+  recorded on the row: paused queue, tenant cap, no handler here): done;
+- locked by another transaction: tried again alone, after a short wait;
+- no free thread for a plain-function handler: held a moment in case a thread
+  frees up, then handed back to the queue for another consumer.
+
+A database that cannot be reached pauses consuming (deliveries go back) until it
+answers; a lock or statement timeout is contention, not an outage, and only defers
+the ids it touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import psycopg.errors
+from psycopg_pool import PoolTimeout
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from consumers.executor import Reservation, Threads
+from consumers.inbox import Delivery, Inbox, give_back, settle
+from consumers.ledger import Ledger
+from consumers.registry import Registry
+from consumers.settings import ConsumerSettings
+from consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
+from plumbing.logfmt import describe_error
+from plumbing.transient import is_transient_db_error, retry_forever
+
+log = logging.getLogger("consumer")
+
+# A row another transaction holds is tried again after this long, doubling, up to
+# the cap; after LOCKED_GIVE_UP seconds its message goes back to the queue.
+LOCKED_RETRY = 0.05
+LOCKED_RETRY_CAP = 2.0
+LOCKED_GIVE_UP = 60.0
+# A plain-function job with no free thread waits this long for one, then its
+# message goes back to the queue, for a consumer with a free thread.
+NO_THREAD_HOLD = 5.0
+
+StartJob = Callable[[Claimed, float, Reservation | None], None]
+
+
+def _contention(exc: BaseException) -> bool:
+    """Waiting on a lock or a slow statement: the database is up and busy."""
+    return isinstance(
+        exc,
+        psycopg.errors.LockNotAvailable
+        | psycopg.errors.QueryCanceled
+        | psycopg.errors.TransactionRollback,
+    )
+
+
+class _Waiting:
+    """One id and the deliveries that name it (duplicated wake-ups share it)."""
+
+    __slots__ = ("deliveries", "first_deferred", "retries", "retry_at")
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.retry_at = 0.0
+        self.retries = 0
+        self.first_deferred = 0.0
+
+
+class Claimer:
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        store: JobStore,
+        registry: Registry,
+        ledger: Ledger,
+        threads: Threads,
+        inbox: Inbox,
+        start_job: StartJob,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+        self.ledger = ledger
+        self.threads = threads
+        self.inbox = inbox
+        self.start_job = start_job
+        self.waiting: dict[uuid.UUID, _Waiting] = {}
+        self.wake = asyncio.Event()
+        # Held while a claim is in flight; shutdown waits on it, so jobs a claim is
+        # just starting are drained or given back with the rest.
+        self.lock = asyncio.Lock()
+        self.stopping = False
+        self.paused = False
+        self.failures = 0
+        self.threads_exhausted = False
+        self.counts: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- intake
+
+    async def deliver(self, delivery: Delivery) -> None:
+        """The inbox's callback: buffer every id the message names."""
+        if self.stopping or self.paused:
+            await give_back(delivery)
+            return
+        for job_id in delivery.job_ids:
+            waiting = self.waiting.get(job_id)
+            if waiting is None:
+                waiting = self.waiting[job_id] = _Waiting()
+            elif waiting.deliveries:
+                self.counts["wakeup_duplicate"] += 1
+            waiting.deliveries.append(delivery)
+        self.counts["wakeups"] += len(delivery.job_ids)
+        self.wake.set()
+
+    @property
+    def buffered(self) -> int:
+        return len(self.waiting)
+
+    async def give_back_all(self) -> None:
+        """Hand every unsettled message back to the queue (pausing, or stopping)."""
+        deliveries = {id(d): d for w in self.waiting.values() for d in w.deliveries}
+        self.waiting.clear()
+        for delivery in deliveries.values():
+            await give_back(delivery)
+
+    # ----------------------------------------------------------------- the loop
+
+    async def run(self) -> None:
+        while True:
+            timeout = self._next_retry()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            self.wake.clear()
+            while not self.stopping and not self.paused:
+                free = self.settings.concurrency - self.ledger.running
+                batch = self._ready(min(free, self.settings.claim_batch))
+                if not batch:
+                    break  # a finishing job, a new delivery or a due retry wakes us
+                async with self.lock:
+                    failure = await self._claim(batch)
+                if failure is not None:
+                    await self._pause_until_database_answers(failure)
+
+    def _next_retry(self) -> float | None:
+        if not self.waiting:
+            return None
+        now = time.monotonic()
+        return max(0.0, min(w.retry_at for w in self.waiting.values()) - now)
+
+    def _ready(self, limit: int) -> list[uuid.UUID]:
+        if limit <= 0:
+            return []
+        now = time.monotonic()
+        ready = []
+        for job_id, waiting in self.waiting.items():
+            if waiting.retry_at <= now:
+                ready.append(job_id)
+                if len(ready) >= limit:
+                    break
+        return ready
+
+    # ----------------------------------------------------------------- one claim
+
+    async def _claim(self, job_ids: list[uuid.UUID]) -> Exception | None:
+        """Claim these ids and start what was claimed; the failure, if the database
+        could not be reached (the deliveries went back)."""
+        sent_at = time.monotonic()
+        ambiguous = False
+        try:
+            # A dropped connection is worth two quick retries on a fresh connection
+            # before consuming pauses; no connection to be had at all means the
+            # database is away: pause now.
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(
+                    lambda e: (
+                        is_transient_db_error(e)
+                        and not isinstance(e, PoolTimeout)
+                        and not _contention(e)
+                    )
+                ),
+                stop=stop_after_attempt(3),
+                wait=wait_exponential(multiplier=0.05, max=0.5),
+                reraise=True,
+            ):
+                with attempt:
+                    ambiguous = attempt.retry_state.attempt_number > 1
+                    sent_at = time.monotonic()
+                    result = await self.store.claim(
+                        job_ids,
+                        self.registry.claim_terms(),
+                        free_threads=self.threads.free,
+                        worker_ttl=self.settings.worker_ttl,
+                    )
+            claimed, missed = result.claimed, result.missed
+            if ambiguous:
+                # The failed try may have committed before its connection dropped:
+                # those jobs are ours, and only we can start them.
+                mine = await self.store.held_by_me([i for i in missed if i not in self.ledger])
+                claimed = claimed + mine
+                for row in mine:
+                    missed.pop(row.job_id, None)
+        except Exception as exc:
+            if _contention(exc):
+                log.warning(
+                    "consumer.claim_deferred",
+                    extra={"jobs": len(job_ids), "error": describe_error(exc)},
+                )
+                for job_id in job_ids:
+                    await self._defer(job_id)
+                return None
+            return exc
+        self.failures = 0
+        for row in claimed:
+            reservation = None
+            handler = self.registry.get(row.job_type)
+            if handler is not None and not handler.is_async:
+                reservation = self.threads.reserve()
+            self.start_job(row, sent_at, reservation)
+            await self._done(row.job_id)
+        self.counts["claimed"] += len(claimed)
+        declined = False
+        for job_id, why in missed.items():
+            self.counts[f"wakeup_{why.lower()}"] += 1
+            if why == LOCKED:
+                await self._defer(job_id)
+            elif why == NO_THREAD:
+                declined = True
+                await self._hold_for_thread(job_id)
+            else:
+                await self._done(job_id)
+        self._note_threads(declined)
+        unknown = sum(1 for why in missed.values() if why == "missing")
+        if unknown:
+            log.warning(
+                "consumer.wakeup_for_unknown_job",
+                extra={"count": unknown, "action": "acked and ignored"},
+            )
+        return None
+
+    async def _done(self, job_id: uuid.UUID) -> None:
+        """The id is claimed or explained: settle every message now fully done."""
+        waiting = self.waiting.pop(job_id, None)
+        if waiting is None:
+            return
+        for delivery in waiting.deliveries:
+            delivery.open.discard(job_id)
+            if not delivery.open:
+                await settle(delivery)
+
+    async def _defer(self, job_id: uuid.UUID) -> None:
+        """Its row was locked elsewhere (or the claim waited too long): try it again
+        alone, after a short wait; give its message back if that goes on."""
+        waiting = self.waiting.get(job_id)
+        if waiting is None:
+            return
+        if self._waited(waiting) > LOCKED_GIVE_UP:
+            log.warning(
+                "consumer.wakeup_returned",
+                extra={
+                    "job_id": str(job_id),
+                    "why": "its row stayed locked by another transaction",
+                },
+            )
+            await self._decline(job_id)
+            return
+        waiting.retry_at = time.monotonic() + min(
+            LOCKED_RETRY * 2**waiting.retries, LOCKED_RETRY_CAP
+        )
+        waiting.retries += 1
+
+    async def _hold_for_thread(self, job_id: uuid.UUID) -> None:
+        """No thread is free for its plain-function handler: wait a moment for one
+        (a returning thread wakes the claimer), then let another consumer have it."""
+        waiting = self.waiting.get(job_id)
+        if waiting is None:
+            return
+        if self._waited(waiting) > NO_THREAD_HOLD:
+            await self._decline(job_id)
+            return
+        waiting.retry_at = time.monotonic() + 0.5
+
+    @staticmethod
+    def _waited(waiting: _Waiting) -> float:
+        now = time.monotonic()
+        if not waiting.first_deferred:
+            waiting.first_deferred = now
+        return now - waiting.first_deferred
+
+    async def _decline(self, job_id: uuid.UUID) -> None:
+        """Give up on the id here: its messages go back to the queue once the rest
+        of their ids are accounted for."""
+        waiting = self.waiting.pop(job_id, None)
+        if waiting is None:
+            return
+        self.counts["wakeup_returned"] += 1
+        for delivery in waiting.deliveries:
+            delivery.declined = True
+            delivery.open.discard(job_id)
+            if not delivery.open:
+                await settle(delivery)
+
+    def _note_threads(self, declined: bool) -> None:
+        if declined and not self.threads_exhausted:
+            self.threads_exhausted = True
+            log.warning(
+                "consumer.threads_exhausted",
+                extra={
+                    "threads": self.threads.size,
+                    "overdue": self.threads.overdue,
+                    "action": "plain-function jobs are not claimed until a thread returns",
+                },
+            )
+        elif self.threads_exhausted and self.threads.free > 0:
+            self.threads_exhausted = False
+            log.info("consumer.threads_available", extra={"free": self.threads.free})
+
+    # ----------------------------------------------------------------- outages
+
+    async def _pause_until_database_answers(self, exc: Exception) -> None:
+        if self.stopping:
+            return
+        self.failures += 1
+        log.warning(
+            "consumer.database_unavailable",
+            extra={"error": describe_error(exc), "action": "deliveries requeued, consuming paused"},
+        )
+        self.paused = True
+        await self.inbox.pause()
+        await self.give_back_all()
+        # Wait a little longer after each consecutive failure, so a claim that fails
+        # for a reason the probe cannot see does not churn the queue.
+        await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self.failures, 6)))
+        async for attempt in retry_forever(log, "consumer.database_probe_failed"):
+            with attempt:
+                await self.store.ping()
+        self.paused = False
+        if not self.stopping:
+            await self.inbox.start()
+            log.info("consumer.database_available", extra={"action": "consuming resumed"})

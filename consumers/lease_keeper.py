@@ -1,0 +1,155 @@
+"""Keeping this worker's leases, and its row in ``workers``, alive.
+
+Every heartbeat interval one fenced statement extends every lease the worker holds
+(running jobs and outcomes not yet recorded). What comes back per job:
+
+- its state: the lease was extended; CANCEL_REQUESTED is passed on to the handler;
+- LOCKED: the lease is still ours but another transaction holds the row (a
+  producer's open cancel request, say): renewed alone, every half second, until it
+  goes through or the lease surely ran out;
+- nothing: the fence turned it away (the lease expired and the job moved on), and
+  the handler is cancelled without reporting anything.
+
+If the database cannot be reached, a lease that has surely run out by the worker's
+own clock is given up the same way; the fence would refuse its outcome anyway.
+
+The worker's row says which queues and job types it serves, with what capacity,
+and its counters; the relay sizes its window from it, the claim of a job with no
+handler here checks whether any live worker has one, and the operator surface lists
+it. It is refreshed at the heartbeat, at least every third of the worker TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+from consumers.ledger import Ledger
+from consumers.settings import ConsumerSettings
+from consumers.store import JobStore
+from plumbing.logfmt import describe_error
+from schema.states import JobState
+
+log = logging.getLogger("consumer")
+
+LOCKED_RENEW_INTERVAL = 0.5
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        store: JobStore,
+        ledger: Ledger,
+        job_types: list[str],
+        counts: Callable[[], Mapping[str, int]],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.ledger = ledger
+        self.job_types = job_types
+        self.counts = counts
+        self.locked: set[uuid.UUID] = set()
+        self.stopping = False
+
+    def worker_row(self) -> dict[str, object]:
+        s = self.settings
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": list(s.queues),
+            "job_types": self.job_types,
+            "concurrency": s.concurrency,
+            "prefetch": s.effective_prefetch,
+            "stopping": self.stopping,
+            "counts": _json_counts(self.counts()),
+        }
+
+    async def announce(self) -> None:
+        """Register the worker and wake the jobs that waited for a consumer that
+        knows their type: they start now, not at the relay's next re-wake."""
+        await self.store.seen(self.worker_row())
+        woken = await self.store.wake_parked(self.settings.queues, self.job_types)
+        if woken:
+            log.info(
+                "consumer.woke_waiting_jobs", extra={"count": woken, "why": "a handler arrived"}
+            )
+
+    async def run(self) -> None:
+        s = self.settings
+        heartbeat_every = s.effective_heartbeat
+        seen_every = min(heartbeat_every, s.worker_ttl / 3)
+        next_heartbeat = next_seen = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wake_at = min(next_heartbeat, next_seen)
+            if self.locked:
+                wake_at = min(wake_at, now + LOCKED_RENEW_INTERVAL)
+            await asyncio.sleep(max(0.0, wake_at - now))
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_every
+                await self.renew([h.job.fence for h in self.ledger.leases()])
+            elif self.locked:
+                for job_id in list(self.locked):
+                    waiting = self.ledger.held.get(job_id)
+                    if waiting is None:
+                        self.locked.discard(job_id)
+                    else:
+                        await self.renew([waiting.job.fence])
+            if now >= next_seen:
+                next_seen = now + seen_every
+                try:
+                    await self.store.seen(self.worker_row())
+                except Exception as exc:
+                    log.warning("consumer.worker_row_failed", extra={"error": describe_error(exc)})
+
+    async def renew(self, fences: list[tuple[uuid.UUID, int]]) -> None:
+        if not fences:
+            return
+        sent_at = time.monotonic()
+        try:
+            states = await self.store.heartbeat(fences)
+        except Exception as exc:
+            log.warning("consumer.heartbeat_failed", extra={"error": describe_error(exc)})
+            for lease in self.ledger.leases():
+                if lease.job.lease_surely_expired():
+                    self.ledger.lose(lease.job, "the lease ran out while heartbeats failed")
+            return
+        for job_id, generation in fences:
+            held = self.ledger.held.get(job_id)
+            if held is None or held.job.generation != generation:
+                continue
+            job = held.job
+            state = states.get(job_id)
+            if state == "LOCKED":
+                if job.lease_surely_expired():
+                    self.locked.discard(job_id)
+                    self.ledger.lose(
+                        job, "the lease ran out while another transaction held the row"
+                    )
+                elif job_id not in self.locked:
+                    self.locked.add(job_id)
+                    log.info(
+                        "consumer.heartbeat_deferred",
+                        extra={"job_id": str(job_id), "why": "another transaction holds the row"},
+                    )
+                continue
+            self.locked.discard(job_id)
+            if state is None:
+                self.ledger.lose(job, "the heartbeat was rejected by the fence")
+                continue
+            job.lease_deadline = sent_at + self.settings.lease_seconds
+            if state == JobState.CANCEL_REQUESTED and not job.cancel_requested:
+                job.cancel_requested = True
+                log.info("consumer.cancel_requested", extra={"job_id": str(job_id)})
+
+
+def _json_counts(counts: Mapping[str, int]) -> str:
+    return json.dumps({str(k): int(v) for k, v in counts.items()})
