@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,10 +24,37 @@ log = logging.getLogger("relay")
 
 @dataclass(frozen=True)
 class WakeUp:
-    outbox_id: int
-    job_id: uuid.UUID
+    """One message: the job ids it wakes (one a line in its body), for one queue."""
+
     queue: str
+    job_ids: tuple[uuid.UUID, ...]
     priority: int
+    # The first outbox row's id: aiormq matches a returned (unroutable) message to
+    # its publish by message_id.
+    message_id: str
+
+    @property
+    def body(self) -> bytes:
+        return "\n".join(str(i) for i in self.job_ids).encode()
+
+
+def pack(queue: str, rows: Sequence[tuple[int, uuid.UUID, int]], most: int) -> list[WakeUp]:
+    """Pack (outbox id, job id, priority) rows into as few messages as ``most`` ids
+    a message allows, evenly: 30 rows at most 20 make two messages of 15, so the
+    consumers share a batch rather than one taking it all. One row, one message."""
+    if not rows:
+        return []
+    count = -(-len(rows) // most)
+    size = -(-len(rows) // count)
+    return [
+        WakeUp(
+            queue,
+            tuple(job_id for _, job_id, _ in chunk),
+            max(priority for _, _, priority in chunk),
+            str(chunk[0][0]),
+        )
+        for chunk in (rows[i : i + size] for i in range(0, len(rows), size))
+    ]
 
 
 class Publisher:
@@ -38,7 +67,8 @@ class Publisher:
 
     async def connect(self) -> None:
         self.connection = await aio_pika.connect_robust(
-            self.amqp.url, client_properties={"connection_name": "relay"}
+            self.amqp.url,
+            client_properties={"connection_name": f"relay {socket.gethostname()}:{os.getpid()}"},
         )
         self.connection.reconnect_callbacks.add(self._on_reconnect)
         self.connection.close_callbacks.add(self._on_close)
@@ -57,7 +87,7 @@ class Publisher:
             log.warning("relay.broker_connection_lost", extra={"error": str(exc)})
 
     async def publish(self, wakeups: Sequence[WakeUp], confirm_timeout: float) -> None:
-        """Publish every wake-up and wait for all the broker's confirms.
+        """Publish every message and wait for all the broker's confirms.
 
         Raises if any is not confirmed (nacked, returned as unroutable, or not
         confirmed within ``confirm_timeout`` seconds); the caller then rolls the batch back.
@@ -79,13 +109,13 @@ class Publisher:
                 await asyncio.gather(
                     *(
                         channel.basic_publish(
-                            str(w.job_id).encode(),
+                            w.body,
                             exchange=exchange,
                             routing_key=w.queue,
                             properties=aiormq.spec.Basic.Properties(
                                 delivery_mode=persistent,
                                 priority=min(max(w.priority, 0), MAX_PRIORITY),
-                                message_id=str(w.outbox_id),
+                                message_id=w.message_id,
                                 content_type="text/plain",
                             ),
                             mandatory=True,

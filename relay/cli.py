@@ -41,11 +41,27 @@ from relay.settings import RelaySettings
     help="Seconds to wait for a batch's confirms before rolling it back.",
 )
 @click.option(
-    "--retention",
-    type=float,
-    default=300.0,
+    "--window",
+    type=int,
+    default=0,
     show_default=True,
-    help="Seconds a sent wake-up is kept before it is pruned.",
+    help="Wake-ups in flight per queue; the backlog beyond waits in the tables, ordered by "
+    "priority and fair share. 0: twice the concurrency of the queue's live consumers, at "
+    "least --min-window.",
+)
+@click.option(
+    "--min-window",
+    type=int,
+    default=100,
+    show_default=True,
+    help="The smallest automatic window.",
+)
+@click.option(
+    "--pack",
+    type=int,
+    default=20,
+    show_default=True,
+    help="Job ids per message when a batch holds several for one queue.",
 )
 @click.option(
     "--sweep-interval",
@@ -55,6 +71,13 @@ from relay.settings import RelaySettings
     help="Seconds between sweeps for expired leases.",
 )
 @click.option(
+    "--worker-ttl",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="A consumer not heard from for this many seconds is forgotten.",
+)
+@click.option(
     "--rewake-interval",
     type=float,
     default=30.0,
@@ -62,9 +85,9 @@ from relay.settings import RelaySettings
     help="A due job whose wake-up was lost is woken again within about this long.",
 )
 def main(**kwargs: Any) -> None:
-    """Publish due wake-ups from the outbox table to RabbitMQ and mark them sent;
-    sweep expired leases, wake jobs whose wake-up was lost, prune old wake-ups.
-    Stops cleanly on SIGTERM or SIGINT."""
+    """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
+    priority and fair-share order; sweep expired leases, send lost wake-ups again,
+    keep tenants' slot counts honest. Stops cleanly on SIGTERM or SIGINT."""
 
     def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
         settings = RelaySettings(
@@ -75,8 +98,11 @@ def main(**kwargs: Any) -> None:
             batch_size=kwargs["batch_size"],
             publishers=kwargs["publishers"],
             publish_timeout=kwargs["publish_timeout"],
-            retention=kwargs["retention"],
+            window=kwargs["window"] or None,
+            min_window=kwargs["min_window"],
+            pack=kwargs["pack"],
             sweep_interval=kwargs["sweep_interval"],
+            worker_ttl=kwargs["worker_ttl"],
             rewake_interval=kwargs["rewake_interval"],
         )
         return Relay(settings).run

@@ -1,105 +1,171 @@
-"""Periodic chores of the relay, each run by one relay at a time."""
+"""Periodic chores of the relay, each run by one relay at a time.
+
+Each takes its own advisory lock, so two relays never do the same chore at once
+and a long one never makes another skip its round.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from relay.broker import Publisher
 from schema.queries import (
-    JOB_REWAKE_STRANDED,
-    JOB_STRANDED_QUEUES,
     JOB_SWEEP_EXPIRED,
+    JOB_WAKE_ORPHANS,
     MAINTENANCE_TRY_LOCK,
-    OUTBOX_PRUNE_SENT,
+    OUTBOX_LOST_QUEUES,
+    OUTBOX_REWAKE_LOST,
+    OUTBOX_SETTLE,
+    TENANT_USAGE_LOCK,
+    TENANT_USAGE_RECONCILE,
+    TENANT_USAGE_REFRESH,
+    WORKERS_EXPIRE,
 )
 
 log = logging.getLogger("relay")
 
-# pg_try_advisory_xact_lock keys: one relay at a time does each chore, and a long
-# prune never makes the sweeper skip its round.
-PRUNE_LOCK = 0x6A6F6201
+# pg_try_advisory_lock keys, one per chore.
 SWEEP_LOCK = 0x6A6F6202
 REWAKE_LOCK = 0x6A6F6203
+RECONCILE_LOCK = 0x6A6F6204
+USAGE_LOCK = 0x6A6F6205
+WORKERS_LOCK = 0x6A6F6206
+
+Pool = AsyncConnectionPool[AsyncConnection]
 
 
-async def _locked(conn: AsyncConnection, key: int) -> bool:
+async def _try_lock(conn: AsyncConnection, key: int) -> bool:
     row = await (await conn.execute(MAINTENANCE_TRY_LOCK, {"key": key})).fetchone()
     return bool(row and row[0])
 
 
-async def prune_sent(
-    pool: AsyncConnectionPool[AsyncConnection], *, retention: float, batch: int
-) -> int:
-    """Delete wake-ups sent longer than ``retention`` seconds ago, batch by batch."""
-    total = 0
-    while True:
-        async with pool.connection() as conn, conn.transaction():
-            if not await _locked(conn, PRUNE_LOCK):
-                return total
-            cur = await conn.execute(
-                OUTBOX_PRUNE_SENT, {"retention_seconds": retention, "limit": batch}
-            )
-            total += cur.rowcount
-        if cur.rowcount < batch:
-            if total:
-                log.info("relay.outbox_pruned", extra={"count": total})
-            return total
+@asynccontextmanager
+async def _chore(pool: Pool, key: int) -> AsyncIterator[AsyncConnection | None]:
+    """A transaction holding the chore's lock, or None if another relay has it."""
+    async with pool.connection() as conn, conn.transaction():
+        yield conn if await _try_lock(conn, key) else None
 
 
-async def sweep_expired(pool: AsyncConnectionPool[AsyncConnection], *, batch: int) -> int:
+async def sweep_expired(pool: Pool, *, batch: int, default_backoff: float) -> int:
     """Move jobs whose lease expired without a report on, batch by batch."""
     total = 0
     while True:
-        async with pool.connection() as conn, conn.transaction():
-            if not await _locked(conn, SWEEP_LOCK):
+        async with _chore(pool, SWEEP_LOCK) as conn:
+            if conn is None:
                 return total
-            rows = await (await conn.execute(JOB_SWEEP_EXPIRED, {"limit": batch})).fetchall()
+            cur = await conn.execute(
+                JOB_SWEEP_EXPIRED, {"limit": batch, "default_backoff": default_backoff}
+            )
+            rows = await cur.fetchall()
         total += len(rows)
-        for job_id, state in rows:
+        for job_id, state, worker, run_after in rows:
             log.warning(
                 "relay.lease_expired",
-                extra={"job_id": str(job_id), "state": state, "action": "swept"},
+                extra={
+                    "job_id": str(job_id),
+                    "worker": worker,
+                    "state": state,
+                    "retry_at": run_after.isoformat() if state == "RETRY_WAIT" else None,
+                    "action": "swept",
+                },
             )
         if len(rows) < batch:
-            return total
+            break
+    async with pool.connection() as conn:
+        await conn.execute(OUTBOX_SETTLE, {"limit": batch})
+    return total
 
 
-async def rewake_stranded(
-    pool: AsyncConnectionPool[AsyncConnection],
-    publisher: Publisher,
-    *,
-    grace: float,
-    batch: int,
+async def rewake_lost(
+    pool: Pool, publisher: Publisher, *, grace: float, batch: int, worker_ttl: float
 ) -> int:
-    """Queue a new wake-up for due jobs whose wake-up seems lost.
+    """Send again the wake-ups that seem lost, and give a wake-up to any due job
+    that has none.
 
-    A job qualifies when it has been claimable for more than ``grace`` seconds, has no
-    unsent wake-up and none sent within ``grace``, and its queue holds no ready
-    message in RabbitMQ. The last condition keeps a backlog (wake-ups waiting their
-    turn) from being mistaken for loss and flooded with duplicates; the ones a
-    consumer has prefetched but not yet claimed may get one duplicate, which costs a
-    claim that matches nothing.
+    A wake-up seems lost when it was sent more than ``grace`` seconds ago, its job
+    still waits untaken, and its queue holds no ready message in RabbitMQ. The last
+    condition keeps a backlog (wake-ups waiting their turn) from being mistaken for
+    loss; since the relay keeps at most a window of wake-ups in a queue, lost ones
+    eventually leave it with none ready, so they are always found. The scan runs
+    under the lock; the lock is a session lock on its own connection, so that no
+    transaction stays open while RabbitMQ is asked.
     """
     params = {"grace_seconds": grace}
     async with pool.connection() as conn:
-        candidates = await (await conn.execute(JOB_STRANDED_QUEUES, params)).fetchall()
-    if not candidates:
-        return 0
-    ready = await publisher.ready_counts([queue for queue, _ in candidates])
-    empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
-    if not empty:
-        return 0
-    async with pool.connection() as conn, conn.transaction():
-        if not await _locked(conn, REWAKE_LOCK):
+        if not await _try_session_lock(conn, REWAKE_LOCK):
             return 0
-        cur = await conn.execute(JOB_REWAKE_STRANDED, params | {"queues": empty, "limit": batch})
-        woken = cur.rowcount
-    if woken:
+        try:
+            candidates = await (await conn.execute(OUTBOX_LOST_QUEUES, params)).fetchall()
+            woken = 0
+            if candidates:
+                ready = await publisher.ready_counts([queue for queue, _ in candidates])
+                empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
+                if empty:
+                    cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
+                    woken = cur.rowcount
+                    if woken:
+                        log.warning(
+                            "relay.rewoke_lost_wakeups",
+                            extra={"count": woken, "queues": empty, "why": "sent, never taken"},
+                        )
+            cur = await conn.execute(
+                JOB_WAKE_ORPHANS, params | {"limit": batch, "worker_ttl": worker_ttl}
+            )
+            orphans = await cur.fetchall()
+            if orphans:
+                log.warning(
+                    "relay.woke_jobs_without_wakeup",
+                    extra={
+                        "count": len(orphans),
+                        "queues": sorted({q for _, q in orphans}),
+                        "why": "due, waiting, and no wake-up at all",
+                    },
+                )
+            return woken + len(orphans)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%(key)s)", {"key": REWAKE_LOCK})
+
+
+async def _try_session_lock(conn: AsyncConnection, key: int) -> bool:
+    row = await (
+        await conn.execute("SELECT pg_try_advisory_lock(%(key)s)", {"key": key})
+    ).fetchone()
+    return bool(row and row[0])
+
+
+async def reconcile_tenant_slots(pool: Pool) -> int:
+    """Repair any drift between each tenant's count of held slots and the leases
+    that hold one; say so when there was some (there should never be)."""
+    async with _chore(pool, RECONCILE_LOCK) as conn:
+        if conn is None:
+            return 0
+        await conn.execute(TENANT_USAGE_LOCK)
+        rows = await (await conn.execute(TENANT_USAGE_RECONCILE)).fetchall()
+    for tenant, recorded, held in rows:
         log.warning(
-            "relay.rewoke_stranded_jobs",
-            extra={"count": woken, "queues": empty, "why": "no wake-up pending or recent"},
+            "relay.tenant_slots_repaired",
+            extra={"tenant": tenant, "recorded": recorded, "held": held},
         )
-    return woken
+    return len(rows)
+
+
+async def refresh_tenant_usage(pool: Pool) -> None:
+    """Count the waiting jobs of tenants that have a max_queued (backpressure)."""
+    async with _chore(pool, USAGE_LOCK) as conn:
+        if conn is not None:
+            await conn.execute(TENANT_USAGE_REFRESH)
+
+
+async def expire_workers(pool: Pool, *, ttl: float) -> int:
+    async with _chore(pool, WORKERS_LOCK) as conn:
+        if conn is None:
+            return 0
+        gone = await (await conn.execute(WORKERS_EXPIRE, {"worker_ttl": ttl})).fetchall()
+    if gone:
+        log.info("relay.workers_expired", extra={"workers": [w for (w,) in gone]})
+    return len(gone)

@@ -1,18 +1,22 @@
-"""The relay daemon: listens for NOTIFY, drains the outbox into RabbitMQ, prunes.
+"""The relay daemon: decides which wake-ups to send, sends them, keeps the record.
 
 Tasks, all in one event loop:
 
 - the listener holds a LISTEN connection and wakes a drainer on every commit that
-  added wake-ups (and all of them after it reconnects, in case it missed some);
-- ``publishers`` drainers each loop: claim a batch, publish it, commit. A
-  notification wakes one idle drainer; one that finds a full batch goes again at
-  once and wakes another to help, otherwise it waits for a notification or the
-  poll interval, whichever comes first;
-- the pruner deletes sent rows past their retention;
-- the sweeper moves jobs whose lease expired without a report on (RETRY_WAIT,
-  FAILED or CANCELLED), and the re-waker queues a new wake-up for due jobs whose
-  wake-up was lost; these chores run in one relay at a time (an advisory lock);
-- a stats line every ``stats_interval`` says how much went out and what is waiting.
+  added due wake-ups or freed a tenant's slot (and all of them after it reconnects,
+  in case it missed some);
+- ``publishers`` drainers each loop over the queues with due wake-ups and wake each
+  (relay/wake.py): within the queue's window, in priority and fair-share order,
+  published and committed together. One that sent a full batch goes again at once
+  and wakes another to help; one held back by a full window looks again soon (a
+  consumer's claim frees room, and tells nobody); otherwise it waits for a
+  notification or the poll interval;
+- chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
+  jobs whose lease expired on; the re-waker sends lost wake-ups again; the
+  reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
+  backpressure; stale consumers are forgotten;
+- a stats line every ``stats_interval`` says how much went out and, per queue, what
+  waits in the backlog and what is in flight.
 """
 
 from __future__ import annotations
@@ -21,35 +25,60 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from plumbing.db import listen_connection, make_pool
 from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
-from relay.drain import drain_batch
-from relay.maintenance import prune_sent, rewake_stranded, sweep_expired
+from relay.maintenance import (
+    expire_workers,
+    reconcile_tenant_slots,
+    refresh_tenant_usage,
+    rewake_lost,
+    sweep_expired,
+)
 from relay.settings import RelaySettings
+from relay.wake import WakeLimits, due_queues, wake_queue
+from schema.queries import OUTBOX_BACKLOG
 from schema.tables import OUTBOX_CHANNEL
 
 log = logging.getLogger("relay")
 
-OUTBOX_BACKLOG = """
-SELECT count(*), EXTRACT(EPOCH FROM now() - min(available_at))
-FROM outbox WHERE sent_at IS NULL AND available_at <= now()
-"""
+
+@dataclass(frozen=True)
+class _Pass:
+    sent: int
+    # Some queue sent a whole batch: there is likely more right now.
+    full: bool
+    # Some queue held due wake-ups back (or was being served by another drainer).
+    held: bool
 
 
 class Relay:
     def __init__(self, settings: RelaySettings) -> None:
+        s = settings
         self.settings = settings
-        self.publisher = Publisher(settings.amqp, settings.topology)
-        self.pool = make_pool(settings.database, "relay", max_size=settings.publishers + 2)
-        self.wakes = [asyncio.Event() for _ in range(settings.publishers)]
+        self.publisher = Publisher(s.amqp, s.topology)
+        self.pool = make_pool(s.database, "relay", max_size=s.publishers + 3)
+        self.limits = WakeLimits(
+            batch=s.batch_size,
+            window=s.window,
+            min_window=s.min_window,
+            pack=s.pack,
+            publish_timeout=s.publish_timeout,
+            worker_ttl=s.worker_ttl,
+        )
+        self.wakes = [asyncio.Event() for _ in range(s.publishers)]
         self.idle: list[asyncio.Event] = []
         # Set when work arrived while every drainer was busy.
         self.more = False
         self.stopping = False
         self.published = 0
+        self.turn = 0
+        # Rounds each chore completed, by name: a test waits on these, not on time.
+        self.rounds: Counter[str] = Counter()
 
     def nudge(self) -> None:
         """Wake one idle drainer: one commit's wake-ups rarely need two."""
@@ -63,14 +92,17 @@ class Relay:
             event.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
         log.info(
             "relay.starting",
             extra={
-                "database": self.settings.database.redacted(),
-                "amqp": self.settings.amqp.redacted(),
-                "exchange": self.settings.topology.exchange_name,
-                "publishers": self.settings.publishers,
-                "batch_size": self.settings.batch_size,
+                "database": s.database.redacted(),
+                "amqp": s.amqp.redacted(),
+                "exchange": s.topology.exchange_name,
+                "publishers": s.publishers,
+                "batch_size": s.batch_size,
+                "window": s.window or f"auto (at least {s.min_window})",
+                "pack": s.pack,
             },
         )
         await self.pool.open(wait=False)
@@ -82,9 +114,11 @@ class Relay:
         drainers = [asyncio.create_task(self._drainer(ev)) for ev in self.wakes]
         chores = [
             asyncio.create_task(self._listen()),
-            asyncio.create_task(self._every(self.settings.prune_interval, self._prune)),
-            asyncio.create_task(self._every(self.settings.sweep_interval, self._sweep)),
-            asyncio.create_task(self._every(self.settings.rewake_interval, self._rewake)),
+            asyncio.create_task(self._every("sweep", s.sweep_interval, self._sweep)),
+            asyncio.create_task(self._every("rewake", s.rewake_interval, self._rewake)),
+            asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
+            asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
+            asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
             asyncio.create_task(self._report()),
         ]
         log.info("relay.started")
@@ -113,33 +147,53 @@ class Relay:
         await self.pool.close()
         log.info("relay.stopped", extra={"published": self.published})
 
+    # ------------------------------------------------------------------ draining
+
     async def _drainer(self, wake: asyncio.Event) -> None:
         s = self.settings
         retrying = retry_forever(log, "relay.drain_failed")
+        refill = s.refill_interval
         while not self.stopping:
             async for attempt in retrying:
                 with attempt:
-                    sent = await drain_batch(
-                        self.pool,
-                        self.publisher,
-                        limit=s.batch_size,
-                        publish_timeout=s.publish_timeout,
-                    )
-            self.published += sent
-            if sent == s.batch_size:
+                    done = await self._pass()
+            self.published += done.sent
+            if done.full:
                 self.nudge()  # a full batch: there is likely more, take a helper along
                 continue
             if self.more:
                 self.more = False
                 continue
+            if done.held:
+                # Room in the window appears when consumers claim, and nobody says
+                # so: look again soon, less often while none appears.
+                wait = refill
+                refill = s.refill_interval if done.sent else min(refill * 2, s.refill_interval_cap)
+            else:
+                wait, refill = s.poll_interval, s.refill_interval
             wake.clear()
             self.idle.append(wake)
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), s.poll_interval)
+                    await asyncio.wait_for(wake.wait(), wait)
             finally:
                 if wake in self.idle:
                     self.idle.remove(wake)
+
+    async def _pass(self) -> _Pass:
+        queues = await due_queues(self.pool)
+        if not queues:
+            return _Pass(0, False, False)
+        # Drainers start at different queues, so each queue's turn comes round.
+        self.turn += 1
+        start = self.turn % len(queues)
+        sent, full, held = 0, False, False
+        for queue in queues[start:] + queues[:start]:
+            woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
+            sent += woken.sent
+            full = full or woken.sent >= self.settings.batch_size
+            held = held or woken.held or woken.busy
+        return _Pass(sent, full, held)
 
     async def _listen(self) -> None:
         async for attempt in retry_forever(log, "relay.listen_failed"):
@@ -152,26 +206,42 @@ class Relay:
                     async for _ in conn.notifies():
                         self.nudge()
 
-    async def _every(self, interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+    # ------------------------------------------------------------------ chores
+
+    async def _every(
+        self, name: str, interval: float, chore: Callable[[], Awaitable[None]]
+    ) -> None:
         while True:
             async for attempt in retry_forever(log, "relay.chore_failed"):
                 with attempt:
                     await chore()
+            self.rounds[name] += 1
             await asyncio.sleep(interval)
 
-    async def _prune(self) -> None:
-        await prune_sent(
-            self.pool, retention=self.settings.retention, batch=self.settings.prune_batch
-        )
-
     async def _sweep(self) -> None:
-        await sweep_expired(self.pool, batch=self.settings.sweep_batch)
+        s = self.settings
+        await sweep_expired(self.pool, batch=s.sweep_batch, default_backoff=s.default_backoff)
 
     async def _rewake(self) -> None:
         s = self.settings
-        await rewake_stranded(
-            self.pool, self.publisher, grace=s.rewake_interval, batch=s.rewake_batch
+        woken = await rewake_lost(
+            self.pool,
+            self.publisher,
+            grace=s.rewake_interval,
+            batch=s.rewake_batch,
+            worker_ttl=s.worker_ttl,
         )
+        if woken:
+            self.nudge()
+
+    async def _reconcile(self) -> None:
+        await reconcile_tenant_slots(self.pool)
+
+    async def _usage(self) -> None:
+        await refresh_tenant_usage(self.pool)
+
+    async def _workers(self) -> None:
+        await expire_workers(self.pool, ttl=self.settings.worker_ttl)
 
     async def _report(self) -> None:
         while True:
@@ -180,15 +250,20 @@ class Relay:
             async for attempt in retry_forever(log, "relay.stats_failed"):
                 with attempt:
                     async with self.pool.connection() as conn:
-                        row = await (await conn.execute(OUTBOX_BACKLOG)).fetchone()
-            due, oldest = row if row else (0, None)
+                        rows = await (await conn.execute(OUTBOX_BACKLOG)).fetchall()
             sent = self.published - before
             log.info(
                 "relay.stats",
                 extra={
                     "published": sent,
                     "per_second": round(sent / (time.monotonic() - started), 1),
-                    "outbox_due": due,
-                    "oldest_due_s": round(float(oldest), 1) if oldest is not None else None,
+                    "backlog": {
+                        queue: {
+                            "due": due,
+                            "in_flight": in_flight,
+                            "oldest_due_s": round(float(oldest), 1) if oldest is not None else None,
+                        }
+                        for queue, due, in_flight, oldest in rows
+                    },
                 },
             )

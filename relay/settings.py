@@ -15,42 +15,67 @@ class RelaySettings:
     topology: Topology = field(default_factory=Topology)
     # Wake on NOTIFY, and at least this often in case a notification was missed.
     poll_interval: float = 1.0
+    # Wake-ups decided and published per transaction, at most.
     batch_size: int = 500
-    # Outbox batches in flight at once, each in its own transaction: while one waits
-    # for the broker's confirms, the next is already being claimed.
+    # Wake-ups in flight (sent, not yet taken up by a consumer) per queue. None: twice
+    # the concurrency of the queue's live consumers, and at least min_window. The
+    # backlog beyond it waits in the tables, where priority and fair share order it.
+    window: int | None = None
+    min_window: int = 100
+    # Job ids packed into one message when a batch holds several for a queue.
+    pack: int = 20
+    # While a backlog waits on a full window, how soon to look again for room (the
+    # interval doubles, up to the cap, while no room appears).
+    refill_interval: float = 0.005
+    refill_interval_cap: float = 0.1
+    # Transactions in flight at once: while one waits for the broker's confirms, the
+    # next queue's is already being decided.
     publishers: int = 2
     # The publish inside the claim transaction is the one network call allowed
     # there; it must not hold row locks for long.
     publish_timeout: float = 5.0
-    retention: float = 300.0
-    prune_interval: float = 10.0
-    prune_batch: int = 5000
     # Leases that expired without a report are swept this often.
     sweep_interval: float = 5.0
     sweep_batch: int = 1000
-    # Due jobs whose wake-up was lost are woken again after at most this long.
+    # Backoff for an expired lease whose claim recorded none (claimed before 0003).
+    default_backoff: float = 5.0
+    # A wake-up sent this long ago and never taken up is sent again.
     rewake_interval: float = 30.0
     rewake_batch: int = 5000
-    # Relay-wide gauges (published, rate) are logged this often.
+    # Tenants' held slots are checked against the leases that hold them this often.
+    reconcile_interval: float = 30.0
+    # Waiting jobs of tenants with a max_queued are counted this often.
+    usage_interval: float = 1.0
+    # A consumer not seen for this long is gone.
+    worker_ttl: float = 60.0
+    # Relay-wide figures (published, backlog per queue) are logged this often.
     stats_interval: float = 30.0
 
     def __post_init__(self) -> None:
         positive = {
             "poll_interval": self.poll_interval,
             "batch_size": self.batch_size,
+            "min_window": self.min_window,
+            "pack": self.pack,
+            "refill_interval": self.refill_interval,
+            "refill_interval_cap": self.refill_interval_cap,
             "publishers": self.publishers,
             "publish_timeout": self.publish_timeout,
-            "prune_interval": self.prune_interval,
-            "prune_batch": self.prune_batch,
             "stats_interval": self.stats_interval,
             "sweep_interval": self.sweep_interval,
             "sweep_batch": self.sweep_batch,
             "rewake_interval": self.rewake_interval,
             "rewake_batch": self.rewake_batch,
+            "reconcile_interval": self.reconcile_interval,
+            "usage_interval": self.usage_interval,
+            "worker_ttl": self.worker_ttl,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive")
-        if self.retention < self.rewake_interval:
-            # The re-waker reads sent wake-ups to tell "sent lately" from "lost".
-            raise ConfigError("retention must be at least the re-wake interval")
+        if self.window is not None and self.window < 1:
+            raise ConfigError("window must be at least 1 (or unset, for automatic)")
+        if self.pack > 1000:
+            raise ConfigError("pack must be at most 1000 ids a message")
+        if self.default_backoff < 0:
+            raise ConfigError("default_backoff must not be negative")

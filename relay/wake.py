@@ -1,16 +1,30 @@
-"""Moving wake-ups from the outbox table to RabbitMQ, one batch per transaction."""
+"""Waking a queue: the relay's one decision, and the publish that carries it out.
+
+For one queue, in one transaction: the statement OUTBOX_WAKE_QUEUE picks the due
+wake-ups to send now (within the queue's window, highest priority first, fair
+between tenants, oldest first) and marks them sent; the relay publishes them,
+packed several ids to a message when there are several, waits for the broker's
+confirms, and commits. A failure anywhere rolls the marks back and the rows go out
+again: a wake-up can be published twice, never lost.
+
+The commit is asynchronous (synchronous_commit off, for this transaction only): if
+the database crashed before flushing it, the marks would be lost and the wake-ups
+sent again, which a duplicate wake-up costs nothing more than; in exchange the relay
+does not wait for a disk flush per batch.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+from dataclasses import dataclass
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from relay.broker import Publisher, WakeUp
-from schema.queries import OUTBOX_CLAIM_DUE
+from relay.broker import Publisher, pack
+from schema.queries import OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
 log = logging.getLogger("relay")
 
@@ -20,27 +34,71 @@ log = logging.getLogger("relay")
 FAULT_ENV = "RELAY_FAULT_INJECTION"
 
 
-async def drain_batch(
+@dataclass(frozen=True)
+class Woken:
+    """What one pass over a queue did."""
+
+    sent: int
+    messages: int
+    # Another relay (or drainer) had the queue: nothing was decided here.
+    busy: bool
+    # Due wake-ups were held back: the window was full, a tenant capped, or a
+    # tenant waiting its fair turn.
+    held: bool
+    room: int
+
+
+@dataclass(frozen=True)
+class WakeLimits:
+    batch: int
+    # Wake-ups in flight per queue: fixed, or None for twice the capacity of the
+    # queue's live consumers, at least min_window.
+    window: int | None
+    min_window: int
+    pack: int
+    publish_timeout: float
+    worker_ttl: float
+
+
+async def due_queues(pool: AsyncConnectionPool[AsyncConnection]) -> list[str]:
+    async with pool.connection() as conn:
+        return [row[0] for row in await (await conn.execute(OUTBOX_DUE_QUEUES)).fetchall()]
+
+
+async def wake_queue(
     pool: AsyncConnectionPool[AsyncConnection],
     publisher: Publisher,
-    *,
-    limit: int,
-    publish_timeout: float,
-) -> int:
-    """Claim up to ``limit`` due wake-ups, publish them, mark them sent.
-
-    Claim and mark are one statement in one transaction that commits only after
-    every message is confirmed, so a failure anywhere leaves the rows unsent and
-    they go out again: a wake-up can be published twice, never lost.
-    """
-    # Pipeline mode sends BEGIN along with the claim instead of waiting a round trip
-    # for it: this is the latency path from a producer's commit to a consumer.
+    queue: str,
+    limits: WakeLimits,
+) -> Woken:
+    # Pipeline mode sends BEGIN and the settings along with the statement instead of
+    # a round trip each: this is the latency path from a producer's commit to a
+    # consumer.
     async with pool.connection() as conn, conn.pipeline(), conn.transaction():
-        cur = await conn.execute(OUTBOX_CLAIM_DUE, {"limit": limit})
-        wakeups = [WakeUp(*row) for row in await cur.fetchall()]
-        if wakeups:
-            await publisher.publish(wakeups, publish_timeout)
+        await conn.execute("SET LOCAL synchronous_commit = off")
+        cur = await conn.execute(
+            OUTBOX_WAKE_QUEUE,
+            {
+                "queue": queue,
+                "limit": limits.batch,
+                "window": limits.window,
+                "min_window": limits.min_window,
+                "worker_ttl": limits.worker_ttl,
+            },
+        )
+        rows = await cur.fetchall()
+        sent = [(r[0], r[1], r[2]) for r in rows if r[0] is not None]
+        summary = next(r for r in rows if r[0] is None)
+        messages = pack(queue, sent, limits.pack)
+        if messages:
+            await publisher.publish(messages, limits.publish_timeout)
             if os.environ.get(FAULT_ENV) == "kill-after-publish":
-                log.warning("relay.fault_injected", extra={"count": len(wakeups)})
+                log.warning("relay.fault_injected", extra={"count": len(sent)})
                 os.kill(os.getpid(), signal.SIGKILL)
-    return len(wakeups)
+    return Woken(
+        sent=len(sent),
+        messages=len(messages),
+        busy=not summary[4],
+        held=bool(summary[5]),
+        room=int(summary[3] or 0),
+    )
