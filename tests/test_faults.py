@@ -21,7 +21,7 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.chaos.check import check, violations
-from tests.support.broker import publish_raw, purge, queue_depth
+from tests.support.broker import publish_raw, purge
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import Daemon, running, service_env
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(240)
 
 LEASE = ["--lease-seconds", "2", "--heartbeat-seconds", "0.5"]
 CONSUMER = ["--app", "tests.chaos.app", *LEASE]
-RELAY = ["--sweep-interval", "0.3", "--rewake-interval", "2", "--retention", "30"]
+RELAY = ["--sweep-interval", "0.3", "--rewake-interval", "2"]
 
 
 @pytest.fixture
@@ -207,16 +207,17 @@ def test_database_backends_terminated_while_jobs_flow(env, engine, pg, db_url) -
 def test_purged_wakeups_are_recovered_by_the_rewaker(
     env, engine, pg, db_url, amqp_url, topology
 ) -> None:
+    in_flight = "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"
     with running("relay", RELAY, env, "relay.started") as relay:
         ids = effect_jobs(engine, 50)
         for _ in range(100):
-            if asyncio.run(queue_depth(amqp_url.url, topology, "default")) == 50:
+            if pg.execute(in_flight).fetchone()[0] == 50:
                 break
             time.sleep(0.1)
         asyncio.run(purge(amqp_url.url, topology, "default"))
         with running("consumer", CONSUMER, env, "consumer.started"):
             asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=60))
-    assert relay.has_event("relay.rewoke_stranded_jobs")
+    assert relay.has_event("relay.rewoke_lost_wakeups")
     no_violations(db_url)
 
 

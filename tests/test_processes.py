@@ -70,7 +70,9 @@ def test_graceful_stop_gives_the_claim_back_without_spending_the_attempt(
             row = asyncio.run(wait_for_state(pg, slow, "SUCCEEDED"))
     assert row["attempt_count"] == 1
     assert row["lease_generation"] == 3, "three claims, each with its own fencing token"
-    assert [a["outcome"] for a in attempts(pg, slow)] == ["SUCCEEDED"]
+    # The two given-back claims are in the history too, their attempts refunded.
+    history = [(a["attempt"], a["outcome"], a["error_code"]) for a in attempts(pg, slow)]
+    assert history == [(1, "QUEUED", "SHUTDOWN"), (1, "QUEUED", "SHUTDOWN"), (1, "SUCCEEDED", None)]
 
 
 def test_consumer_flags_and_bad_app(

@@ -21,7 +21,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Declared, Topology
 from tests.support import inproc
-from tests.support.broker import collect, queue_depth
+from tests.support.broker import collect_ids, queue_depth
 from tests.support.processes import BIN, ROOT, running, service_env
 from tests.support.proxy import TcpProxy
 
@@ -36,8 +36,10 @@ def enqueue(engine: Engine, n: int, queue: str = "default", **kw: Any) -> list[s
 
 def relay_running(*args: Any, **overrides: Any) -> Any:
     """The relay on its own. No consumer claims anything in these tests, so the
-    re-waker (rightly) would re-wake every job; keep it to its production interval."""
-    return inproc.relay_running(*args, **({"rewake_interval": 30.0} | overrides))
+    re-waker (rightly) would re-wake every job, and nothing would ever make room in
+    the window: keep the re-waker to its production interval and the window wide
+    (tests/test_order.py is where the window is tested)."""
+    return inproc.relay_running(*args, **({"rewake_interval": 30.0, "window": 100_000} | overrides))
 
 
 def unsent(pg: psycopg.Connection) -> int:
@@ -54,8 +56,8 @@ async def test_publishes_each_wakeup_and_marks_it_sent(
     a = enqueue(engine, 30, queue="a")
     b = enqueue(engine, 20, queue="b", priority=5)
     async with relay_running(db_url, amqp_url, topology):
-        got_a = await collect(amqp_url.url, topology, "a", 30)
-        got_b = await collect(amqp_url.url, topology, "b", 20)
+        got_a = await collect_ids(amqp_url.url, topology, "a", 30)
+        got_b = await collect_ids(amqp_url.url, topology, "b", 20)
     assert sorted(got_a) == sorted(a)
     assert sorted(got_b) == sorted(b)
     assert unsent(pg) == 0
@@ -95,9 +97,9 @@ async def test_delayed_wakeup_waits_for_available_at(
     now = enqueue(engine, 1)
     later = enqueue(engine, 1, run_after=timedelta(seconds=3))
     async with relay_running(db_url, amqp_url, topology, poll_interval=0.2):
-        assert await collect(amqp_url.url, topology, "default", 1, settle=1.0) == now
+        assert await collect_ids(amqp_url.url, topology, "default", 1, settle=1.0) == now
         assert unsent(pg) == 1, "the delayed wake-up went out early"
-        assert await collect(amqp_url.url, topology, "default", 1, timeout=10) == later
+        assert await collect_ids(amqp_url.url, topology, "default", 1, timeout=10) == later
     assert unsent(pg) == 0
 
 
@@ -113,14 +115,14 @@ async def test_broker_outage_leaves_rows_unsent_until_it_returns(
         via_proxy = AmqpUrl.parse(f"amqp://127.0.0.1:{proxy.port}/")
         async with relay_running(db_url, via_proxy, topology, poll_interval=0.2, publish_timeout=1):
             first = enqueue(engine, 10)
-            assert sorted(await collect(amqp_url.url, topology, "default", 10)) == sorted(first)
+            assert sorted(await collect_ids(amqp_url.url, topology, "default", 10)) == sorted(first)
             proxy.down()
             during = enqueue(engine, 100)
             await asyncio.sleep(2)
             assert unsent(pg) == 100
             assert await queue_depth(amqp_url.url, topology, "default") == 0
             proxy.up()
-            got = await collect(amqp_url.url, topology, "default", 100, timeout=60)
+            got = await collect_ids(amqp_url.url, topology, "default", 100, timeout=60)
     finally:
         proxy.close()
     assert sorted(got) == sorted(during)
@@ -143,7 +145,7 @@ async def test_database_connections_cut_loses_nothing(
                 ids += enqueue(engine, 200)
                 proxy.cut()
                 await asyncio.sleep(0.3)
-            got = await collect(amqp_url.url, topology, "default", 1000, timeout=60, settle=1)
+            got = await collect_ids(amqp_url.url, topology, "default", 1000, timeout=60, settle=1)
     finally:
         proxy.close()
     assert set(got) == set(ids), "every wake-up arrives (a duplicate is allowed, a loss is not)"
@@ -155,18 +157,18 @@ async def test_queue_deleted_behind_the_relays_back_is_declared_again(
 ) -> None:
     async with relay_running(db_url, amqp_url, topology, poll_interval=0.2):
         first = enqueue(engine, 5)
-        assert sorted(await collect(amqp_url.url, topology, "default", 5)) == sorted(first)
+        assert sorted(await collect_ids(amqp_url.url, topology, "default", 5)) == sorted(first)
         connection = await aio_pika.connect(amqp_url.url)
         async with connection:
             channel = await connection.channel()
             await channel.queue_delete(topology.queue_name("default"))
         second = enqueue(engine, 5)
-        assert sorted(await collect(amqp_url.url, topology, "default", 5, timeout=30)) == sorted(
-            second
-        )
+        assert sorted(
+            await collect_ids(amqp_url.url, topology, "default", 5, timeout=30)
+        ) == sorted(second)
 
 
-async def test_prunes_sent_rows_after_retention(
+async def test_wakeups_leave_the_outbox_once_their_job_was_taken_up(
     engine: Engine,
     pg: psycopg.Connection,
     db_url: DatabaseUrl,
@@ -175,21 +177,17 @@ async def test_prunes_sent_rows_after_retention(
 ) -> None:
     enqueue(engine, 20)
     enqueue(engine, 5, run_after=timedelta(hours=1))
-    async with relay_running(
-        db_url,
-        amqp_url,
-        topology,
-        retention=0.5,
-        prune_interval=0.2,
-        rewake_interval=0.5,
-    ):
-        await collect(amqp_url.url, topology, "default", 20)
-        for _ in range(50):
-            if pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == 5:
-                break
-            await asyncio.sleep(0.1)
+    async with relay_running(db_url, amqp_url, topology, sweep_interval=0.2) as relay:
+        await collect_ids(amqp_url.url, topology, "default", 20)
+        assert pg.execute("SELECT count(sent_at) FROM outbox").fetchone()[0] == 20, "in flight"
+        # A consumer takes the jobs up (as its claim would).
+        pg.execute(
+            "UPDATE jobs SET state = 'RUNNING', lease_owner = 'w', started_at = now(),"
+            " lease_expires_at = now() + interval '1 hour' WHERE run_after <= now()"
+        )
+        await inproc.chore_rounds(relay, "sweep", 2)
     rows = pg.execute("SELECT count(*), count(sent_at) FROM outbox").fetchone()
-    assert rows == (5, 0), "sent rows pruned, unsent (delayed) rows kept"
+    assert rows == (5, 0), "taken-up wake-ups settled, the delayed ones wait"
 
 
 def test_two_relay_processes_share_5000_rows(
@@ -200,7 +198,7 @@ def test_two_relay_processes_share_5000_rows(
     topology: Topology,
 ) -> None:
     env = service_env(db_url, amqp_url, topology)
-    args = ["--batch-size", "200", "--poll-interval", "0.2"]
+    args = ["--batch-size", "200", "--poll-interval", "0.2", "--window", "100000"]
     with (
         running("relay", args, env, "relay.started") as r1,
         running("relay", args, env, "relay.started") as r2,
@@ -208,7 +206,9 @@ def test_two_relay_processes_share_5000_rows(
         ids = []
         for _ in range(10):
             ids += enqueue(engine, 500)
-        got = asyncio.run(collect(amqp_url.url, topology, "default", 5000, timeout=120, settle=1.0))
+        got = asyncio.run(
+            collect_ids(amqp_url.url, topology, "default", 5000, timeout=120, settle=1.0)
+        )
         assert r1.stop() == 0
         assert r2.stop() == 0
     assert len(got) == 5000, "each row published exactly once"
@@ -240,7 +240,7 @@ def test_credentials_never_reach_the_logs(
     env = service_env(secret_db, "amqp://guest:guest@127.0.0.1:5672/", topology)
     enqueue(engine, 3)
     with running("relay", ["--poll-interval", "0.2"], env, "relay.started") as relay:
-        asyncio.run(collect("amqp://127.0.0.1:5672/", topology, "default", 3))
+        asyncio.run(collect_ids("amqp://127.0.0.1:5672/", topology, "default", 3))
     text = relay.text()
     assert "relay.starting" in text
     assert "pg-s3cret" not in text

@@ -1,20 +1,29 @@
 """A model-based test of the job state machine against real PostgreSQL.
 
 Hypothesis drives every transition statement of schema/queries.py (claim,
-heartbeat, complete, fail, retry, cancel, give-back, sweep, cancel request) in
-arbitrary interleavings, by several workers holding current and stale fencing
-tokens, with leases expiring at will. After every step it checks: every applied
-transition is one the state machine allows, terminal states are absorbing, a write
-through a stale token or an expired lease changes nothing, generations never go
-down, attempts stay within budget, and the history has one row per ended attempt.
+heartbeat, complete, fail, retry, cancel, give-back, sweep, cancel request, the
+relay's wake-up) in arbitrary orders, by several workers holding current and stale
+fencing tokens, with leases expiring at will; and it races pairs of them on
+separate connections: one statement holds its row locks in an open transaction
+while the other arrives, then the first commits (sweeper against heartbeat,
+finish and claim; a cancel request against finish; two claims).
+
+After every step it checks safety: every applied transition is one the state machine
+allows, terminal states are absorbing, a write through a stale token or an expired
+lease changes nothing, generations never go down, attempts stay within budget, the
+history has one row per ended attempt, tenant slots held equal leases holding one.
+And liveness: every job waiting to run has a wake-up on its way (one waiting in
+the outbox, or one sent and not yet taken up, which the re-waker sends again if it
+was lost), unless it waits for a consumer that knows its type.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from hypothesis import HealthCheck, settings
@@ -29,13 +38,55 @@ from hypothesis.stateful import (
 
 from plumbing.config import DatabaseUrl
 from schema import queries as q
-from schema.states import LEASED, TERMINAL, JobState, is_legal
+from schema.states import CLAIMABLE, LEASED, TERMINAL, TRANSITIONS, JobState
 
 WORKERS = ["w1", "w2", "w3"]
+TENANTS = [None, "capped"]
 COLUMNS = (
     "job_id, state, attempt_count, max_attempts, lease_owner, lease_expires_at,"
-    " lease_generation, last_error_code, run_after, updated_at"
+    " lease_generation, last_error_code, run_after, updated_at, holds_slot, tenant,"
+    " delay_reason"
 )
+
+
+def terms(budget: int, known: bool = True) -> str:
+    if not known:
+        return "[]"
+    return json.dumps(
+        [
+            {
+                "job_type": "t",
+                "max_attempts": budget,
+                "backoff_base": 1,
+                "backoff_cap": 10,
+                "backoff_jitter": 0.25,
+                "sync": False,
+            }
+        ]
+    )
+
+
+def _reachable(before: JobState, after: JobState, steps: int) -> bool:
+    """Whether ``steps`` statements can take a job from one state to the other."""
+    states = {before}
+    for _ in range(steps):
+        states |= {s for state in states for s in TRANSITIONS[state]}
+    return after in states
+
+
+def _held(rows: dict[uuid.UUID, dict[str, Any]], h: Handle) -> bool:
+    old = rows[h.job_id]
+    return bool(
+        old["state"] in LEASED
+        and old["lease_owner"] == h.worker
+        and old["lease_generation"] == h.generation
+    )
+
+
+def _applied(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether a worker statement's result says it changed its job: a heartbeat or
+    an outcome returns the job's state when it applied, LOCKED or nothing when not."""
+    return any(len(row) > 1 and row[1] not in (None, "LOCKED") for row in rows)
 
 
 @dataclass(frozen=True)
@@ -47,17 +98,30 @@ class Handle:
     generation: int
 
 
+@dataclass(frozen=True)
+class Step:
+    sql: LiteralString
+    params: dict[str, Any]
+    writer: Handle | None = None
+
+
 class JobMachine(RuleBasedStateMachine):
     def __init__(self, db: DatabaseUrl) -> None:
         super().__init__()
         self.conn = psycopg.connect(db.conninfo, autocommit=True)
-        self.conn.execute("TRUNCATE jobs CASCADE")
+        self.other = psycopg.connect(db.conninfo, autocommit=True)
+        self.conn.execute("TRUNCATE jobs, tenant_limits, fair_shares, workers CASCADE")
+        self.conn.execute(
+            q.TENANT_LIMIT_SET,
+            {"tenant": "capped", "max_running": 1, "weight": 1.0, "max_queued": None},
+        )
         self.jobs: list[uuid.UUID] = []
         self.handles: list[Handle] = []
         self.max_generation: dict[uuid.UUID, int] = {}
 
     def teardown(self) -> None:
         self.conn.close()
+        self.other.close()
 
     # -------------------------------------------------------------- the model's eyes
 
@@ -66,35 +130,32 @@ class JobMachine(RuleBasedStateMachine):
         names = [d.name for d in cur.description or []]
         return {r[0]: dict(zip(names, r, strict=True)) for r in cur.fetchall()}
 
-    def step(
+    def now(self) -> Any:
+        return self.conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+
+    def check(
         self,
-        sql: str,
-        params: dict[str, Any],
+        before: dict[uuid.UUID, dict[str, Any]],
         writer: Handle | None = None,
         *,
+        steps: int = 1,
         live_lease_only: bool = False,
-    ) -> None:
-        """Run one transition statement and check what it did to every job.
-
-        ``writer`` is the handle a worker's write goes through; if it does not hold
-        the job, nothing may change. ``live_lease_only``: the write must not apply
-        through a lease that has already expired either (a heartbeat).
-        """
-        before = self.rows()
-        now = self.conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        self.conn.execute(sql, params)
+        now: Any = None,
+    ) -> dict[uuid.UUID, dict[str, Any]]:
+        """What the statements just run did to every job must be legal (``steps``
+        statements ran); a write through a handle that no longer held its job must
+        have changed nothing."""
         after = self.rows()
         for job_id, old in before.items():
             new = after[job_id]
             old_state, new_state = JobState(old["state"]), JobState(new["state"])
-            assert is_legal(old_state, new_state), f"{old_state} -> {new_state} by {sql[:60]}"
+            assert _reachable(old_state, new_state, steps), f"{old_state} -> {new_state}"
             if old_state in TERMINAL:
                 assert new == old, "terminal states are absorbing"
             assert new["lease_generation"] >= old["lease_generation"]
             if new["lease_generation"] > old["lease_generation"]:
-                assert new["lease_generation"] == old["lease_generation"] + 1
+                assert new["lease_generation"] == old["lease_generation"] + 1, "one claim wins"
                 assert new["attempt_count"] == old["attempt_count"] + 1, "counted at claim"
-                assert new_state == JobState.RUNNING
         if writer is not None:
             old = before[writer.job_id]
             holds = (
@@ -103,20 +164,122 @@ class JobMachine(RuleBasedStateMachine):
                 and old["lease_generation"] == writer.generation
             )
             if not holds:
-                assert after[writer.job_id] == old, f"a stale write landed: {sql[:60]}"
+                assert after[writer.job_id] == old, "a stale write landed"
             if live_lease_only and holds and old["lease_expires_at"] <= now:
                 assert after[writer.job_id] == old, "an expired lease was revived"
+        return after
+
+    def step(self, s: Step, *, live_lease_only: bool = False) -> list[tuple[Any, ...]]:
+        before, now = self.rows(), self.now()
+        rows = self.conn.execute(s.sql, s.params).fetchall()
+        self.check(before, s.writer, live_lease_only=live_lease_only, now=now)
+        return rows
+
+    def race(self, first: Step, second: Step) -> None:
+        """``first`` runs in an open transaction holding its row locks; ``second``
+        arrives meanwhile on another connection (it waits or skips, as its
+        statement says); then ``first`` commits and ``second`` finishes."""
+        before = self.rows()
+        done = threading.Event()
+        results: dict[str, list[tuple[Any, ...]]] = {}
+        failure: list[BaseException] = []
+
+        def run_second() -> None:
+            try:
+                results["second"] = self.other.execute(second.sql, second.params).fetchall()
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                done.set()
+
+        with self.conn.transaction():
+            results["first"] = self.conn.execute(first.sql, first.params).fetchall()
+            racer = threading.Thread(target=run_second)
+            racer.start()
+            # Either it finished (skipped the locks) or it waits on them.
+            done.wait(0.2)
+        racer.join(10)
+        assert not racer.is_alive(), "the second statement never finished"
+        assert not failure, failure
+        self.check(before, steps=2)
+        for key, step in (("first", first), ("second", second)):
+            if step.writer is not None and not _held(before, step.writer):
+                assert not _applied(results[key]), f"a stale {key} write was applied"
+        self.remember_claims(before)
+
+    def remember_claims(self, before: dict[uuid.UUID, dict[str, Any]]) -> None:
+        for job_id, row in self.rows().items():
+            if row["lease_generation"] > before[job_id]["lease_generation"]:
+                self.handles.append(Handle(job_id, row["lease_owner"], row["lease_generation"]))
+
+    # -------------------------------------------------------------- statements
+
+    def claim_step(self, job_id: uuid.UUID, worker: str, budget: int = 3) -> Step:
+        return Step(
+            q.JOB_CLAIM_MANY,
+            {
+                "job_ids": [job_id],
+                "types": terms(budget),
+                "free_threads": 0,
+                "worker": worker,
+                "lease_seconds": 60,
+                "worker_ttl": 60,
+            },
+        )
+
+    def finish_step(self, h: Handle, kind: str, delay: float = 0) -> Step:
+        outcome = {
+            "job_id": str(h.job_id),
+            "generation": h.generation,
+            "kind": kind,
+            "error_code": None if kind == "succeeded" else "E",
+            "error_message": "m",
+            "traceback": None,
+            "delay_seconds": delay,
+            "result": None,
+        }
+        return Step(q.JOB_FINISH_MANY, {"outcomes": json.dumps([outcome]), "worker": h.worker}, h)
+
+    def heartbeat_step(self, h: Handle) -> Step:
+        fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
+        return Step(
+            q.JOB_HEARTBEAT_MANY, {"jobs": fence, "worker": h.worker, "lease_seconds": 60}, h
+        )
+
+    SWEEP = Step(q.JOB_SWEEP_EXPIRED, {"limit": 100, "default_backoff": 1})
+
+    def expire(self, job_id: uuid.UUID) -> None:
+        """Not a transition: the clock moves past a lease (the worker froze)."""
+        self.conn.execute(
+            "UPDATE jobs SET lease_expires_at = now() - interval '1 second'"
+            " WHERE job_id = %s AND lease_expires_at IS NOT NULL",
+            [job_id],
+        )
+
+    def come_due(self, job_id: uuid.UUID) -> None:
+        """Not a transition: a waiting job's run_after, and its wake-up, come due."""
+        self.conn.execute(
+            "UPDATE jobs SET run_after = now() - interval '1 millisecond'"
+            " WHERE job_id = %s AND state = 'RETRY_WAIT'",
+            [job_id],
+        )
+        self.conn.execute(
+            "UPDATE outbox SET available_at = now() - interval '1 millisecond'"
+            " WHERE job_id = %s AND sent_at IS NULL",
+            [job_id],
+        )
 
     # -------------------------------------------------------------- rules
 
-    @rule(max_attempts=st.one_of(st.none(), st.integers(1, 4)))
-    def enqueue(self, max_attempts: int | None) -> None:
+    @rule(max_attempts=st.one_of(st.none(), st.integers(1, 4)), tenant=st.sampled_from(TENANTS))
+    def enqueue(self, max_attempts: int | None, tenant: str | None) -> None:
         job_id = uuid.uuid4()
         doc = [
             {
                 "job_id": str(job_id),
                 "job_type": "t",
                 "queue": "default",
+                "tenant": tenant,
                 "payload": {},
                 "max_attempts": max_attempts,
                 "priority": 0,
@@ -130,66 +293,56 @@ class JobMachine(RuleBasedStateMachine):
     @rule(data=st.data(), worker=st.sampled_from(WORKERS), budget=st.integers(1, 4))
     def claim(self, data: st.DataObject, worker: str, budget: int) -> None:
         job_id = data.draw(st.sampled_from(self.jobs))
-        before = self.rows()[job_id]
-        self.step(
-            q.JOB_CLAIM_MANY,
-            {
-                "job_ids": [job_id],
-                "budgets": json.dumps([{"job_type": "t", "max_attempts": budget}]),
-                "worker": worker,
-                "lease_seconds": 60,
-            },
-        )
+        before = self.rows()
+        self.step(self.claim_step(job_id, worker, budget))
         after = self.rows()[job_id]
-        if after["lease_generation"] > before["lease_generation"]:
-            assert before["state"] in ("QUEUED", "RETRY_WAIT")
+        if after["lease_generation"] > before[job_id]["lease_generation"]:
+            assert before[job_id]["state"] in CLAIMABLE
             self.handles.append(Handle(job_id, worker, after["lease_generation"]))
-            if before["max_attempts"] is None:
+            if before[job_id]["max_attempts"] is None:
                 assert after["max_attempts"] == max(budget, after["attempt_count"])
 
-    def _finish(self, handle: Handle, kind: str, delay: float = 0) -> None:
-        outcome = {
-            "job_id": str(handle.job_id),
-            "generation": handle.generation,
-            "kind": kind,
-            "error_code": None if kind == "succeeded" else "E",
-            "error_message": "m",
-            "delay_seconds": delay,
-        }
-        self.step(
-            q.JOB_FINISH_MANY,
-            {"outcomes": json.dumps([outcome]), "worker": handle.worker},
-            writer=handle,
-        )
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def a_consumer_without_the_handler_is_woken(self, data: st.DataObject, worker: str) -> None:
+        """It turns the job down: the job waits for a consumer that knows its type,
+        spending nothing."""
+        job_id = data.draw(st.sampled_from(self.jobs))
+        before = self.rows()[job_id]
+        step = self.claim_step(job_id, worker)
+        self.step(Step(step.sql, step.params | {"types": terms(1, known=False)}))
+        after = self.rows()[job_id]
+        assert after["attempt_count"] == before["attempt_count"], "no attempt spent"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def a_consumer_with_the_handler_announces_itself(self, data: st.DataObject) -> None:
+        self.step(Step(q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["t"]}))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
-        self._finish(data.draw(st.sampled_from(self.handles)), "succeeded")
+        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "succeeded"))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
     def fail_and_retry(self, data: st.DataObject, delay: float) -> None:
-        self._finish(data.draw(st.sampled_from(self.handles)), "retry", delay)
+        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "retry", delay))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def fail_permanently(self, data: st.DataObject) -> None:
-        self._finish(data.draw(st.sampled_from(self.handles)), "failed")
+        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "failed"))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def acknowledge_cancel(self, data: st.DataObject) -> None:
-        self._finish(data.draw(st.sampled_from(self.handles)), "cancelled")
+        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "cancelled"))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
-        h = data.draw(st.sampled_from(self.handles))
-        fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
-        self.step(
-            q.JOB_HEARTBEAT_MANY, {"jobs": fence, "worker": h.worker, "lease_seconds": 60}, writer=h
-        )
+        self.step(self.heartbeat_step(data.draw(st.sampled_from(self.handles))))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
@@ -197,54 +350,56 @@ class JobMachine(RuleBasedStateMachine):
         """A worker frozen past its lease wakes before the sweeper ran and heartbeats:
         the lease must stay expired (someone may be about to take the job)."""
         h = data.draw(st.sampled_from(self.handles))
-        self.conn.execute(
-            "UPDATE jobs SET lease_expires_at = now() - interval '1 second'"
-            " WHERE job_id = %s AND lease_expires_at IS NOT NULL",
-            [h.job_id],
-        )
-        fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
-        self.step(
-            q.JOB_HEARTBEAT_MANY,
-            {"jobs": fence, "worker": h.worker, "lease_seconds": 60},
-            writer=h,
-            live_lease_only=True,
-        )
+        self.expire(h.job_id)
+        self.step(self.heartbeat_step(h), live_lease_only=True)
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def give_back(self, data: st.DataObject) -> None:
         h = data.draw(st.sampled_from(self.handles))
         fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
-        self.step(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": h.worker}, writer=h)
+        self.step(Step(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": h.worker}, h))
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def request_cancel(self, data: st.DataObject) -> None:
-        self.step(q.JOB_REQUEST_CANCEL, {"job_id": data.draw(st.sampled_from(self.jobs))})
+        self.step(Step(q.JOB_REQUEST_CANCEL, {"job_id": data.draw(st.sampled_from(self.jobs))}))
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def time_passes_for_a_lease(self, data: st.DataObject) -> None:
-        """Not a transition: the clock moves past a lease (the worker froze)."""
-        job_id = data.draw(st.sampled_from(self.jobs))
-        self.conn.execute(
-            "UPDATE jobs SET lease_expires_at = now() - interval '1 second'"
-            " WHERE job_id = %s AND lease_expires_at IS NOT NULL",
-            [job_id],
-        )
+        self.expire(data.draw(st.sampled_from(self.jobs)))
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def time_passes_for_a_retry(self, data: st.DataObject) -> None:
-        """Not a transition: a waiting job's run_after comes due."""
-        job_id = data.draw(st.sampled_from(self.jobs))
-        self.conn.execute(
-            "UPDATE jobs SET run_after = now() WHERE job_id = %s AND state = 'RETRY_WAIT'", [job_id]
-        )
+        self.come_due(data.draw(st.sampled_from(self.jobs)))
 
     @rule()
     def sweep(self) -> None:
-        self.step(q.JOB_SWEEP_EXPIRED, {"limit": 100})
+        self.step(self.SWEEP)
+
+    @rule(window=st.sampled_from([1, 3, 100]))
+    def the_relay_wakes_the_queue(self, window: int) -> None:
+        """Marks wake-ups sent, within the window; the messages themselves are not
+        part of this model (a lost one is the re-waker's, below)."""
+        with self.conn.transaction():
+            self.step(
+                Step(
+                    q.OUTBOX_WAKE_QUEUE,
+                    {
+                        "queue": "default",
+                        "limit": 100,
+                        "window": window,
+                        "min_window": 1,
+                        "worker_ttl": 60,
+                    },
+                )
+            )
+
+    @rule()
+    def the_rewaker_resends_lost_wakeups(self) -> None:
+        self.step(Step(q.OUTBOX_REWAKE_LOST, {"queues": ["default"], "grace_seconds": 0}))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data(), thief=st.sampled_from(WORKERS))
@@ -253,24 +408,65 @@ class JobMachine(RuleBasedStateMachine):
         worker's lease lapses, the sweeper re-queues the job, another worker claims
         it; the frozen worker's handle is now stale and later rules will use it."""
         h = data.draw(st.sampled_from(self.handles))
-        self.conn.execute(
-            "UPDATE jobs SET lease_expires_at = now() - interval '1 second'"
-            " WHERE job_id = %s AND lease_expires_at IS NOT NULL",
-            [h.job_id],
-        )
-        self.step(q.JOB_SWEEP_EXPIRED, {"limit": 100})
-        self.conn.execute(
-            "UPDATE jobs SET run_after = now() WHERE job_id = %s AND state = 'RETRY_WAIT'",
-            [h.job_id],
-        )
-        before = self.rows()[h.job_id]
-        self.step(
-            q.JOB_CLAIM_MANY,
-            {"job_ids": [h.job_id], "budgets": "[]", "worker": thief, "lease_seconds": 60},
-        )
-        after = self.rows()[h.job_id]
-        if after["lease_generation"] > before["lease_generation"]:
-            self.handles.append(Handle(h.job_id, thief, after["lease_generation"]))
+        self.expire(h.job_id)
+        self.step(self.SWEEP)
+        self.come_due(h.job_id)
+        before = self.rows()
+        self.step(self.claim_step(h.job_id, thief))
+        self.remember_claims(before)
+
+    # -------------------------------------------------------------- races
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data(), sweeper_first=st.booleans())
+    def race_the_sweeper_and_a_heartbeat(self, data: st.DataObject, sweeper_first: bool) -> None:
+        h = data.draw(st.sampled_from(self.handles))
+        self.expire(h.job_id)
+        pair = (self.SWEEP, self.heartbeat_step(h))
+        self.race(*(pair if sweeper_first else pair[::-1]))
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        data=st.data(),
+        sweeper_first=st.booleans(),
+        kind=st.sampled_from(["succeeded", "retry", "failed", "cancelled"]),
+    )
+    def race_the_sweeper_and_an_outcome(
+        self, data: st.DataObject, sweeper_first: bool, kind: str
+    ) -> None:
+        h = data.draw(st.sampled_from(self.handles))
+        self.expire(h.job_id)
+        pair = (self.SWEEP, self.finish_step(h, kind))
+        self.race(*(pair if sweeper_first else pair[::-1]))
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data(), sweeper_first=st.booleans(), thief=st.sampled_from(WORKERS))
+    def race_the_sweeper_and_a_claim(
+        self, data: st.DataObject, sweeper_first: bool, thief: str
+    ) -> None:
+        h = data.draw(st.sampled_from(self.handles))
+        self.expire(h.job_id)
+        pair = (self.SWEEP, self.claim_step(h.job_id, thief))
+        self.race(*(pair if sweeper_first else pair[::-1]))
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        data=st.data(),
+        cancel_first=st.booleans(),
+        kind=st.sampled_from(["succeeded", "retry", "failed"]),
+    )
+    def race_a_cancel_request_and_an_outcome(
+        self, data: st.DataObject, cancel_first: bool, kind: str
+    ) -> None:
+        h = data.draw(st.sampled_from(self.handles))
+        pair = (Step(q.JOB_REQUEST_CANCEL, {"job_id": h.job_id}), self.finish_step(h, kind))
+        self.race(*(pair if cancel_first else pair[::-1]))
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data(), first=st.sampled_from(WORKERS), second=st.sampled_from(WORKERS))
+    def race_two_claims(self, data: st.DataObject, first: str, second: str) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        self.race(self.claim_step(job_id, first), self.claim_step(job_id, second))
 
     # -------------------------------------------------------------- invariants
 
@@ -279,6 +475,7 @@ class JobMachine(RuleBasedStateMachine):
         for job_id, row in self.rows().items():
             leased = row["state"] in LEASED
             assert leased == (row["lease_owner"] is not None), "a lease exactly while leased"
+            assert not row["holds_slot"] or leased, "a slot only with a lease"
             if row["max_attempts"] is not None:
                 assert row["attempt_count"] <= row["max_attempts"]
             assert row["lease_generation"] >= self.max_generation[job_id]
@@ -289,23 +486,52 @@ class JobMachine(RuleBasedStateMachine):
         if not self.jobs:
             return
         rows = self.conn.execute(
-            "SELECT j.job_id, j.state, j.attempt_count, count(a.*),"
+            "SELECT j.job_id, j.state, j.attempt_count,"
+            " count(a.*) FILTER (WHERE a.outcome <> 'QUEUED'), count(a.*),"
             " count(DISTINCT a.lease_generation)"
             " FROM jobs j LEFT JOIN job_attempts a USING (job_id)"
             " GROUP BY j.job_id, j.state, j.attempt_count"
         ).fetchall()
-        for _, state, attempt_count, history, generations in rows:
-            assert history == generations, "one row per attempt, each with its own token"
-            # Every started attempt has ended with a row, except the running one.
+        for _, state, attempt_count, ended, history, generations in rows:
+            assert history == generations, "one row per claim, each with its own token"
+            # Every started attempt has ended with a row, except the running one;
+            # a given-back claim has its row but was refunded.
             running = 1 if state in LEASED else 0
-            assert history == attempt_count - running
+            assert ended == attempt_count - running
+
+    @invariant()
+    def slots_held_equal_leases_holding_one(self) -> None:
+        recorded = self.conn.execute(
+            "SELECT running FROM tenant_usage WHERE tenant = 'capped'"
+        ).fetchone()[0]  # type: ignore[index]
+        held = self.conn.execute(
+            "SELECT count(*) FROM jobs WHERE tenant = 'capped' AND holds_slot"
+        ).fetchone()[0]  # type: ignore[index]
+        assert recorded == held, "a slot released twice, or leaked"
+        assert held <= 1, "the cap of one was exceeded"
+
+    @invariant()
+    def every_waiting_job_has_a_wakeup_on_its_way(self) -> None:
+        stranded = self.conn.execute(
+            f"""
+            SELECT w.job_id, w.state FROM jobs AS w
+            WHERE w.state IN ('QUEUED', 'RETRY_WAIT')
+              AND w.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+              AND NOT EXISTS (
+                SELECT 1 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+                WHERE o.job_id = w.job_id AND (o.sent_at IS NULL OR ({q.UNTAKEN})))
+            """
+        ).fetchall()
+        assert stranded == [], "a job waits with no wake-up on its way"
 
 
-def test_the_state_machine_holds_under_arbitrary_interleavings(db_url: DatabaseUrl) -> None:
+def test_the_state_machine_holds_under_arbitrary_interleavings_and_races(
+    db_url: DatabaseUrl,
+) -> None:
     run_state_machine_as_test(
         lambda: JobMachine(db_url),
         settings=settings(
-            max_examples=80,
+            max_examples=60,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -45,8 +45,6 @@ RELAY_ARGS = [
     "0.5",
     "--rewake-interval",
     "3",
-    "--retention",
-    "60",
     "--poll-interval",
     "0.5",
 ]

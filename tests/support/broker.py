@@ -22,9 +22,9 @@ async def collect(
     *,
     dead_letters: bool = False,
 ) -> list[str]:
-    """Consume and ack wake-ups from one queue (or the dead-letter queue) until
+    """Consume and ack messages from one queue (or the dead-letter queue) until
     ``expected`` arrived and nothing more came for ``settle`` seconds (so duplicates
-    would be counted), or timeout."""
+    would be counted), or timeout; their bodies."""
     connection = await aio_pika.connect(amqp_url)
     bodies: list[str] = []
     async with connection:
@@ -49,6 +49,37 @@ async def collect(
                 bodies.append(message.body.decode(errors="replace"))
                 await message.ack()
     return bodies
+
+
+async def collect_ids(
+    amqp_url: str,
+    topology: Topology,
+    queue: str,
+    expected: int,
+    timeout: float = 30.0,
+    settle: float = 0.3,
+) -> list[str]:
+    """Like :func:`collect`, counting job ids instead of messages: a message may
+    name several (one a line)."""
+    connection = await aio_pika.connect(amqp_url)
+    ids: list[str] = []
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=1000)
+        q = await Declared(channel, topology).queue(queue)
+        deadline = time.monotonic() + timeout
+        async with q.iterator() as it:
+            while time.monotonic() < deadline:
+                wait = settle if len(ids) >= expected else deadline - time.monotonic()
+                try:
+                    message = await asyncio.wait_for(it.__anext__(), max(wait, 0.01))
+                except TimeoutError:
+                    if len(ids) >= expected:
+                        break
+                    continue
+                ids += message.body.decode().split()
+                await message.ack()
+    return ids
 
 
 async def queue_depth(amqp_url: str, topology: Topology, queue: str) -> int:

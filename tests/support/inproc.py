@@ -9,14 +9,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from consumers.registry import Registry
-from consumers.runtime import Consumer
 from consumers.settings import ConsumerSettings
+from consumers.worker import Consumer
 from plumbing.config import AmqpUrl, DatabaseUrl
 from relay.service import Relay
 from relay.settings import RelaySettings
 from schema.topology import Topology
 
-FAST_RELAY = {"poll_interval": 0.2, "sweep_interval": 0.2, "rewake_interval": 1.0, "retention": 60}
+FAST_RELAY = {"poll_interval": 0.2, "sweep_interval": 0.2, "rewake_interval": 1.0}
 
 
 @asynccontextmanager
@@ -64,3 +64,12 @@ async def consumer_running(
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+async def chore_rounds(relay: Relay, chore: str, rounds: int, timeout: float = 30) -> None:
+    """Wait until the relay has completed ``rounds`` more rounds of a chore
+    (sweep, rewake, reconcile, usage, workers)."""
+    target = relay.rounds[chore] + rounds
+    async with asyncio.timeout(timeout):
+        while relay.rounds[chore] < target:
+            await asyncio.sleep(0.02)
