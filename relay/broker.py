@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +40,8 @@ class Publisher:
 
     async def connect(self) -> None:
         self.connection = await aio_pika.connect_robust(
-            self.amqp.url, client_properties={"connection_name": "relay"}
+            self.amqp.url,
+            client_properties={"connection_name": f"relay {socket.gethostname()}:{os.getpid()}"},
         )
         self.connection.reconnect_callbacks.add(self._on_reconnect)
         self.connection.close_callbacks.add(self._on_close)
