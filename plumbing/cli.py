@@ -134,9 +134,10 @@ def run_daemon(name: str, log_level: str, build: Callable[[], Daemon]) -> None:
 def warn_about_passwords_in_flags(
     log: logging.Logger, database: DatabaseUrl, amqp: AmqpUrl | None
 ) -> None:
-    for url in (database, amqp):
-        warning = password_in_flag(url) if url is not None else None
-        if url is not None and warning:
+    urls: list[DatabaseUrl | AmqpUrl] = [database, *([amqp] if amqp else [])]
+    for url in urls:
+        warning = password_in_flag(url)
+        if warning:
             log.warning(
                 f"{log.name}.password_on_command_line",
                 extra={"flag": url.setting, "detail": warning},

@@ -11,6 +11,7 @@ that setting, so an error found later (a refused login at start-up) names it too
 
 from __future__ import annotations
 
+import getpass
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,9 +103,16 @@ class DatabaseUrl:
 
     @property
     def dbname(self) -> str:
+        """The database libpq will ask for: the URL's, else $PGDATABASE, else the one
+        named after the user."""
         params = self.params
-        # libpq's own default: the database named after the user.
-        return params.get("dbname") or params.get("user") or os.environ.get("PGDATABASE", "")
+        return (
+            params.get("dbname")
+            or os.environ.get("PGDATABASE")
+            or params.get("user")
+            or os.environ.get("PGUSER")
+            or getpass.getuser()
+        )
 
     @property
     def sqlalchemy(self) -> str:

@@ -66,6 +66,7 @@ def migrate(database_url: str | None, target: str, dry_run: bool, as_json: bool)
     Prints each step it runs and the revision the database ends at; with nothing to
     do, says so. Safe to run on every deploy, and from several places at once.
     """
+    del as_json  # emit() and say() read it from the context
     url = _database(database_url)
     script = revisions.scripts()
     goal = _resolve(script, target)
