@@ -17,7 +17,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -31,7 +30,15 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import BIN, machine, percentiles, scratch_database, scratch_topology, service_env
+from bench.common import (
+    BIN,
+    argument_parser,
+    machine,
+    percentiles,
+    scratch_database,
+    scratch_topology,
+    service_env,
+)
 from plumbing.config import DatabaseUrl
 
 # The loop a plain table-backed queue runs, one commit per transition.
@@ -149,12 +156,22 @@ def baseline(db: DatabaseUrl, n: int, workers: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--consumers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--rate", type=float, default=200)
-    parser.add_argument("--seconds", type=float, default=10)
+    parser = argument_parser("bench.drain", __doc__)
+    parser.add_argument(
+        "--jobs", type=int, default=20_000, help="jobs drained, by the system and the baseline"
+    )
+    parser.add_argument(
+        "--consumers", type=int, default=2, help="consumer processes (and baseline workers)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="handlers at once per consumer process"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=200, help="jobs per second committed in the latency run"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10, help="length of the latency run, in seconds"
+    )
     args = parser.parse_args()
 
     starts_dir = Path(tempfile.mkdtemp(prefix="bench-starts-"))

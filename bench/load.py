@@ -10,7 +10,6 @@ a worker saw; a deadlock or serialization failure reaching either is a failure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import subprocess
@@ -25,7 +24,15 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import BIN, machine, percentiles, scratch_database, scratch_topology, service_env
+from bench.common import (
+    BIN,
+    argument_parser,
+    machine,
+    percentiles,
+    scratch_database,
+    scratch_topology,
+    service_env,
+)
 from plumbing.config import DatabaseUrl
 
 
@@ -150,11 +157,17 @@ def run(producers: int, seconds: float, consumers: int, concurrency: int) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=30)
-    parser.add_argument("--consumers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=50)
+    parser = argument_parser("bench.load", __doc__)
+    parser.add_argument(
+        "--producers", type=int, default=4, help="producer processes, one job per transaction"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=30, help="how long the producers enqueue, in seconds"
+    )
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="handlers at once per consumer process"
+    )
     args = parser.parse_args()
     print(
         json.dumps(

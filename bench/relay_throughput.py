@@ -10,7 +10,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import subprocess
@@ -22,7 +21,15 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import AMQP, BIN, machine, scratch_database, scratch_topology, service_env
+from bench.common import (
+    AMQP,
+    BIN,
+    argument_parser,
+    machine,
+    scratch_database,
+    scratch_topology,
+    service_env,
+)
 from plumbing.cli import event_loop_runner
 from schema.topology import Declared, Topology
 
@@ -55,10 +62,19 @@ async def bare_publisher(topology: Topology, n: int, window: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--publishers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=500)
+    parser = argument_parser("bench.relay_throughput", __doc__)
+    parser.add_argument(
+        "--rows", type=int, default=20_000, help="outbox rows committed at once (and bare messages)"
+    )
+    parser.add_argument(
+        "--publishers", type=int, default=2, help="the relay's --publishers: batches in flight"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=500,
+        help="the relay's --batch-size, and the bare publisher's confirm window",
+    )
     args = parser.parse_args()
 
     with scratch_database() as db, scratch_topology(["default", "bare"]) as topology:

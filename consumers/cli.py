@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import sys
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import click
@@ -14,7 +12,7 @@ import click
 from consumers.registry import default_registry
 from consumers.settings import ConsumerSettings
 from consumers.worker import Consumer
-from plumbing.cli import connection_options, run_daemon, topology
+from plumbing.cli import Daemon, connection_options, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
 from schema import names
 
@@ -87,7 +85,7 @@ def main(**kwargs: Any) -> None:
     """Consume wake-ups from RabbitMQ, claim the jobs they name in PostgreSQL, run
     their handlers, record the outcomes. Stops cleanly on SIGTERM or SIGINT."""
 
-    def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+    def build() -> Daemon:
         load_app(kwargs["app"])
         try:
             queues = tuple(names.queue(q) for q in kwargs["queues"]) or tuple(
@@ -109,6 +107,6 @@ def main(**kwargs: Any) -> None:
             drain_seconds=kwargs["drain_seconds"],
             default_timeout=kwargs["default_timeout"] or None,
         )
-        return Consumer(settings, default_registry).run
+        return Daemon(Consumer(settings, default_registry).run, settings.database, settings.amqp)
 
     run_daemon("consumer", kwargs["log_level"], build)

@@ -1,5 +1,5 @@
 """What the relay and consumer command lines share: connection and broker flags,
-logging, signals, and the event loop."""
+logging, the start-up check of their services, signals, and the event loop."""
 
 from __future__ import annotations
 
@@ -8,15 +8,30 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
-from plumbing.config import ConfigError
+from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl, password_in_flag
 from plumbing.logfmt import setup_logging
+from plumbing.preflight import preflight
 from schema.topology import QueueType, Topology
 
 F = Callable[..., Any]
+
+
+class Daemon(NamedTuple):
+    """What a daemon's ``build`` returns: its main coroutine, and the services it
+    needs, which ``run_daemon`` checks before starting it (``plumbing.preflight``).
+
+    The URLs come back from ``build`` rather than being parsed again by
+    ``run_daemon``: ``build`` validates every setting once, and reports the first
+    that is wrong.
+    """
+
+    run: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+    database: DatabaseUrl
+    amqp: AmqpUrl | None  # None: the daemon does not use RabbitMQ
 
 
 def connection_options(fn: F) -> F:
@@ -71,22 +86,23 @@ def topology(prefix: str, queue_type: str) -> Topology:
     return Topology(prefix=prefix, queue_type=QueueType(queue_type))
 
 
-def run_daemon(
-    name: str,
-    log_level: str,
-    build: Callable[[], Callable[[asyncio.Event], Coroutine[Any, Any, None]]],
-) -> None:
-    """Build settings (exiting with one line on a ConfigError), then run until SIGTERM/SIGINT.
+def run_daemon(name: str, log_level: str, build: Callable[[], Daemon]) -> None:
+    """Build settings, check the services, then run until SIGTERM/SIGINT.
 
-    ``build`` returns the daemon's ``run(stop)``; the first signal sets ``stop`` for a
-    graceful stop, a second one cancels everything at once.
+    A ConfigError, from ``build`` or from the start-up check (a refused login, a
+    missing database, an unmigrated schema), ends the process with one line naming
+    the setting, and exit status 2. While a service is merely down, the check waits
+    for it. The first signal sets ``stop`` for a graceful stop (also while waiting),
+    a second one cancels everything at once.
     """
     setup_logging(log_level)
     try:
-        run = build()
+        daemon = build()
     except ConfigError as exc:
         click.echo(f"{name}: {exc}", err=True)
         sys.exit(2)
+    log = logging.getLogger(name)
+    warn_about_passwords_in_flags(log, daemon.database, daemon.amqp)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -96,14 +112,15 @@ def run_daemon(
         def on_signal(signum: int) -> None:
             if stop.is_set() and task is not None:
                 task.cancel()
-            logging.getLogger(name).info(
-                f"{name}.signal", extra={"signal": signal.Signals(signum).name}
-            )
+            log.info(f"{name}.signal", extra={"signal": signal.Signals(signum).name})
             stop.set()
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
-        await run(stop)
+        if not await preflight(daemon.database, daemon.amqp, name=name, stop=stop):
+            log.info(f"{name}.stopped", extra={"before_start": True})
+            return
+        await daemon.run(stop)
 
     try:
         event_loop_runner()(main())
@@ -112,6 +129,19 @@ def run_daemon(
         sys.exit(2)
     except asyncio.CancelledError:
         sys.exit(1)
+
+
+def warn_about_passwords_in_flags(
+    log: logging.Logger, database: DatabaseUrl, amqp: AmqpUrl | None
+) -> None:
+    urls: list[DatabaseUrl | AmqpUrl] = [database, *([amqp] if amqp else [])]
+    for url in urls:
+        warning = password_in_flag(url)
+        if warning:
+            log.warning(
+                f"{log.name}.password_on_command_line",
+                extra={"flag": url.setting, "detail": warning},
+            )
 
 
 def event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -4,13 +4,16 @@ Each process builds its frozen settings once at its entry point (the CLI) and pa
 them down. URLs come from the environment (``DATABASE_URL``, ``AMQP_URL``, or the
 ``*_FILE`` variants that name a file holding the URL, for container secrets) or from
 flags that override them. A malformed URL is reported in one line that names the
-variable and never echoes the URL, since it may carry a password.
+setting it came from (``DATABASE_URL``, ``DATABASE_URL_FILE`` or ``--database-url``)
+and never echoes the URL, since it may carry a password. Each parsed URL remembers
+that setting, so an error found later (a refused login at start-up) names it too.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg.conninfo
@@ -31,16 +34,31 @@ class ConfigError(ValueError):
 
 def read_setting(name: str, default: str) -> str:
     """``$NAME``, else the contents of the file named by ``$NAME_FILE``, else default."""
+    return read_setting_from(name, default)[0]
+
+
+def read_setting_from(name: str, default: str) -> tuple[str, str]:
+    """Like ``read_setting``, with the name of the setting the value came from
+    (``NAME``, or ``NAME_FILE``), for error messages. The default counts as ``NAME``:
+    setting it is how a user changes it."""
     value = os.environ.get(name)
     if value:
-        return value.strip()
+        return value.strip(), name
     path = os.environ.get(f"{name}_FILE")
     if path:
         try:
-            return Path(path).read_text(encoding="utf-8").strip()
+            return Path(path).read_text(encoding="utf-8").strip(), f"{name}_FILE"
         except OSError as exc:
             raise ConfigError(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
-    return default
+    return default, name
+
+
+def _check_ports(variable: str, ports: str) -> None:
+    # libpq takes any text as a port and only fails at connect time, with a message
+    # that looks like an outage; a port that cannot exist is a typo to report now.
+    for port in ports.split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError(f"{variable} has an invalid port (must be a number 1-65535)")
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,9 @@ class DatabaseUrl:
     """A validated PostgreSQL URL, in the forms each library wants."""
 
     conninfo: str  # for psycopg: postgresql://...
+    # Where the URL came from, to name in error messages: DATABASE_URL,
+    # DATABASE_URL_FILE or --database-url.
+    setting: str = field(default="DATABASE_URL", compare=False)
 
     @classmethod
     def parse(cls, raw: str, *, variable: str = "DATABASE_URL") -> DatabaseUrl:
@@ -60,10 +81,38 @@ class DatabaseUrl:
             )
         conninfo = f"postgresql://{rest}"
         try:
-            psycopg.conninfo.conninfo_to_dict(conninfo)
+            params = psycopg.conninfo.conninfo_to_dict(conninfo)
         except psycopg.ProgrammingError:
             raise ConfigError(f"{variable} is not a valid PostgreSQL URL") from None
-        return cls(conninfo)
+        _check_ports(variable, str(params.get("port") or ""))
+        return cls(conninfo, variable)
+
+    @property
+    def params(self) -> dict[str, str]:
+        return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(self.conninfo).items()}
+
+    @property
+    def has_password(self) -> bool:
+        return bool(self.params.get("password"))
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as libpq will try it (a socket directory for a local socket)."""
+        params = self.params
+        return f"{params.get('host') or 'localhost'}:{params.get('port') or '5432'}"
+
+    @property
+    def dbname(self) -> str:
+        """The database libpq will ask for: the URL's, else $PGDATABASE, else the one
+        named after the user."""
+        params = self.params
+        return (
+            params.get("dbname")
+            or os.environ.get("PGDATABASE")
+            or params.get("user")
+            or os.environ.get("PGUSER")
+            or getpass.getuser()
+        )
 
     @property
     def sqlalchemy(self) -> str:
@@ -71,10 +120,7 @@ class DatabaseUrl:
 
     def redacted(self) -> str:
         """Host, port and database, for logs: never the user's password."""
-        params = psycopg.conninfo.conninfo_to_dict(self.conninfo)
-        host = params.get("host") or "localhost"
-        port = params.get("port") or "5432"
-        return f"postgresql://{host}:{port}/{params.get('dbname') or ''}"
+        return f"postgresql://{self.address}/{self.params.get('dbname') or ''}"
 
     def __repr__(self) -> str:
         return f"DatabaseUrl({self.redacted()!r})"
@@ -83,22 +129,54 @@ class DatabaseUrl:
 @dataclass(frozen=True)
 class AmqpUrl:
     url: str
+    # AMQP_URL, AMQP_URL_FILE or --amqp-url.
+    setting: str = field(default="AMQP_URL", compare=False)
 
     @classmethod
     def parse(cls, raw: str, *, variable: str = "AMQP_URL") -> AmqpUrl:
+        bad_port = f"{variable} has an invalid port (must be a number 1-65535)"
         try:
             parsed = yarl.URL(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError) as exc:
+            # Newer yarl checks the port range while parsing; older only when read.
+            if "port" in str(exc).lower():
+                raise ConfigError(bad_port) from None
             raise ConfigError(f"{variable} is not a valid URL") from None
         if parsed.scheme not in _AMQP_SCHEMES:
             raise ConfigError(f"{variable} must be an amqp:// or amqps:// URL")
         if not parsed.host:
             raise ConfigError(f"{variable} must name a host")
         try:
-            parsed.port  # noqa: B018 - a bad port only raises when read
+            port = parsed.port
         except ValueError:
-            raise ConfigError(f"{variable} has an invalid port") from None
-        return cls(raw)
+            raise ConfigError(bad_port) from None
+        if port is not None and not 1 <= port <= 65535:
+            raise ConfigError(bad_port)
+        return cls(raw, variable)
+
+    @property
+    def has_password(self) -> bool:
+        return bool(yarl.URL(self.url).password)
+
+    @property
+    def host(self) -> str:
+        return yarl.URL(self.url).host or ""
+
+    @property
+    def address(self) -> str:
+        parsed = yarl.URL(self.url)
+        return f"{parsed.host}:{parsed.port or (5671 if parsed.scheme == 'amqps' else 5672)}"
+
+    @property
+    def user(self) -> str:
+        # aiormq logs in as guest when the URL names no user.
+        return yarl.URL(self.url).user or "guest"
+
+    @property
+    def vhost(self) -> str:
+        # As aiormq reads it: the path after its first slash, "/" when empty.
+        path = yarl.URL(self.url).path
+        return path[1:].replace("%2F", "/") if path not in ("", "/") else "/"
 
     def redacted(self) -> str:
         parsed = yarl.URL(self.url)
@@ -109,8 +187,31 @@ class AmqpUrl:
 
 
 def database_url(override: str | None = None) -> DatabaseUrl:
-    return DatabaseUrl.parse(override or read_setting("DATABASE_URL", DEFAULT_DATABASE_URL))
+    """The PostgreSQL URL: ``override`` (the ``--database-url`` flag), else the
+    environment, else the default."""
+    if override:
+        return DatabaseUrl.parse(override, variable="--database-url")
+    raw, setting = read_setting_from("DATABASE_URL", DEFAULT_DATABASE_URL)
+    return DatabaseUrl.parse(raw, variable=setting)
 
 
 def amqp_url(override: str | None = None) -> AmqpUrl:
-    return AmqpUrl.parse(override or read_setting("AMQP_URL", DEFAULT_AMQP_URL))
+    """The RabbitMQ URL: ``override`` (the ``--amqp-url`` flag), else the environment,
+    else the default."""
+    if override:
+        return AmqpUrl.parse(override, variable="--amqp-url")
+    raw, setting = read_setting_from("AMQP_URL", DEFAULT_AMQP_URL)
+    return AmqpUrl.parse(raw, variable=setting)
+
+
+def password_in_flag(url: DatabaseUrl | AmqpUrl) -> str | None:
+    """A warning when a URL given as a flag holds a password: the command line of a
+    process is readable by every user of the machine (``ps``, /proc). Names the flag,
+    never the value."""
+    if not (url.setting.startswith("--") and url.has_password):
+        return None
+    variable = url.setting.removeprefix("--").replace("-", "_").upper()
+    return (
+        f"{url.setting} holds a password, which anyone on this machine can read with "
+        f"`ps`; set {variable} or {variable}_FILE instead"
+    )

@@ -46,6 +46,14 @@ def setup_logging(level: str = "INFO") -> None:
     # summarised by our events; keep theirs to warnings.
     for noisy in ("aio_pika", "aiormq", "psycopg.pool"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # aiormq logs every failed connect at ERROR, before raising it to the caller,
+    # who reports it (once, diagnosed, rate-limited): a second line per attempt is
+    # the noise that hid a wrong URL among its retries.
+    logging.getLogger("aiormq.connection").addFilter(_drop_transport_errors)
+
+
+def _drop_transport_errors(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("error when creating transport")
 
 
 def describe_error(exc: BaseException) -> str:

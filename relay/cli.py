@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import click
 
-from plumbing.cli import connection_options, run_daemon, topology
+from plumbing.cli import Daemon, connection_options, run_daemon, topology
 from plumbing.config import amqp_url, database_url
 from relay.service import Relay
 from relay.settings import RelaySettings
@@ -89,7 +87,7 @@ def main(**kwargs: Any) -> None:
     priority and fair-share order; sweep expired leases, send lost wake-ups again,
     keep tenants' slot counts honest. Stops cleanly on SIGTERM or SIGINT."""
 
-    def build() -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+    def build() -> Daemon:
         settings = RelaySettings(
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
@@ -105,6 +103,6 @@ def main(**kwargs: Any) -> None:
             worker_ttl=kwargs["worker_ttl"],
             rewake_interval=kwargs["rewake_interval"],
         )
-        return Relay(settings).run
+        return Daemon(Relay(settings).run, settings.database, settings.amqp)
 
     run_daemon("relay", kwargs["log_level"], build)

@@ -303,14 +303,14 @@ def test_consumer_refuses_malformed_urls_in_one_line(env, variable, value, messa
 
 
 def test_unreachable_services_never_leak_credentials(env, db_url) -> None:
-    """Both services down: the daemons retry and say so, and never print a password."""
+    """Both services down: the daemons wait and say so, and never print a password."""
     unreachable = env | {
         "DATABASE_URL": "postgresql://root:pg-hunter2@127.0.0.1:1/nowhere",
         "AMQP_URL": "amqp://guest:mq-hunter2@127.0.0.1:1/",
     }
     for command, args, event in [
-        ("relay", RELAY, "relay.broker_connect_failed"),
-        ("consumer", CONSUMER, "consumer.broker_connect_failed"),
+        ("relay", RELAY, "relay.waiting_for_rabbitmq"),
+        ("consumer", CONSUMER, "consumer.waiting_for_rabbitmq"),
     ]:
         daemon = Daemon(command, args, unreachable)
         try:

@@ -1,12 +1,15 @@
 """Alembic environment: the database comes from DATABASE_URL (or DATABASE_URL_FILE).
 
 Tests and tools that already hold a connection pass it in
-``config.attributes["connection"]`` instead.
+``config.attributes["connection"]`` instead; ``jobctl migrate`` also passes
+``config.attributes["on_version_apply"]``, a callback told of every step run.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
@@ -18,9 +21,16 @@ target_metadata = metadata
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        on_version_apply=context.config.attributes.get("on_version_apply"),
+    )
     with context.begin_transaction():
         context.run_migrations()
+        # Alembic says nothing when there was nothing to do; say where the database is.
+        revision = context.get_context().get_current_revision()
+        logging.getLogger("alembic.env").info("Database is at revision %s", revision or "base")
 
 
 def run_migrations_online() -> None:
@@ -37,6 +47,11 @@ def run_migrations_online() -> None:
         _run(conn)
 
 
+# From alembic's own command line (`alembic upgrade head`), log as alembic.ini says,
+# so a run says which steps it took. A program calling alembic's API keeps its own
+# logging (cmd_opts is only set by the command line).
+if context.config.cmd_opts is not None and context.config.config_file_name:
+    fileConfig(context.config.config_file_name, disable_existing_loggers=False)
 if context.is_offline_mode():
     sys.exit("alembic: offline (--sql) mode is not supported; run against a database")
 run_migrations_online()

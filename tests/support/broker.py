@@ -1,13 +1,17 @@
-"""Reading wake-ups back from RabbitMQ in tests."""
+"""Reading wake-ups back from RabbitMQ in tests, and a RabbitMQ account of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import subprocess
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 
 import aio_pika
+import pytest
 
 from schema.topology import Declared, Topology
 
@@ -122,3 +126,28 @@ async def delete_topology(amqp_url: str, topology: Topology, queues: Iterable[st
             channel = await connection.channel()
             with contextlib.suppress(Exception):
                 await channel.exchange_delete(name)
+
+
+@contextlib.contextmanager
+def rabbitmq_account(prefix: str = "hj_t") -> Iterator[tuple[str, str, str]]:
+    """A RabbitMQ user with a password and a virtual host of its own, with full
+    permissions there and none elsewhere; (user, password, vhost). Deleted afterwards
+    (deleting the vhost deletes whatever was declared in it)."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl to make a RabbitMQ user")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    password = "mq-account-s3cret"
+
+    def ctl(*args: str) -> None:
+        subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True)
+
+    ctl("add_vhost", name)
+    try:
+        ctl("add_user", name, password)
+        try:
+            ctl("set_permissions", "-p", name, name, ".*", ".*", ".*")
+            yield name, password, name
+        finally:
+            ctl("delete_user", name)
+    finally:
+        ctl("delete_vhost", name)

@@ -1,0 +1,1 @@
+"""One module per ``jobctl`` subcommand; ``jobctl.cli.COMMANDS`` lists them."""

@@ -1,0 +1,234 @@
+"""`jobctl migrate`: migrating a database from the installed package, from any
+directory, saying what it did; errors in one line, --json on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from plumbing.config import DatabaseUrl
+from schema.revisions import scripts
+from tests.support.processes import BIN, ROOT
+
+# The migrations this release ships, base first: the tests follow them as they grow.
+REVISIONS = list(reversed(list(scripts().walk_revisions())))
+HEAD = REVISIONS[-1].revision
+HEAD_STEPS = [f"upgrade {r.down_revision or 'base'} -> {r.revision}: {r.doc}" for r in REVISIONS]
+
+
+def jobctl(
+    *args: str, url: DatabaseUrl | str, cwd: Path, executable: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`jobctl ...` with DATABASE_URL set, from ``cwd`` (never the checkout)."""
+    assert Path(cwd).resolve() != ROOT
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
+    environment["DATABASE_URL"] = url if isinstance(url, str) else url.conninfo
+    environment.update(env)
+    return subprocess.run(
+        [str(executable or BIN / "jobctl"), *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def tables(url: DatabaseUrl) -> set[str]:
+    with psycopg.connect(url.conninfo) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {r[0] for r in rows}
+
+
+def test_migrate_an_empty_database_then_again(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
+    first = jobctl("migrate", url=empty_db_url, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        *HEAD_STEPS,
+        f"{empty_db_url.redacted()} is at {HEAD} (head)",
+    ]
+    assert {"jobs", "job_attempts", "outbox", "job_effects"} <= tables(empty_db_url)
+
+    again = jobctl("migrate", url=empty_db_url, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == f"already at head ({HEAD})"
+
+    as_json = jobctl("migrate", "--json", url=empty_db_url, cwd=tmp_path)
+    assert as_json.returncode == 0
+    assert json.loads(as_json.stdout) == {
+        "database": empty_db_url.redacted(),
+        "dry_run": False,
+        "from": HEAD,
+        "to": HEAD,
+        "head": HEAD,
+        "steps": [],
+    }
+
+
+def test_json_lists_the_steps_it_ran(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
+    done = jobctl("migrate", "--json", url=empty_db_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # the whole of stdout: one object, no step lines
+    assert (result["from"], result["to"]) == (None, HEAD)
+    assert [(s["source"], s["target"]) for s in result["steps"]] == [
+        (r.down_revision or "base", r.revision) for r in REVISIONS
+    ]
+
+
+def test_dry_run_and_to_a_revision(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
+    dry = jobctl("migrate", "--dry-run", url=empty_db_url, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        *(f"would {s}" for s in HEAD_STEPS),
+        "(dry run: nothing changed)",
+    ]
+    assert tables(empty_db_url) == set(), "a dry run changes nothing"
+
+    partway = jobctl("migrate", "--to", "0001", url=empty_db_url, cwd=tmp_path)
+    assert partway.stdout.splitlines()[0] == HEAD_STEPS[0]
+    rest = jobctl("migrate", url=empty_db_url, cwd=tmp_path)
+    assert rest.stdout.splitlines()[0] == HEAD_STEPS[1]
+
+    back = jobctl("migrate", "--to", "0001", url=empty_db_url, cwd=tmp_path)
+    assert back.returncode == 1
+    assert back.stderr.strip() == (
+        f"jobctl migrate: the database is at {HEAD}, past --to 0001: jobctl migrate only "
+        "upgrades (use `alembic downgrade` from a checkout to go back)"
+    )
+    unknown = jobctl("migrate", "--to", "9999", "--json", url=empty_db_url, cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert json.loads(unknown.stdout) == {
+        "command": "jobctl migrate",
+        "error": "--to 9999: no such revision (this release has "
+        + ", ".join(r.revision for r in REVISIONS)
+        + ")",
+    }
+
+
+def test_two_at_once_take_turns(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
+    """Two deployments migrating the same database at the same moment: one migrates,
+    the other waits for its lock and finds nothing to do."""
+    env = {**os.environ, "DATABASE_URL": empty_db_url.conninfo}
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "jobctl"), "migrate", "--json"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out))
+    assert sorted(len(r["steps"]) for r in results) == [0, len(REVISIONS)]
+    assert all(r["to"] == HEAD for r in results)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_errors_are_one_line(as_json: bool, tmp_path: Path) -> None:
+    flags = ["--json"] if as_json else []
+    missing = jobctl(
+        "migrate", *flags, url="postgresql://root:pg-hunter2@127.0.0.1:5432/hj_nope", cwd=tmp_path
+    )
+    assert missing.returncode == 2
+    message = 'DATABASE_URL: database "hj_nope" does not exist'
+    if as_json:
+        assert json.loads(missing.stdout) == {"command": "jobctl migrate", "error": message}
+    else:
+        assert missing.stderr.splitlines() == [f"jobctl migrate: {message}"]
+    assert "hunter2" not in missing.stdout + missing.stderr
+
+    down = jobctl("migrate", *flags, url="postgresql://127.0.0.1:1/jobs", cwd=tmp_path)
+    assert down.returncode == 1
+    text = down.stdout if as_json else down.stderr
+    assert "cannot reach PostgreSQL at 127.0.0.1:1: connection refused" in text
+    assert len(text.strip().splitlines()) == 1
+
+    malformed = jobctl("migrate", *flags, url="mysql://u:hunter2@h/db", cwd=tmp_path)
+    assert malformed.returncode == 2
+    assert "DATABASE_URL must be a postgresql:// URL" in malformed.stdout + malformed.stderr
+    assert "hunter2" not in malformed.stdout + malformed.stderr
+
+
+def test_password_in_the_flag_is_warned_about(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
+    # Trust authentication ignores the password.
+    with_password = empty_db_url.conninfo.replace("127.0.0.1", "root:pg-hunter2@127.0.0.1")
+    done = jobctl(
+        "migrate", "--json", "--database-url", with_password, url="postgresql://x/unused",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["to"] == HEAD, "stdout stays one JSON object"
+    assert done.stderr.splitlines() == [
+        "jobctl migrate: warning: --database-url holds a password, which anyone on this "
+        "machine can read with `ps`; set DATABASE_URL or DATABASE_URL_FILE instead"
+    ]
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_installed_package_migrates_without_a_checkout(
+    empty_db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """`pip install` the project (no editable install, no checkout on the path), then
+    run its `jobctl migrate` from a directory with no alembic.ini: the migrations must
+    come from the installed package."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), "."],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    assert (target / "schema" / "migrations" / "script.py.mako").is_file()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # The installed copy comes first on the path; the checkout's editable finder is
+    # only asked after it.
+    done = jobctl(
+        "migrate", url=empty_db_url, cwd=elsewhere, executable=target / "bin" / "jobctl",
+        PYTHONPATH=str(target),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[: len(HEAD_STEPS)] == HEAD_STEPS
+    where = subprocess.run(
+        [sys.executable, "-c", "import schema.revisions as r; print(r.MIGRATIONS)"],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(where.stdout.strip()).is_relative_to(target)
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(BIN / "jobctl"), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0
+    assert "migrate" in done.stdout
+
+
+def test_alembic_from_the_checkout_says_what_it_did(empty_db_url: DatabaseUrl) -> None:
+    """DESIGN.md's promise, `alembic upgrade head` from the repository root, still
+    works, and now logs its steps and where the database ends."""
+    env = {**os.environ, "DATABASE_URL": empty_db_url.conninfo}
+    alembic = [sys.executable, "-m", "alembic", "upgrade", "head"]
+    first = subprocess.run(alembic, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert "Running upgrade  -> 0001" in first.stderr
+    assert "Running upgrade 0001 -> 0002" in first.stderr
+    again = subprocess.run(alembic, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "Running upgrade" not in again.stderr
+    assert f"Database is at revision {HEAD}" in again.stderr
