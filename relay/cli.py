@@ -61,6 +61,13 @@ from relay.settings import RelaySettings
     show_default=True,
     help="A due job whose wake-up was lost is woken again within about this long.",
 )
+@click.option(
+    "--schedule-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks for due occurrences of recurring schedules.",
+)
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ and mark them sent;
     sweep expired leases, wake jobs whose wake-up was lost, prune old wake-ups.
@@ -78,6 +85,7 @@ def main(**kwargs: Any) -> None:
             retention=kwargs["retention"],
             sweep_interval=kwargs["sweep_interval"],
             rewake_interval=kwargs["rewake_interval"],
+            schedule_interval=kwargs["schedule_interval"],
         )
         return Relay(settings).run
 

@@ -12,6 +12,8 @@ Tasks, all in one event loop:
 - the sweeper moves jobs whose lease expired without a report on (RETRY_WAIT,
   FAILED or CANCELLED), and the re-waker queues a new wake-up for due jobs whose
   wake-up was lost; these chores run in one relay at a time (an advisory lock);
+- the scheduler fires due occurrences of recurring schedules (every relay does, the
+  database arbitrates: relay/schedules.py);
 - a stats line every ``stats_interval`` says how much went out and what is waiting.
 """
 
@@ -28,6 +30,7 @@ from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
 from relay.drain import drain_batch
 from relay.maintenance import prune_sent, rewake_stranded, sweep_expired
+from relay.schedules import fire_due
 from relay.settings import RelaySettings
 from schema.tables import OUTBOX_CHANNEL
 
@@ -85,6 +88,7 @@ class Relay:
             asyncio.create_task(self._every(self.settings.prune_interval, self._prune)),
             asyncio.create_task(self._every(self.settings.sweep_interval, self._sweep)),
             asyncio.create_task(self._every(self.settings.rewake_interval, self._rewake)),
+            asyncio.create_task(self._every(self.settings.schedule_interval, self._schedules)),
             asyncio.create_task(self._report()),
         ]
         log.info("relay.started")
@@ -172,6 +176,9 @@ class Relay:
         await rewake_stranded(
             self.pool, self.publisher, grace=s.rewake_interval, batch=s.rewake_batch
         )
+
+    async def _schedules(self) -> None:
+        await fire_due(self.pool)
 
     async def _report(self) -> None:
         while True:

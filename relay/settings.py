@@ -31,6 +31,8 @@ class RelaySettings:
     # Due jobs whose wake-up was lost are woken again after at most this long.
     rewake_interval: float = 30.0
     rewake_batch: int = 5000
+    # Due occurrences of recurring schedules are fired this often.
+    schedule_interval: float = 1.0
     # Relay-wide gauges (published, rate) are logged this often.
     stats_interval: float = 30.0
 
@@ -47,6 +49,7 @@ class RelaySettings:
             "sweep_batch": self.sweep_batch,
             "rewake_interval": self.rewake_interval,
             "rewake_batch": self.rewake_batch,
+            "schedule_interval": self.schedule_interval,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -215,8 +215,10 @@ schedules = Table(
     # The nominal UTC instant of the next occurrence: the relay walks forward from
     # here, never from "now", so no occurrence is skipped or shifted by a restart.
     Column("next_fire_at", DateTime(timezone=True), nullable=False),
+    # The nominal instant of the latest occurrence decided, fired or skipped.
     Column("last_fire_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # A definition's changes only; firing moves next_fire_at and last_fire_at alone.
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     CheckConstraint(
         f"char_length(name) BETWEEN 1 AND {MAX_SCHEDULE_NAME_LENGTH}", name="schedules_name_length"
