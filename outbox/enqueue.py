@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox import backpressure
 from outbox.validation import NewJob, max_payload_bytes, to_row
 from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 
@@ -31,6 +33,7 @@ from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 class _Plan:
     rows: list[str]
     keys: list[tuple[str, str | None]]  # (job_type, dedup_key) per job, in order
+    tenants: Counter[str]  # jobs per tenant, for backpressure
 
     @property
     def document(self) -> str:
@@ -51,6 +54,7 @@ def _plan(jobs: Iterable[NewJob]) -> tuple[_Plan, list[uuid.UUID]]:
     rows: list[str] = []
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
+    tenants: list[str | None] = []
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
@@ -58,7 +62,8 @@ def _plan(jobs: Iterable[NewJob]) -> tuple[_Plan, list[uuid.UUID]]:
         rows.append(row)
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)
-    return _Plan(rows, keys), ids
+        tenants.append(job.tenant)
+    return _Plan(rows, keys, backpressure.tenants_of(tenants)), ids
 
 
 def _resolve(
@@ -102,6 +107,9 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
         return []
     conn = session.connection()
     check_driver(conn)
+    if plan.tenants:
+        limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
+        backpressure.refuse_over_limit(plan.tenants, limits.all())
     inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
     lookup = plan.lookup_document(inserted, ids)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
@@ -115,6 +123,11 @@ async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> l
         return []
     conn = await session.connection()
     check_driver(conn)
+    if plan.tenants:
+        limits = await conn.exec_driver_sql(
+            backpressure.STATEMENT, backpressure.params(plan.tenants)
+        )
+        backpressure.refuse_over_limit(plan.tenants, limits.all())
     result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
     inserted = set(result.scalars())
     lookup = plan.lookup_document(inserted, ids)
@@ -134,16 +147,20 @@ def enqueue(
     run_after: datetime | timedelta | None = None,
     max_attempts: int | None = None,
     priority: int = 0,
+    tenant: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
     Returns the new job's id, or with a ``dedup_key`` already used for ``job_type``,
     the existing job's id (and inserts nothing). ``run_after`` is an aware datetime
     or a timedelta from the database's now. Without ``max_attempts`` the job's
-    handler decides (else 5). Raises ``TypeError``/``ValueError`` before writing
-    anything if an argument is unacceptable.
+    handler decides (else 5). ``priority``: higher runs first. ``tenant``: whose job
+    it is, for caps, fair share and backpressure (None: nobody's, no limit applies).
+    Raises ``TypeError``/``ValueError`` before writing anything if an argument is
+    unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued is
+    reached.
     """
-    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority)
+    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority, tenant)
     return enqueue_many(session, [job])[0]
 
 
@@ -157,7 +174,8 @@ async def enqueue_async(
     run_after: datetime | timedelta | None = None,
     max_attempts: int | None = None,
     priority: int = 0,
+    tenant: str | None = None,
 ) -> uuid.UUID:
     """:func:`enqueue` for an ``AsyncSession``."""
-    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority)
+    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority, tenant)
     return (await enqueue_many_async(session, [job]))[0]

@@ -10,6 +10,8 @@ import json
 import math
 import os
 import re
+import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +39,19 @@ class NewJob:
     run_after: datetime | timedelta | None = None
     max_attempts: int | None = None
     priority: int = 0
+    tenant: str | None = None
+
+
+def new_job_id() -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then random bits. Ids
+    created close together sort close together, so the primary key index grows at
+    its right edge instead of touching a random page per insert, and a list of jobs
+    in id order is in creation order (the clock of whoever enqueued them; ordering
+    only, never a decision)."""
+    millis = time.time_ns() // 1_000_000 & (1 << 48) - 1
+    rand = int.from_bytes(secrets.token_bytes(10), "big")
+    value = (millis << 80) | (0x7 << 76) | ((rand >> 64) & 0xFFF) << 64 | (0b10 << 62)
+    return uuid.UUID(int=value | (rand & (1 << 62) - 1))
 
 
 def max_payload_bytes() -> int:
@@ -99,6 +114,7 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
     job_type = names.job_type(job.job_type)
     queue = names.queue(job.queue)
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
+    tenant = None if job.tenant is None else names.tenant(job.tenant)
     if job.max_attempts is not None:
         if not _is_int(job.max_attempts):
             raise TypeError(f"max_attempts must be an int, not {type(job.max_attempts).__name__}")
@@ -110,12 +126,13 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
         raise ValueError("priority must fit in a smallint (-32768..32767)")
     run_after, delay_seconds = _run_after(job.run_after)
     payload = encode_payload(job.payload, limit)
-    job_id = uuid.uuid4()
+    job_id = new_job_id()
     head = json.dumps(
         {
             "job_id": str(job_id),
             "job_type": job_type,
             "queue": queue,
+            "tenant": tenant,
             "dedup_key": dedup_key,
             "max_attempts": job.max_attempts,
             "priority": job.priority,

@@ -82,6 +82,13 @@ from relay.settings import RelaySettings
     show_default=True,
     help="A due job whose wake-up was lost is woken again within about this long.",
 )
+@click.option(
+    "--schedule-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks for due occurrences of recurring schedules.",
+)
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
     priority and fair-share order; sweep expired leases, send lost wake-ups again,
@@ -102,6 +109,7 @@ def main(**kwargs: Any) -> None:
             sweep_interval=kwargs["sweep_interval"],
             worker_ttl=kwargs["worker_ttl"],
             rewake_interval=kwargs["rewake_interval"],
+            schedule_interval=kwargs["schedule_interval"],
         )
         return Daemon(Relay(settings).run, settings.database, settings.amqp)
 

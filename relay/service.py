@@ -15,6 +15,8 @@ Tasks, all in one event loop:
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the
   reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
   backpressure; stale consumers are forgotten;
+- the scheduler fires due occurrences of recurring schedules (every relay does, the
+  database arbitrates: relay/schedules.py);
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
   waits in the backlog and what is in flight.
 """
@@ -39,6 +41,7 @@ from relay.maintenance import (
     rewake_lost,
     sweep_expired,
 )
+from relay.schedules import fire_due
 from relay.settings import RelaySettings
 from relay.wake import WakeLimits, due_queues, wake_queue
 from schema.queries import OUTBOX_BACKLOG
@@ -119,6 +122,7 @@ class Relay:
             asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
+            asyncio.create_task(self._every("schedules", s.schedule_interval, self._schedules)),
             asyncio.create_task(self._report()),
         ]
         log.info("relay.started")
@@ -242,6 +246,9 @@ class Relay:
 
     async def _workers(self) -> None:
         await expire_workers(self.pool, ttl=self.settings.worker_ttl)
+
+    async def _schedules(self) -> None:
+        await fire_due(self.pool)
 
     async def _report(self) -> None:
         while True:

@@ -48,6 +48,8 @@ class RelaySettings:
     usage_interval: float = 1.0
     # A consumer not seen for this long is gone.
     worker_ttl: float = 60.0
+    # Due occurrences of recurring schedules are fired this often.
+    schedule_interval: float = 1.0
     # Relay-wide figures (published, backlog per queue) are logged this often.
     stats_interval: float = 30.0
 
@@ -69,6 +71,7 @@ class RelaySettings:
             "reconcile_interval": self.reconcile_interval,
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,
+            "schedule_interval": self.schedule_interval,
         }
         for name, value in positive.items():
             if value <= 0:

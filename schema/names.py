@@ -1,5 +1,5 @@
 """The rules for names that end up in the database and in RabbitMQ: job types,
-queue names, dedup keys. Both the producer and the handler registry check them."""
+queue and tenant names, dedup keys. Both the producer and the handler registry check them."""
 
 from __future__ import annotations
 
@@ -32,6 +32,17 @@ def queue(value: object) -> str:
     if not _QUEUE_NAME.match(name):
         raise ValueError(
             "queue must be 1-100 characters of letters, digits and _ . : - "
+            "and start with a letter or digit"
+        )
+    return name
+
+
+def tenant(value: object) -> str:
+    """Tenant names follow queue names: they become metric labels and log fields."""
+    name = text("tenant", value, MAX_QUEUE_NAME_LENGTH)
+    if not _QUEUE_NAME.match(name):
+        raise ValueError(
+            "tenant must be 1-100 characters of letters, digits and _ . : - "
             "and start with a letter or digit"
         )
     return name

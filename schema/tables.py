@@ -27,7 +27,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, JSONB, UUID
 
 from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
 
@@ -401,3 +401,90 @@ job_replays = Table(
     Column("attempts_before", Integer, nullable=False),
 )
 Index("job_replays_job_id_idx", job_replays.c.job_id)
+
+
+# --------------------------------------------------------------- recurring schedules
+# (issue 10.) A schedule enqueues a job at each of its occurrences; the relay fires
+# them. schedule_fires is the ledger of occurrences: its primary key makes the
+# database the arbiter between relays, so one occurrence fires at most once, and a
+# skipped one says why.
+
+MAX_SCHEDULE_NAME_LENGTH = 200
+CATCHUP_MODES_SQL = "'all', 'latest', 'skip'"
+FIRE_OUTCOMES_SQL = "'enqueued', 'skipped'"
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("job_type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Exactly one of the two: a cron expression (read in `timezone`), or an interval
+    # whose occurrences are its multiples since the Unix epoch.
+    Column("cron", Text),
+    Column("every_seconds", DOUBLE_PRECISION),
+    Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
+    Column("queue", Text, nullable=False, server_default=text("'default'")),
+    Column("tenant", Text),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer),
+    Column("catchup", Text, nullable=False, server_default=text("'latest'")),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    # The nominal UTC instant of the next occurrence: the relay walks forward from
+    # here, never from "now", so no occurrence is skipped or shifted by a restart.
+    Column("next_fire_at", DateTime(timezone=True), nullable=False),
+    # The nominal instant of the latest occurrence decided, fired or skipped.
+    Column("last_fire_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # A definition's changes only; firing moves next_fire_at and last_fire_at alone.
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint(
+        f"char_length(name) BETWEEN 1 AND {MAX_SCHEDULE_NAME_LENGTH}", name="schedules_name_length"
+    ),
+    CheckConstraint(
+        f"char_length(job_type) BETWEEN 1 AND {MAX_JOB_TYPE_LENGTH}",
+        name="schedules_job_type_length",
+    ),
+    CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="schedules_cron_xor_every"),
+    CheckConstraint(
+        "every_seconds IS NULL OR every_seconds >= 1", name="schedules_every_at_least_1s"
+    ),
+    CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="schedules_queue_name_valid"),
+    CheckConstraint(
+        f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="schedules_tenant_valid"
+    ),
+    CheckConstraint(
+        "max_attempts IS NULL OR max_attempts >= 1", name="schedules_max_attempts_positive"
+    ),
+    CheckConstraint(f"catchup IN ({CATCHUP_MODES_SQL})", name="schedules_catchup_valid"),
+)
+
+# The relay's question, "which schedules are due?", reads only the active ones.
+Index("schedules_due_idx", schedules.c.next_fire_at, postgresql_where=text("NOT paused"))
+
+schedule_fires = Table(
+    "schedule_fires",
+    metadata,
+    Column(
+        "schedule_name",
+        Text,
+        ForeignKey("schedules.name", ondelete="CASCADE", name="schedule_fires_schedule_name_fkey"),
+        nullable=False,
+    ),
+    # The occurrence's nominal UTC instant: with the name, its identity.
+    Column("scheduled_for", DateTime(timezone=True), nullable=False),
+    Column("fired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # How late the relay decided (database now minus nominal instant).
+    Column("delay_seconds", DOUBLE_PRECISION, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("skip_reason", Text),
+    # No foreign key: retention deletes finished jobs, and the record of the
+    # occurrence must stay (else the occurrence could look unfired).
+    Column("job_id", UUID(as_uuid=True)),
+    PrimaryKeyConstraint("schedule_name", "scheduled_for", name="schedule_fires_pkey"),
+    CheckConstraint(f"outcome IN ({FIRE_OUTCOMES_SQL})", name="schedule_fires_outcome_valid"),
+    CheckConstraint(
+        "(outcome = 'enqueued') = (job_id IS NOT NULL AND skip_reason IS NULL)",
+        name="schedule_fires_job_iff_enqueued",
+    ),
+)

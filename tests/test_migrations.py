@@ -16,7 +16,15 @@ from plumbing.config import DatabaseUrl
 from schema.tables import metadata
 from tests.conftest import ROOT, migrate
 
-TABLES = {"jobs", "job_attempts", "outbox", "job_effects", "alembic_version"}
+TABLES = {
+    "jobs",
+    "job_attempts",
+    "outbox",
+    "job_effects",
+    "schedules",
+    "schedule_fires",
+    "alembic_version",
+}
 
 
 def _tables(url: DatabaseUrl) -> set[str]:

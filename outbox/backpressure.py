@@ -1,0 +1,63 @@
+"""Backpressure at enqueue: a tenant with ``max_queued`` jobs waiting gets no more.
+
+A producer finds out at once, before anything is written, instead of piling up work
+that can only be late. The count costs no hot row and no count of the table (see
+TENANT_BACKPRESSURE), so it is an estimate that can run over by what producers
+enqueue at the same instant: a soft limit, like every admission limit in a system
+with concurrent writers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from schema.queries import TENANT_BACKPRESSURE
+
+# Bounds of the retry-after hint, in seconds.
+MIN_RETRY_AFTER = 1.0
+MAX_RETRY_AFTER = 3600.0
+# When nothing of the tenant's has drained lately, the hint cannot be estimated.
+UNKNOWN_DRAIN_RETRY_AFTER = 60.0
+
+
+class Backpressure(Exception):
+    """The tenant already has ``limit`` jobs waiting (its ``max_queued``), so this
+    enqueue wrote nothing. ``retry_after`` is a hint, in seconds, from how fast the
+    tenant's jobs drained lately."""
+
+    def __init__(self, tenant: str, limit: int, waiting: int, retry_after: float) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {waiting} jobs waiting, its max_queued is {limit}; "
+            f"retry in about {retry_after:.0f} s"
+        )
+        self.tenant = tenant
+        self.limit = limit
+        self.waiting = waiting
+        self.retry_after = retry_after
+
+
+def tenants_of(rows: Sequence[str | None]) -> Counter[str]:
+    return Counter(t for t in rows if t is not None)
+
+
+def params(adding: Counter[str]) -> dict[str, Any]:
+    return {"tenants": sorted(adding)}
+
+
+def refuse_over_limit(adding: Counter[str], rows: Sequence[Any]) -> None:
+    """Raise Backpressure for the first tenant these jobs would take past its limit."""
+    for tenant, limit, waiting, drain_per_s in rows:
+        extra = adding[tenant]
+        if waiting + extra > limit:
+            excess = waiting + extra - limit
+            hint = (
+                min(max(excess / drain_per_s, MIN_RETRY_AFTER), MAX_RETRY_AFTER)
+                if drain_per_s
+                else UNKNOWN_DRAIN_RETRY_AFTER
+            )
+            raise Backpressure(tenant, limit, waiting, round(hint, 1))
+
+
+STATEMENT = TENANT_BACKPRESSURE

@@ -1,0 +1,248 @@
+"""Recurring schedules, written inside the caller's SQLAlchemy transaction.
+
+::
+
+    with Session(engine) as session, session.begin():
+        outbox.schedule(session, "nightly-report", "build_report", {"kind": "daily"},
+                        cron="30 2 * * *", timezone="Europe/Berlin")
+
+A schedule is created or updated by name; the relay fires its occurrences (see
+:mod:`relay.schedules`). Like enqueue, nothing here commits, and every argument is
+checked before anything is written. Times come from the database's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from outbox.recurrence import Recurrence, check_catchup, recurrence
+from outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
+from schema import names
+from schema.queries import (
+    SCHEDULE_CLOCK,
+    SCHEDULE_DELETE,
+    SCHEDULE_PAUSE,
+    SCHEDULE_RESUME,
+    SCHEDULE_RULE_FOR_UPDATE,
+    SCHEDULE_UPSERT,
+)
+from schema.tables import MAX_SCHEDULE_NAME_LENGTH
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    rule: Recurrence
+    params: dict[str, Any]  # SCHEDULE_UPSERT's, all but next_fire_at
+
+    def upsert(self, clock: datetime) -> dict[str, Any]:
+        return self.params | {"next_fire_at": self.rule.next_after(clock)}
+
+
+def _name(value: object) -> str:
+    return names.text("name", value, MAX_SCHEDULE_NAME_LENGTH)
+
+
+def _tenant(value: object) -> str | None:
+    return None if value is None else names.tenant(value)
+
+
+def _prepare(
+    name: str,
+    job_type: str,
+    payload: Any,
+    *,
+    cron: str | None,
+    every: timedelta | None,
+    timezone: str,
+    queue: str,
+    tenant: str | None,
+    priority: int,
+    max_attempts: int | None,
+    catchup: str,
+) -> _Schedule:
+    rule = recurrence(cron, every, timezone)
+    limit = max_payload_bytes()
+    # The job each occurrence enqueues must be acceptable now, not fail at every fire.
+    to_row(NewJob(job_type, payload, queue, None, None, max_attempts, priority), limit)
+    return _Schedule(
+        rule,
+        {
+            "name": _name(name),
+            "job_type": job_type,
+            "payload": encode_payload(payload, limit),
+            "cron": rule.cron,
+            "every_seconds": rule.every_seconds,
+            "timezone": rule.timezone,
+            "queue": queue,
+            "tenant": _tenant(tenant),
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "catchup": check_catchup(catchup),
+        },
+    )
+
+
+def schedule(
+    session: Session,
+    name: str,
+    job_type: str,
+    payload: Any = None,
+    *,
+    cron: str | None = None,
+    every: timedelta | None = None,
+    timezone: str = "UTC",
+    queue: str = "default",
+    tenant: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    catchup: str = "latest",
+) -> datetime:
+    """Create or update the schedule ``name``; returns its next fire instant (UTC).
+
+    Give exactly one of ``cron`` (five fields, or six with seconds first, read in
+    the IANA zone ``timezone``) and ``every`` (a timedelta of at least one second;
+    occurrences are its multiples since the Unix epoch). Each occurrence enqueues
+    ``job_type`` with ``payload`` on ``queue`` with ``priority`` and
+    ``max_attempts``, meaning what they mean for :func:`outbox.enqueue`.
+    ``catchup`` says what happens to occurrences missed while no relay ran:
+    ``"skip"`` (none runs), ``"latest"`` (the newest one runs) or ``"all"`` (each
+    runs, up to the relay's bound). ``tenant`` is stored with the schedule.
+
+    A new rule (cron, every or timezone) starts from the first occurrence after the
+    database's clock; an update that keeps the rule keeps the schedule's place.
+    Raises ``TypeError``/``ValueError`` naming the argument, before writing
+    anything. Writes through the session's transaction and never commits.
+    """
+    spec = _prepare(
+        name,
+        job_type,
+        payload,
+        cron=cron,
+        every=every,
+        timezone=timezone,
+        queue=queue,
+        tenant=tenant,
+        priority=priority,
+        max_attempts=max_attempts,
+        catchup=catchup,
+    )
+    conn = _connection(session)
+    clock = conn.exec_driver_sql(SCHEDULE_CLOCK).scalar_one()
+    result: datetime = conn.exec_driver_sql(SCHEDULE_UPSERT, spec.upsert(clock)).scalar_one()
+    return result
+
+
+async def schedule_async(
+    session: AsyncSession,
+    name: str,
+    job_type: str,
+    payload: Any = None,
+    *,
+    cron: str | None = None,
+    every: timedelta | None = None,
+    timezone: str = "UTC",
+    queue: str = "default",
+    tenant: str | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    catchup: str = "latest",
+) -> datetime:
+    """:func:`schedule` for an ``AsyncSession``."""
+    spec = _prepare(
+        name,
+        job_type,
+        payload,
+        cron=cron,
+        every=every,
+        timezone=timezone,
+        queue=queue,
+        tenant=tenant,
+        priority=priority,
+        max_attempts=max_attempts,
+        catchup=catchup,
+    )
+    conn = await session.connection()
+    check_driver(conn)
+    clock = (await conn.exec_driver_sql(SCHEDULE_CLOCK)).scalar_one()
+    result: datetime = (
+        await conn.exec_driver_sql(SCHEDULE_UPSERT, spec.upsert(clock))
+    ).scalar_one()
+    return result
+
+
+def unschedule(session: Session, name: str) -> bool:
+    """Delete the schedule and its fire records; returns whether it existed. Jobs it
+    enqueued already are left alone."""
+    params = {"name": _name(name)}
+    return _connection(session).exec_driver_sql(SCHEDULE_DELETE, params).first() is not None
+
+
+async def unschedule_async(session: AsyncSession, name: str) -> bool:
+    """:func:`unschedule` for an ``AsyncSession``."""
+    params = {"name": _name(name)}
+    conn = await session.connection()
+    check_driver(conn)
+    return (await conn.exec_driver_sql(SCHEDULE_DELETE, params)).first() is not None
+
+
+def pause_schedule(session: Session, name: str) -> bool:
+    """Stop firing the schedule until it is resumed; returns whether it exists."""
+    params = {"name": _name(name)}
+    return _connection(session).exec_driver_sql(SCHEDULE_PAUSE, params).first() is not None
+
+
+async def pause_schedule_async(session: AsyncSession, name: str) -> bool:
+    """:func:`pause_schedule` for an ``AsyncSession``."""
+    params = {"name": _name(name)}
+    conn = await session.connection()
+    check_driver(conn)
+    return (await conn.exec_driver_sql(SCHEDULE_PAUSE, params)).first() is not None
+
+
+def resume_schedule(session: Session, name: str) -> datetime | None:
+    """Fire the schedule again, from its first occurrence after now: the ones that fell
+    while it was paused are not run. Returns its next fire instant, or None if there
+    is no such schedule. Resuming one that is not paused changes nothing."""
+    params = {"name": _name(name)}
+    conn = _connection(session)
+    row = conn.exec_driver_sql(SCHEDULE_RULE_FOR_UPDATE, params).first()
+    if row is None:
+        return None
+    resumed = params | {"next_fire_at": _resumed_at(row)}
+    result: datetime = conn.exec_driver_sql(SCHEDULE_RESUME, resumed).scalar_one()
+    return result
+
+
+async def resume_schedule_async(session: AsyncSession, name: str) -> datetime | None:
+    """:func:`resume_schedule` for an ``AsyncSession``."""
+    params = {"name": _name(name)}
+    conn = await session.connection()
+    check_driver(conn)
+    row = (await conn.exec_driver_sql(SCHEDULE_RULE_FOR_UPDATE, params)).first()
+    if row is None:
+        return None
+    resumed = params | {"next_fire_at": _resumed_at(row)}
+    result: datetime = (await conn.exec_driver_sql(SCHEDULE_RESUME, resumed)).scalar_one()
+    return result
+
+
+def _resumed_at(row: Sequence[Any]) -> datetime | None:
+    # SCHEDULE_RULE_FOR_UPDATE's columns.
+    cron, every_seconds, timezone, paused, clock = row
+    if not paused:
+        return None
+    return Recurrence.from_row(cron, every_seconds, timezone).next_after(clock)
+
+
+def _connection(session: Session) -> Connection:
+    conn = session.connection()
+    check_driver(conn)
+    return conn

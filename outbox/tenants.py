@@ -1,0 +1,108 @@
+"""Tenants' limits, set and read inside the caller's transaction.
+
+A tenant's ``max_running`` caps how many of its jobs run at once (a slot is
+reserved by the claim that starts a job and released by the statement that ends
+its lease); ``weight`` is its share of a busy queue against the other tenants
+(weight 2 gets twice the share of weight 1); ``max_queued`` makes ``enqueue`` raise
+:class:`outbox.Backpressure` once that many of its jobs wait. None means no limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from schema import names
+from schema.queries import TENANT_LIMIT_SET, TENANT_LIMITS
+
+MAX_WEIGHT = 1000.0
+
+
+@dataclass(frozen=True)
+class TenantLimit:
+    tenant: str
+    max_running: int | None
+    weight: float
+    max_queued: int | None
+    # Slots held now, and the waiting jobs as last counted (with when).
+    running: int
+    queued: int
+    queued_at: datetime | None
+    drain_per_s: float | None
+
+
+def _limit(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
+    if not 0 <= value <= 2**31 - 1:
+        raise ValueError(f"{name} must be between 0 and {2**31 - 1}")
+    return value
+
+
+def _params(
+    tenant: str, max_running: int | None, weight: float, max_queued: int | None
+) -> dict[str, Any]:
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise TypeError(f"weight must be a number, not {type(weight).__name__}")
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise ValueError(f"weight must be more than 0 and at most {MAX_WEIGHT:g}")
+    return {
+        "tenant": names.tenant(tenant),
+        "max_running": _limit("max_running", max_running),
+        "weight": float(weight),
+        "max_queued": _limit("max_queued", max_queued),
+    }
+
+
+def set_tenant_limit(
+    session: Session,
+    tenant: str,
+    *,
+    max_running: int | None = None,
+    weight: float = 1.0,
+    max_queued: int | None = None,
+) -> None:
+    """Create or change a tenant's limits through the session's transaction (never
+    commits). Jobs already running when a cap is first set do not hold slots; the
+    cap counts the jobs claimed from then on."""
+    values = _params(tenant, max_running, weight, max_queued)
+    conn = session.connection()
+    check_driver(conn)
+    conn.exec_driver_sql(TENANT_LIMIT_SET, values)
+
+
+async def set_tenant_limit_async(
+    session: AsyncSession,
+    tenant: str,
+    *,
+    max_running: int | None = None,
+    weight: float = 1.0,
+    max_queued: int | None = None,
+) -> None:
+    """:func:`set_tenant_limit` for an ``AsyncSession``."""
+    values = _params(tenant, max_running, weight, max_queued)
+    conn = await session.connection()
+    check_driver(conn)
+    await conn.exec_driver_sql(TENANT_LIMIT_SET, values)
+
+
+def tenant_limits(session: Session) -> list[TenantLimit]:
+    """Every tenant that has limits, with its slots in use and waiting jobs."""
+    conn = session.connection()
+    check_driver(conn)
+    return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMITS).all()]
+
+
+async def tenant_limits_async(session: AsyncSession) -> list[TenantLimit]:
+    conn = await session.connection()
+    check_driver(conn)
+    rows = (await conn.exec_driver_sql(TENANT_LIMITS)).all()
+    return [TenantLimit(*tuple(row)) for row in rows]

@@ -1,0 +1,319 @@
+"""Firing recurring schedules: a relay chore that needs no leader.
+
+Every relay runs :func:`fire_due`. Due schedules are locked ``FOR UPDATE SKIP
+LOCKED``, so relays split them; each is handled in its own savepoint of one
+transaction that records its occurrences in ``schedule_fires``, enqueues the jobs
+of the ones it recorded (job row and wake-up), and moves the schedule on. The
+ledger's primary key (schedule, nominal instant) is the arbiter: an occurrence whose
+row exists already enqueues nothing. A relay that dies mid-way rolls all of it back,
+and the next one starts again from the stored ``next_fire_at``.
+
+Which occurrences run:
+
+- one decided within ``grace`` seconds of its nominal instant is *on time* and
+  always fires (``grace`` must exceed the relay's polling delay under load, else a
+  busy relay would count its own lateness as downtime);
+- older ones were *missed* (no relay ran): ``catchup="skip"`` records them skipped,
+  ``"latest"`` fires the newest and records the rest skipped, ``"all"`` fires the
+  newest ``max_catchup`` and records the rest skipped (reason ``catchup_limit``).
+
+After a very long outage only the newest occurrences are walked and recorded (about
+``keep_fires`` of them, what retention would keep anyway); the span passed over is
+logged, not recorded row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from outbox.recurrence import Recurrence
+from outbox.validation import NewJob, to_row
+from plumbing.transient import is_transient_db_error
+from schema.queries import (
+    JOB_FIND_BY_DEDUP_MANY,
+    JOB_INSERT_MANY,
+    SCHEDULE_ADVANCE,
+    SCHEDULE_CLAIM_DUE,
+    SCHEDULE_FIRE_PRUNE,
+    SCHEDULE_FIRE_RECORD_MANY,
+    SCHEDULE_FIRE_SET_JOB,
+)
+
+log = logging.getLogger("relay")
+
+DEFAULT_MAX_CATCHUP: Final = 10
+DEFAULT_KEEP_FIRES: Final = 1000
+DEFAULT_GRACE: Final = 60.0
+# Old ledger rows deleted per fired schedule per round: a round adds a handful.
+PRUNE_BATCH: Final = 100
+# The payload passed the producer's size limit when the schedule was written; a
+# relay with a smaller limit must not make the schedule unfireable.
+_NO_PAYLOAD_LIMIT: Final = sys.maxsize
+
+SKIPPED_CATCHUP: Final = "catchup"
+SKIPPED_CATCHUP_LIMIT: Final = "catchup_limit"
+
+
+@dataclass(frozen=True)
+class Decision:
+    at: datetime  # nominal UTC instant
+    skip_reason: str | None  # None: enqueue a job
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: list[Decision]
+    next_fire_at: datetime
+    # Occurrences passed over without a ledger row (a very long outage): from the
+    # first, up to but not including the second.
+    unrecorded: tuple[datetime, datetime] | None = None
+
+
+def plan_fires(
+    rule: Recurrence,
+    next_fire_at: datetime,
+    now: datetime,
+    *,
+    catchup: str,
+    max_catchup: int,
+    grace: float,
+    window: int,
+) -> Plan:
+    """What to do with the occurrences from ``next_fire_at`` up to ``now``.
+
+    Walks forward from the stored nominal instant (never from ``now``), keeping the
+    newest ``window`` occurrences; far behind, it jumps ahead to about ``window``
+    occurrences before ``now`` (every occurrence is computed from the rule, so a
+    jump lands on real occurrences).
+    """
+    if window < 2:
+        raise ValueError("window must be at least 2")
+    kept: deque[datetime] = deque(maxlen=window)
+    unkept: datetime | None = None  # the first occurrence walked past without keeping it
+    at = next_fire_at.astimezone(UTC)
+    while at <= now:
+        if len(kept) == window:
+            unkept = unkept or kept[0]
+            span = kept[-1] - kept[0]
+            if at < now - span:
+                # Far behind: what lies before the last `span` would not be kept.
+                kept.clear()
+                at = rule.next_after(now - span)
+                continue
+        kept.append(at)
+        at = rule.next_after(at)
+    on_time_from = now - timedelta(seconds=grace)
+    missed = [t for t in kept if t < on_time_from]
+    on_time = [Decision(t, None) for t in kept if t >= on_time_from]
+    unrecorded = None if unkept is None else (unkept, kept[0] if kept else at)
+    return Plan(_catch_up(missed, catchup, max_catchup) + on_time, at, unrecorded)
+
+
+def _catch_up(missed: list[datetime], catchup: str, max_catchup: int) -> list[Decision]:
+    fire = {"skip": 0, "latest": 1, "all": max_catchup}[catchup]
+    reason = SKIPPED_CATCHUP_LIMIT if catchup == "all" else SKIPPED_CATCHUP
+    # The newest ones fire: after a long outage, the recent ones matter most
+    # (and "latest" is "all" with a bound of one).
+    cut = max(len(missed) - fire, 0)
+    return [Decision(t, reason) for t in missed[:cut]] + [Decision(t, None) for t in missed[cut:]]
+
+
+@dataclass(frozen=True)
+class _Due:
+    """A row of SCHEDULE_CLAIM_DUE."""
+
+    name: str
+    job_type: str
+    payload: Any
+    cron: str | None
+    every_seconds: float | None
+    timezone: str
+    queue: str
+    tenant: str | None
+    priority: int
+    max_attempts: int | None
+    catchup: str
+    next_fire_at: datetime
+    db_now: datetime
+
+    def dedup_key(self, at: datetime) -> str:
+        # The occurrence's identity again, on the job: a second line of defence.
+        return f"schedule:{self.name}@{at.astimezone(UTC).isoformat()}"
+
+
+async def fire_due(
+    pool: AsyncConnectionPool[AsyncConnection],
+    *,
+    batch: int = 100,
+    max_catchup: int = DEFAULT_MAX_CATCHUP,
+    keep_fires: int = DEFAULT_KEEP_FIRES,
+    grace: float = DEFAULT_GRACE,
+) -> int:
+    """Fire the due occurrences of every due schedule; returns the jobs enqueued.
+
+    ``max_catchup`` bounds the missed occurrences one ``catchup="all"`` schedule
+    fires at once; ``keep_fires`` is how many ledger rows each schedule keeps.
+    """
+    if batch < 1 or max_catchup < 1 or keep_fires < 1 or grace < 0:
+        raise ValueError("batch, max_catchup and keep_fires must be positive, grace not negative")
+    # Enough to hold every on-time occurrence (at most one a second) besides the
+    # missed ones the ledger keeps.
+    window = keep_fires + max_catchup + math.ceil(grace) + 2
+    enqueued = 0
+    while True:
+        failed = False
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(SCHEDULE_CLAIM_DUE, {"limit": batch})
+            rows = [_Due(*row) for row in await cur.fetchall()]
+            fired: list[str] = []
+            for due in rows:
+                try:
+                    async with conn.transaction():  # a savepoint: one bad schedule
+                        count = await _fire(conn, due, max_catchup, grace, window)
+                except Exception as exc:
+                    if is_transient_db_error(exc):
+                        raise
+                    # Left due; the next round tries again, and says so again.
+                    log.error(
+                        "relay.schedule_failed",
+                        exc_info=True,
+                        extra={"schedule": due.name},
+                    )
+                    failed = True
+                    continue
+                enqueued += count
+                fired.append(due.name)
+            if fired:
+                await conn.execute(
+                    SCHEDULE_FIRE_PRUNE,
+                    {"names": fired, "keep": keep_fires, "limit": PRUNE_BATCH},
+                )
+        # A failed schedule stays due: going round again now would only fail again.
+        if len(rows) < batch or failed:
+            return enqueued
+
+
+async def _fire(
+    conn: AsyncConnection, due: _Due, max_catchup: int, grace: float, window: int
+) -> int:
+    rule = Recurrence.from_row(due.cron, due.every_seconds, due.timezone)
+    plan = plan_fires(
+        rule,
+        due.next_fire_at,
+        due.db_now,
+        catchup=due.catchup,
+        max_catchup=max_catchup,
+        grace=grace,
+        window=window,
+    )
+    if plan.unrecorded:
+        log.warning(
+            "relay.schedule_occurrences_unrecorded",
+            extra={
+                "schedule": due.name,
+                "from": plan.unrecorded[0].isoformat(),
+                "until": plan.unrecorded[1].isoformat(),
+                "why": "too far behind to record each one",
+            },
+        )
+    jobs: dict[datetime, str] = {}
+    fires: list[dict[str, Any]] = []
+    for decision in plan.decisions:
+        job_id = None
+        if decision.skip_reason is None:
+            job = NewJob(
+                due.job_type,
+                due.payload,
+                queue=due.queue,
+                dedup_key=due.dedup_key(decision.at),
+                max_attempts=due.max_attempts,
+                priority=due.priority,
+                tenant=due.tenant,
+            )
+            job_id, jobs[decision.at] = to_row(job, _NO_PAYLOAD_LIMIT)
+        fires.append(
+            {
+                "scheduled_for": decision.at.isoformat(),
+                "outcome": "skipped" if job_id is None else "enqueued",
+                "skip_reason": decision.skip_reason,
+                "job_id": None if job_id is None else str(job_id),
+            }
+        )
+    recorded = await _record(conn, due, fires)
+    ours = [(at, job_id) for at, job_id in recorded if job_id is not None]
+    if ours:
+        await _enqueue(conn, due, [(at, job_id, jobs[at]) for at, job_id in ours])
+    _log_fired(due, plan, recorded)
+    last = plan.decisions[-1].at if plan.decisions else None
+    await conn.execute(
+        SCHEDULE_ADVANCE,
+        {"name": due.name, "next_fire_at": plan.next_fire_at, "last_fire_at": last},
+    )
+    return len(ours)
+
+
+async def _record(
+    conn: AsyncConnection, due: _Due, fires: list[dict[str, Any]]
+) -> list[tuple[datetime, Any]]:
+    if not fires:
+        return []
+    cur = await conn.execute(
+        SCHEDULE_FIRE_RECORD_MANY, {"name": due.name, "fires": json.dumps(fires)}
+    )
+    return [(at.astimezone(UTC), job_id) for at, job_id in await cur.fetchall()]
+
+
+async def _enqueue(conn: AsyncConnection, due: _Due, jobs: list[tuple[datetime, Any, str]]) -> None:
+    """Insert the recorded occurrences' jobs and wake-ups, as outbox.enqueue does."""
+    document = "[" + ",".join(row for _, _, row in jobs) + "]"
+    cur = await conn.execute(JOB_INSERT_MANY, {"jobs": document})
+    inserted = {row[0] for row in await cur.fetchall()}
+    taken = [(at, job_id) for at, job_id, _ in jobs if job_id not in inserted]
+    if not taken:
+        return
+    # A job with the occurrence's dedup key exists already (a schedule deleted and
+    # made again under its old name, say): the record points at that job.
+    keys = [{"job_type": due.job_type, "dedup_key": due.dedup_key(at)} for at, _ in taken]
+    cur = await conn.execute(JOB_FIND_BY_DEDUP_MANY, {"keys": json.dumps(keys)})
+    existing = {key: job_id for _, key, job_id in await cur.fetchall()}
+    for at, _ in taken:
+        # KeyError if that job vanished meanwhile: the savepoint rolls back, and the
+        # next round records the occurrence afresh.
+        job_id = existing[due.dedup_key(at)]
+        await conn.execute(
+            SCHEDULE_FIRE_SET_JOB, {"name": due.name, "scheduled_for": at, "job_id": job_id}
+        )
+    log.info(
+        "relay.schedule_job_existed",
+        extra={"schedule": due.name, "count": len(taken), "why": "dedup key taken"},
+    )
+
+
+def _log_fired(due: _Due, plan: Plan, recorded: list[tuple[datetime, Any]]) -> None:
+    skipped = sum(1 for d in plan.decisions if d.skip_reason is not None)
+    if len(recorded) < len(plan.decisions):
+        # Another transaction recorded these first: the ledger did its job.
+        log.info(
+            "relay.schedule_fire_conflict",
+            extra={"schedule": due.name, "count": len(plan.decisions) - len(recorded)},
+        )
+    if skipped:
+        log.info(
+            "relay.schedule_caught_up",
+            extra={
+                "schedule": due.name,
+                "catchup": due.catchup,
+                "skipped": skipped,
+                "fired": len(plan.decisions) - skipped,
+            },
+        )

@@ -1,0 +1,472 @@
+"""Recurring schedules on the real services: the producer API, firing (each
+occurrence once, under two relays and across a relay killed mid-fire), catch-up
+after downtime, retention, and bad input refused with nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox.recurrence import recurrence
+from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.db import make_pool
+from relay.schedules import Decision, fire_due, plan_fires
+from schema.topology import Topology
+from tests.support import inproc
+from tests.support.processes import running, service_env
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.fixture
+async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
+    p = make_pool(db_url, "test-schedules", max_size=2)
+    await p.open(wait=True)
+    yield p
+    await p.close()
+
+
+def schedule(engine: Engine, name: str = "s", job_type: str = "tick", **kw: Any) -> datetime:
+    with Session(engine) as session, session.begin():
+        return outbox.schedule(session, name, job_type, {"from": name}, **kw)
+
+
+def db_now(pg: psycopg.Connection) -> datetime:
+    return pg.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+
+
+def move_next_fire(pg: psycopg.Connection, name: str, at: datetime) -> None:
+    pg.execute("UPDATE schedules SET next_fire_at = %s WHERE name = %s", [at, name])
+
+
+def row(pg: psycopg.Connection, name: str) -> dict[str, Any]:
+    cur = pg.execute("SELECT * FROM schedules WHERE name = %s", [name])
+    names = [d.name for d in cur.description or []]
+    found = cur.fetchone()
+    assert found is not None, f"no schedule {name}"
+    return dict(zip(names, found, strict=True))
+
+
+def ledger(pg: psycopg.Connection, name: str = "s") -> list[dict[str, Any]]:
+    cur = pg.execute(
+        "SELECT scheduled_for, fired_at, delay_seconds, outcome, skip_reason, job_id "
+        "FROM schedule_fires WHERE schedule_name = %s ORDER BY scheduled_for",
+        [name],
+    )
+    names = [d.name for d in cur.description or []]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def schedule_count(pg: psycopg.Connection) -> int:
+    return pg.execute("SELECT count(*) FROM schedules").fetchone()[0]  # type: ignore[index]
+
+
+def floor_to(at: datetime, step: timedelta) -> datetime:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + (at - epoch) // step * step
+
+
+def assert_each_once(pg: psycopg.Connection, name: str, step: timedelta) -> list[datetime]:
+    """The ledger holds each occurrence from its first to its last exactly once, each
+    with its own job (and wake-up) whose dedup key names the occurrence."""
+    fires = ledger(pg, name)
+    instants = [f["scheduled_for"] for f in fires]
+    assert instants, "nothing fired"
+    expected = [instants[0] + i * step for i in range(len(instants))]
+    assert instants == expected, f"gaps or repeats: {instants}"
+    assert all(f["outcome"] == "enqueued" for f in fires)
+    jobs = pg.execute(
+        "SELECT j.job_id, j.dedup_key, count(o.id) FROM jobs j "
+        "LEFT JOIN outbox o USING (job_id) GROUP BY j.job_id"
+    ).fetchall()
+    by_id = {job_id: (key, wakeups) for job_id, key, wakeups in jobs}
+    assert len(jobs) == len(fires), "a job per occurrence, and no other"
+    for f in fires:
+        key, wakeups = by_id[f["job_id"]]
+        assert key == f"schedule:{name}@{f['scheduled_for'].astimezone(UTC).isoformat()}"
+        assert wakeups == 1
+    return instants
+
+
+async def wait_for(
+    check: Callable[[], bool], what: str, timeout: float = 30, interval: float = 0.1
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+# ------------------------------------------------------------------- producer API
+
+
+def test_schedule_counts_from_the_database_clock(engine: Engine, pg: psycopg.Connection) -> None:
+    before = db_now(pg)
+    next_fire = schedule(engine, every=timedelta(seconds=10), queue="reports", priority=3)
+    after = db_now(pg)
+    assert next_fire.timestamp() % 10 == 0
+    assert before < next_fire <= after + timedelta(seconds=10)
+    stored = row(pg, "s")
+    assert stored["next_fire_at"] == next_fire
+    assert stored["every_seconds"] == 10.0 and stored["cron"] is None
+    assert (stored["queue"], stored["priority"], stored["catchup"]) == ("reports", 3, "latest")
+    assert stored["payload"] == {"from": "s"} and not stored["paused"]
+
+
+def test_an_update_keeps_its_place_unless_the_rule_changes(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    schedule(engine, cron="0 3 * * *", timezone="Europe/Berlin")
+    # Where a relay left it: an occurrence that is due and not yet fired.
+    due = floor_to(db_now(pg), SECOND) - timedelta(seconds=5)
+    move_next_fire(pg, "s", due)
+    assert schedule(engine, cron="0 3 * * *", timezone="Europe/Berlin", priority=7) == due
+    assert row(pg, "s")["priority"] == 7
+    # A new zone is a new rule: counted from now, 03:00 in Tokyo.
+    moved = schedule(engine, cron="0 3 * * *", timezone="Asia/Tokyo")
+    assert moved > db_now(pg)
+    assert moved.astimezone(UTC).hour == 18 and moved.minute == 0  # 03:00 JST
+    assert row(pg, "s")["timezone"] == "Asia/Tokyo"
+
+
+def test_nothing_is_written_when_the_transaction_rolls_back(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    with Session(engine) as session:
+        outbox.schedule(session, "s", "tick", every=timedelta(minutes=1))
+        session.rollback()
+    assert schedule_count(pg) == 0
+
+
+async def test_pause_stops_firing_and_resume_does_not_backfill(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    schedule(engine, every=SECOND)
+    with Session(engine) as session, session.begin():
+        assert outbox.pause_schedule(session, "s") is True
+        assert outbox.pause_schedule(session, "nope") is False
+    move_next_fire(pg, "s", db_now(pg) - timedelta(seconds=30))
+    assert await fire_due(pool) == 0
+    assert ledger(pg) == []
+    with Session(engine) as session, session.begin():
+        resumed = outbox.resume_schedule(session, "s")
+        assert outbox.resume_schedule(session, "nope") is None
+    assert resumed is not None and resumed > db_now(pg) - SECOND
+    assert row(pg, "s")["next_fire_at"] == resumed and not row(pg, "s")["paused"]
+    # The 30 seconds of pause are not fired after the resume either.
+    await fire_due(pool)
+    assert all(f["scheduled_for"] >= resumed for f in ledger(pg))
+    # Resuming a schedule that runs keeps its place.
+    due = floor_to(db_now(pg), SECOND) - timedelta(seconds=2)
+    move_next_fire(pg, "s", due)
+    with Session(engine) as session, session.begin():
+        assert outbox.resume_schedule(session, "s") == due
+
+
+async def test_unschedule_deletes_the_schedule_and_its_ledger_not_its_jobs(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    schedule(engine, every=SECOND)
+    move_next_fire(pg, "s", floor_to(db_now(pg), SECOND) - timedelta(seconds=3))
+    assert await fire_due(pool) >= 3
+    with Session(engine) as session, session.begin():
+        assert outbox.unschedule(session, "s") is True
+        assert outbox.unschedule(session, "s") is False
+    assert schedule_count(pg) == 0
+    assert pg.execute("SELECT count(*) FROM schedule_fires").fetchone()[0] == 0  # type: ignore[index]
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] >= 3  # type: ignore[index]
+
+
+async def test_async_variants(async_engine: AsyncEngine, pg: psycopg.Connection) -> None:
+    async with AsyncSession(async_engine) as session, session.begin():
+        first = await outbox.schedule_async(
+            session, "a", "tick", cron="*/5 * * * * *", catchup="skip", tenant="acme"
+        )
+        assert first.second % 5 == 0
+        assert await outbox.pause_schedule_async(session, "a") is True
+    assert row(pg, "a")["paused"] and row(pg, "a")["tenant"] == "acme"
+    async with AsyncSession(async_engine) as session, session.begin():
+        resumed = await outbox.resume_schedule_async(session, "a")
+        assert resumed is not None and resumed.second % 5 == 0
+        assert await outbox.unschedule_async(session, "a") is True
+        assert await outbox.unschedule_async(session, "a") is False
+    assert schedule_count(pg) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"cron": "61 * * * *"}, ValueError, "cron '61 \\* \\* \\* \\*' is invalid: bad minute"),
+        ({"cron": "* * *"}, ValueError, "has 3 fields; expected five"),
+        ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, ValueError, "timezone"),
+        ({"every": timedelta(milliseconds=500)}, ValueError, "every must be at least 1 second"),
+        ({"every": 60}, TypeError, "every must be a datetime.timedelta"),
+        ({"cron": "* * * * *", "every": SECOND}, ValueError, "exactly one of cron= and every="),
+        ({}, ValueError, r"exactly one of cron= and every= \(got neither\)"),
+        ({"every": SECOND, "catchup": "some"}, ValueError, "catchup must be one of"),
+        ({"every": SECOND, "queue": "no spaces"}, ValueError, "queue must be"),
+        ({"every": SECOND, "tenant": "a b"}, ValueError, "tenant must be"),
+        ({"every": SECOND, "priority": 40000}, ValueError, "priority must fit"),
+        ({"every": SECOND, "max_attempts": 0}, ValueError, "max_attempts must be between"),
+        ({"every": SECOND, "payload": {1, 2}}, TypeError, "payload is not JSON-serialisable"),
+        ({"every": SECOND, "name": ""}, ValueError, "name must not be empty"),
+        ({"every": SECOND, "name": "x" * 201}, ValueError, "name is 201 characters"),
+        ({"every": SECOND, "job_type": ""}, ValueError, "job_type must not be empty"),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_written(
+    engine: Engine,
+    pg: psycopg.Connection,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    schedule(engine, "s", every=timedelta(minutes=1))
+    before = row(pg, "s")
+    args = {"name": "s", "job_type": "tick", "payload": None} | kwargs
+    with Session(engine) as session, session.begin():
+        with pytest.raises(error, match=message):
+            outbox.schedule(session, args.pop("name"), args.pop("job_type"), **args)
+        # The caller's transaction goes on, untouched, and commits.
+        outbox.schedule(session, "t", "tick", every=SECOND)
+    assert schedule_count(pg) == 2
+    assert row(pg, "s") == before
+
+
+# ------------------------------------------------------------------------- firing
+
+
+async def test_fire_due_enqueues_each_occurrence_once_with_its_delay(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    schedule(engine, every=SECOND, queue="ticks", priority=2, max_attempts=3)
+    start = floor_to(db_now(pg), SECOND) - timedelta(seconds=20)
+    move_next_fire(pg, "s", start)
+    fired = await fire_due(pool)
+    instants = assert_each_once(pg, "s", SECOND)
+    assert instants[0] == start and fired == len(instants) >= 21
+    fires = ledger(pg)
+    for f in fires:
+        # Recorded by the database clock: decided at fired_at, that late.
+        late = (f["fired_at"] - f["scheduled_for"]).total_seconds()
+        assert f["delay_seconds"] == pytest.approx(late, abs=1e-5)
+        assert f["delay_seconds"] >= 0
+    assert fires[0]["delay_seconds"] >= 20
+    state = row(pg, "s")
+    assert state["last_fire_at"] == instants[-1]
+    assert state["next_fire_at"] == instants[-1] + SECOND > db_now(pg) - SECOND
+    job = pg.execute(
+        "SELECT job_type, queue, priority, max_attempts, payload FROM jobs LIMIT 1"
+    ).fetchone()
+    assert job == ("tick", "ticks", 2, 3, {"from": "s"})
+
+
+async def test_the_ledger_refuses_an_occurrence_fired_before(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    """Whatever sends the walk back over fired occurrences (a stale read, a rule
+    changed under a relay's feet), the ledger's primary key lets none fire twice,
+    even once retention has deleted their jobs (and with them the dedup keys)."""
+    schedule(engine, every=SECOND)
+    start = floor_to(db_now(pg), SECOND) - timedelta(seconds=5)
+    move_next_fire(pg, "s", start)
+    await fire_due(pool)
+    fired_before = {f["scheduled_for"]: f["job_id"] for f in ledger(pg)}
+    pg.execute("DELETE FROM jobs")
+    move_next_fire(pg, "s", start)
+    await fire_due(pool)
+    after = {f["scheduled_for"]: f["job_id"] for f in ledger(pg)}
+    assert {at: after[at] for at in fired_before} == fired_before
+    keys = {r[0] for r in pg.execute("SELECT dedup_key FROM jobs").fetchall()}
+    again = [at for at in fired_before if f"schedule:s@{at.astimezone(UTC).isoformat()}" in keys]
+    assert again == []
+    # Only occurrences that became due since were enqueued, one job each.
+    assert len(keys) == len(after) - len(fired_before)
+
+
+@pytest.mark.parametrize(
+    ("catchup", "max_catchup", "missed_fired", "reason"),
+    [
+        ("skip", 10, 0, "catchup"),
+        ("latest", 10, 1, "catchup"),
+        ("all", 3, 3, "catchup_limit"),
+        ("all", 50, 50, "catchup_limit"),
+    ],
+)
+async def test_catchup_after_downtime(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    catchup: str,
+    max_catchup: int,
+    missed_fired: int,
+    reason: str,
+) -> None:
+    """Every minute; no relay ran for ten minutes. The ones older than the grace
+    (60 s) were missed, and catchup decides which of them run; the on-time one runs."""
+    minute = timedelta(minutes=1)
+    schedule(engine, every=minute, catchup=catchup)
+    start = floor_to(db_now(pg), minute) - timedelta(minutes=10)
+    move_next_fire(pg, "s", start)
+    await fire_due(pool, max_catchup=max_catchup)
+    fires = ledger(pg)
+    instants = [f["scheduled_for"] for f in fires]
+    assert instants == [start + i * minute for i in range(len(instants))]
+    assert len(instants) in (10, 11)
+    assert row(pg, "s")["next_fire_at"] == instants[-1] + minute > fires[-1]["fired_at"]
+    on_time = [f for f in fires if f["delay_seconds"] <= 60]
+    missed = [f for f in fires if f["delay_seconds"] > 60]
+    assert len(on_time) == 1 and on_time[0]["outcome"] == "enqueued"
+    cut = max(len(missed) - missed_fired, 0)
+    assert [f["outcome"] for f in missed] == ["skipped"] * cut + ["enqueued"] * (len(missed) - cut)
+    assert {f["skip_reason"] for f in missed[:cut]} <= {reason}
+    enqueued = [f for f in fires if f["outcome"] == "enqueued"]
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == len(enqueued)  # type: ignore[index]
+
+
+async def test_retention_keeps_the_newest_fires(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    schedule(engine, every=SECOND)
+    start = floor_to(db_now(pg), SECOND) - timedelta(seconds=30)
+    move_next_fire(pg, "s", start)
+    fired = await fire_due(pool, keep_fires=5)
+    fires = ledger(pg)
+    assert len(fires) == 5
+    assert fires[-1]["scheduled_for"] == row(pg, "s")["last_fire_at"]
+    # Jobs are not the ledger's to prune.
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == fired >= 31  # type: ignore[index]
+
+
+async def test_a_long_outage_is_walked_in_bounded_work(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
+) -> None:
+    """A day behind on an every-second schedule: the newest occurrences are recorded
+    and the 3 newest missed ones fire, not 86,400 of them."""
+    schedule(engine, every=SECOND, catchup="all")
+    move_next_fire(pg, "s", floor_to(db_now(pg), SECOND) - timedelta(days=1))
+    fired = await fire_due(pool, max_catchup=3, keep_fires=20, grace=5)
+    fires = ledger(pg)
+    assert len(fires) == 20
+    enqueued = [f["scheduled_for"] for f in fires if f["outcome"] == "enqueued"]
+    # 3 caught up, and the 5 or 6 on time: contiguous seconds, the newest.
+    assert fired == len(enqueued) in (8, 9)
+    assert enqueued == [enqueued[0] + i * SECOND for i in range(len(enqueued))]
+    assert enqueued[-1] == fires[-1]["scheduled_for"]
+    assert row(pg, "s")["next_fire_at"] == enqueued[-1] + SECOND
+
+
+def test_the_walk_crosses_dst_as_next_after_does() -> None:
+    """The relay's plan over New York's fall-back, from the stored instant on."""
+    z = datetime(2026, 10, 31, 5, 30, tzinfo=UTC)
+    daily = recurrence("30 1 * * *", None, "America/New_York")
+    plan = plan_fires(
+        daily, z, datetime(2026, 11, 3, 12, tzinfo=UTC), catchup="all", max_catchup=10,
+        grace=60, window=100,
+    )  # fmt: skip
+    assert plan.decisions == [
+        Decision(datetime(2026, 10, 31, 5, 30, tzinfo=UTC), None),
+        Decision(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), None),  # 01:30 EDT, once
+        Decision(datetime(2026, 11, 2, 6, 30, tzinfo=UTC), None),
+        Decision(datetime(2026, 11, 3, 6, 30, tzinfo=UTC), None),
+    ]
+    assert plan.next_fire_at == datetime(2026, 11, 4, 6, 30, tzinfo=UTC)
+    hourly = recurrence("0 * * * *", None, "America/New_York")
+    now = datetime(2026, 11, 1, 8, 0, 30, tzinfo=UTC)
+    plan = plan_fires(
+        hourly, datetime(2026, 11, 1, 4, tzinfo=UTC), now, catchup="latest", max_catchup=10,
+        grace=60, window=100,
+    )  # fmt: skip
+    hours = [datetime(2026, 11, 1, h, tzinfo=UTC) for h in (4, 5, 6, 7, 8)]
+    assert plan.decisions == [
+        *(Decision(h, "catchup") for h in hours[:3]),
+        Decision(hours[3], None),  # the newest missed: 02:00 EST
+        Decision(hours[4], None),  # on time
+    ]
+
+
+# ------------------------------------------------------------------ with relays
+
+
+async def test_two_relays_fire_every_second_exactly_once(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    schedule(engine, every=SECOND)
+    fast = {"schedule_interval": 0.05, "rewake_interval": 30.0}
+    async with (
+        inproc.relay_running(db_url, amqp_url, topology, **fast),
+        inproc.relay_running(db_url, amqp_url, topology, **fast),
+    ):
+        # Ten seconds of occurrences, fired side by side.
+        await wait_for(lambda: len(ledger(pg)) >= 11, "11 fires", timeout=40)
+    instants = assert_each_once(pg, "s", SECOND)
+    assert instants[-1] - instants[0] >= timedelta(seconds=10)
+    # The relays keep up: none of them was late enough to count as missed.
+    assert max(f["delay_seconds"] for f in ledger(pg)) < 60
+
+
+async def test_a_relay_killed_mid_fire_loses_no_occurrence(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    schedule(engine, every=SECOND)
+    env = service_env(db_url, amqp_url, topology)
+    args = ["--schedule-interval", "0.1"]
+    blocked_fire = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'relay' AND wait_event_type = 'Lock' "
+        "AND query LIKE '%INSERT INTO jobs AS j%'"
+    )
+    with running("relay", args, env, "relay.started") as relay:
+        await wait_for(lambda: len(ledger(pg)) >= 3, "the first fires")
+        # Hold the next fire between its ledger insert and its job insert, then kill.
+        with psycopg.connect(db_url.conninfo) as locker:
+            locker.execute("LOCK TABLE jobs IN SHARE MODE")
+            await wait_for(
+                lambda: pg.execute(blocked_fire).fetchone() is not None, "a fire in flight"
+            )
+            (orphan,) = pg.execute(blocked_fire).fetchone()  # type: ignore[misc]
+            relay.kill()
+            killed_at = db_now(pg)
+            locker.rollback()
+    # The dead relay's transaction is rolled back by the server, taking its ledger rows.
+    await wait_for(
+        lambda: (
+            pg.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [orphan]).fetchone() is None
+        ),
+        "the killed relay's backend to go",
+    )
+    before = {f["scheduled_for"] for f in ledger(pg)}
+    assert all(at < killed_at for at in before)
+    # Some downtime, so that several occurrences fall due while no relay runs.
+    await wait_for(lambda: db_now(pg) > killed_at + timedelta(seconds=2.5), "downtime")
+    with running("relay", args, env, "relay.started"):
+        await wait_for(
+            lambda: ledger(pg)[-1]["scheduled_for"] >= killed_at + timedelta(seconds=3),
+            "fires after the restart",
+        )
+    instants = assert_each_once(pg, "s", SECOND)
+    assert instants[0] == min(before)
+    # The one in flight and the ones due while no relay ran: fired late, by the second.
+    late = [f["scheduled_for"] for f in ledger(pg) if f["delay_seconds"] > 1.5]
+    assert max(before) + SECOND in late and len(late) >= 2
