@@ -223,6 +223,11 @@ class Claimer:
                 return None
             return exc
         self.failures = 0
+        if claimed and log.isEnabledFor(logging.DEBUG):  # a trace, for latency work
+            log.debug(
+                "consumer.claimed",
+                extra={"t": time.time(), "job_ids": [str(row.job_id) for row in claimed]},
+            )
         for row in claimed:
             reservation = None
             handler = self.registry.get(row.job_type)

@@ -15,6 +15,7 @@ to be safe.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -177,6 +178,11 @@ class Inbox:
             except Exception as exc:
                 log.debug("consumer.reject_failed", extra={"error": str(exc)})
             return
+        if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
+            log.debug(
+                "consumer.delivered",
+                extra={"t": time.time(), "job_ids": [str(i) for i in job_ids]},
+            )
         await self.on_delivery(Delivery(message, job_ids))
 
     async def close(self) -> None:

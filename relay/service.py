@@ -208,6 +208,8 @@ class Relay:
                     # Whatever was committed while we were not listening.
                     self.wake_all()
                     async for _ in conn.notifies():
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("relay.notified", extra={"t": time.time()})
                         self.nudge()
 
     # ------------------------------------------------------------------ chores

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 from psycopg import AsyncConnection
@@ -92,6 +93,11 @@ async def wake_queue(
         messages = pack(queue, sent, limits.pack)
         if messages:
             await publisher.publish(messages, limits.publish_timeout)
+            if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
+                log.debug(
+                    "relay.sent",
+                    extra={"t": time.time(), "queue": queue, "job_ids": [str(r[1]) for r in sent]},
+                )
             if os.environ.get(FAULT_ENV) == "kill-after-publish":
                 log.warning("relay.fault_injected", extra={"count": len(sent)})
                 os.kill(os.getpid(), signal.SIGKILL)
