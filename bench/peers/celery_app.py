@@ -27,6 +27,18 @@ def marks() -> Marks:
     return _marks
 
 
+def noop() -> None:
+    marks().done()
+
+
+def latency(task: Task) -> None:
+    marks().started(task.request.id)
+
+
+def ready() -> None:
+    marks().ready()
+
+
 def make_app(broker: str, queue: str) -> Celery:
     app = Celery("bench", broker=broker, set_as_current=False)
     app.conf.update(
@@ -44,18 +56,12 @@ def make_app(broker: str, queue: str) -> Celery:
         task_send_sent_event=False,
     )
 
-    @app.task(name="bench.noop", shared=False)
-    def noop() -> None:
-        marks().done()
-
-    @app.task(name="bench.latency", bind=True, shared=False)
-    def latency(self: Task) -> None:  # type: ignore[type-arg]
-        marks().started(self.request.id)
-
-    @app.task(name="bench.ready", shared=False)
-    def ready() -> None:
-        marks().ready()
-
+    # Registered by call, not as decorators: Celery has no type information, and the
+    # names are explicit so the worker and the sender agree. shared=False keeps each
+    # app's tasks its own (the benchmark builds one app per run).
+    app.task(name="bench.noop", shared=False)(noop)
+    app.task(name="bench.latency", bind=True, shared=False)(latency)
+    app.task(name="bench.ready", shared=False)(ready)
     return app
 
 

@@ -69,7 +69,7 @@ async def _queries(db: DatabaseUrl) -> tuple[asyncpg.Connection, Queries]:
     return connection, Queries(AsyncpgDriver(connection))
 
 
-async def _warm_up(db: DatabaseUrl, marks: Marks, workers: int, check: Callable[[], None]) -> None:
+async def _warm_up(db: DatabaseUrl, marks: Marks, workers: int, check: Callable[[], None]) -> int:
     """One job at a time until every worker process has run one: all are connected,
     listening and past their first dequeue."""
     connection, queries = await _queries(db)
