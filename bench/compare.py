@@ -73,6 +73,19 @@ def load(groups: list[str]) -> tuple[list[Contender], list[dict[str, str]]]:
     return contenders, skipped
 
 
+class Interrupted:
+    """Whether Ctrl-C came: a contender that fails while being interrupted (say, inside
+    an event loop that turned the signal into a cancellation) is not a failure to
+    report but the end of the run."""
+
+    seen = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: FrameType | None) -> None:
+        cls.seen = True
+        raise KeyboardInterrupt
+
+
 def run(contenders: list[Contender], settings: Settings) -> list[Row]:
     rows: list[Row] = []
     for i, contender in enumerate(contenders, 1):
@@ -81,6 +94,8 @@ def run(contenders: list[Contender], settings: Settings) -> list[Row]:
         try:
             row.figures = contender.measure(settings)
         except Exception as exc:
+            if Interrupted.seen:
+                raise KeyboardInterrupt from exc
             row.error = f"{type(exc).__name__}: {exc}"
             say(f"{contender.name}: failed: {row.error}")
         else:
@@ -250,6 +265,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings(args.jobs, args.workers, args.rate, args.seconds)
+    # Our own handlers, whatever was inherited (a shell's background job ignores
+    # SIGINT): workers run in sessions of their own, so the signal reaches only this
+    # process, whose cleanup stops them, then drops the databases and queues.
+    signal.signal(signal.SIGINT, Interrupted.handler)
     signal.signal(signal.SIGTERM, _terminated)
 
     groups = [g for g in GROUPS if g in getattr(args, "only", GROUPS)]

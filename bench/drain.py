@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 
 import psycopg
 from sqlalchemy import create_engine
@@ -84,6 +86,10 @@ def latency(db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path) -> d
     return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -97,6 +103,8 @@ def main() -> None:
         "--no-baseline", dest="baseline", action="store_false", help="skip the SKIP LOCKED loop"
     )
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
+    signal.signal(signal.SIGTERM, _terminated)
 
     starts_dir = Path(tempfile.mkdtemp(prefix="bench-starts-"))
     with scratch_database() as db, scratch_topology(["default"]) as topology:

@@ -120,6 +120,9 @@ def running(
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=out,
+                        # Out of the terminal's reach: Ctrl-C goes to the benchmark
+                        # alone, which stops the workers when it is done with them.
+                        start_new_session=True,
                     )
                 )
             yield procs

@@ -59,17 +59,17 @@ def run_drain(settings: Settings) -> dict[str, object]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C reaches only us; we pass it on once, below.
+        start_new_session=True,
     )
     try:
         stdout, stderr = child.communicate(
             timeout=drain_timeout(settings.jobs) + settings.seconds + 120
         )
-    except KeyboardInterrupt:
-        # Ctrl-C reached the child too: let it drop its database and stop its daemons.
-        child.wait(90)
-        raise
     except BaseException:
-        child.send_signal(signal.SIGINT)
+        # bench.drain stops its relay and consumers and drops its database and broker
+        # namespace on SIGTERM.
+        child.send_signal(signal.SIGTERM)
         child.wait(90)
         raise
     finally:

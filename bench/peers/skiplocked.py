@@ -22,6 +22,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterator
 from multiprocessing.synchronize import Event
@@ -89,29 +90,26 @@ SELECT id, pg_notify('skiplocked_jobs', '') FROM job
 
 
 def _work(conninfo: str, batch: int, marks_path: str, stop: Event) -> None:
+    # Ctrl-C is the parent's to handle: it sets `stop`, or ends us if we hang.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = f"skiplocked-{os.getpid()}"
     marks = Marks(Path(marks_path))
-    try:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            # Listening before the first claim: a row committed after that claim
-            # looked is announced to us, so no enqueue is missed while idle.
-            conn.execute(f"LISTEN {CHANNEL}")
-            marks.ready()
-            while not stop.is_set():
-                rows = conn.execute(CLAIM, {"worker": worker, "batch": batch}).fetchall()
-                if not rows:
-                    for _ in conn.notifies(timeout=0.5, stop_after=1):
-                        break
-                    continue
-                for job_id, kind in rows:
-                    if kind == "latency":
-                        marks.started(job_id)
-                done = conn.execute(
-                    COMPLETE, {"ids": [r[0] for r in rows], "worker": worker}
-                ).rowcount
-                marks.done(done)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reaches every process; the parent cleans up
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        # Listening before the first claim: a row committed after that claim
+        # looked is announced to us, so no enqueue is missed while idle.
+        conn.execute(f"LISTEN {CHANNEL}")
+        marks.ready()
+        while not stop.is_set():
+            rows = conn.execute(CLAIM, {"worker": worker, "batch": batch}).fetchall()
+            if not rows:
+                for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    break
+                continue
+            for job_id, kind in rows:
+                if kind == "latency":
+                    marks.started(job_id)
+            done = conn.execute(COMPLETE, {"ids": [r[0] for r in rows], "worker": worker}).rowcount
+            marks.done(done)
 
 
 @contextlib.contextmanager
