@@ -44,6 +44,7 @@ GROUPS = {
 OURS = "hybrid-jobs"
 EXTRA = "pip install -e '.[bench]'"
 PEER_PACKAGES = ("pgqueuer", "celery")
+LATENCY_KEYS = ("p50_ms", "p95_ms", "p99_ms")
 OWN_PACKAGES = {"bench", "schema", "outbox", "relay", "consumers", "plumbing", "tests"}
 
 
@@ -106,9 +107,6 @@ def run(contenders: list[Contender], settings: Settings) -> list[Row]:
             )
         rows.append(row)
     return rows
-
-
-LATENCY_KEYS = ("p50_ms", "p95_ms", "p99_ms")
 
 
 def ratios(ours: Figures | None, peer: Figures | None) -> dict[str, float] | None:
