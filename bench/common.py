@@ -5,14 +5,19 @@ their command lines' help."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
 from pathlib import Path
 
+import aiormq
+import psycopg
+
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.scratch import scratch_database, scratch_topology
+from tests.support.services import ADMIN_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -51,6 +56,23 @@ def machine() -> dict[str, object]:
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
+def server_versions() -> dict[str, str]:
+    """The PostgreSQL and RabbitMQ the benchmarks run against, as they report it."""
+    with psycopg.connect(ADMIN_URL) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    postgresql = str(row[0]).split()[0] if row else "?"
+
+    async def rabbitmq() -> str:
+        connection = await aiormq.connect(AMQP.url)
+        try:
+            version = connection.server_properties.get("version", b"?")
+        finally:
+            await connection.close()
+        return version.decode() if isinstance(version, bytes) else str(version)
+
+    return {"postgresql": postgresql, "rabbitmq": asyncio.run(rabbitmq())}
+
+
 __all__ = [
     "AMQP",
     "BIN",
@@ -58,5 +80,6 @@ __all__ = [
     "percentiles",
     "scratch_database",
     "scratch_topology",
+    "server_versions",
     "service_env",
 ]

@@ -2,7 +2,7 @@
 LOCKED loop as the baseline, in one run against one database.
 
     python -m bench.drain [--jobs 20000] [--consumers 2] [--concurrency 50]
-                          [--rate 200] [--seconds 10]
+                          [--rate 200] [--seconds 10] [--no-baseline]
 
 1. drain: N no-op jobs committed at once with enqueue_many, one relay and K
    `consumer` processes; jobs/s from the commit until the last is SUCCEEDED;
@@ -10,20 +10,21 @@ LOCKED loop as the baseline, in one run against one database.
    handler's first line, p50/p95/p99;
 3. baseline: N jobs drained by K processes each running the unbatched loop a plain
    job table would (claim one with FOR UPDATE SKIP LOCKED, commit; complete it,
-   commit), same database, same machine.
+   commit), on a plain table in the same database (`bench.peers.skiplocked`, b=1).
 
-Prints one JSON object.
+Prints one JSON object; `bench.compare` reads its `drain_jobs_per_s` and
+`commit_to_handler_start`.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
 
 import psycopg
 from sqlalchemy import create_engine
@@ -39,27 +40,8 @@ from bench.common import (
     scratch_topology,
     service_env,
 )
+from bench.peers import skiplocked
 from plumbing.config import DatabaseUrl
-
-# The loop a plain table-backed queue runs, one commit per transition.
-BASELINE_CLAIM = """
-UPDATE jobs SET state = 'RUNNING', lease_owner = %(worker)s,
-       lease_expires_at = now() + interval '60 seconds',
-       lease_generation = lease_generation + 1, attempt_count = attempt_count + 1,
-       started_at = now(), updated_at = now()
-WHERE job_id = (
-    SELECT job_id FROM jobs
-    WHERE state IN ('QUEUED', 'RETRY_WAIT') AND run_after <= now() AND queue = 'baseline'
-    ORDER BY run_after
-    FOR UPDATE SKIP LOCKED
-    LIMIT 1)
-RETURNING job_id, lease_generation
-"""
-BASELINE_COMPLETE = """
-UPDATE jobs SET state = 'SUCCEEDED', lease_owner = NULL, lease_expires_at = NULL,
-       finished_at = now(), updated_at = now()
-WHERE job_id = %(job_id)s AND lease_owner = %(worker)s AND lease_generation = %(generation)s
-"""
 
 
 def count(db: DatabaseUrl, sql: str) -> int:
@@ -98,8 +80,8 @@ def latency(db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path) -> d
         if delay > 0:
             time.sleep(delay)
         with Session(engine) as session, session.begin():
-            job_id = outbox.enqueue(session, "latency", {})
-        committed[str(job_id)] = time.time()
+            new_id = outbox.enqueue(session, "latency", {})
+        committed[str(new_id)] = time.time()
     engine.dispose()
     wait_succeeded(db, "latency", total)
     started: dict[str, float] = {}
@@ -111,48 +93,8 @@ def latency(db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path) -> d
     return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
 
 
-def _baseline_worker(conninfo: str, stop_after: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    worker = f"baseline-{os.getpid()}"
-    done = 0
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        while True:
-            row = conn.execute(BASELINE_CLAIM, {"worker": worker}).fetchone()
-            if row is None:
-                break
-            conn.execute(
-                BASELINE_COMPLETE, {"job_id": row[0], "worker": worker, "generation": row[1]}
-            )
-            done += 1
-            if done >= stop_after:
-                break
-    out.put(done)
-
-
-def baseline(db: DatabaseUrl, n: int, workers: int) -> float:
-    with psycopg.connect(db.conninfo) as conn:
-        conn.execute(
-            "INSERT INTO jobs (job_id, job_type, queue, payload)"
-            " SELECT gen_random_uuid(), 'baseline', 'baseline', jsonb_build_object('i', i)"
-            " FROM generate_series(1, %s) AS i",
-            [n],
-        )
-        # Fresh statistics, so the planner walks the claimable index instead of
-        # sorting every claimable row on each claim: the loop at its best.
-        conn.execute("ANALYZE jobs")
-    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    procs = [
-        multiprocessing.Process(target=_baseline_worker, args=(db.conninfo, n, out))
-        for _ in range(workers)
-    ]
-    started = time.perf_counter()
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    elapsed = time.perf_counter() - started
-    done = sum(out.get() for _ in procs)
-    assert done == n, f"baseline drained {done} of {n}"
-    return n / elapsed
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> None:
@@ -172,7 +114,12 @@ def main() -> None:
     parser.add_argument(
         "--seconds", type=float, default=10, help="length of the latency run, in seconds"
     )
+    parser.add_argument(
+        "--no-baseline", dest="baseline", action="store_false", help="skip the SKIP LOCKED loop"
+    )
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
+    signal.signal(signal.SIGTERM, _terminated)
 
     starts_dir = Path(tempfile.mkdtemp(prefix="bench-starts-"))
     with scratch_database() as db, scratch_topology(["default"]) as topology:
@@ -200,26 +147,22 @@ def main() -> None:
                 p.terminate()
             for p in [*consumers, relay]:
                 p.wait(60)
-        base_rate = baseline(db, args.jobs, args.consumers)
         attempts = count(db, "SELECT count(*) FROM job_attempts")
+        base_rate = skiplocked.drain(db, args.jobs, args.consumers) if args.baseline else None
 
-    print(
-        json.dumps(
-            {
-                "benchmark": "drain",
-                "jobs": args.jobs,
-                "consumer_processes": args.consumers,
-                "concurrency_per_process": args.concurrency,
-                "drain_jobs_per_s": round(drain_rate),
-                "commit_to_handler_start": lat,
-                "baseline_skip_locked_jobs_per_s": round(base_rate),
-                "drain_to_baseline_ratio": round(drain_rate / base_rate, 2),
-                "attempt_rows": attempts,
-                "machine": machine(),
-            },
-            indent=2,
-        )
-    )
+    figures: dict[str, object] = {
+        "benchmark": "drain",
+        "jobs": args.jobs,
+        "consumer_processes": args.consumers,
+        "concurrency_per_process": args.concurrency,
+        "drain_jobs_per_s": round(drain_rate),
+        "commit_to_handler_start": lat,
+    }
+    if base_rate is not None:
+        figures["baseline_skip_locked_jobs_per_s"] = round(base_rate)
+        figures["drain_to_baseline_ratio"] = round(drain_rate / base_rate, 2)
+    figures |= {"attempt_rows": attempts, "machine": machine()}
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,20 +23,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def scratch_database(prefix: str = "scratch") -> Iterator[DatabaseUrl]:
-    """A new database, migrated to head with the real `alembic upgrade head`."""
+def scratch_database(prefix: str = "scratch", *, migrate: bool = True) -> Iterator[DatabaseUrl]:
+    """A new database, migrated to head with the real `alembic upgrade head` (or left
+    empty, for a benchmark peer that installs its own schema)."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
     try:
-        subprocess.run(
-            [sys.executable, "-m", "alembic", "upgrade", "head"],
-            cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": url.conninfo},
-            check=True,
-            capture_output=True,
-        )
+        if migrate:
+            subprocess.run(
+                [sys.executable, "-m", "alembic", "upgrade", "head"],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": url.conninfo},
+                check=True,
+                capture_output=True,
+            )
         yield url
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -1,0 +1,97 @@
+"""The side channel between a benchmark and the worker processes it starts: each
+worker process appends to files of its own in one directory, and the benchmark reads
+the directory back. Appending a few bytes costs a write(2) per job (microseconds), far
+below any queue's per-job cost, and needs nothing from the system being measured: no
+result backend, no extra table, no extra round trip.
+
+Per worker process (pid):
+
+- ``{pid}.txt``: one ``job_id unix_time`` line when a latency job's handler starts;
+- ``{pid}.done``: one byte per finished no-op job (the benchmark sums file sizes);
+- ``{pid}.first``: the time the process started its first no-op job;
+- ``{pid}.ready``: one byte per warm-up job, so the benchmark knows which workers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV = "BENCH_MARKS_DIR"
+
+
+class Marks:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fds: dict[str, int] = {}
+        self._first_noted = False
+
+    @classmethod
+    def from_env(cls) -> Marks:
+        return cls(Path(os.environ[ENV]))
+
+    # Worker side: each call is one append to this process's own file.
+
+    def _append(self, suffix: str, data: bytes) -> None:
+        fd = self._fds.get(suffix)
+        if fd is None:
+            fd = os.open(
+                self.path / f"{os.getpid()}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            )
+            self._fds[suffix] = fd
+        os.write(fd, data)
+
+    def started(self, job_id: object) -> None:
+        self._append("txt", f"{job_id} {time.time()}\n".encode())
+
+    def done(self, count: int = 1) -> None:
+        if not self._first_noted:
+            self._first_noted = True
+            self._append("first", f"{time.time()}\n".encode())
+        self._append("done", b"." * count)
+
+    def ready(self) -> None:
+        self._append("ready", b".")
+
+    # Benchmark side.
+
+    def _sizes(self, suffix: str) -> dict[str, int]:
+        return {p.stem: p.stat().st_size for p in self.path.glob(f"*.{suffix}")}
+
+    def done_count(self) -> int:
+        return sum(self._sizes("done").values())
+
+    def ready_count(self) -> int:
+        return sum(self._sizes("ready").values())
+
+    def ready_workers(self) -> int:
+        return sum(1 for size in self._sizes("ready").values() if size)
+
+    def first_start(self) -> float:
+        """The earliest moment any worker started a no-op job."""
+        return min(float(p.read_text().split()[0]) for p in self.path.glob("*.first"))
+
+    def starts(self) -> dict[str, float]:
+        started: dict[str, float] = {}
+        for path in self.path.glob("*.txt"):
+            for line in path.read_text().splitlines():
+                job_id, at = line.split()
+                started.setdefault(job_id, float(at))
+        return started
+
+    def start_count(self) -> int:
+        return sum(p.read_bytes().count(b"\n") for p in self.path.glob("*.txt"))
+
+
+@contextlib.contextmanager
+def marks_dir() -> Iterator[Marks]:
+    path = Path(tempfile.mkdtemp(prefix="bench-marks-"))
+    try:
+        yield Marks(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
