@@ -27,6 +27,13 @@ def connection_kwargs(application_name: str) -> dict[str, Any]:
 # transient and is retried, rather than stalling every heartbeat behind it.
 CONTROL_TIMEOUTS = "-c lock_timeout=5000 -c statement_timeout=30000"
 
+# For the relay's connections: every write the relay makes is one it would make
+# again if it were lost (a wake-up marked sent, a lease swept, a schedule fired with
+# its job), and anything that depends on it (a consumer's claim) is a synchronous
+# commit later in the same write-ahead log, which flushes it too. So the relay does
+# not wait for a disk flush per transaction.
+RELAY_OPTIONS = CONTROL_TIMEOUTS + " -c synchronous_commit=off"
+
 
 def make_pool(
     database: DatabaseUrl,

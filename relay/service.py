@@ -24,14 +24,13 @@ Tasks, all in one event loop:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from plumbing.db import listen_connection, make_pool
+from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
 from relay.maintenance import (
@@ -64,7 +63,7 @@ class Relay:
         s = settings
         self.settings = settings
         self.publisher = Publisher(s.amqp, s.topology)
-        self.pool = make_pool(s.database, "relay", max_size=s.publishers + 3)
+        self.pool = make_pool(s.database, "relay", max_size=s.publishers + 3, options=RELAY_OPTIONS)
         self.limits = WakeLimits(
             batch=s.batch_size,
             window=s.window,
@@ -77,20 +76,31 @@ class Relay:
         self.idle: list[asyncio.Event] = []
         # Set when work arrived while every drainer was busy.
         self.more = False
+        # Queues a notification or the last pass named, to wake without looking for
+        # them; a pass with none (a poll, a notification naming nothing) looks at
+        # every queue with due wake-ups.
+        self.hinted: set[str] = set()
+        self.look_everywhere = True
         self.stopping = False
         self.published = 0
         self.turn = 0
         # Rounds each chore completed, by name: a test waits on these, not on time.
         self.rounds: Counter[str] = Counter()
 
-    def nudge(self) -> None:
-        """Wake one idle drainer: one commit's wake-ups rarely need two."""
+    def nudge(self, queues: str = "") -> None:
+        """Wake one idle drainer (one commit's wake-ups rarely need two) for these
+        queues (comma-separated; empty: any)."""
+        if queues:
+            self.hinted.update(queues.split(","))
+        else:
+            self.look_everywhere = True
         if self.idle:
             self.idle.pop().set()
         else:
             self.more = True
 
     def wake_all(self) -> None:
+        self.look_everywhere = True
         for event in self.wakes:
             event.set()
 
@@ -178,14 +188,20 @@ class Relay:
             wake.clear()
             self.idle.append(wake)
             try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), wait)
+                await asyncio.wait_for(wake.wait(), wait)
+            except TimeoutError:
+                self.look_everywhere = True  # a poll: delayed wake-ups may be due now
             finally:
                 if wake in self.idle:
                     self.idle.remove(wake)
 
     async def _pass(self) -> _Pass:
-        queues = await due_queues(self.pool)
+        if self.look_everywhere or not self.hinted:
+            self.look_everywhere = False
+            self.hinted.clear()
+            queues = await due_queues(self.pool)
+        else:
+            queues, self.hinted = sorted(self.hinted), set()
         if not queues:
             return _Pass(0, False, False)
         # Drainers start at different queues, so each queue's turn comes round.
@@ -195,8 +211,11 @@ class Relay:
         for queue in queues[start:] + queues[:start]:
             woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
             sent += woken.sent
-            full = full or woken.sent >= self.settings.batch_size
+            more = woken.sent >= self.settings.batch_size
+            full = full or more
             held = held or woken.held or woken.busy
+            if more or woken.held or woken.busy:
+                self.hinted.add(queue)  # the next pass comes back to it
         return _Pass(sent, full, held)
 
     async def _listen(self) -> None:
@@ -207,10 +226,10 @@ class Relay:
                     log.info("relay.listening", extra={"channel": OUTBOX_CHANNEL})
                     # Whatever was committed while we were not listening.
                     self.wake_all()
-                    async for _ in conn.notifies():
+                    async for notice in conn.notifies():
                         if log.isEnabledFor(logging.DEBUG):
                             log.debug("relay.notified", extra={"t": time.time()})
-                        self.nudge()
+                        self.nudge(notice.payload)
 
     # ------------------------------------------------------------------ chores
 
@@ -238,7 +257,7 @@ class Relay:
             worker_ttl=s.worker_ttl,
         )
         if woken:
-            self.nudge()
+            self.nudge()  # any queue
 
     async def _reconcile(self) -> None:
         await reconcile_tenant_slots(self.pool)

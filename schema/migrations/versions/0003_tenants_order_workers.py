@@ -135,6 +135,25 @@ def upgrade() -> None:
     )
     op.create_index("job_effects_job_id_idx", "job_effects", ["job_id"])
 
+    # The relay learns which queues a commit added due wake-ups to, and wakes just
+    # those (no query to find them). Queue names never contain a comma; a payload
+    # too long for NOTIFY says nothing, which the relay takes as "look everywhere".
+    op.execute(
+        """
+        CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        DECLARE
+          queues text;
+        BEGIN
+          SELECT string_agg(DISTINCT queue, ',') INTO queues FROM added WHERE available_at <= now();
+          IF queues IS NOT NULL THEN
+            PERFORM pg_notify('outbox', CASE WHEN length(queues) < 7000 THEN queues ELSE '' END);
+          END IF;
+          RETURN NULL;
+        END $$
+        """
+    )
+
     # ---------------------------------------------------------------- operator state
     op.create_table(
         "queues",
@@ -240,6 +259,18 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute(
+        """
+        CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+          IF EXISTS (SELECT 1 FROM added WHERE available_at <= now()) THEN
+            PERFORM pg_notify('outbox', '');
+          END IF;
+          RETURN NULL;
+        END $$
+        """
+    )
     op.drop_table("job_replays")
     op.drop_table("workers")
     op.drop_table("fair_shares")

@@ -1,0 +1,154 @@
+"""Where commit-to-handler-start goes, hop by hop.
+
+Jobs are committed one per transaction at a fixed rate; the relay and the consumers
+run with LOG_LEVEL=DEBUG, which makes them trace each wake-up with a wall-clock time
+(relay.notified, relay.sent, consumer.delivered, consumer.claimed), and the bench
+handler notes when it starts. All processes share the machine's clock. Per job:
+
+    commit -> notified   the producer's COMMIT until the relay hears its NOTIFY
+    notified -> sent     the relay decides, marks and publishes (confirms awaited)
+    sent -> delivered    RabbitMQ hands the message to a consumer
+    delivered -> claimed the consumer's claim statement, committed
+    claimed -> started   the handler's task gets the event loop
+
+(a hop can be negative where two processes race: a delivery can arrive before the
+relay has logged the publish it waits confirms for). DEBUG tracing costs a little
+itself: the headline figure is bench.drain's, at the normal log level.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import (
+    BIN,
+    argument_parser,
+    machine,
+    percentiles,
+    scratch_database,
+    scratch_topology,
+    service_env,
+)
+from bench.drain import wait_succeeded
+
+HOPS = [
+    ("commit", "notified"),
+    ("notified", "sent"),
+    ("sent", "delivered"),
+    ("delivered", "claimed"),
+    ("claimed", "started"),
+    ("commit", "started"),
+]
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argument_parser("bench.latency", __doc__)
+    parser.add_argument("--rate", type=float, default=200, help="jobs committed per second")
+    parser.add_argument("--seconds", type=float, default=10, help="length of the run")
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument(
+        "--no-trace",
+        dest="trace",
+        action="store_false",
+        help="run at the normal log level: only commit-to-start and CPU, not the hops",
+    )
+    args = parser.parse_args()
+
+    logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    with scratch_database() as db, scratch_topology(["default"]) as topology:
+        level = "DEBUG" if args.trace else "INFO"
+        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(logs), "LOG_LEVEL": level}
+        files = [(logs / f"p{i}.log").open("wb") for i in range(args.consumers + 1)]
+        procs = [subprocess.Popen([str(BIN / "relay")], env=env, stderr=files[0])]
+        procs += [
+            subprocess.Popen(
+                [str(BIN / "consumer"), "--app", "bench.apps"], env=env, stderr=files[i + 1]
+            )
+            for i in range(args.consumers)
+        ]
+        try:
+            time.sleep(3)  # connected, consuming
+            cpu_before = [cpu_seconds(p.pid) for p in procs]
+            engine = create_engine(db.sqlalchemy, pool_size=2)
+            committed: dict[str, float] = {}
+            total = int(args.rate * args.seconds)
+            began = time.perf_counter()
+            for i in range(total):
+                delay = began + i / args.rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                with Session(engine) as session, session.begin():
+                    job_id = outbox.enqueue(session, "latency", {})
+                committed[str(job_id)] = time.time()
+            engine.dispose()
+            wait_succeeded(db, "latency", total)
+            cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)]
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(60)
+            for f in files:
+                f.close()
+
+    at: dict[str, dict[str, float]] = {j: {"commit": t} for j, t in committed.items()}
+    notified = sorted(e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified")
+    for path in logs.glob("p*.log"):
+        for e in _events(path):
+            kind = {"relay.sent": "sent", "consumer.delivered": "delivered"}.get(e["event"])
+            kind = kind or {"consumer.claimed": "claimed"}.get(e["event"])
+            if kind:
+                for job_id in e["job_ids"]:
+                    at.get(job_id, {}).setdefault(kind, e["t"])
+    for path in logs.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            job_id, t = line.split()
+            at.get(job_id, {}).setdefault("started", float(t))
+    # The NOTIFY a job's commit caused is the first one the relay heard after it.
+    for times in at.values():
+        k = bisect.bisect_left(notified, times["commit"])
+        if k < len(notified):
+            times["notified"] = notified[k]
+    result: dict[str, Any] = {"benchmark": "latency", "rate_per_s": args.rate, "jobs": len(at)}
+    for a, b in HOPS:
+        samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
+        result[f"{a}_to_{b}"] = percentiles(samples) if len(samples) > 10 else None
+    result["cpu_ms_per_job"] = {
+        "relay": round(cpu[0] * 1000 / total, 3),
+        "consumers": round(sum(cpu[1:]) * 1000 / total, 3),
+    }
+    result["machine"] = machine()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
