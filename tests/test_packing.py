@@ -1,0 +1,156 @@
+"""Several job ids per wake-up: a consumer claims what it has room for and keeps the
+rest, acks a message only when every id in it is accounted for, loses nothing when
+it dies holding a half-claimed message; malformed packed bodies are dead-lettered;
+old single-id and packed bodies mix. And the scale-out run: two relays and four
+consumer processes on one database and one broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+
+import consumers
+from consumers import Registry
+from outbox import NewJob
+from plumbing.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+from tests.support.broker import collect, publish_raw, queue_depth
+from tests.support.inproc import consumer_running
+from tests.support.jobs import attempts, enqueue_many, job, wait_for_state, wait_until_all
+from tests.support.processes import running, service_env
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def silent_jobs(
+    pg: psycopg.Connection, job_type: str, n: int, **payload: object
+) -> list[uuid.UUID]:
+    """Jobs with no wake-up of their own: the test publishes the wake-ups itself."""
+    ids = [uuid.uuid4() for _ in range(n)]
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, payload) SELECT unnest(%s::uuid[]), %s, %s::jsonb",
+        [ids, job_type, json.dumps(payload)],
+    )
+    return ids
+
+
+def body(ids: list[uuid.UUID]) -> bytes:
+    return "\n".join(str(i) for i in ids).encode()
+
+
+async def test_a_packed_message_is_claimed_as_slots_free_and_acked_when_all_are(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, pg
+) -> None:
+    registry = Registry()
+    gate = asyncio.Event()
+
+    @registry.handler("gated")
+    async def gated(j: consumers.Job) -> None:
+        await gate.wait()
+
+    ids = silent_jobs(pg, "gated", 10)
+    await publish_raw(amqp_url.url, topology, "default", body(ids))
+    async with consumer_running(db_url, amqp_url, topology, registry, concurrency=2) as consumer:
+        for _ in range(200):
+            if consumer.claimer.buffered == 8:
+                break
+            await asyncio.sleep(0.02)
+        assert consumer.claimer.buffered == 8, "two claimed, eight kept"
+        states = [job(pg, i)["state"] for i in ids]
+        assert states.count("RUNNING") == 2 and states.count("QUEUED") == 8
+        gate.set()
+        for job_id in ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+        assert consumer.claimer.buffered == 0
+    assert await queue_depth(amqp_url.url, topology, "default") == 0, "acked once, at the end"
+    for job_id in ids:
+        assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+
+
+def test_a_consumer_killed_holding_a_half_claimed_message_loses_nothing(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, pg
+) -> None:
+    env = service_env(db_url, amqp_url, topology)
+    consumer = ["--app", "tests.apps.basic", "--lease-seconds", "2", "--heartbeat-seconds", "0.5"]
+    ids = silent_jobs(pg, "sleep", 10, seconds=1.0)
+    asyncio.run(publish_raw(amqp_url.url, topology, "default", body(ids)))
+    with running("relay", ["--sweep-interval", "0.3"], env, "relay.started"):
+        with running("consumer", [*consumer, "--concurrency", "3"], env, "consumer.started") as a:
+            asyncio.run(wait_until_all(pg, "RUNNING", 3))
+            a.kill()  # three claimed, seven waiting in its buffer, message unacked
+        claimed_by_the_dead = [i for i in ids if job(pg, i)["state"] == "RUNNING"]
+        assert len(claimed_by_the_dead) == 3
+        with running("consumer", consumer, env, "consumer.started"):
+            for job_id in ids:
+                asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED", timeout=60))
+    for job_id in ids:
+        outcomes = [a["outcome"] for a in attempts(pg, job_id)]
+        assert outcomes.count("SUCCEEDED") == 1
+        expected = ["RETRY_WAIT", "SUCCEEDED"] if job_id in claimed_by_the_dead else ["SUCCEEDED"]
+        assert outcomes == expected, "the redelivery claimed the rest at once"
+
+
+async def test_malformed_packed_bodies_go_to_the_dead_letter_queue_and_forms_mix(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, pg
+) -> None:
+    registry = Registry()
+
+    @registry.handler("plain")
+    async def plain(j: consumers.Job) -> None:
+        return None
+
+    ids = silent_jobs(pg, "plain", 12)
+    good = [
+        str(ids[0]).encode(),  # the old form: one id
+        f"urn:uuid:{ids[1]}".encode(),
+        body(ids[2:7]),  # packed
+        body(ids[7:12]) + b"\n",  # packed, trailing newline
+    ]
+    bad = [
+        body(ids[:2]) + b"\nnot-an-id",
+        b"\n".join([str(uuid.uuid4()).encode()] * 1001),  # more ids than a message may name
+        b"\xff\xfe" + body(ids[:1]),
+    ]
+    async with consumer_running(db_url, amqp_url, topology, registry) as consumer:
+        for message in [*good, *bad]:
+            await publish_raw(amqp_url.url, topology, "default", message)
+        for job_id in ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+        dead = await collect(amqp_url.url, topology, "", len(bad), timeout=10, dead_letters=True)
+        assert consumer.inbox.garbage == len(bad)
+    assert len(dead) == len(bad)
+
+
+def test_two_relays_and_four_consumers_drain_20000_jobs_each_once(
+    engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    env = service_env(db_url, amqp_url, topology)
+    consumer = ["--app", "tests.apps.basic", "--concurrency", "50"]
+    with (
+        running("relay", [], env, "relay.started") as r1,
+        running("relay", [], env, "relay.started") as r2,
+        running("consumer", consumer, env, "consumer.started"),
+        running("consumer", consumer, env, "consumer.started"),
+        running("consumer", consumer, env, "consumer.started"),
+        running("consumer", consumer, env, "consumer.started"),
+    ):
+        for _ in range(10):
+            enqueue_many(engine, [NewJob("noop", {}) for _ in range(2000)])
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", 20_000, timeout=180))
+        assert r1.stop() == 0 and r2.stop() == 0
+    once = pg.execute(
+        "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'"
+        " GROUP BY job_id HAVING count(*) = 1) AS t"
+    ).fetchone()[0]
+    assert once == 20_000, "each job succeeded exactly once"
+    assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone()[0] == 1
+    published = [
+        e["published"] for r in (r1, r2) for e in r.events() if e["event"] == "relay.stopped"
+    ]
+    assert all(p > 0 for p in published), f"both relays published: {published}"
+    assert sum(published) >= 20_000
