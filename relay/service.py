@@ -172,6 +172,7 @@ class Relay:
                 with attempt:
                     done = await self._pass()
             self.published += done.sent
+            self.rounds["drain"] += 1
             if done.full:
                 self.nudge()  # a full batch: there is likely more, take a helper along
                 continue

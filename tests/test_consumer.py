@@ -71,10 +71,14 @@ async def test_duplicated_wakeups_run_the_handler_once(services, engine: Engine,
             await publish_raw(amqp.url, topology, "default", str(job_id).encode())
         async with consumer_running(*services, registry) as consumer:
             await wait_for_state(pg, job_id, "SUCCEEDED")
-            await asyncio.sleep(0.5)
-            assert await queue_depth(amqp.url, topology, "default") == 0
             duplicates = ("wakeup_duplicate", "wakeup_running", "wakeup_finished")
+            for _ in range(200):  # every duplicate is explained, then acked
+                if sum(consumer.counts[k] for k in duplicates) == 5:
+                    break
+                await asyncio.sleep(0.02)
             assert sum(consumer.counts[k] for k in duplicates) == 5
+            assert consumer.claimer.buffered == 0
+            assert await queue_depth(amqp.url, topology, "default") == 0
     assert calls == [job_id]
     assert job(pg, job_id)["attempt_count"] == 1
     assert len(attempts(pg, job_id)) == 1
@@ -116,7 +120,7 @@ async def test_a_lost_lease_cancels_the_handler_and_reports_nothing(
     job_id = enqueue(engine, "victim")
     async with (
         relay_running(*services),
-        consumer_running(*services, registry, lease_seconds=2, heartbeat_seconds=0.3),
+        consumer_running(*services, registry, lease_seconds=2, heartbeat_seconds=0.3) as consumer,
     ):
         await asyncio.wait_for(started.wait(), 20)
         # Someone else takes the job over: a newer generation under another owner.
@@ -126,7 +130,8 @@ async def test_a_lost_lease_cancels_the_handler_and_reports_nothing(
             [job_id],
         )
         await asyncio.wait_for(cancelled.wait(), 10)
-        await asyncio.sleep(0.5)
+        assert job_id not in consumer.ledger, "given up: no outcome will be reported"
+        assert consumer.ledger.pending_outcomes() == 0
     row = job(pg, job_id)
     assert (row["state"], row["lease_owner"]) == ("RUNNING", "thief"), "nothing was reported"
     assert attempts(pg, job_id) == []
@@ -262,10 +267,8 @@ async def test_a_job_no_consumer_knows_waits_and_runs_when_its_handler_arrives(
         ), "it waits, spending no attempt"
         assert row["max_attempts"] is None, "the budget waits for a handler that knows the type"
         assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0, "parked, not churned"
-        started = time.monotonic()
         async with consumer_running(*services, new):
             row = await wait_for_state(pg, job_id, "SUCCEEDED", timeout=10)
-        assert time.monotonic() - started < 10
     assert row["delay_reason"] is None
     assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
 
@@ -276,11 +279,14 @@ async def test_sync_handlers_run_in_threads_and_can_use_a_transaction(
     pg.execute("CREATE TABLE receipts (order_id int PRIMARY KEY)")
     registry = Registry()
     threads: list[str] = []
+    together = threading.Barrier(6, timeout=10)
 
     @registry.handler("blocking", queue="sync")
     def blocking(j: consumers.Job) -> None:
         threads.append(threading.current_thread().name)
-        time.sleep(0.2)  # would stall every other job if it ran in the event loop
+        # All six must be inside at once to pass: they run side by side, in threads,
+        # not one after another (nor in the event loop, which this would stall).
+        together.wait()
         with j.transaction() as tx:
             if tx.once(f"receipt:{j.payload['order']}"):
                 tx.execute("INSERT INTO receipts VALUES (%s)", [j.payload["order"]])
@@ -289,12 +295,9 @@ async def test_sync_handlers_run_in_threads_and_can_use_a_transaction(
         engine, [NewJob("blocking", {"order": i % 3}, queue="sync") for i in range(6)]
     )
     async with relay_running(*services), consumer_running(*services, registry, concurrency=6):
-        started = time.monotonic()
         for job_id in ids:
             await wait_for_state(pg, job_id, "SUCCEEDED")
-        elapsed = time.monotonic() - started
     assert all(name.startswith("handler") for name in threads)
-    assert elapsed < 6 * 0.2 + 1, "the six sleeps ran side by side"
     assert pg.execute("SELECT count(*) FROM receipts").fetchone()[0] == 3
 
 
@@ -690,19 +693,22 @@ async def test_a_sync_timeout_starts_when_a_thread_takes_the_job(
 
 async def test_zero_drain_gives_claims_back_at_once(services, engine: Engine, pg) -> None:
     registry = Registry()
-    started = asyncio.Event()
+    started, interrupted = asyncio.Event(), asyncio.Event()
 
     @registry.handler("long")
     async def long(j: consumers.Job) -> None:
         started.set()
-        await asyncio.sleep(60)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
 
     job_id = enqueue(engine, "long")
     async with relay_running(*services):
         async with consumer_running(*services, registry, drain_seconds=0):
             await asyncio.wait_for(started.wait(), 20)
-            stopping = time.monotonic()
-        assert time.monotonic() - stopping < 10
+        assert interrupted.is_set(), "no drain: the handler was stopped, not waited for"
     row = job(pg, job_id)
     assert (row["state"], row["attempt_count"]) == ("QUEUED", 0)
 

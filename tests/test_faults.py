@@ -100,9 +100,13 @@ def test_sigstop_past_the_lease_every_late_write_bounces(env, engine, pg, db_url
                 row = asyncio.run(wait_for_state(pg, contested, "SUCCEEDED", timeout=30))
                 assert f":{second.pid}:" in attempts(pg, contested)[-1]["worker"]
                 frozen.signal(signal.SIGCONT)
-                # The frozen worker wakes inside its handler, heartbeats, and would
-                # complete: give it time to try everything.
-                time.sleep(5)
+                # The frozen worker wakes inside its handler and heartbeats: the fence
+                # turns it away, and it says so.
+                deadline = time.monotonic() + 20
+                fenced = ("consumer.lease_lost", "consumer.stale_outcome")
+                while not any(e["event"] in fenced for e in frozen.events()):
+                    assert time.monotonic() < deadline, frozen.text()[-3000:]
+                    time.sleep(0.05)
         finally:
             frozen.signal(signal.SIGCONT)
             frozen.stop()
@@ -135,13 +139,13 @@ def test_relay_killed_between_publish_and_mark_sent(env, engine, pg, db_url) -> 
         unsent = pg.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0]
         assert unsent == 1, "published, then killed before the commit that marks it sent"
         with running("relay", RELAY, env, "relay.started"):
-            for _ in range(100):
-                if not pg.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[
-                    0
-                ]:
-                    break
-                time.sleep(0.1)
-            time.sleep(1)
+            # The second wake-up goes out and the consumer explains it (the job is
+            # done): its counters in the workers table say so.
+            explained = "SELECT coalesce(sum((counts->>'wakeup_finished')::int), 0) FROM workers"
+            deadline = time.monotonic() + 20
+            while pg.execute(explained).fetchone()[0] < 1:
+                assert time.monotonic() < deadline, "the duplicate wake-up never arrived"
+                time.sleep(0.05)
         assert consumer.stop() == 0
     stopped = consumer.wait_for_event("consumer.stopped")
     assert stopped["claimed"] == 1

@@ -71,8 +71,9 @@ async def test_messages_are_persistent_and_name_the_job(
     topology: Topology,
 ) -> None:
     (job_id,) = enqueue(engine, 1, priority=42)
-    async with relay_running(db_url, amqp_url, topology):
-        await asyncio.sleep(1)
+    async with relay_running(db_url, amqp_url, topology) as relay:
+        while relay.published < 1:
+            await asyncio.sleep(0.02)
     connection = await aio_pika.connect(amqp_url.url)
     async with connection:
         channel = await connection.channel()
@@ -96,9 +97,11 @@ async def test_delayed_wakeup_waits_for_available_at(
 ) -> None:
     now = enqueue(engine, 1)
     later = enqueue(engine, 1, run_after=timedelta(seconds=3))
-    async with relay_running(db_url, amqp_url, topology, poll_interval=0.2):
-        assert await collect_ids(amqp_url.url, topology, "default", 1, settle=1.0) == now
+    async with relay_running(db_url, amqp_url, topology, poll_interval=0.2) as relay:
+        assert await collect_ids(amqp_url.url, topology, "default", 1) == now
+        await inproc.chore_rounds(relay, "drain", 3)  # polls that found it not yet due
         assert unsent(pg) == 1, "the delayed wake-up went out early"
+        assert await queue_depth(amqp_url.url, topology, "default") == 0
         assert await collect_ids(amqp_url.url, topology, "default", 1, timeout=10) == later
     assert unsent(pg) == 0
 
@@ -109,6 +112,7 @@ async def test_broker_outage_leaves_rows_unsent_until_it_returns(
     db_url: DatabaseUrl,
     amqp_url: AmqpUrl,
     topology: Topology,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     proxy = TcpProxy("127.0.0.1", 5672)
     try:
@@ -118,7 +122,10 @@ async def test_broker_outage_leaves_rows_unsent_until_it_returns(
             assert sorted(await collect_ids(amqp_url.url, topology, "default", 10)) == sorted(first)
             proxy.down()
             during = enqueue(engine, 100)
-            await asyncio.sleep(2)
+            # The relay tried to send them and failed: that, not the passing of
+            # time, shows nothing goes out while the broker is away.
+            while not any(r.msg == "relay.drain_failed" for r in caplog.records):
+                await asyncio.sleep(0.05)
             assert unsent(pg) == 100
             assert await queue_depth(amqp_url.url, topology, "default") == 0
             proxy.up()
