@@ -90,9 +90,34 @@ class Publisher:
         """Publish every message and wait for all the broker's confirms.
 
         Raises if any is not confirmed (nacked, returned as unroutable, or not
-        confirmed within ``confirm_timeout`` seconds); the caller then rolls the batch back.
+        confirmed within ``confirm_timeout`` seconds, declaring included); the caller
+        then rolls the batch back.
         """
         assert self.declared is not None, "connect() first"
+        try:
+            # All of it under the timeout: with the broker away, declaring the queue
+            # or finding the channel waits for a reconnect, inside the caller's
+            # transaction, which must not stay open for that.
+            async with asyncio.timeout(confirm_timeout):
+                await self._publish(wakeups)
+        except aiormq.exceptions.PublishError:
+            # Returned as unroutable: the queue was deleted behind our back (say, from
+            # the management UI). Declare it again before the batch is retried.
+            self.declared.forget_queues()
+            raise
+
+    async def wait_connected(self, within: float) -> None:
+        """Return once connected to RabbitMQ, or raise ConnectionError: checked
+        before the relay opens a transaction, so an outage keeps none open."""
+        assert self.connection is not None, "connect() first"
+        try:
+            async with asyncio.timeout(within):
+                await self.connection.connected.wait()
+        except TimeoutError:
+            raise ConnectionError("not connected to RabbitMQ") from None
+
+    async def _publish(self, wakeups: Sequence[WakeUp]) -> None:
+        assert self.declared is not None
         for queue in {w.queue for w in wakeups}:
             await self.declared.queue(queue)
         exchange = (await self.declared.base()).name
@@ -103,31 +128,23 @@ class Publisher:
         # (unroutable) message to its publish by message_id, the outbox row's id.
         channel = await self.declared.channel.get_underlay_channel()
         persistent = int(aio_pika.DeliveryMode.PERSISTENT)
-
-        try:
-            async with asyncio.timeout(confirm_timeout):
-                await asyncio.gather(
-                    *(
-                        channel.basic_publish(
-                            w.body,
-                            exchange=exchange,
-                            routing_key=w.queue,
-                            properties=aiormq.spec.Basic.Properties(
-                                delivery_mode=persistent,
-                                priority=min(max(w.priority, 0), MAX_PRIORITY),
-                                message_id=w.message_id,
-                                content_type="text/plain",
-                            ),
-                            mandatory=True,
-                        )
-                        for w in wakeups
-                    )
+        await asyncio.gather(
+            *(
+                channel.basic_publish(
+                    w.body,
+                    exchange=exchange,
+                    routing_key=w.queue,
+                    properties=aiormq.spec.Basic.Properties(
+                        delivery_mode=persistent,
+                        priority=min(max(w.priority, 0), MAX_PRIORITY),
+                        message_id=w.message_id,
+                        content_type="text/plain",
+                    ),
+                    mandatory=True,
                 )
-        except aiormq.exceptions.PublishError:
-            # Returned as unroutable: the queue was deleted behind our back (say, from
-            # the management UI). Declare it again before the batch is retried.
-            self.declared.forget_queues()
-            raise
+                for w in wakeups
+            )
+        )
 
     async def ready_counts(self, queues: list[str]) -> dict[str, int]:
         """Messages ready (not yet delivered) in each job queue; a queue that does not

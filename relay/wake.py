@@ -74,6 +74,7 @@ async def wake_queue(
 ) -> Woken:
     # Not in pipeline mode: it would save the round trip of BEGIN, but measured at
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
+    await publisher.wait_connected(limits.publish_timeout)
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             OUTBOX_WAKE_QUEUE,
