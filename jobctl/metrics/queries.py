@@ -1,0 +1,149 @@
+"""The metrics collector's statements, named. All of them only read.
+
+They live here rather than in :mod:`schema.queries` because they change nothing and
+only the collector runs them: their shape (a high-water mark with an overlap, a
+snapshot shared by every gauge) is the collector's business, and keeping them apart
+leaves the durable record's file to the transitions.
+
+Each one is written to match one index's predicate exactly, so its cost follows the
+backlog, or the rows that finished since the last round, never the history
+(STYLE.md point 12; bench/metrics_cost.py shows the plans at a million finished
+jobs):
+
+- jobs waiting: ``jobs_claimable_idx`` (queue, state, run_after) WHERE claimable, an
+  index-only scan that also gives the oldest due ``run_after``;
+- jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
+  since one ``state IN (...)`` spanning both partial indexes scans the whole table;
+- the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
+- attempts: ``job_attempts_finished_idx`` (finished_at);
+- cancellations: ``jobs_finished_idx`` (finished_at) WHERE terminal;
+- scheduler delay: ``schedule_fires_fired_idx`` (fired_at) WHERE enqueued.
+
+The incremental reads take the same two parts: ``late``, rows inside the overlap
+window behind the cursor, re-read so that a row committed a moment after its
+timestamp is not missed (the caller skips those it counted already); and new rows
+past the cursor, oldest first, at most ``limit`` of them per round.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
+
+# The key of the transaction-scoped advisory lock that lets one collection run at a
+# time across every `jobctl serve`; its own namespace, apart from the relay's keys.
+LOCK_NAME: Final = "hybrid_jobs.metrics.collector"
+
+# The first statement of a round: its statement timeout (for the rest of this
+# transaction only), whether this process may collect now, and the snapshot's clock.
+METRICS_ROUND_BEGIN: Final = """
+SELECT set_config('statement_timeout', %(timeout_ms)s, true),
+       pg_try_advisory_xact_lock(hashtextextended(%(lock)s, 0)),
+       now()
+"""
+
+# Per queue and waiting state: how many, and the age of the oldest one that is due.
+METRICS_JOBS_WAITING: Final = f"""
+SELECT queue, state, count(*),
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL})
+GROUP BY queue, state
+"""
+
+# Per queue and leased state: how many, and how many of their leases have expired
+# without the sweeper having moved them on yet.
+METRICS_JOBS_LEASED: Final = f"""
+SELECT queue, state, count(*), count(*) FILTER (WHERE lease_expires_at <= now())
+FROM jobs
+WHERE state IN ({LEASED_SQL})
+GROUP BY queue, state
+"""
+
+# Wake-ups the relay should have sent already: unsent and due. Ones due later
+# (delayed jobs, retries waiting out their backoff) are not lag and are left out.
+METRICS_OUTBOX_DUE: Final = """
+SELECT count(*), EXTRACT(EPOCH FROM now() - min(available_at))::float8
+FROM outbox
+WHERE sent_at IS NULL AND available_at <= now()
+"""
+
+
+def _count(key: str) -> str:
+    # A consumer writes integers; anything else counts as zero rather than failing
+    # the whole round.
+    return (
+        f"CASE WHEN jsonb_typeof(counts->'{key}') = 'number'"
+        f" THEN (counts->>'{key}')::numeric::bigint ELSE 0 END"
+    )
+
+
+# Each live consumer's cumulative fence rejections: outcomes the fence turned away
+# (stale_outcome) and leases it lost (lease_lost, mostly a heartbeat the fence
+# refused). The worker id is a key for the increase since the last round, never a
+# label.
+METRICS_WORKERS: Final = f"""
+SELECT worker_id, queues, {_count("stale_outcome")}, {_count("lease_lost")}
+FROM workers
+"""
+
+# Queues an operator has touched (paused, resumed): known even while idle.
+METRICS_QUEUES: Final = "SELECT queue FROM queues"
+
+# Finished attempts, with their job's queue and type (a primary-key lookup per row;
+# NULL when retention deleted the job since).
+METRICS_ATTEMPTS_SINCE: Final = """
+WITH a AS (
+    (SELECT true AS late, job_id, lease_generation, finished_at, started_at, ready_at, outcome,
+            attempt, error_code
+     FROM job_attempts
+     WHERE finished_at >= %(low)s AND finished_at <= %(cursor)s)
+    UNION ALL
+    (SELECT false, job_id, lease_generation, finished_at, started_at, ready_at, outcome,
+            attempt, error_code
+     FROM job_attempts
+     WHERE finished_at > %(cursor)s
+     ORDER BY finished_at
+     LIMIT %(limit)s)
+)
+SELECT a.late, a.job_id, a.lease_generation, a.finished_at, j.queue, j.job_type, a.outcome,
+       a.attempt,
+       EXTRACT(EPOCH FROM a.finished_at - a.started_at)::float8,
+       EXTRACT(EPOCH FROM a.started_at - a.ready_at)::float8,
+       a.error_code IS NOT DISTINCT FROM 'LEASE_EXPIRED'
+FROM a LEFT JOIN jobs AS j ON j.job_id = a.job_id
+"""
+
+# Jobs that ended CANCELLED after someone asked: from the request to the end.
+# The terminal-state condition is the partial index's predicate, spelled out so the
+# planner can use it.
+METRICS_CANCELLATIONS_SINCE: Final = f"""
+(SELECT true AS late, job_id, finished_at,
+        EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
+ FROM jobs
+ WHERE state IN ({TERMINAL_SQL}) AND finished_at >= %(low)s AND finished_at <= %(cursor)s
+   AND state = 'CANCELLED' AND cancel_requested_at IS NOT NULL)
+UNION ALL
+(SELECT false, job_id, finished_at, EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
+ FROM jobs
+ WHERE state IN ({TERMINAL_SQL}) AND finished_at > %(cursor)s
+   AND state = 'CANCELLED' AND cancel_requested_at IS NOT NULL
+ ORDER BY finished_at
+ LIMIT %(limit)s)
+"""
+
+# Occurrences of recurring schedules that enqueued a job: how late the relay fired
+# them. Skipped occurrences (missed while no relay ran, by the catch-up rule) are
+# not scheduler delay and are left out.
+METRICS_SCHEDULE_FIRES_SINCE: Final = """
+(SELECT true AS late, schedule_name, scheduled_for, fired_at, delay_seconds
+ FROM schedule_fires
+ WHERE outcome = 'enqueued' AND fired_at >= %(low)s AND fired_at <= %(cursor)s)
+UNION ALL
+(SELECT false, schedule_name, scheduled_for, fired_at, delay_seconds
+ FROM schedule_fires
+ WHERE outcome = 'enqueued' AND fired_at > %(cursor)s
+ ORDER BY fired_at
+ LIMIT %(limit)s)
+"""

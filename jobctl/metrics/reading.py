@@ -1,0 +1,148 @@
+"""One round's reads: every statement in one read-only snapshot.
+
+REPEATABLE READ makes the gauges agree with each other (a job cannot be counted both
+waiting and running), and READ ONLY says what the round is. The first statement
+sets a short statement timeout for this transaction only, takes the collectors'
+advisory lock (released at commit) and reads the clock every age is measured from.
+Nothing here changes the collector's state: the caller applies a reading once the
+transaction has ended well, so a failed round leaves the counters as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobctl.metrics import queries as q
+from jobctl.metrics.cursor import Cursor, Seen
+
+
+@dataclass(frozen=True)
+class Attempt:
+    queue: str | None  # None: the job was deleted (retention) since
+    job_type: str | None
+    outcome: str  # the state the attempt left the job in
+    attempt: int
+    execution_s: float
+    wait_s: float | None  # None: an attempt recorded before ready_at existed
+    lease_expired: bool
+
+
+@dataclass
+class Cursors:
+    """Where each history stands; kept by the collector across rounds."""
+
+    attempts: Cursor
+    cancellations: Cursor
+    fires: Cursor
+
+    @classmethod
+    def new(cls, overlap: float, limit: int) -> Cursors:
+        window = timedelta(seconds=overlap)
+        return cls(Cursor(window, limit), Cursor(window, limit), Cursor(window, limit))
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    queues: tuple[str, ...]
+    stale_outcomes: int
+    leases_lost: int
+
+
+@dataclass(frozen=True)
+class Reading:
+    now: datetime
+    # (queue, state, count, age of the oldest due job in seconds or None)
+    waiting: list[tuple[str, str, int, float | None]]
+    # (queue, state, count, how many with an expired lease)
+    leased: list[tuple[str, str, int, int]]
+    outbox_due: int
+    outbox_oldest_age: float | None
+    workers: list[Worker]
+    queues: list[str]
+    attempts: list[Seen[Attempt]] = field(default_factory=list)
+    cancellations: list[Seen[float]] = field(default_factory=list)
+    fires: list[Seen[float]] = field(default_factory=list)
+
+
+async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
+    cur = await conn.execute(statement, params)
+    return await cur.fetchall()
+
+
+async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) -> Reading | None:
+    """Everything one round needs, or None when another collection holds the lock.
+    Runs its own transaction on ``conn``."""
+    async with conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        begin = await _rows(
+            conn,
+            q.METRICS_ROUND_BEGIN,
+            {"timeout_ms": str(max(1, round(timeout_s * 1000))), "lock": q.LOCK_NAME},
+        )
+        _, locked, now = begin[0]
+        if not locked:
+            return None
+        waiting = [
+            (queue, state, int(n), age)
+            for queue, state, n, age in await _rows(conn, q.METRICS_JOBS_WAITING)
+        ]
+        leased = [
+            (queue, state, int(n), int(expired))
+            for queue, state, n, expired in await _rows(conn, q.METRICS_JOBS_LEASED)
+        ]
+        ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
+        workers = [
+            Worker(w, tuple(queues), int(stale), int(lost))
+            for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
+        ]
+        queues = [r[0] for r in await _rows(conn, q.METRICS_QUEUES)]
+        attempts = [
+            Seen(
+                late,
+                (job_id, generation),
+                finished_at,
+                Attempt(queue, job_type, outcome, attempt, execution, wait, expired),
+            )
+            for (
+                late,
+                job_id,
+                generation,
+                finished_at,
+                queue,
+                job_type,
+                outcome,
+                attempt,
+                execution,
+                wait,
+                expired,
+            ) in await _rows(conn, q.METRICS_ATTEMPTS_SINCE, cursors.attempts.params(now))
+        ]
+        cancellations = [
+            Seen(late, (job_id, finished_at), finished_at, latency)
+            for late, job_id, finished_at, latency in await _rows(
+                conn, q.METRICS_CANCELLATIONS_SINCE, cursors.cancellations.params(now)
+            )
+        ]
+        fires = [
+            Seen(late, (name, scheduled_for), fired_at, delay)
+            for late, name, scheduled_for, fired_at, delay in await _rows(
+                conn, q.METRICS_SCHEDULE_FIRES_SINCE, cursors.fires.params(now)
+            )
+        ]
+    return Reading(
+        now=now,
+        waiting=waiting,
+        leased=leased,
+        outbox_due=int(due),
+        outbox_oldest_age=oldest,
+        workers=workers,
+        queues=queues,
+        attempts=attempts,
+        cancellations=cancellations,
+        fires=fires,
+    )
