@@ -91,8 +91,9 @@ FROM workers
 # Queues an operator has touched (paused, resumed): known even while idle.
 METRICS_QUEUES: Final = "SELECT queue FROM queues"
 
-# Finished attempts, with their job's queue and type (a primary-key lookup per row;
-# NULL when retention deleted the job since).
+# Finished attempts, with their job's queue and type: one primary-key lookup per
+# row (LIMIT 1 keeps the planner from turning it into a join that reads the whole
+# jobs table); NULL when retention deleted the job since.
 METRICS_ATTEMPTS_SINCE: Final = """
 WITH a AS (
     (SELECT true AS late, job_id, lease_generation, finished_at, started_at, ready_at, outcome,
@@ -112,23 +113,28 @@ SELECT a.late, a.job_id, a.lease_generation, a.finished_at, j.queue, j.job_type,
        EXTRACT(EPOCH FROM a.finished_at - a.started_at)::float8,
        EXTRACT(EPOCH FROM a.started_at - a.ready_at)::float8,
        a.error_code IS NOT DISTINCT FROM 'LEASE_EXPIRED'
-FROM a LEFT JOIN jobs AS j ON j.job_id = a.job_id
+FROM a
+LEFT JOIN LATERAL (
+    SELECT queue, job_type FROM jobs WHERE jobs.job_id = a.job_id LIMIT 1
+) AS j ON true
 """
 
-# Jobs that ended CANCELLED after someone asked: from the request to the end.
-# The terminal-state condition is the partial index's predicate, spelled out so the
-# planner can use it.
+# Finished jobs someone had asked to cancel, with the state they ended in (the
+# caller observes those that ended CANCELLED) and the time from the request to the
+# end. The condition is on the request, not on the state: `state = 'CANCELLED'`
+# would let the planner pick jobs_unsuccessful_idx (queue, finished_at), whose
+# range on its second column reads every failed and cancelled job ever kept.
 METRICS_CANCELLATIONS_SINCE: Final = f"""
-(SELECT true AS late, job_id, finished_at,
+(SELECT true AS late, job_id, finished_at, state,
         EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
  FROM jobs
  WHERE state IN ({TERMINAL_SQL}) AND finished_at >= %(low)s AND finished_at <= %(cursor)s
-   AND state = 'CANCELLED' AND cancel_requested_at IS NOT NULL)
+   AND cancel_requested_at IS NOT NULL)
 UNION ALL
-(SELECT false, job_id, finished_at, EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
+(SELECT false, job_id, finished_at, state,
+        EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
  FROM jobs
- WHERE state IN ({TERMINAL_SQL}) AND finished_at > %(cursor)s
-   AND state = 'CANCELLED' AND cancel_requested_at IS NOT NULL
+ WHERE state IN ({TERMINAL_SQL}) AND finished_at > %(cursor)s AND cancel_requested_at IS NOT NULL
  ORDER BY finished_at
  LIMIT %(limit)s)
 """

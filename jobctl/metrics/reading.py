@@ -65,7 +65,9 @@ class Reading:
     workers: list[Worker]
     queues: list[str]
     attempts: list[Seen[Attempt]] = field(default_factory=list)
-    cancellations: list[Seen[float]] = field(default_factory=list)
+    # the latency of a job that ended CANCELLED; None for one that ended otherwise
+    # although a cancel was asked for (its handler finished anyway)
+    cancellations: list[Seen[float | None]] = field(default_factory=list)
     fires: list[Seen[float]] = field(default_factory=list)
 
 
@@ -122,9 +124,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
                 expired,
             ) in await _rows(conn, q.METRICS_ATTEMPTS_SINCE, cursors.attempts.params(now))
         ]
-        cancellations = [
-            Seen(late, (job_id, finished_at), finished_at, latency)
-            for late, job_id, finished_at, latency in await _rows(
+        cancellations: list[Seen[float | None]] = [
+            Seen(late, (job_id, at), at, latency if state == "CANCELLED" else None)
+            for late, job_id, at, state, latency in await _rows(
                 conn, q.METRICS_CANCELLATIONS_SINCE, cursors.cancellations.params(now)
             )
         ]

@@ -112,7 +112,8 @@ class Totals:
             self.queues.update(worker.queues)
         self._attempts(_take(self.cursors.attempts, reading.attempts, reading))
         for latency in _take(self.cursors.cancellations, reading.cancellations, reading):
-            self.cancellation_latency.observe(latency)
+            if latency is not None:
+                self.cancellation_latency.observe(latency)
         for delay in _take(self.cursors.fires, reading.fires, reading):
             self.scheduler_delay.observe(delay)
         self._fences(reading.workers)
