@@ -215,12 +215,22 @@ WHERE state IN ({CLAIMABLE_SQL}, {LEASED_SQL}) GROUP BY queue, state
             "cursor": mark,
             "limit": settings.batch,
         }
+        recent = conn.execute(
+            "SELECT job_id, lease_generation FROM job_attempts"
+            " WHERE finished_at > now() - interval '1 minute' LIMIT 10"
+        ).fetchall()
+        late_keys = {"job_ids": [r[0] for r in recent], "generations": [r[1] for r in recent]}
         statements: dict[str, tuple[str, Any]] = {
             "jobs_waiting": (q.METRICS_JOBS_WAITING, None),
             "jobs_leased": (q.METRICS_JOBS_LEASED, None),
             "outbox_due": (q.METRICS_OUTBOX_DUE, None),
             "workers": (q.METRICS_WORKERS, None),
-            "attempts_since": (q.METRICS_ATTEMPTS_SINCE, since),
+            "attempts_late (keys in the overlap)": (q.METRICS_ATTEMPTS_LATE, since),
+            "attempts_ahead (past the mark)": (q.METRICS_ATTEMPTS_AHEAD, since),
+            "attempts_by_key (late ones not yet counted: 10 here)": (
+                q.METRICS_ATTEMPTS_BY_KEY,
+                late_keys,
+            ),
             "cancellations_since": (q.METRICS_CANCELLATIONS_SINCE, since),
             "schedule_fires_since": (q.METRICS_SCHEDULE_FIRES_SINCE, since),
             "naive_one_list_count (STYLE.md 12, not used)": (naive, None),

@@ -413,6 +413,35 @@ async def test_history_before_the_first_round_is_not_counted(
     assert Scrape(collector).value("hybrid_jobs_leases_expired_total", queue="idle") == 1
 
 
+async def test_a_row_committed_late_is_counted_once(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, pool
+) -> None:
+    """The sweeper's transaction writes its attempt row, and commits only after a
+    round has moved the mark past that row's timestamp: the next round still
+    counts it, and no round counts it twice."""
+    registry = _registry(db_url)
+    store = JobStore(pool, "ghost-worker", lease_seconds=0.05)
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    job_id = enqueue(engine, "ghostly", queue="idle")
+    await store.claim([job_id], registry.claim_terms(), free_threads=0, worker_ttl=60)
+    await _lease_runs_out(pg, job_id)
+
+    def expired() -> float:
+        return Scrape(collector).value("hybrid_jobs_leases_expired_total", queue="idle")
+
+    with psycopg.connect(db_url.conninfo) as sweeper:
+        swept = sweeper.execute(JOB_SWEEP_EXPIRED, {"limit": 10, "default_backoff": 5})
+        assert [r[0] for r in swept.fetchall()] == [job_id]
+        assert await collector.collect_once()  # the row is not visible yet
+        assert expired() == 0
+        sweeper.commit()
+    assert await collector.collect_once()
+    assert expired() == 1
+    assert await collector.collect_once()
+    assert expired() == 1
+
+
 def _worker_seen(pg: psycopg.Connection, worker: str, queues: list[str], **counts: int) -> None:
     """A consumer's heartbeat of its row, through the consumer's own statement."""
     pg.execute(

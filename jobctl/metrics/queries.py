@@ -22,7 +22,8 @@ jobs):
 The incremental reads take the same two parts: ``late``, rows inside the overlap
 window behind the cursor, re-read so that a row committed a moment after its
 timestamp is not missed (the caller skips those it counted already); and new rows
-past the cursor, oldest first, at most ``limit`` of them per round.
+past the cursor, oldest first, at most ``limit`` of them per round. For attempts,
+whose rows need their job looked up, the late part is read as keys only.
 """
 
 from __future__ import annotations
@@ -91,32 +92,44 @@ FROM workers
 # Queues an operator has touched (paused, resumed): known even while idle.
 METRICS_QUEUES: Final = "SELECT queue FROM queues"
 
-# Finished attempts, with their job's queue and type: one primary-key lookup per
-# row (LIMIT 1 keeps the planner from turning it into a join that reads the whole
-# jobs table); NULL when retention deleted the job since.
-METRICS_ATTEMPTS_SINCE: Final = """
-WITH a AS (
-    (SELECT true AS late, job_id, lease_generation, finished_at, started_at, ready_at, outcome,
-            attempt, error_code
-     FROM job_attempts
-     WHERE finished_at >= %(low)s AND finished_at <= %(cursor)s)
-    UNION ALL
-    (SELECT false, job_id, lease_generation, finished_at, started_at, ready_at, outcome,
-            attempt, error_code
-     FROM job_attempts
-     WHERE finished_at > %(cursor)s
-     ORDER BY finished_at
-     LIMIT %(limit)s)
-)
-SELECT a.late, a.job_id, a.lease_generation, a.finished_at, j.queue, j.job_type, a.outcome,
-       a.attempt,
+# Attempts: the keys of those inside the overlap (most of them counted already: no
+# lookup of their job for those), then the ones past the mark with their job's queue
+# and type, then, by key, the few late ones not counted yet. The job is looked up by
+# its primary key per row (LIMIT 1 keeps the planner from turning it into a join
+# that reads the whole jobs table); queue and type are NULL when retention deleted
+# the job since.
+METRICS_ATTEMPTS_LATE: Final = """
+SELECT job_id, lease_generation, finished_at
+FROM job_attempts
+WHERE finished_at >= %(low)s AND finished_at <= %(cursor)s
+"""
+
+_ATTEMPT = """
+SELECT a.job_id, a.lease_generation, a.finished_at, j.queue, j.job_type, a.outcome, a.attempt,
        EXTRACT(EPOCH FROM a.finished_at - a.started_at)::float8,
        EXTRACT(EPOCH FROM a.started_at - a.ready_at)::float8,
        a.error_code IS NOT DISTINCT FROM 'LEASE_EXPIRED'
-FROM a
+"""
+_JOB_OF_ATTEMPT = """
 LEFT JOIN LATERAL (
     SELECT queue, job_type FROM jobs WHERE jobs.job_id = a.job_id LIMIT 1
 ) AS j ON true
+"""
+
+METRICS_ATTEMPTS_AHEAD: Final = f"""
+{_ATTEMPT}
+FROM (SELECT * FROM job_attempts
+      WHERE finished_at > %(cursor)s
+      ORDER BY finished_at
+      LIMIT %(limit)s) AS a
+{_JOB_OF_ATTEMPT}
+"""
+
+METRICS_ATTEMPTS_BY_KEY: Final = f"""
+{_ATTEMPT}
+FROM unnest(%(job_ids)s::uuid[], %(generations)s::bigint[]) AS k(job_id, lease_generation)
+JOIN job_attempts AS a USING (job_id, lease_generation)
+{_JOB_OF_ATTEMPT}
 """
 
 # Finished jobs someone had asked to cancel, with the state they ended in (the

@@ -64,7 +64,8 @@ class Reading:
     outbox_oldest_age: float | None
     workers: list[Worker]
     queues: list[str]
-    attempts: list[Seen[Attempt]] = field(default_factory=list)
+    # None: a late attempt counted already, read as its key only
+    attempts: list[Seen[Attempt | None]] = field(default_factory=list)
     # the latency of a job that ended CANCELLED; None for one that ended otherwise
     # although a cancel was asked for (its handler finished anyway)
     cancellations: list[Seen[float | None]] = field(default_factory=list)
@@ -74,6 +75,38 @@ class Reading:
 async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
     cur = await conn.execute(statement, params)
     return await cur.fetchall()
+
+
+def _attempt(row: Any) -> tuple[tuple[Any, Any], datetime, Attempt]:
+    job_id, generation, at, queue, job_type, outcome, attempt, execution, wait, expired = row
+    return (
+        (job_id, generation),
+        at,
+        Attempt(queue, job_type, outcome, attempt, execution, wait, expired),
+    )
+
+
+async def _attempts(
+    conn: AsyncConnection, cursor: Cursor, now: datetime
+) -> list[Seen[Attempt | None]]:
+    params = cursor.params(now)
+    late = await _rows(conn, q.METRICS_ATTEMPTS_LATE, params)
+    # The first round counts nothing: no need to look anything up for the late part.
+    missing = [] if cursor.mark is None else [r for r in late if (r[0], r[1]) not in cursor.counted]
+    found: dict[Any, Attempt] = {}
+    if missing:
+        by_key = {"job_ids": [r[0] for r in missing], "generations": [r[1] for r in missing]}
+        for row in await _rows(conn, q.METRICS_ATTEMPTS_BY_KEY, by_key):
+            key, _, attempt = _attempt(row)
+            found[key] = attempt
+    seen: list[Seen[Attempt | None]] = [
+        Seen(True, (job_id, generation), at, found.get((job_id, generation)))
+        for job_id, generation, at in late
+    ]
+    for row in await _rows(conn, q.METRICS_ATTEMPTS_AHEAD, params):
+        key, at, attempt = _attempt(row)
+        seen.append(Seen(False, key, at, attempt))
+    return seen
 
 
 async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) -> Reading | None:
@@ -103,27 +136,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
         ]
         queues = [r[0] for r in await _rows(conn, q.METRICS_QUEUES)]
-        attempts = [
-            Seen(
-                late,
-                (job_id, generation),
-                finished_at,
-                Attempt(queue, job_type, outcome, attempt, execution, wait, expired),
-            )
-            for (
-                late,
-                job_id,
-                generation,
-                finished_at,
-                queue,
-                job_type,
-                outcome,
-                attempt,
-                execution,
-                wait,
-                expired,
-            ) in await _rows(conn, q.METRICS_ATTEMPTS_SINCE, cursors.attempts.params(now))
-        ]
+        attempts = await _attempts(conn, cursors.attempts, now)
         cancellations: list[Seen[float | None]] = [
             Seen(late, (job_id, at), at, latency if state == "CANCELLED" else None)
             for late, job_id, at, state, latency in await _rows(

@@ -120,9 +120,9 @@ class Totals:
         self.rounds += 1
         return self._snapshot(reading)
 
-    def _attempts(self, attempts: list[Attempt]) -> None:
+    def _attempts(self, attempts: list[Attempt | None]) -> None:
         for a in attempts:
-            if a.queue is None or a.job_type is None:
+            if a is None or a.queue is None or a.job_type is None:
                 continue  # its job is gone; nothing to label it with
             self.queues.add(a.queue)
             outcome = OUTCOMES.get(a.outcome, a.outcome.lower())
