@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 Row = TypeVar("Row")
 
 
-@dataclass(frozen=True)
-class Seen(Generic[Row]):
-    """One row as read: which part it came from, its key and its timestamp."""
+class Seen(NamedTuple, Generic[Row]):
+    """One row as read: which part it came from, its key and its timestamp. (A
+    tuple: a round makes one per row of its overlap, thousands of them.)"""
 
     late: bool
     key: Hashable

@@ -119,7 +119,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             q.METRICS_ROUND_BEGIN,
             {"timeout_ms": str(max(1, round(timeout_s * 1000))), "lock": q.LOCK_NAME},
         )
-        _, locked, now = begin[0]
+        _, _, locked, now = begin[0]
         if not locked:
             return None
         waiting = [
