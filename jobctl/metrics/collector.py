@@ -123,7 +123,7 @@ class Collector:
                     reading = await read_round(
                         conn, self._totals.cursors, self.settings.statement_timeout
                     )
-            except BaseException:
+            except Exception:
                 self._count("failed")
                 raise
             if reading is None:
@@ -154,6 +154,11 @@ class Collector:
             # being up; a round that finds it down fails and the next one retries.
             await self._pool.open(wait=False)
         self._task = asyncio.create_task(self._run(), name="metrics-collector")
+
+    @property
+    def running(self) -> bool:
+        """Whether the background rounds are going."""
+        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Final, TypeVar
 
@@ -47,6 +48,9 @@ OUTCOMES: Final[Mapping[str, str]] = MappingProxyType(
 FENCE_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
     {"stale_outcome": "outcome", "lease_lost": "heartbeat"}
 )
+
+
+WORKER_MEMORY: Final = timedelta(hours=1)
 
 
 def worker_queue(worker: Worker) -> str:
@@ -95,8 +99,8 @@ class Totals:
     attempts_per_success: dict[str, Histogram] = field(default_factory=dict)
     scheduler_delay: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     cancellation_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    # Each live worker's counters as last seen, by worker id (never a label).
-    workers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Each worker's counters as last seen, and when, by worker id (never a label).
+    workers: dict[str, tuple[tuple[int, int], datetime]] = field(default_factory=dict)
     rounds: int = 0
 
     @classmethod
@@ -116,7 +120,7 @@ class Totals:
                 self.cancellation_latency.observe(latency)
         for delay in _take(self.cursors.fires, reading.fires, reading):
             self.scheduler_delay.observe(delay)
-        self._fences(reading.workers)
+        self._fences(reading.workers, reading.now)
         self.rounds += 1
         return self._snapshot(reading)
 
@@ -142,27 +146,31 @@ class Totals:
             if a.lease_expired:
                 self.leases_expired[a.queue] += 1
 
-    def _fences(self, workers: list[Worker]) -> None:
+    def _fences(self, workers: list[Worker], now: datetime) -> None:
         first = self.rounds == 0
-        now: dict[str, tuple[int, int]] = {}
         for worker in workers:
             counts = (worker.stale_outcomes, worker.leases_lost)
-            now[worker.worker_id] = counts
             queue = worker_queue(worker)
             for operation in FENCE_OPERATIONS.values():
                 self.fence_rejections[(queue, operation)] += 0
+            before = self.workers.get(worker.worker_id)
+            self.workers[worker.worker_id] = (counts, now)
             if first:
                 continue  # what workers counted before the collector started
             # A worker first seen now counts from zero, as does one whose counters
             # went down (its process restarted under the same id).
-            before = self.workers.get(worker.worker_id, (0, 0))
-            for operation, value, old in (
-                (FENCE_OPERATIONS["stale_outcome"], counts[0], before[0]),
-                (FENCE_OPERATIONS["lease_lost"], counts[1], before[1]),
+            old = before[0] if before else (0, 0)
+            for operation, value, was in (
+                (FENCE_OPERATIONS["stale_outcome"], counts[0], old[0]),
+                (FENCE_OPERATIONS["lease_lost"], counts[1], old[1]),
             ):
-                self.fence_rejections[(queue, operation)] += value - old if value >= old else value
-        # Gone workers are forgotten; whatever they counted after our last look is lost.
-        self.workers = now
+                self.fence_rejections[(queue, operation)] += value - was if value >= was else value
+        # A worker whose row the relay expired (frozen past the worker TTL) may come
+        # back under its id with its counters: remembered for a while, it is not
+        # counted from zero again. What a worker counted between our last look and
+        # its exit is lost.
+        horizon = now - WORKER_MEMORY
+        self.workers = {w: seen for w, seen in self.workers.items() if seen[1] >= horizon}
 
     def _snapshot(self, reading: Reading) -> Snapshot:
         jobs = {(queue, state): 0 for queue in self.queues for state in GAUGE_STATES}
