@@ -50,7 +50,8 @@ class CollectorSettings:
     # processes do not fall into step (Hatchet polls every 15 s, riverui 10 s +-1 s).
     interval: float = 15.0
     jitter: float = 0.1
-    # Each statement of a round; a round that takes longer fails, and the cache stays.
+    # The limit on each statement of a round: one that runs longer fails the round,
+    # and the cache stays as it was.
     statement_timeout: float = 2.0
     # How far behind its high-water mark a round re-reads the history, for rows
     # committed after their timestamp (see jobctl.metrics.cursor); covers the 30 s
