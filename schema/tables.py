@@ -488,3 +488,10 @@ schedule_fires = Table(
         name="schedule_fires_job_iff_enqueued",
     ),
 )
+# The metrics collector reads the fires that enqueued a job since its last round
+# (scheduler delay), by when they fired.
+Index(
+    "schedule_fires_fired_idx",
+    schedule_fires.c.fired_at,
+    postgresql_where=text("outcome = 'enqueued'"),
+)

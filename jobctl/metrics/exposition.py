@@ -1,0 +1,203 @@
+"""The metrics as Prometheus sees them: a prometheus-client custom collector that
+turns the cached snapshot into metric families. A scrape runs only this; it never
+touches the database.
+
+Names follow the Prometheus conventions: a ``hybrid_jobs_`` prefix, base units
+(seconds), ``_total`` on counters (prometheus-client adds it), histograms rather
+than summaries so several processes aggregate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, TypeVar
+
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from jobctl.metrics.histogram import FrozenHistogram
+from jobctl.metrics.totals import Snapshot
+
+# A series' label values, in the order of its family's label names.
+L = TypeVar("L", bound=tuple[str, ...])
+
+PREFIX: Final = "hybrid_jobs_"
+
+# The results a round can have, for hybrid_jobs_collector_rounds_total.
+ROUND_RESULTS: Final = ("collected", "skipped", "failed")
+
+
+@dataclass(frozen=True)
+class Status:
+    """The collector's own health; replaced whole after every round."""
+
+    last_success: float = 0.0  # unix time; 0 until the first successful round
+    duration: float = 0.0  # seconds the last successful round took
+    rounds: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(ROUND_RESULTS, 0))
+    )
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], series: Mapping[L, FrozenHistogram]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
+    for values, h in sorted(series.items()):
+        family.add_metric(list(values), list(h.buckets), h.sum)
+    return family
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], series: Mapping[L, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+    for values, value in sorted(series.items()):
+        family.add_metric(list(values), value)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: list[str], series: Mapping[L, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+    for values, value in sorted(series.items()):
+        family.add_metric(list(values), value)
+    return family
+
+
+def _by_queue(series: Mapping[str, float]) -> dict[tuple[str, ...], float]:
+    return {(queue,): value for queue, value in series.items()}
+
+
+def snapshot_families(s: Snapshot) -> Iterable[Metric]:
+    """Every metric of a snapshot. The definitions here are the documentation."""
+    yield _gauge(
+        "jobs",
+        "Jobs not yet finished, per queue and state (QUEUED, RETRY_WAIT, RUNNING,"
+        " CANCEL_REQUESTED), as of the last collection.",
+        ["queue", "state"],
+        s.jobs,
+    )
+    yield _gauge(
+        "queue_oldest_runnable_age_seconds",
+        "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
+        " run_after in the past): now - run_after; 0 when none is due.",
+        ["queue"],
+        _by_queue(s.oldest_runnable_age),
+    )
+    yield _gauge(
+        "outbox_unsent_rows",
+        "Wake-ups due and not yet sent by the relay (sent_at IS NULL and available_at"
+        " <= now; wake-ups of delayed jobs and retries not yet due are not counted).",
+        [],
+        {(): s.outbox_unsent_rows},
+    )
+    yield _gauge(
+        "outbox_oldest_unsent_age_seconds",
+        "How long the oldest due, unsent wake-up has been due (now - available_at);"
+        " 0 when there is none.",
+        [],
+        {(): s.outbox_oldest_unsent_age},
+    )
+    yield _gauge(
+        "running_lease_expired_jobs",
+        "Leased jobs (RUNNING or CANCEL_REQUESTED) whose lease has expired and that the"
+        " sweeper has not moved on yet: stuck RUNNING if it lasts.",
+        ["queue"],
+        _by_queue(s.running_lease_expired),
+    )
+    yield _counter(
+        "attempts_finished",
+        "Attempts that ended, by what they left the job in: succeeded, retry_scheduled,"
+        " failed, cancelled, given_back (a graceful stop refunded the attempt).",
+        ["queue", "job_type", "outcome"],
+        s.attempts_finished,
+    )
+    yield _histogram(
+        "execution_seconds",
+        "Duration of an attempt, from its claim to its end (finished_at - started_at).",
+        ["queue", "job_type", "outcome"],
+        s.execution,
+    )
+    yield _histogram(
+        "queue_wait_seconds",
+        "Time a job waited to be claimed once it was runnable (started_at - ready_at),"
+        " for every claim.",
+        ["queue"],
+        {(queue,): h for queue, h in s.queue_wait.items()},
+    )
+    yield _histogram(
+        "attempts_per_success",
+        "The attempt number of each attempt that succeeded.",
+        ["queue"],
+        {(queue,): h for queue, h in s.attempts_per_success.items()},
+    )
+    yield _counter(
+        "leases_expired",
+        "Attempts whose lease expired without a report, ended by the sweeper.",
+        ["queue"],
+        {(queue,): n for queue, n in s.leases_expired.items()},
+    )
+    yield _counter(
+        "fence_rejections",
+        "Late writes the fence turned away, as counted by live consumers: operation"
+        " 'outcome' (a stale outcome) or 'heartbeat' (a lease lost). queue is the"
+        " consumer's queue, or empty for a consumer of several queues.",
+        ["queue", "operation"],
+        s.fence_rejections,
+    )
+    yield _histogram(
+        "scheduler_delay_seconds",
+        "How late the relay fired each occurrence of a recurring schedule that enqueued"
+        " a job (fired - nominal instant).",
+        [],
+        {(): s.scheduler_delay},
+    )
+    yield _histogram(
+        "cancellation_latency_seconds",
+        "Time from a cancel request to the job ending CANCELLED (finished_at -"
+        " cancel_requested_at).",
+        [],
+        {(): s.cancellation_latency},
+    )
+
+
+def status_families(status: Status) -> Iterable[Metric]:
+    yield _gauge(
+        "collector_last_success_timestamp_seconds",
+        "Unix time of the metrics collector's last successful collection; 0 before the first.",
+        [],
+        {(): status.last_success},
+    )
+    yield _gauge(
+        "collector_duration_seconds",
+        "How long the last successful collection took.",
+        [],
+        {(): status.duration},
+    )
+    yield _counter(
+        "collector_rounds",
+        "Collection rounds of this process: collected, skipped (another process was"
+        " collecting) or failed.",
+        ["result"],
+        {(result,): n for result, n in status.rounds.items()},
+    )
+
+
+class SnapshotExporter:
+    """The prometheus-client collector (``prometheus_client.registry.Collector``)
+    over the cache: ``source`` returns the latest snapshot (None before the first
+    successful round) and status."""
+
+    def __init__(self, source: Callable[[], tuple[Snapshot | None, Status]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot, status = self._source()
+        if snapshot is not None:
+            yield from snapshot_families(snapshot)
+        yield from status_families(status)

@@ -1,0 +1,172 @@
+"""The metrics collector's statements, named. All of them only read.
+
+They live here rather than in :mod:`schema.queries` because they change nothing and
+only the collector runs them: their shape (a high-water mark with an overlap, a
+snapshot shared by every gauge) is the collector's business, and keeping them apart
+leaves the durable record's file to the transitions.
+
+Each one is written to match one index's predicate exactly, so its cost follows the
+backlog, or the rows that finished since the last round, never the history
+(STYLE.md point 12; bench/metrics_cost.py shows the plans at a million finished
+jobs):
+
+- jobs waiting: ``jobs_claimable_idx`` (queue, state, run_after) WHERE claimable, an
+  index-only scan that also gives the oldest due ``run_after``;
+- jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
+  since one ``state IN (...)`` spanning both partial indexes scans the whole table;
+- the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
+- attempts: ``job_attempts_finished_idx`` (finished_at);
+- cancellations: ``jobs_finished_idx`` (finished_at) WHERE terminal;
+- scheduler delay: ``schedule_fires_fired_idx`` (fired_at) WHERE enqueued.
+
+The incremental reads take the same two parts: ``late``, rows inside the overlap
+window behind the cursor, re-read so that a row committed a moment after its
+timestamp is not missed (the caller skips those it counted already); and new rows
+past the cursor, oldest first, at most ``limit`` of them per round. For attempts,
+whose rows need their job looked up, the late part is read as keys only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
+
+# The key of the transaction-scoped advisory lock that lets one collection run at a
+# time across every `jobctl serve`; its own namespace, apart from the relay's keys.
+LOCK_NAME: Final = "hybrid_jobs.metrics.collector"
+
+# The first statement of a round: its statement timeout (for the rest of this
+# transaction only), whether this process may collect now, and the snapshot's clock.
+# Timestamps come back in UTC, which psycopg reads several times faster than a named
+# zone (even 'Etc/UTC'): a round reads thousands of them.
+METRICS_ROUND_BEGIN: Final = """
+SELECT set_config('statement_timeout', %(timeout_ms)s, true),
+       set_config('TimeZone', 'UTC', true),
+       pg_try_advisory_xact_lock(hashtextextended(%(lock)s, 0)),
+       now()
+"""
+
+# Per queue and waiting state: how many, and the age of the oldest one that is due.
+METRICS_JOBS_WAITING: Final = f"""
+SELECT queue, state, count(*),
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL})
+GROUP BY queue, state
+"""
+
+# Per queue and leased state: how many, and how many of their leases have expired
+# without the sweeper having moved them on yet.
+METRICS_JOBS_LEASED: Final = f"""
+SELECT queue, state, count(*), count(*) FILTER (WHERE lease_expires_at <= now())
+FROM jobs
+WHERE state IN ({LEASED_SQL})
+GROUP BY queue, state
+"""
+
+# Wake-ups the relay should have sent already: unsent and due. Ones due later
+# (delayed jobs, retries waiting out their backoff) are not lag and are left out.
+METRICS_OUTBOX_DUE: Final = """
+SELECT count(*), EXTRACT(EPOCH FROM now() - min(available_at))::float8
+FROM outbox
+WHERE sent_at IS NULL AND available_at <= now()
+"""
+
+
+def _count(key: str) -> str:
+    # A consumer writes integers; anything else counts as zero rather than failing
+    # the whole round.
+    return (
+        f"CASE WHEN jsonb_typeof(counts->'{key}') = 'number'"
+        f" THEN (counts->>'{key}')::numeric::bigint ELSE 0 END"
+    )
+
+
+# Each live consumer's cumulative fence rejections: outcomes the fence turned away
+# (stale_outcome) and leases it lost (lease_lost, mostly a heartbeat the fence
+# refused). The worker id is a key for the increase since the last round, never a
+# label.
+METRICS_WORKERS: Final = f"""
+SELECT worker_id, queues, {_count("stale_outcome")}, {_count("lease_lost")}
+FROM workers
+"""
+
+# Queues an operator has touched (paused, resumed): known even while idle.
+METRICS_QUEUES: Final = "SELECT queue FROM queues"
+
+# Attempts: the keys of those inside the overlap (most of them counted already: no
+# lookup of their job for those), then the ones past the mark with their job's queue
+# and type, then, by key, the few late ones not counted yet. The job is looked up by
+# its primary key per row (LIMIT 1 keeps the planner from turning it into a join
+# that reads the whole jobs table); queue and type are NULL when retention deleted
+# the job since. Job ids come as text: a round keeps thousands of keys, and a str
+# hashes much faster than a uuid.UUID.
+METRICS_ATTEMPTS_LATE: Final = """
+SELECT job_id::text, lease_generation, finished_at
+FROM job_attempts
+WHERE finished_at >= %(low)s AND finished_at <= %(cursor)s
+"""
+
+_ATTEMPT = """
+SELECT a.job_id::text, a.lease_generation, a.finished_at, j.queue, j.job_type, a.outcome, a.attempt,
+       EXTRACT(EPOCH FROM a.finished_at - a.started_at)::float8,
+       EXTRACT(EPOCH FROM a.started_at - a.ready_at)::float8,
+       a.error_code IS NOT DISTINCT FROM 'LEASE_EXPIRED'
+"""
+_JOB_OF_ATTEMPT = """
+LEFT JOIN LATERAL (
+    SELECT queue, job_type FROM jobs WHERE jobs.job_id = a.job_id LIMIT 1
+) AS j ON true
+"""
+
+METRICS_ATTEMPTS_AHEAD: Final = f"""
+{_ATTEMPT}
+FROM (SELECT * FROM job_attempts
+      WHERE finished_at > %(cursor)s
+      ORDER BY finished_at
+      LIMIT %(limit)s) AS a
+{_JOB_OF_ATTEMPT}
+"""
+
+METRICS_ATTEMPTS_BY_KEY: Final = f"""
+{_ATTEMPT}
+FROM unnest(%(job_ids)s::uuid[], %(generations)s::bigint[]) AS k(job_id, lease_generation)
+JOIN job_attempts AS a USING (job_id, lease_generation)
+{_JOB_OF_ATTEMPT}
+"""
+
+# Finished jobs someone had asked to cancel, with the state they ended in (the
+# caller observes those that ended CANCELLED) and the time from the request to the
+# end. The condition is on the request, not on the state: `state = 'CANCELLED'`
+# would let the planner pick jobs_unsuccessful_idx (queue, finished_at), whose
+# range on its second column reads every failed and cancelled job ever kept.
+METRICS_CANCELLATIONS_SINCE: Final = f"""
+(SELECT true AS late, job_id, finished_at, state,
+        EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
+ FROM jobs
+ WHERE state IN ({TERMINAL_SQL}) AND finished_at >= %(low)s AND finished_at <= %(cursor)s
+   AND cancel_requested_at IS NOT NULL)
+UNION ALL
+(SELECT false, job_id, finished_at, state,
+        EXTRACT(EPOCH FROM finished_at - cancel_requested_at)::float8
+ FROM jobs
+ WHERE state IN ({TERMINAL_SQL}) AND finished_at > %(cursor)s AND cancel_requested_at IS NOT NULL
+ ORDER BY finished_at
+ LIMIT %(limit)s)
+"""
+
+# Occurrences of recurring schedules that enqueued a job: how late the relay fired
+# them. Skipped occurrences (missed while no relay ran, by the catch-up rule) are
+# not scheduler delay and are left out.
+METRICS_SCHEDULE_FIRES_SINCE: Final = """
+(SELECT true AS late, schedule_name, scheduled_for, fired_at, delay_seconds
+ FROM schedule_fires
+ WHERE outcome = 'enqueued' AND fired_at >= %(low)s AND fired_at <= %(cursor)s)
+UNION ALL
+(SELECT false, schedule_name, scheduled_for, fired_at, delay_seconds
+ FROM schedule_fires
+ WHERE outcome = 'enqueued' AND fired_at > %(cursor)s
+ ORDER BY fired_at
+ LIMIT %(limit)s)
+"""
