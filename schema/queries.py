@@ -96,7 +96,9 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after)
-    SELECT job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority,
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0)))
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING

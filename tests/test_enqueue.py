@@ -267,3 +267,11 @@ def test_job_ids_are_unique_uuids(engine: Engine) -> None:
         ids = outbox.enqueue_many(session, [NewJob("t", {}) for _ in range(50)])
     assert all(isinstance(i, uuid.UUID) for i in ids)
     assert len(set(ids)) == 50
+
+
+def test_a_null_payload_is_stored_as_json_null(engine: Engine, pg) -> None:
+    with Session(engine) as session, session.begin():
+        job_id = outbox.enqueue(session, "t", None)
+    assert pg.execute(
+        "SELECT payload = 'null'::jsonb FROM jobs WHERE job_id = %s", [job_id]
+    ).fetchone()[0]

@@ -470,3 +470,18 @@ async def test_a_relay_killed_mid_fire_loses_no_occurrence(
     # The one in flight and the ones due while no relay ran: fired late, by the second.
     late = [f["scheduled_for"] for f in ledger(pg) if f["delay_seconds"] > 1.5]
     assert max(before) + SECOND in late and len(late) >= 2
+
+
+async def test_a_schedule_without_a_payload_fires(db_url: DatabaseUrl, engine: Engine, pg) -> None:
+    """Found by the metrics work: a payload-less schedule must fire, not fail each time."""
+    with Session(engine) as session, session.begin():
+        outbox.schedule(session, "bare", "tick", every=timedelta(seconds=1))
+    pg.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second'")
+    pool = make_pool(db_url, "test", 2)
+    await pool.open()
+    try:
+        assert await fire_due(pool) >= 1
+    finally:
+        await pool.close()
+    (payload,) = pg.execute("SELECT payload FROM jobs WHERE job_type = 'tick'").fetchone()
+    assert payload is None
