@@ -377,10 +377,10 @@ WITH h AS (
     SELECT *
     FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS h(
         job_id uuid, generation bigint, kind text, error_code text, error_message text,
-        traceback text, delay_seconds double precision, result jsonb)
+        traceback text, delay_seconds double precision, result jsonb, progress jsonb)
 ), decided AS (
     SELECT h.job_id, h.kind, h.error_code, h.error_message, h.traceback, h.delay_seconds,
-           h.result, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           h.result, h.progress, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
            j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
            j.holds_slot AS held_slot,
            CASE
@@ -407,6 +407,9 @@ WITH h AS (
         last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
                                   ELSE d.error_message END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
+        progress = COALESCE(d.progress, j.progress),
+        progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
+                           ELSE statement_timestamp() END,
         finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
