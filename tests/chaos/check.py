@@ -31,10 +31,18 @@ CHECKS = {
             SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'
             GROUP BY job_id HAVING count(*) > 1) AS t""",
     # An attempt recorded after the job's final one: a write after a terminal state.
+    # An operator's replay in between (job_replays: it began after attempts_before)
+    # makes the later attempts legitimate. A give-back (outcome QUEUED) is not final:
+    # its attempt was refunded and the job ran on.
     "writes_after_terminal": """
         SELECT count(*) FROM job_attempts AS a
         JOIN job_attempts AS f
-          ON f.job_id = a.job_id AND f.outcome <> 'RETRY_WAIT' AND a.attempt > f.attempt""",
+          ON f.job_id = a.job_id AND f.outcome NOT IN ('RETRY_WAIT', 'QUEUED')
+             AND a.attempt > f.attempt
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_replays AS r
+            WHERE r.job_id = a.job_id
+              AND r.attempts_before >= f.attempt AND r.attempts_before < a.attempt)""",
     # Two attempts of a job under the same fencing token, or tokens that go down.
     "generations_not_increasing": """
         SELECT count(*) FROM (
@@ -50,8 +58,13 @@ CHECKS = {
         WHERE j.state IN ({TERMINAL_SQL}) AND j.attempt_count > 0
           AND (last.outcome IS DISTINCT FROM j.state
                OR last.attempt IS DISTINCT FROM j.attempt_count)
-          -- cancelled while waiting for a retry: the cancel is not an attempt
-          AND NOT (j.state = 'CANCELLED' AND last.outcome = 'RETRY_WAIT')""",
+          -- cancelled while waiting for a retry, or for its run after a replay: the
+          -- cancel is not an attempt
+          AND NOT (j.state = 'CANCELLED'
+                   AND (last.outcome = 'RETRY_WAIT'
+                        OR EXISTS (SELECT 1 FROM job_replays AS r
+                                   WHERE r.job_id = j.job_id
+                                     AND r.attempts_before = last.attempt)))""",
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
 }
 
