@@ -988,15 +988,16 @@ _OWN_BUDGET = """CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_att
 _REPLAYABLE = "'CANCELLED', 'FAILED'"
 
 
-def _replay(target: str) -> str:
+def _replay(target: str, *, before: str = "") -> str:
     """Replays the jobs ``target`` selects and locks (job_id, state,
-    attempt_count, budget), each still FAILED or CANCELLED: back to QUEUED, due now,
+    attempt_count, budget), each still FAILED or CANCELLED (``before``: CTEs the
+    target reads from): back to QUEUED, due now,
     with a fresh budget of the job's own size on top of the attempts it made (so
     attempt_count <= max_attempts holds and the history keeps numbering on), what
     belonged to the finished run cleared, a wake-up (the outbox trigger notifies the
     relay at commit), and a job_replays row saying who asked, when, from what."""
     return f"""
-WITH target AS ({target}
+WITH RECURSIVE {before}target AS ({target}
 ), replayed AS (
     UPDATE jobs AS j
     SET state = 'QUEUED',
@@ -1011,7 +1012,10 @@ WITH target AS ({target}
         cancel_requested_at = NULL,
         updated_at = now()
     FROM target AS t
-    WHERE j.job_id = t.job_id AND j.state IN ({_REPLAYABLE})
+    -- The array hands the planner the ids as one pkey probe each; joined alone, it
+    -- may read every failed job (jobs_unsuccessful_idx) to hash-join a few.
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
+      AND j.state IN ({_REPLAYABLE})
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
               t.state AS from_state, t.attempt_count
 ), woken AS (
@@ -1034,21 +1038,48 @@ JOB_REPLAY: Final = _replay(f"""
     FOR NO KEY UPDATE""")
 
 # Failed and cancelled jobs matching the filters (NULL: any), oldest finished first,
-# at most `limit`: read from jobs_unsuccessful_idx, whose predicate is exactly this
-# state list, so neither the successes nor the history is read. Rows another
-# transaction holds are skipped: the next call gets them.
-JOB_REPLAY_MATCHING: Final = _replay(f"""
+# at most `limit`. Everything is read from jobs_unsuccessful_idx (queue,
+# finished_at), whose predicate is exactly this state list: the given queue, or the
+# queues that have such jobs by a loose index scan; then each queue's oldest
+# `limit` from its range of the index (finished_after narrows the range), merged.
+# PostgreSQL may instead walk jobs_finished_idx in time order when failures are
+# common enough that it meets `limit` of them soon (bench/control_plans.py shows
+# both). Rows another transaction holds are skipped: the next call gets them.
+_UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({_REPLAYABLE})"
+
+JOB_REPLAY_MATCHING: Final = _replay(
+    f"""
     SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
     FROM jobs AS j
-    WHERE j.state IN ({_REPLAYABLE})
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-      AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
-      AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
-      AND (%(finished_after)s::timestamptz IS NULL
-           OR j.finished_at > %(finished_after)s::timestamptz)
-    ORDER BY j.finished_at
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ({_REPLAYABLE})
+    FOR NO KEY UPDATE OF j SKIP LOCKED""",
+    before=f"""found AS (
+    ({_UNSUCCESSFUL_QUEUE} AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT ({_UNSUCCESSFUL_QUEUE} AND j.queue > f.queue ORDER BY j.queue LIMIT 1)
+    FROM found AS f WHERE f.queue IS NOT NULL
+), queues AS (
+    SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT queue FROM found WHERE queue IS NOT NULL
+), candidates AS (
+    SELECT c.job_id
+    FROM queues AS q
+    CROSS JOIN LATERAL (
+        SELECT j.job_id, j.finished_at
+        FROM jobs AS j
+        WHERE j.state IN ({_REPLAYABLE}) AND j.queue = q.queue
+          AND (%(finished_after)s::timestamptz IS NULL
+               OR j.finished_at > %(finished_after)s::timestamptz)
+          AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
+          AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
+        ORDER BY j.finished_at
+        LIMIT %(limit)s
+    ) AS c
+    ORDER BY c.finished_at
     LIMIT %(limit)s
-    FOR NO KEY UPDATE OF j SKIP LOCKED""")
+), """,
+)
 
 # Pausing a paused queue keeps who paused it first, and when. The claim refuses
 # the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
@@ -1156,16 +1187,20 @@ WITH RECURSIVE tenants AS (
                     LIMIT %(cap)s + 1) AS eq) AS n
     ) AS x
     WHERE t.tenant IS NOT NULL AND %(pending)s
-), drained AS (
-    SELECT count(*) FILTER (WHERE j.queue = %(queue)s) AS n, count(*) AS sampled,
-           min(s.finished_at) AS since,
-           min(s.started_at) FILTER (WHERE j.queue = %(queue)s) AS first_start
+), sampled AS (
+    -- the queue of each sampled attempt by a key lookup (a subquery per row: a
+    -- join could be planned as a scan of all jobs when the limit is a parameter)
+    SELECT s.started_at, s.finished_at,
+           (SELECT j.queue FROM jobs AS j WHERE j.job_id = s.job_id) = %(queue)s AS ours
     FROM (SELECT a.job_id, a.started_at, a.finished_at FROM job_attempts AS a
           WHERE a.finished_at > %(now)s - make_interval(secs => %(drain_window)s)
             AND a.outcome <> 'QUEUED'
           ORDER BY a.finished_at DESC
           LIMIT %(drain_sample)s) AS s
-    JOIN jobs AS j ON j.job_id = s.job_id
+), drained AS (
+    SELECT count(*) FILTER (WHERE ours) AS n, count(*) AS sampled,
+           min(finished_at) AS since, min(started_at) FILTER (WHERE ours) AS first_start
+    FROM sampled
 )
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
@@ -1188,7 +1223,9 @@ FROM drained AS d
 # effect's record outlives its job until now); attempts, wake-ups and replays go by
 # ON DELETE CASCADE. A row another transaction holds (an operator replaying it) is
 # skipped, and the state is checked again on the locked row, so a job replayed
-# meanwhile is never deleted. Deleting the job frees its dedup key.
+# meanwhile is never deleted. Deleting the job frees its dedup key. The deletes take
+# the batch as an array, so each is a key lookup per id whatever the batch size
+# (joined, a generic plan could scan all of job_effects or jobs).
 JOB_RETENTION_DELETE: Final = f"""
 WITH doomed AS (
     SELECT j.job_id
@@ -1199,10 +1236,10 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), effects AS (
-    DELETE FROM job_effects AS e USING doomed AS d WHERE e.job_id = d.job_id
+    DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT job_id FROM doomed))
 ), deleted AS (
-    DELETE FROM jobs AS j USING doomed AS d
-    WHERE j.job_id = d.job_id AND j.state IN ({TERMINAL_SQL})
+    DELETE FROM jobs AS j
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM doomed)) AND j.state IN ({TERMINAL_SQL})
     RETURNING j.job_id
 )
 SELECT count(*) FROM deleted

@@ -11,7 +11,10 @@ import pytest
 from tests.conftest import ROOT
 
 
-@pytest.mark.parametrize("module", ["bench.drain", "bench.load", "bench.relay_throughput"])
+@pytest.mark.parametrize(
+    "module",
+    ["bench.drain", "bench.load", "bench.relay_throughput", "bench.control_plans"],
+)
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True
