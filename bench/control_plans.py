@@ -166,7 +166,7 @@ def summarise(result: list[dict[str, Any]]) -> dict[str, Any]:
 def custom_plan(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> dict[str, Any]:
     with conn.transaction(force_rollback=True):
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,  # type: ignore[operator]
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,
             params,
         ).fetchone()
     assert row is not None
@@ -186,16 +186,16 @@ def generic_plan(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> 
     name = f"p_{uuid.uuid4().hex[:8]}"
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE {name} AS {prepared}")  # type: ignore[arg-type]
+        conn.execute(f"PREPARE {name} AS {prepared}")
         args = f"({', '.join(['%s'] * len(order))})" if order else ""
         # Literals, not bound parameters: EXECUTE takes a NULL for any parameter type
         # only as a literal.
         cur = psycopg.ClientCursor(conn)
         row = cur.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{args}",  # type: ignore[arg-type]
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{args}",
             [params[k] for k in order],
         ).fetchone()
-        conn.execute(f"DEALLOCATE {name}")  # type: ignore[arg-type]
+        conn.execute(f"DEALLOCATE {name}")
     assert row is not None
     return summarise(row[0])
 
@@ -290,10 +290,7 @@ def main() -> None:
                 "custom": custom_plan(conn, sql, params),
                 "generic": generic_plan(conn, sql, params),
             }
-        sizes = {
-            table: pick(conn, f"SELECT count(*) FROM {table}")  # type: ignore[arg-type]
-            for table in sorted(BIG_TABLES)
-        }
+        sizes = {table: pick(conn, f"SELECT count(*) FROM {table}") for table in sorted(BIG_TABLES)}
         conn.execute(
             "UPDATE jobs SET state = 'SUCCEEDED', last_error_code = NULL"
             " WHERE state IN ('CANCELLED', 'FAILED')"

@@ -13,7 +13,13 @@ from tests.conftest import ROOT
 
 @pytest.mark.parametrize(
     "module",
-    ["bench.drain", "bench.load", "bench.relay_throughput", "bench.control_plans"],
+    [
+        "bench.drain",
+        "bench.load",
+        "bench.relay_throughput",
+        "bench.control_plans",
+        "bench.retention",
+    ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:
     done = subprocess.run(
