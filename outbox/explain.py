@@ -253,68 +253,66 @@ async def explain_async(session: AsyncSession, job_id: uuid.UUID | str) -> Expla
 
 
 def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list[Blocker]:
-    state, now = JobState(job["state"]), job["db_now"]
+    """Every blocker that holds for the job now, in a fixed order: its own time,
+    its queue and tenant, its turn, then the consumers."""
+    state = JobState(job["state"])
     if state == JobState.CANCEL_REQUESTED:
         return [Blocker(Why.CANCEL_REQUESTED, {"requested_at": job["cancel_requested_at"]})]
     if state not in CLAIMABLE:
         return []
-    found: list[Blocker] = []
-    due = job["run_after"] <= now
-    if not due and state == JobState.RETRY_WAIT:
-        found.append(
-            Blocker(
-                Why.RETRY_BACKOFF,
-                {
-                    "until": job["run_after"],
-                    "in_seconds": _seconds(job["run_after"], now),
-                    "last_error_code": job["last_error_code"],
-                    "last_error_message": job["last_error_message"],
-                    "attempt": job["attempt_count"],
-                },
-            )
-        )
-    elif not due:
-        found.append(
-            Blocker(
-                Why.NOT_DUE,
-                {"run_after": job["run_after"], "in_seconds": _seconds(job["run_after"], now)},
-            )
-        )
-    paused = job["paused_at"] is not None
-    if paused:
-        found.append(
-            Blocker(
-                Why.QUEUE_PAUSED, {"paused_at": job["paused_at"], "paused_by": job["paused_by"]}
-            )
-        )
-    if job["max_running"] is not None and job["running"] >= job["max_running"]:
-        found.append(
-            Blocker(
-                Why.TENANT_CAP,
-                {
-                    "tenant": job["tenant"],
-                    "running": job["running"],
-                    "max_running": job["max_running"],
-                },
-            )
-        )
     parked = job["delay_reason"] == Why.NO_HANDLER
-    if due and not paused:
+    found = _not_yet(job) + _held(job)
+    if _is_due_waiting(job) and job["paused_at"] is None:
         found += _waiting_turn(job, backlog, parked)
-    if job["workers_on_queue"] == 0:
-        found.append(Blocker(Why.NO_CONSUMER, {"queue": job["queue"], "live_workers": 0}))
-    elif job["handlers_on_queue"] == 0:
-        found.append(
-            Blocker(
-                Why.NO_HANDLER,
-                {
-                    "job_type": job["job_type"],
-                    "workers_on_queue": job["workers_on_queue"],
-                    "parked": parked,
-                },
-            )
-        )
+    return found + _consumers(job, parked)
+
+
+def _not_yet(job: Mapping[str, Any]) -> list[Blocker]:
+    """Not due: enqueued for later, or backing off after a failed attempt."""
+    now, run_after = job["db_now"], job["run_after"]
+    if run_after <= now:
+        return []
+    if job["state"] == JobState.RETRY_WAIT:
+        facts = {
+            "until": run_after,
+            "in_seconds": _seconds(run_after, now),
+            "last_error_code": job["last_error_code"],
+            "last_error_message": job["last_error_message"],
+            "attempt": job["attempt_count"],
+        }
+        return [Blocker(Why.RETRY_BACKOFF, facts)]
+    return [Blocker(Why.NOT_DUE, {"run_after": run_after, "in_seconds": _seconds(run_after, now)})]
+
+
+def _held(job: Mapping[str, Any]) -> list[Blocker]:
+    """Held by an operator (the queue's pause) or by the tenant's cap (from the
+    live count of slots in use, not from the last refusal)."""
+    found = []
+    if job["paused_at"] is not None:
+        facts = {"paused_at": job["paused_at"], "paused_by": job["paused_by"]}
+        found.append(Blocker(Why.QUEUE_PAUSED, facts))
+    if job["max_running"] is not None and job["running"] >= job["max_running"]:
+        facts = {
+            "tenant": job["tenant"],
+            "running": job["running"],
+            "max_running": job["max_running"],
+        }
+        found.append(Blocker(Why.TENANT_CAP, facts))
     return found
+
+
+def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
+    """Nobody live to run it: no consumer on its queue, or none with its handler."""
+    if job["workers_on_queue"] == 0:
+        return [Blocker(Why.NO_CONSUMER, {"queue": job["queue"], "live_workers": 0})]
+    if job["handlers_on_queue"] == 0:
+        facts = {
+            "job_type": job["job_type"],
+            "workers_on_queue": job["workers_on_queue"],
+            "parked": parked,
+        }
+        return [Blocker(Why.NO_HANDLER, facts)]
+    return []
 
 
 def _waiting_turn(
