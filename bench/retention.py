@@ -10,12 +10,15 @@
    has a dedup key of its own;
 3. every --sample-every seconds: rows by state in jobs, rows in job_attempts,
    outbox and job_effects, each table's total size (pg_total_relation_size: heap,
-   indexes, TOAST) and dead tuples;
+   indexes, TOAST) and dead tuples; then, if --vacuum says so, a plain VACUUM of
+   the four tables, standing in for autovacuum (with --vacuum auto: only when the
+   server runs no autovacuum);
 4. at the end, the relay's retention log lines are summed.
 
 With K seconds kept and retention every 30 s, finished jobs should stay below about
-rate x (K + 30 + a few seconds of drain) rows; sizes level off once autovacuum
-has reclaimed the first deletions. Prints one JSON object.
+rate x (K + 30 + a few seconds of drain) rows. Retention bounds the rows; the space
+of deleted rows is reused once (auto)vacuum has reclaimed it, so sizes level off
+only where something vacuums. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -99,6 +102,13 @@ def sample(conn: psycopg.Connection, started: float) -> dict[str, Any]:
     }
 
 
+def vacuum(conn: psycopg.Connection) -> None:
+    """What autovacuum would do to the churned tables: mark dead rows' space free
+    for reuse (plain VACUUM: no lock that blocks the jobs flowing through)."""
+    for table in TABLES:
+        conn.execute(f"VACUUM {table}")
+
+
 def retention_log(path: Path) -> dict[str, Any]:
     rounds, deleted = 0, 0
     for line in path.read_text(errors="replace").splitlines():
@@ -121,6 +131,12 @@ def main() -> None:
     )
     parser.add_argument("--sample-every", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--consumers", type=int, default=1, help="consumer processes")
+    parser.add_argument(
+        "--vacuum",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="VACUUM the tables after each sample (auto: if the server's autovacuum is off)",
+    )
     args = parser.parse_args()
     seconds = args.minutes * 60
 
@@ -150,8 +166,11 @@ def main() -> None:
         stop = threading.Event()
         produced: list[int] = []
         samples: list[dict[str, Any]] = []
+        autovacuum = vacuuming = False
         try:
             with psycopg.connect(db.conninfo, autocommit=True) as conn:
+                autovacuum = conn.execute("SHOW autovacuum").fetchone() == ("on",)
+                vacuuming = args.vacuum == "always" or (args.vacuum == "auto" and not autovacuum)
                 started = time.monotonic()
                 producer = threading.Thread(
                     target=lambda: produced.append(produce(db, args.rate, seconds, stop))
@@ -162,6 +181,8 @@ def main() -> None:
                     next_at += args.sample_every
                     producer.join(max(0.0, next_at - time.monotonic()))
                     samples.append(sample(conn, started))
+                    if vacuuming:
+                        vacuum(conn)
         finally:
             stop.set()
             for p in [*consumers, relay]:
@@ -180,6 +201,8 @@ def main() -> None:
                 "rate_per_s": args.rate,
                 "keep_finished_s": args.keep_finished,
                 "retention_interval_s": RETENTION_INTERVAL,
+                "server_autovacuum": autovacuum,
+                "bench_vacuums_each_sample": vacuuming,
                 "enqueued": sum(produced),
                 "expected_jobs_rows_at_most": bound,
                 "steady_state": {

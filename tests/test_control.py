@@ -111,6 +111,8 @@ async def test_replay_runs_failed_and_cancelled_jobs_again_and_leaves_others_alo
             assert outbox.retry_job(session, hold_id) == "RUNNING"
             assert outbox.retry_job(session, done_id) == "SUCCEEDED"
             assert outbox.retry_job(session, uuid.uuid4()) is None
+            with pytest.raises(ValueError, match="job_id"):
+                outbox.retry_job(session, "not-a-uuid")
             row = job(pg, flaky_id)
             assert row["state"] == "FAILED", "nothing is visible before the caller commits"
 
