@@ -20,8 +20,8 @@ from bench.common import argument_parser, machine
 from bench.fleet import fleet
 
 
-def drain(consumers: int, jobs: int, relays: int) -> float:
-    with fleet(consumers=consumers, relays=relays) as f:
+def drain(consumers: int, jobs: int, relays: int, concurrency: int) -> float:
+    with fleet(consumers=consumers, relays=relays, concurrency=concurrency) as f:
         engine = create_engine(f.db.sqlalchemy)
         with Session(engine) as session, session.begin():
             outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(jobs)])
@@ -40,8 +40,9 @@ def main() -> None:
     parser = argument_parser("bench.scale", __doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per run")
     parser.add_argument("--relays", type=int, default=1, help="relay processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
     args = parser.parse_args()
-    rates = {n: round(drain(n, args.jobs, args.relays)) for n in (1, 2, 4)}
+    rates = {n: round(drain(n, args.jobs, args.relays, args.concurrency)) for n in (1, 2, 4)}
     print(
         json.dumps(
             {
