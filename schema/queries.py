@@ -41,10 +41,14 @@ FENCE: Final = (
 )
 
 # A wake-up ``o`` that was sent and not yet taken up: its job ``j`` still waits to
-# run, was due when it was sent, and has not been claimed since.
+# run, was due when it was sent, and has been neither claimed nor turned down since.
+# (A consumer can turn a job down before the relay's mark-sent commits, when the
+# claim cannot yet see the wake-up as sent to put it back: its time, delay_since,
+# still says the wake-up was used.)
 UNTAKEN: Final = (
     f"j.state IN ({CLAIMABLE_SQL}) AND j.run_after <= o.sent_at"
     " AND (j.started_at IS NULL OR j.started_at < o.sent_at)"
+    " AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)"
 )
 
 # A live consumer: heartbeating within the given number of seconds, not stopping.
@@ -267,9 +271,12 @@ WITH types AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
+    -- delay_since is when a consumer last turned it down: it marks the wake-up used
+    -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
+    -- job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
-    WHERE j.job_id = r.job_id AND j.delay_reason IS DISTINCT FROM r.reason
+    WHERE j.job_id = r.job_id
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
@@ -662,9 +669,12 @@ WITH RECURSIVE gate AS (
     FROM shares AS sh
 ), reasons AS (
     SELECT v.*,
+           -- WINDOW: the window had no room, or this tenant got what room there
+           -- was and wanted more; FAIR_SHARE: others went first (by priority or
+           -- share) and left it none.
            CASE WHEN v.got >= v.wanted THEN NULL
                 WHEN v.cap_room IS NOT NULL AND v.got >= v.cap_room THEN 'TENANT_CAP'
-                WHEN (SELECT n FROM room) = 0 THEN 'WINDOW'
+                WHEN (SELECT n FROM room) = 0 OR v.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason
     FROM verdicts AS v
