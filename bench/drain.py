@@ -117,6 +117,9 @@ def main() -> None:
     parser.add_argument(
         "--no-baseline", dest="baseline", action="store_false", help="skip the SKIP LOCKED loop"
     )
+    parser.add_argument(
+        "--pack", type=int, default=20, help="the relay's --pack: job ids per message"
+    )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
     signal.signal(signal.SIGTERM, _terminated)
@@ -124,7 +127,7 @@ def main() -> None:
     starts_dir = Path(tempfile.mkdtemp(prefix="bench-starts-"))
     with scratch_database() as db, scratch_topology(["default"]) as topology:
         env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(starts_dir)}
-        relay = subprocess.Popen([str(BIN / "relay")], env=env)
+        relay = subprocess.Popen([str(BIN / "relay"), "--pack", str(args.pack)], env=env)
         consumers = [
             subprocess.Popen(
                 [
@@ -155,6 +158,7 @@ def main() -> None:
         "jobs": args.jobs,
         "consumer_processes": args.consumers,
         "concurrency_per_process": args.concurrency,
+        "pack": args.pack,
         "drain_jobs_per_s": round(drain_rate),
         "commit_to_handler_start": lat,
     }
