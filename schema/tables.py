@@ -402,6 +402,24 @@ job_replays = Table(
 )
 Index("job_replays_job_id_idx", job_replays.c.job_id)
 
+# The request behind a job enqueued through the HTTP API with an Idempotency-Key
+# (its dedup_key is "api:<key>"): a hash of what was asked, so a repeat of the key
+# with a different request is refused rather than answered with a job it did not
+# describe. The job's own columns cannot tell: max_attempts and run_after move
+# after enqueue. The primary key is also the index the cascade from jobs needs.
+job_requests = Table(
+    "job_requests",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_requests_job_id_fkey"),
+        primary_key=True,
+    ),
+    Column("fingerprint", Text, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+)
+
 
 # --------------------------------------------------------------- recurring schedules
 # (issue 10.) A schedule enqueues a job at each of its occurrences; the relay fires
