@@ -172,6 +172,14 @@ Index(
     jobs.c.finished_at,
     postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
 )
+# The operator surface's lists of failed and cancelled jobs, newest finished first
+# across queues: a bounded walk of this index, never of the succeeded history.
+Index(
+    "jobs_unsuccessful_finished_idx",
+    jobs.c.finished_at,
+    jobs.c.job_id,
+    postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
+)
 # A tenant's waiting jobs, for its backpressure count (max_queued).
 Index(
     "jobs_tenant_waiting_idx",

@@ -1,5 +1,6 @@
 """job_requests: the fingerprint of the API request that created a job, so that a
-repeated Idempotency-Key with a different request is refused
+repeated Idempotency-Key with a different request is refused;
+jobs_unsuccessful_finished_idx: failed and cancelled jobs, newest finished first
 
 Revision ID: 0006
 Revises: 0005
@@ -34,7 +35,18 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("job_id", name="job_requests_pkey"),
     )
+    # Only failed and cancelled jobs have entries, so building it reads the table
+    # once and writes little; CONCURRENTLY is not possible inside the migration's
+    # transaction, and a big deployment may create it by hand first (IF NOT EXISTS).
+    op.create_index(
+        "jobs_unsuccessful_finished_idx",
+        "jobs",
+        ["finished_at", "job_id"],
+        postgresql_where=sa.text("state IN ('CANCELLED', 'FAILED')"),
+        if_not_exists=True,
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("jobs_unsuccessful_finished_idx", table_name="jobs")
     op.drop_table("job_requests")
