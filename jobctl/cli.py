@@ -14,12 +14,18 @@ from typing import Any
 
 import click
 
-from jobctl.output import Failure, report_error
+from jobctl.output import Failure, command_path, report_error
 from plumbing.config import ConfigError
 
 # name -> "module:attribute" of the click command.
 COMMANDS: dict[str, str] = {
+    "jobs": "jobctl.commands.jobs:jobs",
     "migrate": "jobctl.commands.migrate:migrate",
+    "schedules": "jobctl.commands.schedules:schedules",
+    "serve": "jobctl.commands.serve:serve",
+    "stats": "jobctl.commands.stats:stats",
+    "tenants": "jobctl.commands.tenants:tenants",
+    "workers": "jobctl.commands.workers:workers",
 }
 
 
@@ -48,7 +54,7 @@ class JobctlGroup(click.Group):
 
     @staticmethod
     def _fail(ctx: click.Context, message: str, exit_code: int) -> None:
-        command = " ".join(filter(None, ["jobctl", ctx.invoked_subcommand]))
+        command = command_path(ctx, " ".join(filter(None, ["jobctl", ctx.invoked_subcommand])))
         report_error(ctx, command, message)
         sys.exit(exit_code)
 
