@@ -55,7 +55,8 @@ def serve(host: str, port: int, **kwargs: Any) -> None:
     stderr, one per request.
     """
     setup_logging(kwargs["log_level"])
-    logging.getLogger("uvicorn").addFilter(_plain)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(_plain)
     try:
         settings = ApiSettings(
             database=database_url(kwargs["database_url"]),
