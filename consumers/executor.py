@@ -18,6 +18,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from consumers.errors import Cancel, LeaseLost, Permanent, Retry
@@ -142,6 +143,19 @@ async def execute(
     """Run one attempt; None means there is nothing to report (the job's own
     transaction recorded it, or the lease was lost). A plain-function handler runs
     on the thread ``reservation`` holds for it."""
+    outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+    if outcome is not None and job.unwritten_progress() is not None:
+        outcome = replace(outcome, progress=job.unwritten_progress())
+    return outcome
+
+
+async def _attempt(
+    job: Job,
+    handler: Handler,
+    threads: Threads,
+    reservation: Reservation | None,
+    default_timeout: float | None,
+) -> Outcome | None:
     limit = handler.time_limit(default_timeout)
     try:
         if reservation is None:

@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import json
 import math
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -128,18 +127,28 @@ class Job:
         assert self._resources is not None, "a job from a consumer has its resources"
         loop = self._resources.loop
         report = {"done": done, "total": total, "stage": stage}
-        if threading.get_ident() == getattr(loop, "_thread_id", None):
+        if _running_loop() is loop:
             return self._schedule_progress(report)
         return asyncio.run_coroutine_threadsafe(self._from_thread(report), loop)
+
+    def unwritten_progress(self) -> str | None:
+        """The last progress report, if it still waits for its write (as JSON)."""
+        return None if self._progress is None else json.dumps(self._progress)
 
     async def _from_thread(self, report: dict[str, Any]) -> None:
         await self._schedule_progress(report)
 
     def _schedule_progress(self, report: dict[str, Any]) -> asyncio.Future[None]:
+        """The write, if it can go now; a finished future if it waits out the
+        interval in the background (the caller never waits for the throttle)."""
         self._progress = report
         if self._progress_flush is None or self._progress_flush.done():
             self._progress_flush = asyncio.ensure_future(self._write_progress())
-        return self._progress_flush
+            if time.monotonic() >= self._progress_written + PROGRESS_INTERVAL:
+                return self._progress_flush
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def _write_progress(self) -> None:
         wait = self._progress_written + PROGRESS_INTERVAL - time.monotonic()
@@ -185,6 +194,15 @@ class Job:
         return Dual(
             lambda: _transaction_async(self, resources), lambda: _transaction_sync(self, resources)
         )
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any (a plain handler's thread has
+    none: it reaches the consumer's loop from outside)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Dual(Generic[A, S]):
@@ -240,7 +258,8 @@ async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[As
             tx = AsyncTx(conn, job)
             yield tx
             job.committing = True
-            success = [(job.id, job.generation, Outcome.succeeded(tx.encoded_result))]
+            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
+            success = [(job.id, job.generation, done)]
             if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
                 job.committing = False
                 raise _lost(job)
@@ -254,7 +273,8 @@ def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
             tx = SyncTx(conn, job)
             yield tx
             job.committing = True
-            success = [(job.id, job.generation, Outcome.succeeded(tx.encoded_result))]
+            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
+            success = [(job.id, job.generation, done)]
             rows = conn.execute(q.JOB_FINISH_IN_TX, finish_params(job.worker, success)).fetchall()
             if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
                 job.committing = False

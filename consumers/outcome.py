@@ -31,6 +31,9 @@ class Outcome:
     traceback: str | None = None
     # The handler's return value as JSON text, for a success.
     result: str | None = None
+    # The handler's last progress report, if the throttle had not written it yet
+    # (JSON text): recorded with the outcome, so a finished job shows where it got.
+    progress: str | None = None
 
     @classmethod
     def succeeded(cls, result: str | None = None) -> Outcome:

@@ -64,6 +64,7 @@ def finish_params(worker: str, batch: Sequence[tuple[uuid.UUID, int, Outcome]]) 
                 "traceback": o.traceback,
                 "delay_seconds": o.delay_seconds,
                 "result": None if o.result is None else json.loads(o.result),
+                "progress": None if o.progress is None else json.loads(o.progress),
             }
             for job_id, generation, o in batch
         ],

@@ -179,9 +179,11 @@ class Relay:
             if self.more:
                 self.more = False
                 continue
+            polling = not done.held
             if done.held:
                 # Room in the window appears when consumers claim, and nobody says
-                # so: look again soon, less often while none appears.
+                # so: look again soon (at the queues that held back), less often
+                # while none appears.
                 wait = refill
                 refill = s.refill_interval if done.sent else min(refill * 2, s.refill_interval_cap)
             else:
@@ -191,7 +193,8 @@ class Relay:
             try:
                 await asyncio.wait_for(wake.wait(), wait)
             except TimeoutError:
-                self.look_everywhere = True  # a poll: delayed wake-ups may be due now
+                if polling:  # delayed wake-ups may be due now, in any queue
+                    self.look_everywhere = True
             finally:
                 if wake in self.idle:
                     self.idle.remove(wake)

@@ -71,11 +71,20 @@ def _lease_ended(source: str) -> str:
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM {source} WHERE state IN ({CLAIMABLE_SQL})
+), releasing AS MATERIALIZED (
+    -- Locked in tenant order, as the claim locks them: two statements that touch
+    -- several tenants never wait for each other in a circle.
+    SELECT u.tenant, r.slots
+    FROM tenant_usage AS u
+    JOIN (SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant) AS r
+      ON r.tenant = u.tenant
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
 ), released AS (
     -- never below zero: drift is the reconciler's to repair, never a reason to
     -- refuse an outcome
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
-    FROM (SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant) AS r
+    FROM releasing AS r
     WHERE u.tenant = r.tenant
 )"""
 
@@ -228,7 +237,8 @@ WITH types AS (
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
-), usage AS (
+), usage AS MATERIALIZED (
+    -- Locked in tenant order (every statement that moves these counters does so).
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE u.tenant IN (SELECT tenant FROM runnable)
@@ -367,10 +377,10 @@ WITH h AS (
     SELECT *
     FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS h(
         job_id uuid, generation bigint, kind text, error_code text, error_message text,
-        traceback text, delay_seconds double precision, result jsonb)
+        traceback text, delay_seconds double precision, result jsonb, progress jsonb)
 ), decided AS (
     SELECT h.job_id, h.kind, h.error_code, h.error_message, h.traceback, h.delay_seconds,
-           h.result, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           h.result, h.progress, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
            j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
            j.holds_slot AS held_slot,
            CASE
@@ -397,6 +407,9 @@ WITH h AS (
         last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
                                   ELSE d.error_message END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
+        progress = COALESCE(d.progress, j.progress),
+        progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
+                           ELSE statement_timestamp() END,
         finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
@@ -595,10 +608,14 @@ WITH RECURSIVE gate AS (
     SELECT t.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
+           -- A capped tenant's room: its free slots, less its wake-ups in flight in
+           -- this queue (those of other queues are theirs to count; the claim holds
+           -- the cap exactly whatever the relay sends).
            CASE WHEN l.max_running IS NULL THEN NULL
                 ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - (
-                    SELECT count(*) FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
-                    WHERE o.tenant = t.tenant AND o.sent_at IS NOT NULL AND {UNTAKEN})::int)
+                    SELECT count(*) FROM outbox AS i
+                    WHERE i.queue = %(queue)s AND i.tenant = t.tenant
+                      AND i.sent_at IS NOT NULL AND i.id NOT IN (SELECT id FROM settled))::int)
            END AS cap_room,
            s.held_reason
     FROM tenants AS t
@@ -806,7 +823,7 @@ RETURNING u.tenant, a.recorded, a.held
 # About once a second: the waiting jobs of each tenant that has a max_queued, and how
 # fast its jobs are being claimed (for the retry-after hint of Backpressure).
 TENANT_USAGE_REFRESH: Final = f"""
-WITH counted AS (
+WITH counted AS MATERIALIZED (
     SELECT u.tenant,
            (SELECT count(*) FROM jobs AS j
             WHERE j.tenant = u.tenant AND j.state IN ({CLAIMABLE_SQL}))::int AS waiting,
@@ -814,6 +831,8 @@ WITH counted AS (
                AS rate
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE l.max_queued IS NOT NULL
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
 )
 UPDATE tenant_usage AS u
 SET queued = c.waiting,

@@ -325,3 +325,74 @@ def test_unreachable_services_never_leak_credentials(env, db_url) -> None:
         text = daemon.text()
         assert "hunter2" not in text
         assert "Traceback" not in text
+
+
+def test_tenant_slots_never_leak_however_a_lease_ends(env, engine, pg, db_url) -> None:
+    """A capped tenant's jobs end every way a lease can end: kill -9, frozen past the
+    lease, given back at a graceful stop, cancelled while running, failed for good,
+    succeeded. After each, the tenant's count of held slots equals the leases that
+    hold one, and once everything settled both are zero."""
+    from sqlalchemy.orm import Session
+
+    import outbox
+
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "acme", max_running=2)
+
+    def enqueue_for(job_type: str, **payload: object) -> uuid.UUID:
+        key = uuid.uuid4().hex
+        (job_id,) = enqueue_many(engine, [NewJob(job_type, {"key": key, **payload}, tenant="acme")])
+        return job_id
+
+    def slots() -> tuple[int, int]:
+        recorded = pg.execute("SELECT running FROM tenant_usage WHERE tenant = 'acme'").fetchone()
+        held = pg.execute("SELECT count(*) FROM jobs WHERE tenant = 'acme' AND holds_slot")
+        return recorded[0], held.fetchone()[0]
+
+    def settled() -> None:
+        deadline = time.monotonic() + 30
+        while (s := slots())[0] != s[1]:
+            assert time.monotonic() < deadline, f"slots in use {s[0]}, leases holding one {s[1]}"
+            time.sleep(0.05)
+
+    with running("relay", RELAY, env, "relay.started"):
+        # kill -9 mid-handler: the sweeper ends the lease and frees the slot.
+        with running("consumer", CONSUMER, env, "consumer.started") as doomed:
+            killed = enqueue_for("effect", seconds=30)
+            asyncio.run(wait_held_by(pg, killed, doomed))
+            assert slots() == (1, 1)
+            doomed.kill()
+        asyncio.run(wait_for_state(pg, killed, "RETRY_WAIT", timeout=20))
+        settled()
+        # Frozen past its lease: swept while frozen; its late writes bounce.
+        with running("consumer", CONSUMER, env, "consumer.started") as frozen:
+            stuck = enqueue_for("effect", seconds=4)
+            asyncio.run(wait_held_by(pg, stuck, frozen))
+            frozen.signal(signal.SIGSTOP)
+            asyncio.run(wait_for_state(pg, stuck, "RETRY_WAIT", timeout=20))
+            settled()
+            frozen.signal(signal.SIGCONT)
+        # Given back at a graceful stop.
+        with running("consumer", [*CONSUMER, "--drain-seconds", "0"], env, "consumer.started") as c:
+            returned = enqueue_for("effect", seconds=30)
+            asyncio.run(wait_held_by(pg, returned, c))
+            assert c.stop() == 0
+        assert job(pg, returned)["state"] == "QUEUED"
+        settled()
+        pg.execute("UPDATE jobs SET payload = payload || '{\"seconds\": 0}' WHERE tenant = 'acme'")
+        with running("consumer", CONSUMER, env, "consumer.started") as consumer:
+            # Cancelled while running, failed for good, and the ones above succeed.
+            cancelled = enqueue_for("cancellable")
+            asyncio.run(wait_held_by(pg, cancelled, consumer))
+            with Session(engine) as session, session.begin():
+                assert outbox.request_cancel(session, cancelled) == "CANCEL_REQUESTED"
+            asyncio.run(wait_for_state(pg, cancelled, "CANCELLED"))
+            failed = enqueue_for("permanent")
+            asyncio.run(wait_for_state(pg, failed, "FAILED"))
+            for job_id in (killed, stuck, returned):
+                asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED", timeout=30))
+            settled()
+    assert slots() == (0, 0)
+    report = no_violations(db_url)
+    assert report["slots_leaked_or_released_twice"] == 0
+    assert report["slots_without_lease"] == 0

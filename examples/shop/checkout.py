@@ -13,6 +13,7 @@ import json
 import random
 import sys
 import time
+from datetime import timedelta
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
@@ -39,7 +40,17 @@ CREATE TABLE IF NOT EXISTS reports (
     artifact_uri text,
     published_at timestamptz
 );
+CREATE TABLE IF NOT EXISTS sales_totals (
+    occurrence  text PRIMARY KEY,
+    orders      bigint NOT NULL,
+    total_cents bigint NOT NULL,
+    computed_at timestamptz NOT NULL DEFAULT now()
+);
 """
+
+# The demo's recurring job: the takings so far, every few seconds (a real shop
+# would say cron="0 2 * * *", timezone="Europe/Berlin").
+SALES_SCHEDULE = "sales-total"
 
 
 def create_shop_tables(engine: Engine) -> None:
@@ -49,8 +60,17 @@ def create_shop_tables(engine: Engine) -> None:
                 conn.execute(text(statement))
 
 
-def checkout(engine: Engine, email: str, total_cents: int, with_report: bool) -> None:
-    """One checkout: the order, its receipt job and maybe a report, in one commit."""
+def schedule_sales_total(engine: Engine, every: timedelta = timedelta(seconds=5)) -> None:
+    with Session(engine) as session, session.begin():
+        outbox.schedule(session, SALES_SCHEDULE, "total_sales", {}, every=every, queue="reports")
+
+
+def checkout(
+    engine: Engine, email: str, total_cents: int, with_report: bool, shop: str | None = None
+) -> None:
+    """One checkout: the order, its receipt job and maybe a report, in one commit.
+    ``shop`` is the tenant: each shop's receipts get their fair share of the
+    mail queue, whatever another shop's burst."""
     with Session(engine) as session, session.begin():
         order_id = session.execute(
             text("INSERT INTO orders (email, total_cents) VALUES (:e, :t) RETURNING order_id"),
@@ -62,6 +82,7 @@ def checkout(engine: Engine, email: str, total_cents: int, with_report: bool) ->
             {"order_id": order_id, "email": email},
             queue="mail",
             dedup_key=f"receipt:{order_id}",
+            tenant=shop,
         )
         if with_report:
             report_id = session.execute(
@@ -83,13 +104,35 @@ def summary(engine: Engine) -> dict[str, object]:
         reports = conn.execute(
             text("SELECT stage, count(*) FROM reports GROUP BY stage ORDER BY stage")
         ).all()
+        fires = conn.execute(
+            text("SELECT count(*) FROM schedule_fires WHERE schedule_name = :n"),
+            {"n": SALES_SCHEDULE},
+        ).scalar_one()
+        latest_total = conn.execute(
+            text("SELECT orders FROM sales_totals ORDER BY computed_at DESC LIMIT 1")
+        ).scalar()
     return {
         "jobs": {f"{t} {s}": n for t, s, n in jobs},
         "jobs_that_needed_a_retry": retried,
         "orders": orders,
         "receipts_sent": emails,
         "reports": dict(reports),  # type: ignore[arg-type]
+        "sales_total_runs": fires,
+        "orders_in_latest_sales_total": latest_total,
     }
+
+
+def settled(engine: Engine, orders: int) -> bool:
+    """Every order's jobs are done, and a sales total has counted every order."""
+    with engine.connect() as conn:
+        open_jobs = conn.execute(
+            text(
+                "SELECT count(*) FROM jobs WHERE job_type <> 'total_sales'"
+                " AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+            )
+        ).scalar_one()
+        counted = conn.execute(text("SELECT max(orders) FROM sales_totals")).scalar()
+    return open_jobs == 0 and (counted or 0) >= orders
 
 
 def main() -> None:
@@ -102,24 +145,22 @@ def main() -> None:
     except ConfigError as exc:
         sys.exit(f"checkout: {exc}")
     create_shop_tables(engine)
+    schedule_sales_total(engine)
     started = time.monotonic()
     for i in range(args.count):
-        checkout(engine, f"customer{i}@example.com", random.randint(500, 50_000), i % 20 == 0)
+        checkout(
+            engine,
+            f"customer{i}@example.com",
+            random.randint(500, 50_000),
+            with_report=i % 20 == 0,
+            shop=f"shop-{i % 3}",
+        )
     print(
         f"checkout: {args.count} checkouts committed in {time.monotonic() - started:.2f}s",
         file=sys.stderr,
     )
     deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        with engine.connect() as conn:
-            open_jobs = conn.execute(
-                text(
-                    "SELECT count(*) FROM jobs"
-                    " WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
-                )
-            ).scalar_one()
-        if open_jobs == 0:
-            break
+    while time.monotonic() < deadline and not settled(engine, args.count):
         time.sleep(0.5)
     print(json.dumps(summary(engine), indent=2))
 

@@ -7,6 +7,10 @@ after sending, a duplicated wake-up) finds the effect key taken and sends nothin
 
 render_report moves a report through stages a status page can show, then
 publishes the result pointer in the same transaction that completes the job.
+
+total_sales runs on a schedule (examples/shop/checkout.py sets it up with
+outbox.schedule): each occurrence writes one row of the running total, keyed on
+the occurrence, so a repeated run changes nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ async def render_report(job: consumers.Job) -> None:
             await conn.execute(
                 "UPDATE reports SET stage = %s WHERE report_id = %s", [stage, report_id]
             )
+        await job.progress(STAGES.index(stage) + 1, total=len(STAGES), stage=stage)
         await asyncio.sleep(0.05)
     async with job.transaction() as tx:
         await tx.execute(
@@ -53,3 +58,19 @@ async def render_report(job: consumers.Job) -> None:
             " WHERE report_id = %s",
             [f"reports/{report_id}/report.csv", report_id],
         )
+        tx.set_result({"artifact_uri": f"reports/{report_id}/report.csv"})
+
+
+@consumers.handler("total_sales", queue="reports", max_attempts=3)
+async def total_sales(job: consumers.Job) -> dict[str, int]:
+    """A recurring job: the shop's takings so far, one row per occurrence."""
+    async with job.transaction() as tx:
+        cur = await tx.execute("SELECT count(*), coalesce(sum(total_cents), 0) FROM orders")
+        orders, cents = await cur.fetchone()
+        await tx.execute(
+            "INSERT INTO sales_totals (occurrence, orders, total_cents) VALUES (%s, %s, %s)"
+            " ON CONFLICT (occurrence) DO NOTHING",
+            [job.payload.get("occurrence") or str(job.id), orders, cents],
+        )
+        tx.set_result({"orders": orders, "total_cents": cents})
+    return {"orders": orders, "total_cents": cents}

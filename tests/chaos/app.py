@@ -52,3 +52,16 @@ async def crash(job: consumers.Job) -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@consumers.handler("permanent")
+async def permanent(job: consumers.Job) -> None:
+    raise consumers.Permanent("bad input", code="BAD_INPUT")
+
+
+@consumers.handler("cancellable")
+async def cancellable(job: consumers.Job) -> None:
+    """Runs until someone asks it to stop, then acknowledges the cancel."""
+    while not job.cancel_requested:
+        await asyncio.sleep(0.05)
+    raise consumers.Cancel("stopped on request")

@@ -1,7 +1,10 @@
 """The invariant checker: reads a database after a run and says whether the six
-promises held.
+promises held, and that tenants' slots were neither leaked nor released twice.
 
-    python -m tests.chaos.check [--database-url URL] [--expected N]
+    python -m tests.chaos.check [--database-url URL] [--expected N] [--require-success]
+
+With --require-success every job must have SUCCEEDED: for a workload whose budget
+lets every job succeed, so a bug that wrongly fails or cancels jobs cannot pass.
 
 Prints a JSON report; exits 1 if any must-be-zero count is not zero. Works on any
 database of this project's schema; the effect counts need the chaos_effects table
@@ -30,28 +33,41 @@ CHECKS = {
         SELECT count(*) FROM (
             SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'
             GROUP BY job_id HAVING count(*) > 1) AS t""",
-    # An attempt recorded after the job's final one: a write after a terminal state.
+    # An attempt recorded after one that ended the job: a write after a terminal
+    # state (attempts are ordered by their fencing token, which grows per claim).
     "writes_after_terminal": """
         SELECT count(*) FROM job_attempts AS a
         JOIN job_attempts AS f
-          ON f.job_id = a.job_id AND f.outcome <> 'RETRY_WAIT' AND a.attempt > f.attempt""",
-    # Two attempts of a job under the same fencing token, or tokens that go down.
-    "generations_not_increasing": """
+          ON f.job_id = a.job_id AND f.outcome IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+         AND a.lease_generation > f.lease_generation""",
+    # Attempt numbers that go down along the tokens, or skip: a refunded give-back
+    # reuses its number, nothing else may.
+    "attempts_out_of_order": """
         SELECT count(*) FROM (
-            SELECT lease_generation <= lag(lease_generation) OVER w AS bad
-            FROM job_attempts WINDOW w AS (PARTITION BY job_id ORDER BY attempt)) AS t
-        WHERE bad""",
+            SELECT attempt - lag(attempt) OVER w AS step, lag(outcome) OVER w AS before
+            FROM job_attempts WINDOW w AS (PARTITION BY job_id ORDER BY lease_generation)) AS t
+        WHERE step IS NOT NULL AND NOT (step = 1 OR (step = 0 AND before = 'QUEUED'))""",
     # History and row disagree: the final attempt must match the row.
     "history_mismatch": f"""
         SELECT count(*) FROM jobs AS j
         LEFT JOIN LATERAL (
             SELECT * FROM job_attempts AS a WHERE a.job_id = j.job_id
-            ORDER BY attempt DESC LIMIT 1) AS last ON true
+            ORDER BY lease_generation DESC LIMIT 1) AS last ON true
         WHERE j.state IN ({TERMINAL_SQL}) AND j.attempt_count > 0
           AND (last.outcome IS DISTINCT FROM j.state
                OR last.attempt IS DISTINCT FROM j.attempt_count)
           -- cancelled while waiting for a retry: the cancel is not an attempt
-          AND NOT (j.state = 'CANCELLED' AND last.outcome = 'RETRY_WAIT')""",
+          AND NOT (j.state = 'CANCELLED' AND last.outcome IN ('RETRY_WAIT', 'QUEUED'))""",
+    # A tenant's count of held slots must equal the leases that hold one: a slot
+    # released twice makes it lower, a leaked one higher.
+    "slots_leaked_or_released_twice": """
+        SELECT coalesce(sum(abs(u.running - (
+            SELECT count(*) FROM jobs AS j WHERE j.tenant = u.tenant AND j.holds_slot))), 0)::int
+        FROM tenant_usage AS u""",
+    # A slot held by a job no longer leased.
+    "slots_without_lease": """
+        SELECT count(*) FROM jobs
+        WHERE holds_slot AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED')""",
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
 }
 
@@ -76,7 +92,9 @@ EFFECT_CHECKS = {
 }
 
 
-def check(conninfo: str, expected: int | None = None) -> dict[str, Any]:
+def check(
+    conninfo: str, expected: int | None = None, *, require_success: bool = False
+) -> dict[str, Any]:
     with psycopg.connect(conninfo) as conn:
         report: dict[str, Any] = {
             "jobs_enqueued": conn.execute("SELECT count(*) FROM jobs").fetchone()[0],  # type: ignore[index]
@@ -90,6 +108,10 @@ def check(conninfo: str, expected: int | None = None) -> dict[str, Any]:
         if expected is not None:
             # A committed enqueue whose row is missing is lost too.
             report["missing_rows"] = max(expected - report["jobs_enqueued"], 0)
+        if require_success:
+            report["not_succeeded"] = report["jobs_enqueued"] - report["by_state"].get(
+                "SUCCEEDED", 0
+            )
         for name, sql in CHECKS.items():
             report[name] = conn.execute(sql).fetchone()[0]  # type: ignore[index]
         has_effects = conn.execute("SELECT to_regclass('chaos_effects') IS NOT NULL").fetchone()[0]  # type: ignore[index]
@@ -106,7 +128,7 @@ def check(conninfo: str, expected: int | None = None) -> dict[str, Any]:
     return report
 
 
-MUST_BE_ZERO = [*CHECKS, *EFFECT_CHECKS, "missing_rows"]
+MUST_BE_ZERO = [*CHECKS, *EFFECT_CHECKS, "missing_rows", "not_succeeded", "cap_exceeded"]
 
 
 def violations(report: dict[str, Any]) -> dict[str, int]:
@@ -117,12 +139,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Check the promises on a database.")
     parser.add_argument("--database-url", help="default: $DATABASE_URL")
     parser.add_argument("--expected", type=int, help="how many jobs were enqueued")
+    parser.add_argument(
+        "--require-success", action="store_true", help="every job must have SUCCEEDED"
+    )
     args = parser.parse_args()
     try:
         url = database_url(args.database_url)
     except ConfigError as exc:
         sys.exit(f"check: {exc}")
-    report = check(url.conninfo, args.expected)
+    report = check(url.conninfo, args.expected, require_success=args.require_success)
     print(json.dumps(report, indent=2, default=str))
     sys.exit(1 if violations(report) else 0)
 

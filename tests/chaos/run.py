@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -61,6 +62,10 @@ CONSUMER_ARGS = [
     "20",
 ]
 APP_NAMES = ("relay", "relay-listen", "consumer", "consumer-sync")
+# Tenants of the workload: one capped (its cap is sampled throughout the run and must
+# never be exceeded), one weighted, and jobs of no tenant.
+CAPPED, CAP = "capped", 4
+TENANTS: list[str | None] = [None, CAPPED, "heavy", "light"]
 
 
 @dataclass
@@ -89,7 +94,39 @@ def scratch() -> Iterator[tuple[DatabaseUrl, Topology]]:
     with scratch_database("chaos") as db, scratch_topology(["default"], "chaos") as topology:
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute(EFFECTS_TABLE)
+        engine = create_engine(db.sqlalchemy)
+        with Session(engine) as session, session.begin():
+            outbox.set_tenant_limit(session, CAPPED, max_running=CAP)
+            outbox.set_tenant_limit(session, "light", weight=3.0)
+        engine.dispose()
         yield db, topology
+
+
+class CapSampler:
+    """Samples how many of the capped tenant's jobs hold a lease, every few ms, for
+    the whole run: the cap must hold at every moment, not just at the end."""
+
+    def __init__(self, db: DatabaseUrl) -> None:
+        self.db = db
+        self.peak = 0
+        self.samples = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        sql = (
+            "SELECT count(*) FROM jobs WHERE tenant = %s"
+            " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.db.conninfo, autocommit=True) as conn:
+                    while not self.stop.is_set():
+                        running = conn.execute(sql, [CAPPED]).fetchone()[0]  # type: ignore[index]
+                        self.peak, self.samples = max(self.peak, running), self.samples + 1
+                        time.sleep(0.01)
+            except psycopg.OperationalError:  # terminated with the others: reconnect
+                time.sleep(0.05)
 
 
 def terminate_backends(db: DatabaseUrl) -> int:
@@ -115,6 +152,8 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
         for role in roles:
             role.start()
         engine = create_engine(db.sqlalchemy, pool_pre_ping=True)
+        sampler = CapSampler(db)
+        sampler.thread.start()
         enqueued = 0
         started = time.monotonic()
         produce_until = started + seconds * 0.8
@@ -129,7 +168,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
                 )
                 if due > enqueued:
                     batch = [
-                        outbox.NewJob("effect", job_payload(rng, i))
+                        outbox.NewJob("effect", job_payload(rng, i), tenant=rng.choice(TENANTS))
                         for i in range(enqueued, min(due, enqueued + 500))
                     ]
                     with Session(engine) as session, session.begin():
@@ -154,6 +193,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
                     role.start()
             settled = wait_terminal(db, enqueued, settle_timeout)
         finally:
+            sampler.stop.set()
             for role in roles:
                 if role.alive and role.daemon:
                     role.daemon.signal(signal.SIGCONT)
@@ -166,7 +206,10 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
                         role.daemon.kill()
             engine.dispose()
             proxy.close()
-        report = check(db.conninfo, expected=enqueued)
+        report = check(db.conninfo, expected=enqueued, require_success=True)
+    report["cap_peak"] = sampler.peak
+    report["cap_samples"] = sampler.samples
+    report["cap_exceeded"] = max(0, sampler.peak - CAP)
     report["settled"] = settled
     report["chaos"] = dict(done)
     report["seconds"] = round(time.monotonic() - started, 1)

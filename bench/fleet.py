@@ -1,0 +1,76 @@
+"""A running system for a benchmark: a scratch database and broker namespace, one
+or more relays and consumer processes, stopped and dropped afterwards."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+
+from bench.common import BIN, scratch_database, scratch_topology, service_env
+from plumbing.config import DatabaseUrl
+from schema.topology import Topology
+
+
+@dataclass(frozen=True)
+class Fleet:
+    db: DatabaseUrl
+    topology: Topology
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]]
+
+
+@contextmanager
+def fleet(
+    *,
+    consumers: int = 2,
+    concurrency: int = 50,
+    relays: int = 1,
+    relay_args: list[str] | None = None,
+    consumer_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    app: str = "bench.apps",
+) -> Iterator[Fleet]:
+    """Start the processes and wait until every consumer has announced itself (so
+    the relay's window counts them), then yield; terminate them all afterwards."""
+    with scratch_database() as db, scratch_topology(["default"]) as topology:
+        environment = service_env(db, topology) | (env or {})
+        procs = [
+            subprocess.Popen([str(BIN / "relay"), *(relay_args or [])], env=environment)
+            for _ in range(relays)
+        ]
+        procs += [
+            subprocess.Popen(
+                [
+                    str(BIN / "consumer"),
+                    "--app",
+                    app,
+                    "--concurrency",
+                    str(concurrency),
+                    *(consumer_args or []),
+                ],
+                env=environment,
+            )
+            for _ in range(consumers)
+        ]
+        try:
+            wait_for_workers(db, consumers)
+            yield Fleet(db, topology, environment, procs)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(60)
+
+
+def wait_for_workers(db: DatabaseUrl, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM workers").fetchone()[0] < n:  # type: ignore[index]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {n} consumers announced themselves")
+            time.sleep(0.05)

@@ -1,0 +1,72 @@
+"""What tenants cost the drain: 20,000 no-op jobs drained (one relay, two consumer
+processes of 50) with no tenant, spread over 10 tenants, and spread over 10 tenants
+each capped at 20 running (caps that do not bind, so every claim reserves a slot and
+every outcome releases it, and only the bookkeeping is measured). Each variant in a
+fresh database, one after another, in one run.
+
+Prints one JSON object with jobs/s and each variant's ratio to the first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import argument_parser, machine
+from bench.fleet import fleet
+
+VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
+
+
+def run(jobs: int, tenants: int, cap: int | None, consumers: int) -> float:
+    with fleet(consumers=consumers) as f:
+        engine = create_engine(f.db.sqlalchemy)
+        names = [f"tenant-{i}" for i in range(tenants)]
+        if cap is not None:
+            with Session(engine) as session, session.begin():
+                for name in names:
+                    outbox.set_tenant_limit(session, name, max_running=cap)
+        batch = [
+            outbox.NewJob("noop", {}, tenant=names[i % tenants] if tenants else None)
+            for i in range(jobs)
+        ]
+        with Session(engine) as session, session.begin():
+            outbox.enqueue_many(session, batch)
+        committed = time.perf_counter()
+        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
+                0
+            ]:  # type: ignore[index]
+                time.sleep(0.02)
+        elapsed = time.perf_counter() - committed
+        engine.dispose()
+        return jobs / elapsed
+
+
+def main() -> None:
+    parser = argument_parser("bench.tenants_cost", __doc__)
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per variant")
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    args = parser.parse_args()
+    rates: dict[str, float] = {}
+    for name, (tenants, cap) in VARIANTS.items():
+        rates[name] = run(args.jobs, tenants, cap, args.consumers)
+    first = next(iter(rates.values()))
+    result: dict[str, Any] = {
+        "benchmark": "tenants_cost",
+        "jobs": args.jobs,
+        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
+        "ratio_to_no_tenant": {k: round(v / first, 2) for k, v in rates.items()},
+        "machine": machine(),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
