@@ -3,7 +3,8 @@ else it serves is a service-layer dataclass as it is (jobctl.service.models)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -20,6 +21,18 @@ def _text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+# Instants a job may be put off to: any time a program means (a year 1 with a +14:00
+# offset is a date Python cannot read back).
+EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST: Final = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _instant(value: datetime) -> datetime:
+    if not EARLIEST <= value <= LATEST:
+        raise ValueError("must be between 1970-01-01 and 9000-01-01")
     return value
 
 
@@ -53,7 +66,7 @@ class EnqueueBody(BaseModel):
     """Whose job it is, for caps, fair share and backpressure."""
     priority: int = Field(default=0, ge=-32768, le=32767)
     """Higher runs first."""
-    run_after: AwareDatetime | None = None
+    run_after: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
     """Not before this instant (with its UTC offset); null: now."""
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     """The attempt budget; null: the handler's, else 5."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import click
@@ -19,6 +24,31 @@ from plumbing.config import ConfigError, amqp_url, database_url
 from plumbing.logfmt import setup_logging
 
 log = logging.getLogger("jobctl")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopping as relay and consumer do: the first SIGTERM or
+    SIGINT stops it gracefully, a second one at once, and the exit status is 0
+    (uvicorn would raise the signal again once stopped, and die of it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {signum: signal.signal(signum, self._on_signal) for signum in handled}
+        try:
+            yield
+        finally:
+            for signum, handler in original.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("api.signal", extra={"signal": signal.Signals(signum).name})
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
 
 
 def _plain(record: logging.LogRecord) -> bool:
@@ -77,7 +107,7 @@ def serve(host: str, port: int, **kwargs: Any) -> None:
         server_header=False,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     log.info(
         "api.serving",
         extra={
