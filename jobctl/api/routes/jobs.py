@@ -71,7 +71,7 @@ def _parse(job_id: str) -> uuid.UUID:
     status_code=202,
     response_model=JobView,
     dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 413, 415, 422, 429, 503, ok_202={"headers": _HEADERS}),
+    responses=responses(400, 401, 403, 413, 415, 422, 429, 503, ok_202={"headers": _HEADERS}),
     summary="Enqueue a job",
 )
 async def enqueue(

@@ -128,7 +128,7 @@ async def tenants(request: Request) -> TenantList:
     "/tenants/{tenant}",
     response_model=TenantView,
     dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 413, 415, 422, 503),
+    responses=responses(400, 401, 403, 413, 415, 422, 503),
     tags=["tenants"],
     summary="Set a tenant's limits",
 )
