@@ -51,6 +51,12 @@ class JobctlGroup(click.Group):
             self._fail(ctx, str(exc), 2)
         except Failure as exc:
             self._fail(ctx, str(exc), exc.exit_code)
+        except click.UsageError as exc:
+            # A subcommand's bad option or argument: one line too (`--help` shows
+            # the usage), naming the command it was given to.
+            if exc.ctx is not None and exc.ctx is not ctx:
+                ctx.meta.setdefault("jobctl.command", exc.ctx.command_path)
+            self._fail(ctx, exc.format_message(), 2)
 
     @staticmethod
     def _fail(ctx: click.Context, message: str, exit_code: int) -> None:
@@ -62,7 +68,8 @@ class JobctlGroup(click.Group):
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hybrid-jobs", message="%(prog)s %(version)s")
 def main() -> None:
-    """Operate hybrid-jobs: migrate the database (more to come).
+    """Operate hybrid-jobs: jobs, queues, schedules, tenants, workers; the HTTP
+    API and metrics (`jobctl serve`); migrations.
 
     Every command takes --json, prints one JSON object with it, and reports an error
     as one line with a non-zero exit status (2: a setting or argument to fix).
