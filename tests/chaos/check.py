@@ -34,12 +34,18 @@ CHECKS = {
             SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'
             GROUP BY job_id HAVING count(*) > 1) AS t""",
     # An attempt recorded after one that ended the job: a write after a terminal
-    # state (attempts are ordered by their fencing token, which grows per claim).
+    # state (attempts are ordered by their fencing token, which grows per claim). An
+    # operator's replay in between (job_replays: it began after attempts_before)
+    # makes the later attempts legitimate.
     "writes_after_terminal": """
         SELECT count(*) FROM job_attempts AS a
         JOIN job_attempts AS f
           ON f.job_id = a.job_id AND f.outcome IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-         AND a.lease_generation > f.lease_generation""",
+         AND a.lease_generation > f.lease_generation
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_replays AS r
+            WHERE r.job_id = a.job_id
+              AND r.attempts_before >= f.attempt AND r.attempts_before < a.attempt)""",
     # Attempt numbers that go down along the tokens, or skip: a refunded give-back
     # reuses its number, nothing else may.
     "attempts_out_of_order": """
@@ -56,8 +62,13 @@ CHECKS = {
         WHERE j.state IN ({TERMINAL_SQL}) AND j.attempt_count > 0
           AND (last.outcome IS DISTINCT FROM j.state
                OR last.attempt IS DISTINCT FROM j.attempt_count)
-          -- cancelled while waiting for a retry: the cancel is not an attempt
-          AND NOT (j.state = 'CANCELLED' AND last.outcome IN ('RETRY_WAIT', 'QUEUED'))""",
+          -- cancelled while waiting for a retry (or a run after a give-back or a
+          -- replay): the cancel is not an attempt
+          AND NOT (j.state = 'CANCELLED'
+                   AND (last.outcome IN ('RETRY_WAIT', 'QUEUED')
+                        OR EXISTS (SELECT 1 FROM job_replays AS r
+                                   WHERE r.job_id = j.job_id
+                                     AND r.attempts_before = last.attempt)))""",
     # A tenant's count of held slots must equal the leases that hold one: a slot
     # released twice makes it lower, a leaked one higher.
     "slots_leaked_or_released_twice": """
