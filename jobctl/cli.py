@@ -21,6 +21,7 @@ from plumbing.config import ConfigError
 COMMANDS: dict[str, str] = {
     "jobs": "jobctl.commands.jobs:jobs",
     "migrate": "jobctl.commands.migrate:migrate",
+    "queues": "jobctl.commands.queues:queues",
     "schedules": "jobctl.commands.schedules:schedules",
     "serve": "jobctl.commands.serve:serve",
     "stats": "jobctl.commands.stats:stats",
