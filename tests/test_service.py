@@ -19,41 +19,20 @@ from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import JobFilter, list_jobs, queries
 from jobctl.service.cursor import Cursor, Order
 from schema.states import JobState
+from tests.support.history import fill
 
 HISTORY = 30_000
 BACKLOG = 300
 SCAN = 100
 LIMIT = 10
 
-# Finished jobs with UUIDv7 ids (creation order), over the last day, mostly
-# succeeded; and a small backlog, newer.
-FILL = """
-INSERT INTO jobs (job_id, job_type, queue, tenant, state, attempt_count, max_attempts,
-                  run_after, created_at, started_at, finished_at, last_error_code,
-                  lease_owner, lease_expires_at)
-SELECT (lpad(to_hex((extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7'
-        || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
-       'type' || mod(i, 10), 'q' || mod(i, 4),
-       CASE WHEN mod(i, 3) = 0 THEN 't' || mod(i, 7) END, s.state,
-       CASE WHEN s.state = 'QUEUED' THEN 0 ELSE 1 END, 5, at, at,
-       CASE WHEN s.state <> 'QUEUED' THEN at END,
-       CASE WHEN s.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') THEN at + interval '1 s' END,
-       CASE WHEN s.state = 'FAILED' THEN 'Boom' END,
-       CASE WHEN s.state = 'RUNNING' THEN 'w1' END,
-       CASE WHEN s.state = 'RUNNING' THEN now() + interval '1 min' END
-FROM generate_series(1, %(history)s + %(backlog)s) AS i
-CROSS JOIN LATERAL (
-    SELECT CASE WHEN i > %(history)s THEN (CASE WHEN mod(i, 3) = 0 THEN 'RUNNING' ELSE 'QUEUED' END)
-                WHEN mod(i, 100) < 94 THEN 'SUCCEEDED'
-                WHEN mod(i, 100) < 98 THEN 'FAILED' ELSE 'CANCELLED' END AS state,
-           now() - interval '1 day' + make_interval(secs => i * 2.5) AS at
-) AS s
-"""
 
-
-@pytest.fixture
-def history(pg: psycopg.Connection) -> psycopg.Connection:
-    pg.execute(FILL, {"history": HISTORY, "backlog": BACKLOG})
+@pytest.fixture(params=["spread", "old"], ids=["failures-spread", "failures-old"])
+def history(pg: psycopg.Connection, request: pytest.FixtureRequest) -> psycopg.Connection:
+    # Failures spread through the history, or all in its oldest tenth (an incident
+    # weeks ago, none since): the case a plan that assumes an even spread gets wrong.
+    old = request.param == "old"
+    fill(pg, HISTORY, BACKLOG, failures_until=HISTORY // 10 if old else None)
     # A history as autovacuum leaves it: statistics, and old rows all-visible (an
     # index-only scan of failed jobs' keys then costs what it reads).
     pg.execute("VACUUM ANALYZE jobs")
@@ -108,9 +87,11 @@ def test_a_list_reads_a_bounded_stretch_of_a_long_history(
     # Filters that match nothing: the worst case for a list that stops when its
     # page is full.
     nothing = {"queue": "q1", "job_type": "nope", "tenant": "t3", "limit": LIMIT + 1, "scan": SCAN}
+    # A page from the middle of the failed jobs.
     middle = history.execute(
         "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED'"
-        " ORDER BY finished_at LIMIT 1 OFFSET 500"
+        " ORDER BY finished_at LIMIT 1"
+        " OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
     ).fetchone()
     assert middle is not None
     params = nothing | {"after_id": middle[0], "after_finished": middle[1]}
