@@ -115,9 +115,12 @@ def job_list(
         "tenant = %(tenant)s" if tenant else "",
     ]
     if state in CLAIMABLE or state in LEASED:
-        where = _where(f"state = '{state}'", *filters, _KEYSET[Order.CREATED] if after else "")
+        # The page's start applies outside the fence too: inside, a generic plan
+        # reads `job_id < $1` as a third of the table and walks the primary key.
+        where = _where(f"state = '{state}'", *filters)
         sql = f"""
 SELECT * FROM (SELECT {SUMMARY_COLUMNS} FROM jobs {where} OFFSET 0) AS backlog
+{_where(_KEYSET[Order.CREATED] if after else "")}
 ORDER BY job_id DESC
 LIMIT %(limit)s
 """
