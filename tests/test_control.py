@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 import consumers
 import outbox
 from consumers import Backoff, Registry
+from jobctl.check import check as chaos_check
 from outbox import Explanation, NewJob
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from relay.settings import RelaySettings
 from schema.topology import Topology
-from tests.chaos.check import check as chaos_check
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
 
