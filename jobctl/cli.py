@@ -14,13 +14,20 @@ from typing import Any
 
 import click
 
-from jobctl.output import Failure, report_error
+from jobctl.output import Failure, command_path, report_error
 from plumbing.config import ConfigError
 
 # name -> "module:attribute" of the click command.
 COMMANDS: dict[str, str] = {
     "check": "jobctl.commands.check:check",
+    "jobs": "jobctl.commands.jobs:jobs",
     "migrate": "jobctl.commands.migrate:migrate",
+    "queues": "jobctl.commands.queues:queues",
+    "schedules": "jobctl.commands.schedules:schedules",
+    "serve": "jobctl.commands.serve:serve",
+    "stats": "jobctl.commands.stats:stats",
+    "tenants": "jobctl.commands.tenants:tenants",
+    "workers": "jobctl.commands.workers:workers",
 }
 
 
@@ -46,10 +53,16 @@ class JobctlGroup(click.Group):
             self._fail(ctx, str(exc), 2)
         except Failure as exc:
             self._fail(ctx, str(exc), exc.exit_code)
+        except click.UsageError as exc:
+            # A subcommand's bad option or argument: one line too (`--help` shows
+            # the usage), naming the command it was given to.
+            if exc.ctx is not None and exc.ctx is not ctx:
+                ctx.meta.setdefault("jobctl.command", exc.ctx.command_path)
+            self._fail(ctx, exc.format_message(), 2)
 
     @staticmethod
     def _fail(ctx: click.Context, message: str, exit_code: int) -> None:
-        command = " ".join(filter(None, ["jobctl", ctx.invoked_subcommand]))
+        command = command_path(ctx, " ".join(filter(None, ["jobctl", ctx.invoked_subcommand])))
         report_error(ctx, command, message)
         sys.exit(exit_code)
 
@@ -57,7 +70,8 @@ class JobctlGroup(click.Group):
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hybrid-jobs", message="%(prog)s %(version)s")
 def main() -> None:
-    """Operate hybrid-jobs: migrate the database (more to come).
+    """Operate hybrid-jobs: jobs, queues, schedules, tenants, workers; the HTTP
+    API and metrics (`jobctl serve`); migrations.
 
     Every command takes --json, prints one JSON object with it, and reports an error
     as one line with a non-zero exit status (2: a setting or argument to fix).

@@ -11,7 +11,8 @@ otherwise. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -28,9 +29,14 @@ class Failure(Exception):
         self.exit_code = exit_code
 
 
+_COMMAND = "jobctl.command"
+
+
 def _remember(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
-    # meta is shared by the whole context chain: the group reads it to report errors.
+    # meta is shared by the whole context chain: the group reads it to report errors,
+    # naming the command that failed ("jobctl jobs show").
     ctx.meta[_JSON] = value
+    ctx.meta[_COMMAND] = ctx.command_path
     return value
 
 
@@ -46,6 +52,39 @@ json_option: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
 
 def wants_json(ctx: click.Context) -> bool:
     return bool(ctx.meta.get(_JSON))
+
+
+def command_path(ctx: click.Context, default: str) -> str:
+    """The full name of the command that ran, once it got as far as its options."""
+    return str(ctx.meta.get(_COMMAND) or default)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Rows as aligned columns under their headers, for people."""
+    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def when(value: datetime | None) -> str:
+    """A timestamp for people: UTC, to the second."""
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def duration(seconds: float | None) -> str:
+    """1h02m, 3m05s, 4.2s."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours < 48 else f"{hours // 24}d{hours % 24:02d}h"
 
 
 def emit(result: dict[str, Any], text: str) -> None:

@@ -34,6 +34,8 @@ from outbox.schedules import (
     resume_schedule_async,
     schedule,
     schedule_async,
+    trigger_schedule,
+    trigger_schedule_async,
     unschedule,
     unschedule_async,
 )
@@ -86,6 +88,8 @@ __all__ = [
     "set_tenant_limit_async",
     "tenant_limits",
     "tenant_limits_async",
+    "trigger_schedule",
+    "trigger_schedule_async",
     "unschedule",
     "unschedule_async",
 ]

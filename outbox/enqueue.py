@@ -49,8 +49,7 @@ class _Plan:
         return json.dumps(wanted, ensure_ascii=False) if wanted else None
 
 
-def _plan(jobs: Iterable[NewJob]) -> tuple[_Plan, list[uuid.UUID]]:
-    limit = max_payload_bytes()
+def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     rows: list[str] = []
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
@@ -102,7 +101,14 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     A job whose ``dedup_key`` is already taken for its job type is not inserted; its
     place in the result holds the existing job's id.
     """
-    plan, ids = _plan(jobs)
+    return insert_jobs(session, jobs, max_payload_bytes())
+
+
+def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) -> list[uuid.UUID]:
+    """:func:`enqueue_many` with the payload limit given: a schedule's job was
+    checked against the limit when the schedule was written, and must not become
+    unenqueueable because a process has a smaller one."""
+    plan, ids = _plan(jobs, payload_limit)
     if not ids:
         return []
     conn = session.connection()
@@ -118,7 +124,14 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
 
 async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     """:func:`enqueue_many` for an ``AsyncSession``."""
-    plan, ids = _plan(jobs)
+    return await insert_jobs_async(session, jobs, max_payload_bytes())
+
+
+async def insert_jobs_async(
+    session: AsyncSession, jobs: Iterable[NewJob], payload_limit: int
+) -> list[uuid.UUID]:
+    """:func:`insert_jobs` for an ``AsyncSession``."""
+    plan, ids = _plan(jobs, payload_limit)
     if not ids:
         return []
     conn = await session.connection()

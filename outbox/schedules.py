@@ -13,16 +13,18 @@ checked before anything is written. Times come from the database's clock.
 
 from __future__ import annotations
 
+import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import check_driver, insert_jobs, insert_jobs_async
 from outbox.recurrence import Recurrence, check_catchup, recurrence
 from outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
 from schema import names
@@ -32,9 +34,38 @@ from schema.queries import (
     SCHEDULE_PAUSE,
     SCHEDULE_RESUME,
     SCHEDULE_RULE_FOR_UPDATE,
+    SCHEDULE_TEMPLATE,
     SCHEDULE_UPSERT,
 )
 from schema.tables import MAX_SCHEDULE_NAME_LENGTH
+
+# A schedule's payload passed the producer's size limit when the schedule was
+# written; a process with a smaller limit must not make the schedule unfireable.
+NO_PAYLOAD_LIMIT: Final = sys.maxsize
+
+
+@dataclass(frozen=True)
+class JobTemplate:
+    """What each occurrence of a schedule enqueues: the relay's fires and a manual
+    :func:`trigger_schedule` build their job from it alike."""
+
+    job_type: str
+    payload: Any
+    queue: str
+    tenant: str | None
+    priority: int
+    max_attempts: int | None
+
+    def job(self, dedup_key: str | None = None) -> NewJob:
+        return NewJob(
+            self.job_type,
+            self.payload,
+            queue=self.queue,
+            dedup_key=dedup_key,
+            max_attempts=self.max_attempts,
+            priority=self.priority,
+            tenant=self.tenant,
+        )
 
 
 @dataclass(frozen=True)
@@ -246,3 +277,31 @@ def _connection(session: Session) -> Connection:
     conn = session.connection()
     check_driver(conn)
     return conn
+
+
+def trigger_schedule(session: Session, name: str) -> uuid.UUID | None:
+    """Enqueue one job now from the schedule ``name``'s template, as an occurrence
+    would; returns its id, or None if there is no such schedule.
+
+    Off the schedule's timetable: ``next_fire_at`` and the fire ledger are left as
+    they are, and a paused schedule can be triggered too. The job is an ordinary
+    enqueue (no dedup key; a tenant's ``max_queued`` applies and raises
+    :class:`outbox.Backpressure`). Writes through the session's transaction and
+    never commits.
+    """
+    row = _connection(session).exec_driver_sql(SCHEDULE_TEMPLATE, {"name": _name(name)}).first()
+    if row is None:
+        return None
+    return insert_jobs(session, [JobTemplate(*row).job()], NO_PAYLOAD_LIMIT)[0]
+
+
+async def trigger_schedule_async(session: AsyncSession, name: str) -> uuid.UUID | None:
+    """:func:`trigger_schedule` for an ``AsyncSession``."""
+    params = {"name": _name(name)}
+    conn = await session.connection()
+    check_driver(conn)
+    row = (await conn.exec_driver_sql(SCHEDULE_TEMPLATE, params)).first()
+    if row is None:
+        return None
+    template = JobTemplate(*tuple(row))
+    return (await insert_jobs_async(session, [template.job()], NO_PAYLOAD_LIMIT))[0]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,7 +36,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from outbox.recurrence import Recurrence
-from outbox.validation import NewJob, to_row
+from outbox.schedules import NO_PAYLOAD_LIMIT, JobTemplate
+from outbox.validation import to_row
 from plumbing.transient import is_transient_db_error
 from schema.queries import (
     JOB_FIND_BY_DEDUP_MANY,
@@ -56,9 +56,6 @@ DEFAULT_KEEP_FIRES: Final = 1000
 DEFAULT_GRACE: Final = 60.0
 # Old ledger rows deleted per fired schedule per round: a round adds a handful.
 PRUNE_BATCH: Final = 100
-# The payload passed the producer's size limit when the schedule was written; a
-# relay with a smaller limit must not make the schedule unfireable.
-_NO_PAYLOAD_LIMIT: Final = sys.maxsize
 
 SKIPPED_CATCHUP: Final = "catchup"
 SKIPPED_CATCHUP_LIMIT: Final = "catchup_limit"
@@ -146,6 +143,12 @@ class _Due:
     next_fire_at: datetime
     db_now: datetime
 
+    @property
+    def template(self) -> JobTemplate:
+        return JobTemplate(
+            self.job_type, self.payload, self.queue, self.tenant, self.priority, self.max_attempts
+        )
+
     def dedup_key(self, at: datetime) -> str:
         # The occurrence's identity again, on the job: a second line of defence.
         return f"schedule:{self.name}@{at.astimezone(UTC).isoformat()}"
@@ -231,16 +234,8 @@ async def _fire(
     for decision in plan.decisions:
         job_id = None
         if decision.skip_reason is None:
-            job = NewJob(
-                due.job_type,
-                due.payload,
-                queue=due.queue,
-                dedup_key=due.dedup_key(decision.at),
-                max_attempts=due.max_attempts,
-                priority=due.priority,
-                tenant=due.tenant,
-            )
-            job_id, jobs[decision.at] = to_row(job, _NO_PAYLOAD_LIMIT)
+            job = due.template.job(due.dedup_key(decision.at))
+            job_id, jobs[decision.at] = to_row(job, NO_PAYLOAD_LIMIT)
         fires.append(
             {
                 "scheduled_for": decision.at.isoformat(),

@@ -1275,3 +1275,29 @@ WITH doomed AS (
 )
 SELECT count(*) FROM deleted
 """
+
+# --------------------------------------------------------------- operator surface
+# (issue 11.) Writes the operator's surface (jobctl, the HTTP API) makes beside the
+# producer API's own.
+
+# A schedule's job template, for a manual trigger: what each occurrence enqueues.
+SCHEDULE_TEMPLATE: Final = """
+SELECT job_type, payload, queue, tenant, priority, max_attempts
+FROM schedules
+WHERE name = %(name)s
+"""
+
+# The fingerprint of the API request that created a job (Idempotency-Key). Inserted
+# after the enqueue, in its transaction: a row that comes back means this request
+# made the job (or adopted one enqueued with its key by other means); none means the
+# job had a fingerprint already, and JOB_REQUEST_FINGERPRINT reads it.
+JOB_REQUEST_RECORD: Final = """
+INSERT INTO job_requests (job_id, fingerprint)
+VALUES (%(job_id)s, %(fingerprint)s)
+ON CONFLICT (job_id) DO NOTHING
+RETURNING true
+"""
+
+JOB_REQUEST_FINGERPRINT: Final = """
+SELECT fingerprint FROM job_requests WHERE job_id = %(job_id)s
+"""

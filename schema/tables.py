@@ -172,6 +172,14 @@ Index(
     jobs.c.finished_at,
     postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
 )
+# The operator surface's lists of failed and cancelled jobs, newest finished first
+# across queues: a bounded walk of this index, never of the succeeded history.
+Index(
+    "jobs_unsuccessful_finished_idx",
+    jobs.c.finished_at,
+    jobs.c.job_id,
+    postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
+)
 # A tenant's waiting jobs, for its backpressure count (max_queued).
 Index(
     "jobs_tenant_waiting_idx",
@@ -401,6 +409,24 @@ job_replays = Table(
     Column("attempts_before", Integer, nullable=False),
 )
 Index("job_replays_job_id_idx", job_replays.c.job_id)
+
+# The request behind a job enqueued through the HTTP API with an Idempotency-Key
+# (its dedup_key is "api:<key>"): a hash of what was asked, so a repeat of the key
+# with a different request is refused rather than answered with a job it did not
+# describe. The job's own columns cannot tell: max_attempts and run_after move
+# after enqueue. The primary key is also the index the cascade from jobs needs.
+job_requests = Table(
+    "job_requests",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_requests_job_id_fkey"),
+        primary_key=True,
+    ),
+    Column("fingerprint", Text, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+)
 
 
 # --------------------------------------------------------------- recurring schedules

@@ -1,0 +1,98 @@
+"""The FastAPI application of ``jobctl serve``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from jobctl.api import problems
+from jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit
+from jobctl.api.routes import health, jobs, operate
+from jobctl.api.settings import ApiSettings
+from jobctl.metrics import Collector
+from jobctl.service import Database
+
+log = logging.getLogger("jobctl")
+
+DESCRIPTION = """\
+Enqueue jobs, look at them, cancel and retry them, and see queues, schedules,
+tenants and consumers. Errors are `application/problem+json` (RFC 9457) whose
+`detail` names the field at fault.
+
+Authentication: `Authorization: Bearer <token>`, the token `jobctl serve` was
+given in `JOBCTL_API_TOKEN` (or `JOBCTL_API_TOKEN_FILE`). A server without one
+refuses every change (403) and serves reads to anyone who can reach it.
+`/healthz`, `/readyz`, `/metrics` and `/openapi.json` need no token.
+"""
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        database = Database(settings.database, "jobctl-api", pool_size=settings.pool_size)
+        collector = Collector.for_database(settings.database)
+        app.state.database = database
+        app.state.amqp = settings.amqp
+        app.state.collector = collector
+        app.state.token = settings.token
+        if settings.token is None:
+            log.warning("api.read_only", extra={"detail": READ_ONLY})
+        if settings.metrics:
+            await collector.start()
+        try:
+            yield
+        finally:
+            await collector.stop()
+            await database.dispose()
+
+    app = FastAPI(
+        title="hybrid-jobs",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        # The interactive pages load scripts from a CDN; the document is enough.
+        docs_url=None,
+        redoc_url=None,
+    )
+    problems.install(app)
+    app.include_router(jobs.router)
+    app.include_router(operate.router)
+    app.include_router(health.router)
+    # Outermost first: the access log sees every request, 413s included.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLog)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hybrid-jobs")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with the problem responses under their own media type
+    (FastAPI lists a response model under the route's, application/json)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    problem = {"$ref": "#/components/schemas/Problem"}
+    for path in document.get("paths", {}).values():
+        for operation in path.values():
+            for response in operation.get("responses", {}).values():
+                content = response.get("content", {})
+                if content.get("application/json", {}).get("schema") == problem:
+                    content[problems.MEDIA_TYPE] = content.pop("application/json")
+    app.openapi_schema = document
+    return document

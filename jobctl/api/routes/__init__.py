@@ -1,0 +1,1 @@
+"""The API's routes, by subject; each one a thin layer over jobctl.service."""

@@ -1,0 +1,232 @@
+"""/v1/jobs: enqueue, list, look at, cancel (and retry)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import Field
+
+from jobctl.api.guards import may_read, may_write
+from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryFilter
+from jobctl.api.problems import responses
+from jobctl.api.routes.common import actor, database
+from jobctl.service import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    JobFilter,
+    NewJobRequest,
+    NotFound,
+    WrongState,
+    cancel_jobs,
+    enqueue_job,
+    get_job,
+    list_jobs,
+    parse_job_id,
+    retry_jobs,
+    retry_matching,
+)
+from jobctl.service.jobs import MAX_IDEMPOTENCY_KEY_LENGTH
+from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
+from schema.states import LEASED, JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+# Retry-After on a job that is not done: about when to look again.
+RUNNING_POLL: Final = 2
+MAX_POLL: Final = 60
+
+_HEADERS: Final[dict[str, Any]] = {
+    "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
+    "Retry-After": {
+        "description": "Seconds until the job is worth polling again.",
+        "schema": {"type": "integer"},
+    },
+}
+
+
+def retry_after(job: JobView) -> int | None:
+    """Seconds until polling the job is worth it again; None once it is done."""
+    if job.done:
+        return None
+    if job.state in LEASED:
+        return RUNNING_POLL
+    due = (job.run_after - job.checked_at).total_seconds()
+    return max(1, min(MAX_POLL, math.ceil(due)))
+
+
+def _location(job: JobView) -> str:
+    return f"/v1/jobs/{job.id}"
+
+
+def _parse(job_id: str) -> uuid.UUID:
+    ident = parse_job_id(job_id)
+    if ident is None:
+        raise NotFound(f"no job {job_id[:100]!r}: not a job id")
+    return ident
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobView,
+    dependencies=[Depends(may_write)],
+    responses=responses(400, 401, 403, 413, 415, 422, 429, 503, ok_202={"headers": _HEADERS}),
+    summary="Enqueue a job",
+)
+async def enqueue(
+    body: EnqueueBody,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
+            description="Makes the request safe to repeat: the same key (for the same "
+            "job_type) returns the job the first request made; a different request "
+            "with it is refused (422). A key lasts as long as its job.",
+        ),
+    ] = None,
+) -> JobView:
+    """Enqueue one job; 202 with the job, and its URL in Location."""
+    wanted = NewJobRequest(
+        body.job_type,
+        body.payload,
+        body.queue,
+        body.tenant,
+        body.priority,
+        body.run_after,
+        body.max_attempts,
+    )
+    async with database(request).writing() as session:
+        done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
+    response.headers["Location"] = _location(done.job)
+    wait = retry_after(done.job)
+    if wait is not None:
+        response.headers["Retry-After"] = str(wait)
+    if not done.created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return done.job
+
+
+@router.get(
+    "",
+    response_model=JobPage,
+    dependencies=[Depends(may_read)],
+    responses=responses(401, 422, 503),
+    summary="List jobs",
+)
+async def jobs(
+    request: Request,
+    state: JobState | None = None,
+    queue: Annotated[QueueName | None, Query()] = None,
+    job_type: Annotated[JobType | None, Query()] = None,
+    tenant: Annotated[QueueName | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    after: Annotated[
+        str | None,
+        Query(max_length=300, description="The `next` of the previous page."),
+        Field(),
+    ] = None,
+) -> JobPage:
+    """Jobs, newest first: waiting and running ones by creation, finished ones by
+    when they finished. Follow `next` for the next page; filters over finished
+    jobs read a bounded stretch per page, so a page can be short and still have a
+    next one (`scan_limited`)."""
+    where = JobFilter(state, queue, job_type, tenant)
+    async with database(request).reading() as session:
+        return await list_jobs(session, where, limit=limit, after=after)
+
+
+@router.post(
+    "/retry",
+    response_model=BulkRetry,
+    dependencies=[Depends(may_write)],
+    responses=responses(400, 401, 403, 413, 415, 422, 503),
+    summary="Retry failed jobs in bulk",
+)
+async def retry_many(body: RetryFilter, request: Request) -> BulkRetry:
+    """Put the FAILED and CANCELLED jobs that match every field given back in the
+    queue, oldest finished first, at most `limit`; with `dry_run`, only count them."""
+    async with database(request).writing() as session:
+        return await retry_matching(
+            session,
+            queue=body.queue,
+            job_type=body.job_type,
+            error_code=body.error_code,
+            finished_after=body.finished_after,
+            limit=body.limit,
+            by=actor(request),
+            dry_run=body.dry_run,
+        )
+
+
+@router.get(
+    "/{job_id}",
+    response_model=JobView,
+    dependencies=[Depends(may_read)],
+    responses=responses(
+        401, 404, 503, ok_200={"headers": {"Retry-After": _HEADERS["Retry-After"]}}
+    ),
+    summary="Look at a job",
+)
+async def job(job_id: str, request: Request, response: Response) -> JobView:
+    """State, attempt and budget, last error, times, progress, result, every
+    attempt, and why it waits. Retry-After while it is not done."""
+    ident = _parse(job_id)
+    async with database(request).reading() as session:
+        found = await get_job(session, ident)
+    if found is None:
+        raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
+    wait = retry_after(found)
+    if wait is not None:
+        response.headers["Retry-After"] = str(wait)
+    return found
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 409, 503),
+    summary="Cancel a job",
+)
+async def cancel(job_id: str, request: Request) -> JobStateChange:
+    """A waiting job is CANCELLED at once; a running one becomes CANCEL_REQUESTED
+    (its handler sees it at its next heartbeat). Repeating it is harmless; a job
+    that finished otherwise gets 409."""
+    ident = _parse(job_id)
+    async with database(request).writing() as session:
+        (result,) = await cancel_jobs(session, [ident])
+    if result.state is None:
+        raise NotFound(f"no job {ident}")
+    if not result.applied:
+        raise WrongState(f"job {ident} is {result.state} already; nothing to cancel", result.state)
+    return result
+
+
+@router.post(
+    "/{job_id}/retry",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 409, 503),
+    summary="Retry a job",
+)
+async def retry(job_id: str, request: Request) -> JobStateChange:
+    """A FAILED or CANCELLED job goes back to QUEUED, due now, its history kept and a
+    fresh attempt budget given; a job in any other state gets 409."""
+    ident = _parse(job_id)
+    async with database(request).writing() as session:
+        (result,) = await retry_jobs(session, [ident], by=actor(request))
+    if result.state is None:
+        raise NotFound(f"no job {ident}")
+    if not result.applied:
+        raise WrongState(
+            f"job {ident} is {result.state}: only FAILED or CANCELLED jobs are retried",
+            result.state,
+        )
+    return result

@@ -1,0 +1,100 @@
+"""What the service commands share: the --database-url option, and running an
+action of the service layer with every expected failure said in one line."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+import psycopg.errors
+import sqlalchemy.exc
+
+import outbox
+from jobctl.output import Failure, warn
+from jobctl.service import Database, Invalid, ServiceError, parse_job_id
+from plumbing import diagnose
+from plumbing.cli import event_loop_runner
+from plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def database_option(fn: F) -> F:
+    option = click.option(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL URL. Default: $DATABASE_URL, or the file named by $DATABASE_URL_FILE, "
+        "or postgresql://127.0.0.1:5432/jobs.",
+    )
+    return option(fn)
+
+
+def database(flag: str | None, command: str) -> DatabaseUrl:
+    url = database_url(flag)
+    warning = password_in_flag(url)
+    if warning:
+        warn(command, warning)
+    return url
+
+
+def run(flag: str | None, action: Callable[[Database], Awaitable[T]]) -> T:
+    """Run ``action`` with a database of one connection at a time, then close it.
+
+    The service's refusals, an outage and an unmigrated database become a
+    ``Failure`` (or a ``ConfigError`` for a setting to fix): one line, no traceback.
+    """
+    ctx = click.get_current_context()
+    url = database(flag, ctx.command_path)
+    db = Database(url, "jobctl", pooled=False)
+
+    async def main() -> T:
+        try:
+            return await action(db)
+        finally:
+            await db.dispose()
+
+    result: list[T] = []
+
+    async def keep() -> None:
+        result.append(await main())
+
+    try:
+        event_loop_runner()(keep())
+    except Invalid as exc:
+        raise Failure(str(exc), 2) from None
+    except (ServiceError, outbox.Backpressure) as exc:
+        raise Failure(str(exc)) from None
+    except sqlalchemy.exc.DBAPIError as exc:
+        raise _database_failure(exc, url) from None
+    return result[0]
+
+
+def _database_failure(exc: sqlalchemy.exc.DBAPIError, url: DatabaseUrl) -> Exception:
+    cause = exc.orig or exc
+    if isinstance(cause, psycopg.errors.UndefinedTable):
+        return ConfigError(
+            f'{url.setting}: database "{url.dbname}" is not migrated to this release: '
+            "run `jobctl migrate`"
+        )
+    if exc.connection_invalidated or isinstance(cause, psycopg.OperationalError):
+        found = diagnose.postgres(cause, url)
+        if found.fatal:
+            return ConfigError(f"{url.setting}: {found.reason}")
+        hint = f"; {found.hint}" if found.hint else ""
+        return Failure(f"cannot reach PostgreSQL at {url.address}: {found.reason}{hint}")
+    return Failure(f"PostgreSQL: {diagnose.first_line(cause)}")
+
+
+def parse_ids(values: tuple[str, ...]) -> list[uuid.UUID]:
+    """Job ids from the command line; a malformed one is a usage error, before
+    anything is done."""
+    ids = []
+    for value in values:
+        job_id = parse_job_id(value)
+        if job_id is None:
+            raise Failure(f"{value!r} is not a job id (a UUID)", 2)
+        ids.append(job_id)
+    return ids

@@ -1,0 +1,354 @@
+"""``jobctl jobs``: list, show, cancel (and retry) jobs."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from jobctl.commands.common import database_option, parse_ids, run
+from jobctl.output import Failure, duration, emit, json_option, table, when
+from jobctl.service import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Database,
+    JobFilter,
+    cancel_jobs,
+    get_job,
+    jsonable,
+    list_jobs,
+    retry_jobs,
+    retry_matching,
+)
+from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobSummary, JobView
+from schema.states import JobState
+
+
+@click.group()
+def jobs() -> None:
+    """List, show, cancel and retry jobs."""
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice([s.value for s in JobState]), help="Only this state.")
+@click.option("--queue", metavar="NAME", help="Only this queue.")
+@click.option("--type", "job_type", metavar="TYPE", help="Only this job type.")
+@click.option("--tenant", metavar="NAME", help="Only this tenant's jobs.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIMIT),
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    help="Jobs per page.",
+)
+@click.option("--after", metavar="TOKEN", help="Start after the page that printed this token.")
+@database_option
+@json_option
+def list_(
+    state: str | None,
+    queue: str | None,
+    job_type: str | None,
+    tenant: str | None,
+    limit: int,
+    after: str | None,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Jobs, newest first: waiting and running ones by when they were created,
+    finished ones (--state SUCCEEDED, FAILED, CANCELLED) by when they finished.
+
+    A page ends with the token for the next one. Filtered lists over finished
+    jobs read a bounded number of them per page, so a page may come back short
+    (even empty) with a token to read further back.
+    """
+    del as_json
+    where = JobFilter(None if state is None else JobState(state), queue, job_type, tenant)
+
+    async def action(db: Database) -> JobPage:
+        async with db.reading() as session:
+            return await list_jobs(session, where, limit=limit, after=after)
+
+    page = run(database_url, action)
+    emit(jsonable(page), _page_text(page))
+
+
+def _page_text(page: JobPage) -> str:
+    rows = [_row(job) for job in page.jobs]
+    lines = [
+        table(
+            ["ID", "STATE", "QUEUE", "TYPE", "TENANT", "ATTEMPT", "CREATED", "FINISHED", "ERROR"],
+            rows,
+        )
+    ]
+    if not page.jobs:
+        lines = ["no jobs" + (" in this stretch" if page.scan_limited else "")]
+    if page.next:
+        reason = " (searched as far as one page may read)" if page.scan_limited else ""
+        lines.append(f"next page{reason}: --after {page.next}")
+    return "\n".join(lines)
+
+
+def _row(job: JobSummary) -> list[object]:
+    budget = "?" if job.max_attempts is None else job.max_attempts
+    return [
+        job.id,
+        job.state,
+        job.queue,
+        job.job_type,
+        job.tenant or "-",
+        f"{job.attempt}/{budget}",
+        when(job.created_at),
+        when(job.finished_at),
+        job.last_error_code or "",
+    ]
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@database_option
+@json_option
+def show(job_id: str, database_url: str | None, as_json: bool) -> None:
+    """One job: its row, every attempt, and why it waits."""
+    del as_json
+    (ident,) = parse_ids((job_id,))
+
+    async def action(db: Database) -> JobView | None:
+        async with db.reading() as session:
+            return await get_job(session, ident)
+
+    job = run(database_url, action)
+    if job is None:
+        raise Failure(f"no job {ident} (it never existed, or it finished and was deleted)")
+    emit(jsonable(job), _job_text(job))
+
+
+def _compact(value: Any, limit: int = 400) -> str:
+    text = json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _job_text(job: JobView) -> str:
+    budget = "handler's" if job.max_attempts is None else str(job.max_attempts)
+    due = (job.run_after - job.checked_at).total_seconds()
+    fields: list[tuple[str, object]] = [
+        ("job", f"{job.id}  {job.job_type} on {job.queue}"),
+        ("tenant", job.tenant or "-"),
+        ("state", f"{job.state} (attempt {job.attempt} of {budget}, priority {job.priority})"),
+        ("run after", when(job.run_after) + (f" (in {duration(due)})" if due > 0 else "")),
+        ("created", when(job.created_at)),
+        ("started", when(job.started_at)),
+        ("finished", when(job.finished_at)),
+    ]
+    if job.lease is not None:
+        lease = job.lease
+        fields.append(
+            (
+                "lease",
+                f"{lease.worker}, generation {lease.generation}, until {when(lease.expires_at)}",
+            )
+        )
+    if job.cancel_requested_at is not None:
+        fields.append(("cancel asked", when(job.cancel_requested_at)))
+    if job.last_error is not None:
+        error = job.last_error
+        fields.append(("last error", ": ".join(str(p) for p in (error.code, error.message) if p)))
+    if job.delay_reason is not None:
+        fields.append(("turned down", f"{job.delay_reason} since {when(job.delay_since)}"))
+    if job.why is not None:
+        fields.append(("why", job.why.summary))
+        fields.extend(("", f"{b.code}: {_compact(b.facts, 200)}") for b in job.why.blockers)
+    fields += [
+        (
+            "progress",
+            "-" if job.progress is None else f"{_compact(job.progress)} at {when(job.progress_at)}",
+        ),
+        ("result", "-" if job.result is None else _compact(job.result)),
+        ("dedup key", job.dedup_key or "-"),
+        ("payload", _compact(job.payload)),
+    ]
+    width = max(len(name) for name, _ in fields)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
+    if job.attempts:
+        lines += ["", "attempts:"]
+        rows = [
+            [
+                a.attempt,
+                a.worker,
+                when(a.started_at),
+                duration((a.finished_at - a.started_at).total_seconds()),
+                a.outcome,
+                ": ".join(str(p) for p in (a.error_code, a.error_message) if p),
+            ]
+            for a in job.attempts
+        ]
+        lines.append(table(["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "ERROR"], rows))
+    return "\n".join(lines)
+
+
+@jobs.command()
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+@database_option
+@json_option
+def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) -> None:
+    """Cancel jobs that wait; ask running ones to stop (their handler sees it at its
+    next heartbeat). Exits 1 if any job was unknown or had already finished
+    otherwise."""
+    del as_json
+    ids = parse_ids(job_ids)
+
+    async def action(db: Database) -> list[Any]:
+        async with db.writing() as session:
+            return await cancel_jobs(session, ids)
+
+    results = run(database_url, action)
+    lines = []
+    for r in results:
+        if r.state is None:
+            lines.append(f"{r.id}: no such job")
+        elif r.applied:
+            lines.append(f"{r.id}: {r.state}")
+        else:
+            lines.append(f"{r.id}: {r.state} already, not cancelled")
+    emit({"jobs": jsonable(results)}, "\n".join(lines))
+    if not all(r.applied for r in results):
+        raise SystemExit(1)
+
+
+def _filters(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--filter key=value pairs, as retry_matching's keywords."""
+    keys = {
+        "queue": "queue",
+        "type": "job_type",
+        "job_type": "job_type",
+        "error_code": "error_code",
+    }
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            raise Failure(f"--filter {pair!r}: write it as key=value", 2)
+        if key == "finished_after":
+            found[key] = _instant(value)
+        elif key in keys:
+            found[keys[key]] = value
+        else:
+            raise Failure(
+                f"--filter {key}: unknown (use queue, type, error_code or finished_after)", 2
+            )
+    return found
+
+
+def _instant(value: str) -> datetime:
+    """An ISO 8601 instant with its offset, or a span back from now: 30m, 2h, 1d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = value[:-1], value[-1:]
+    if unit in units and number.replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(number) * units[unit])
+    try:
+        found = datetime.fromisoformat(value)
+    except ValueError:
+        raise Failure(
+            f"--filter finished_after={value}: not an ISO 8601 time nor 30m/2h/1d", 2
+        ) from None
+    if found.tzinfo is None:
+        raise Failure(f"--filter finished_after={value}: give the time's offset (Z, +02:00)", 2)
+    return found
+
+
+@jobs.command()
+@click.argument("job_ids", metavar="[ID...]", nargs=-1)
+@click.option(
+    "--filter",
+    "pairs",
+    metavar="KEY=VALUE",
+    multiple=True,
+    help="Retry the failed and cancelled jobs that match, instead of IDs: queue=, type=, "
+    "error_code=, finished_after= (ISO 8601, or 30m, 2h, 1d ago). Repeat to narrow.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="With --filter: at most this many, oldest finished first.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@click.option(
+    "--by",
+    metavar="NAME",
+    default=lambda: f"{getpass.getuser()} (jobctl)",
+    show_default="your user name (jobctl)",
+    help="Who is asking, as the jobs' replay records say.",
+)
+@database_option
+@json_option
+def retry(
+    job_ids: tuple[str, ...],
+    pairs: tuple[str, ...],
+    limit: int,
+    dry_run: bool,
+    by: str,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Put FAILED or CANCELLED jobs back in the queue: by ID, or every one that
+    matches --filter. Their history stays, and each gets a fresh attempt budget.
+    With IDs, exits 1 if any was unknown or not failed or cancelled."""
+    del as_json
+    if bool(job_ids) == bool(pairs):
+        raise Failure("give job IDs or --filter KEY=VALUE (one of them)", 2)
+    if job_ids:
+        _retry_ids(parse_ids(job_ids), dry_run, by, database_url)
+    else:
+        _retry_matching(_filters(pairs), limit, dry_run, by, database_url)
+
+
+def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None) -> None:
+    async def action(db: Database) -> list[JobStateChange]:
+        async with db.writing() as session:
+            # A dry run is the real thing in a savepoint rolled back: what it says
+            # is what the rule would do.
+            savepoint = await session.begin_nested()
+            done = await retry_jobs(session, ids, by=by)
+            if dry_run:
+                await savepoint.rollback()
+            else:
+                await savepoint.commit()
+            return done
+
+    results = run(database_url, action)
+    verb = "would be" if dry_run else "is"
+    lines = []
+    for r in results:
+        if r.state is None:
+            lines.append(f"{r.id}: no such job")
+        elif r.applied:
+            lines.append(f"{r.id}: {verb} QUEUED again")
+        else:
+            lines.append(f"{r.id}: {r.state}, not retried (only FAILED or CANCELLED jobs are)")
+    emit({"jobs": jsonable(results), "dry_run": dry_run}, "\n".join(lines))
+    if not all(r.applied for r in results):
+        raise SystemExit(1)
+
+
+def _retry_matching(
+    filters: dict[str, Any], limit: int, dry_run: bool, by: str, database_url: str | None
+) -> None:
+    async def action(db: Database) -> BulkRetry:
+        async with db.writing() as session:
+            return await retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters)
+
+    found = run(database_url, action)
+    what = " ".join(
+        f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in filters.items()
+    )
+    if dry_run:
+        text = f"would retry {found.matched} failed or cancelled job(s) matching {what}"
+    else:
+        text = f"retried {found.matched} failed or cancelled job(s) matching {what}"
+    if found.matched == limit:
+        text += " (the --limit; run again for more)"
+    emit(jsonable(found) | {"filter": {k: str(v) for k, v in filters.items()}}, text)

@@ -1,0 +1,105 @@
+"""``jobctl schedules``: list recurring schedules, pause, resume, trigger."""
+
+from __future__ import annotations
+
+import click
+
+from jobctl.commands.common import database_option, run
+from jobctl.output import emit, json_option, table, when
+from jobctl.service import (
+    Database,
+    jsonable,
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    trigger_schedule,
+)
+from jobctl.service.models import JobView, ScheduleView
+
+
+@click.group()
+def schedules() -> None:
+    """Recurring schedules (outbox.schedule makes them; the relay fires them)."""
+
+
+def _rule(s: ScheduleView) -> str:
+    if s.cron is not None:
+        return f"cron {s.cron} ({s.timezone})"
+    return f"every {s.every_seconds:g}s"
+
+
+@schedules.command("list")
+@database_option
+@json_option
+def list_(database_url: str | None, as_json: bool) -> None:
+    """Every schedule: its rule, its job, when it fires next, and its last fire."""
+    del as_json
+
+    async def action(db: Database) -> list[ScheduleView]:
+        async with db.reading() as session:
+            return await list_schedules(session)
+
+    found = run(database_url, action)
+    rows = [
+        [
+            s.name,
+            _rule(s),
+            f"{s.job_type} on {s.queue}",
+            "paused" if s.paused else when(s.next_fire_at),
+            "-"
+            if s.last_fire is None
+            else f"{when(s.last_fire.scheduled_for)} {s.last_fire.outcome}",
+        ]
+        for s in found
+    ]
+    text = table(["NAME", "RULE", "JOB", "NEXT", "LAST"], rows) if found else "no schedules"
+    emit({"schedules": jsonable(found)}, text)
+
+
+@schedules.command()
+@click.argument("name")
+@database_option
+@json_option
+def pause(name: str, database_url: str | None, as_json: bool) -> None:
+    """Stop firing NAME until it is resumed."""
+    del as_json
+
+    async def action(db: Database) -> ScheduleView:
+        async with db.writing() as session:
+            return await pause_schedule(session, name)
+
+    found = run(database_url, action)
+    emit(jsonable(found), f"{found.name}: paused")
+
+
+@schedules.command()
+@click.argument("name")
+@database_option
+@json_option
+def resume(name: str, database_url: str | None, as_json: bool) -> None:
+    """Fire NAME again, from its next occurrence after now (the ones missed while
+    it was paused do not run)."""
+    del as_json
+
+    async def action(db: Database) -> ScheduleView:
+        async with db.writing() as session:
+            return await resume_schedule(session, name)
+
+    found = run(database_url, action)
+    emit(jsonable(found), f"{found.name}: resumed, next fire {when(found.next_fire_at)}")
+
+
+@schedules.command()
+@click.argument("name")
+@database_option
+@json_option
+def trigger(name: str, database_url: str | None, as_json: bool) -> None:
+    """Enqueue one job now from NAME's template; its timetable stays as it is."""
+    del as_json
+
+    async def action(db: Database) -> JobView:
+        async with db.writing() as session:
+            return await trigger_schedule(session, name)
+
+    job = run(database_url, action)
+    emit(jsonable(job), f"{name}: enqueued job {job.id} ({job.job_type} on {job.queue})")

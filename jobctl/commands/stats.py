@@ -1,0 +1,65 @@
+"""``jobctl stats``: per queue, what waits, what runs, outbox lag, throughput."""
+
+from __future__ import annotations
+
+import click
+
+from jobctl.commands.common import database_option, run
+from jobctl.output import duration, emit, json_option, table, when
+from jobctl.service import Database, jsonable
+from jobctl.service import stats as read_stats
+from jobctl.service.models import Stats
+
+
+@click.command()
+@database_option
+@json_option
+def stats(database_url: str | None, as_json: bool) -> None:
+    """Per queue: jobs by state, the age of the oldest runnable job, the relay's
+    lag (due wake-ups not sent yet, and the oldest one's age), wake-ups in flight,
+    jobs finished in the last minute and per second, live consumers.
+
+    Counts what is waiting and running, never the history: finished jobs are
+    counted only for the last minute.
+    """
+    del as_json
+
+    async def action(db: Database) -> Stats:
+        async with db.reading() as session:
+            return await read_stats(session)
+
+    found = run(database_url, action)
+    rows = [
+        [
+            q.queue + (" (paused)" if q.paused else ""),
+            q.queued,
+            q.retry_wait,
+            q.running,
+            q.cancel_requested,
+            duration(q.oldest_runnable_age_seconds),
+            q.outbox_pending,
+            duration(q.outbox_lag_seconds),
+            q.outbox_in_flight,
+            f"{q.succeeded}/{q.failed}/{q.cancelled}",
+            f"{q.finished_per_second:g}",
+            f"{q.workers} ({q.concurrency})",
+        ]
+        for q in found.queues
+    ]
+    headers = [
+        "QUEUE",
+        "QUEUED",
+        "RETRY",
+        "RUNNING",
+        "CANCELLING",
+        "OLDEST",
+        "UNSENT",
+        "LAG",
+        "IN FLIGHT",
+        "OK/FAIL/CANC",
+        "DONE/S",
+        "WORKERS",
+    ]
+    text = table(headers, rows) if found.queues else "no queues with jobs, wake-ups or consumers"
+    note = f"as of {when(found.checked_at)}; finished: last {duration(found.window_seconds)}"
+    emit(jsonable(found), f"{text}\n{note}")

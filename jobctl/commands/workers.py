@@ -1,0 +1,40 @@
+"""``jobctl workers``: the consumers, as they announce themselves."""
+
+from __future__ import annotations
+
+import click
+
+from jobctl.commands.common import database_option, run
+from jobctl.output import emit, json_option, table, when
+from jobctl.service import Database, jsonable, list_workers
+from jobctl.service.models import WorkerView
+
+
+@click.command()
+@database_option
+@json_option
+def workers(database_url: str | None, as_json: bool) -> None:
+    """Consumers: where they run, what they serve, how busy they are, when they
+    were last heard from (a consumer silent past the relay's --worker-ttl is
+    forgotten)."""
+    del as_json
+
+    async def action(db: Database) -> list[WorkerView]:
+        async with db.reading() as session:
+            return await list_workers(session)
+
+    found = run(database_url, action)
+    rows = [
+        [
+            w.worker_id,
+            f"{w.host}:{w.pid}",
+            ",".join(w.queues),
+            f"{w.running}/{w.concurrency}",
+            "stopping" if w.stopping else ("live" if w.live else "silent"),
+            when(w.last_seen_at),
+            ",".join(w.job_types),
+        ]
+        for w in found
+    ]
+    headers = ["WORKER", "HOST:PID", "QUEUES", "RUNNING", "STATUS", "LAST SEEN", "JOB TYPES"]
+    emit({"workers": jsonable(found)}, table(headers, rows) if found else "no consumers")

@@ -1,0 +1,93 @@
+"""The one service layer under every operator surface (STYLE.md point 11).
+
+``jobctl``'s commands, the HTTP API of ``jobctl serve`` and (next) the dashboard
+read and steer the system through these functions only. Reads are named
+statements of :mod:`jobctl.service.queries`, each bounded by an index; every
+change goes through the producer API (``outbox.enqueue_async``,
+``outbox.request_cancel_async``, ``outbox.retry_job_async``,
+``outbox.pause_queue_async``, ``outbox.set_tenant_limit_async``, the schedule
+functions, ...), and "why does it wait" is ``outbox.explain_async``: a rule lives
+once and the surfaces cannot disagree.
+
+Each function takes an SQLAlchemy ``AsyncSession`` (the producer API's own kind,
+so an action and the reads around it share one transaction) and never commits;
+:class:`Database` opens the two kinds of transaction the surfaces use. They return
+frozen dataclasses (:mod:`jobctl.service.models`), which the API serves as they
+are and ``jsonable`` turns into the same JSON. Refusals are exceptions
+(:mod:`jobctl.service.errors`), plus ``outbox.Backpressure`` from an enqueue.
+
+What a dashboard needs, and where it is:
+
+- per-queue overview: :func:`stats`; :func:`pause_queue`, :func:`resume_queue`;
+- job lists with filters and keyset paging: :func:`list_jobs` (``JobPage.next``);
+- a job page: :func:`get_job` (row, attempts, progress, result, why it waits);
+- failed jobs: ``list_jobs(JobFilter(state=JobState.FAILED))``, and bulk retry:
+  :func:`retry_matching` (``dry_run`` counts first), :func:`retry_jobs` by id;
+- cancel: :func:`cancel_jobs`;
+- schedules: :func:`list_schedules`, :func:`pause_schedule`,
+  :func:`resume_schedule`, :func:`trigger_schedule`;
+- tenants: :func:`list_tenants`, :func:`set_tenant`;
+- workers: :func:`list_workers`; health: :func:`readiness`.
+"""
+
+from jobctl.service.database import Database
+from jobctl.service.errors import IdempotencyMismatch, Invalid, NotFound, ServiceError, WrongState
+from jobctl.service.health import readiness
+from jobctl.service.jobs import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    JobFilter,
+    NewJobRequest,
+    cancel_jobs,
+    enqueue_job,
+    get_job,
+    list_jobs,
+    parse_job_id,
+    retry_jobs,
+    retry_matching,
+)
+from jobctl.service.models import jsonable
+from jobctl.service.queues import pause_queue, resume_queue, stats
+from jobctl.service.schedules import (
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    trigger_schedule,
+)
+from jobctl.service.tenants import KEEP, list_tenants, set_tenant
+from jobctl.service.workers import list_workers
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "KEEP",
+    "MAX_LIMIT",
+    "Database",
+    "IdempotencyMismatch",
+    "Invalid",
+    "JobFilter",
+    "NewJobRequest",
+    "NotFound",
+    "ServiceError",
+    "WrongState",
+    "cancel_jobs",
+    "enqueue_job",
+    "get_job",
+    "get_schedule",
+    "jsonable",
+    "list_jobs",
+    "list_schedules",
+    "list_tenants",
+    "list_workers",
+    "parse_job_id",
+    "pause_queue",
+    "pause_schedule",
+    "readiness",
+    "resume_queue",
+    "resume_schedule",
+    "retry_jobs",
+    "retry_matching",
+    "set_tenant",
+    "stats",
+    "trigger_schedule",
+]

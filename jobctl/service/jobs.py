@@ -1,0 +1,410 @@
+"""Jobs: list, look at, enqueue, cancel (and retry, through the producer API)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+import outbox
+from jobctl.service import queries
+from jobctl.service.cursor import Cursor, Order
+from jobctl.service.errors import IdempotencyMismatch, Invalid, invalid_argument
+from jobctl.service.models import (
+    Attempt,
+    Blocker,
+    BulkRetry,
+    Enqueued,
+    JobPage,
+    JobStateChange,
+    JobSummary,
+    JobView,
+    LastError,
+    Lease,
+    Why,
+)
+from jobctl.service.sql import fetch_all, fetch_one
+from schema import names
+from schema.queries import (
+    JOB_FIND_BY_DEDUP_MANY,
+    JOB_REQUEST_FINGERPRINT,
+    JOB_REQUEST_RECORD,
+    JOB_STATE,
+)
+from schema.states import LEASED, TERMINAL, JobState
+
+# The states a retry (an operator's replay) moves a job out of.
+RETRYABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
+
+DEFAULT_LIMIT: Final = 50
+MAX_LIMIT: Final = 500
+# Index entries one page of a filtered list over finished jobs may read (about
+# 20 ms at most); past it the page ends early, with a token to read on.
+SCAN_LIMIT: Final = 10_000
+ATTEMPTS_SHOWN: Final = 100
+# Idempotency keys become dedup keys "api:<key>"; dedup keys hold up to 500.
+IDEMPOTENCY_PREFIX: Final = "api:"
+MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a list shows; None: any."""
+
+    state: JobState | None = None
+    queue: str | None = None
+    job_type: str | None = None
+    tenant: str | None = None
+
+    def checked(self) -> JobFilter:
+        try:
+            return JobFilter(
+                None if self.state is None else JobState(self.state),
+                None if self.queue is None else names.queue(self.queue),
+                None if self.job_type is None else names.job_type(self.job_type),
+                None if self.tenant is None else names.tenant(self.tenant),
+            )
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument(exc) from None
+
+
+@dataclass(frozen=True)
+class NewJobRequest:
+    """A job to enqueue; the fields mean what outbox.enqueue's arguments mean.
+    ``run_after``: an aware datetime, None for now."""
+
+    job_type: str
+    payload: Any = None
+    queue: str = "default"
+    tenant: str | None = None
+    priority: int = 0
+    run_after: datetime | None = None
+    max_attempts: int | None = None
+
+    def fingerprint(self) -> str:
+        """What the request asked for, as a hash: the same request gives the same
+        one, whatever the order of the payload's keys."""
+        document = {
+            "job_type": self.job_type,
+            "payload": self.payload,
+            "queue": self.queue,
+            "tenant": self.tenant,
+            "priority": self.priority,
+            "run_after": None if self.run_after is None else self.run_after.astimezone(UTC),
+            "max_attempts": self.max_attempts,
+        }
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def parse_job_id(text: str) -> uuid.UUID | None:
+    """A job id from a URL or a command line; None when it is not a UUID."""
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------- reads
+
+
+def _summary(row: Sequence[Any]) -> JobSummary:
+    # queries.SUMMARY_COLUMNS, with `done` after the state.
+    (job_id, job_type, queue, tenant, state, priority, attempt, max_attempts, run_after) = row[:9]
+    created_at, started_at, finished_at, last_error_code, delay_reason = row[9:14]
+    state = JobState(state)
+    return JobSummary(
+        job_id,
+        job_type,
+        queue,
+        tenant,
+        state,
+        state in TERMINAL,
+        priority,
+        attempt,
+        max_attempts,
+        run_after,
+        created_at,
+        started_at,
+        finished_at,
+        last_error_code,
+        delay_reason,
+    )
+
+
+async def list_jobs(
+    session: AsyncSession,
+    where: JobFilter | None = None,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    after: str | None = None,
+    scan: int = SCAN_LIMIT,
+) -> JobPage:
+    """A page of jobs, newest first (waiting and running ones by creation, finished
+    ones by when they finished), at most ``limit`` (1-500); ``after`` is the
+    ``next`` of the previous page. Reads only."""
+    where = (where or JobFilter()).checked()
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise Invalid(f"limit must be between 1 and {MAX_LIMIT}", "limit")
+    statement = queries.job_list(
+        where.state,
+        queue=where.queue is not None,
+        job_type=where.job_type is not None,
+        tenant=where.tenant is not None,
+        after=after is not None,
+    )
+    start = None if after is None else Cursor.decode(after, statement.order)
+    params = {
+        "queue": where.queue,
+        "job_type": where.job_type,
+        "tenant": where.tenant,
+        "after_id": None if start is None else start.job_id,
+        "after_finished": None if start is None else start.finished_at,
+        "limit": limit + 1,  # one more: is there a next page?
+        "scan": scan,
+    }
+    rows = await fetch_all(session, statement.sql, params)
+    jobs = tuple(_summary(row) for row in rows[:limit])
+    if len(rows) > limit:
+        return JobPage(jobs, _cursor(jobs[-1], statement.order).encode(), scan_limited=False)
+    if statement.edge_sql is not None:
+        edge = await fetch_one(session, statement.edge_sql, params)
+        if edge is not None and edge[0] >= scan:
+            # The scan stopped at its bound, not at the end: read on from its last row.
+            cursor = Cursor(
+                statement.order, edge[1], edge[2] if statement.order is Order.FINISHED else None
+            )
+            return JobPage(jobs, cursor.encode(), scan_limited=True)
+    return JobPage(jobs, None, scan_limited=False)
+
+
+def _cursor(job: JobSummary, order: Order) -> Cursor:
+    return Cursor(order, job.id, job.finished_at if order is Order.FINISHED else None)
+
+
+async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
+    """The job whole, with its newest attempts and why it waits (outbox.explain);
+    None for an unknown id. Reads only."""
+    row = await fetch_one(session, queries.JOB_GET, {"job_id": job_id})
+    if row is None:
+        return None
+    attempts = await fetch_all(
+        session, queries.JOB_ATTEMPTS, {"job_id": job_id, "limit": ATTEMPTS_SHOWN}
+    )
+    (
+        payload,
+        dedup_key,
+        updated_at,
+        cancel_requested_at,
+        last_error_message,
+        progress,
+        progress_at,
+        result,
+        delay_since,
+        lease_owner,
+        lease_generation,
+        lease_expires_at,
+        checked_at,
+    ) = row[14:]
+    summary = _summary(row)
+    last_error = None
+    if summary.last_error_code is not None or last_error_message is not None:
+        last_error = LastError(summary.last_error_code, last_error_message)
+    lease = None
+    if summary.state in LEASED:
+        lease = Lease(lease_owner, lease_generation, lease_expires_at)
+    # The same rule as the producer API's: read in this transaction, so under
+    # REPEATABLE READ the row above and the reasons agree.
+    try:
+        explanation = await outbox.explain_async(session, job_id)
+    except outbox.JobNotFound:
+        # Deleted by retention between two statements of a READ COMMITTED caller.
+        why = None
+    else:
+        why = Why(
+            explanation.summary,
+            tuple(Blocker(b.code, dict(b.facts)) for b in explanation.blockers),
+        )
+    return JobView(
+        **{f.name: getattr(summary, f.name) for f in dataclasses.fields(JobSummary)},
+        payload=payload,
+        dedup_key=dedup_key,
+        updated_at=updated_at,
+        cancel_requested_at=cancel_requested_at,
+        last_error=last_error,
+        progress=progress,
+        progress_at=progress_at,
+        result=result,
+        delay_since=delay_since,
+        lease=lease,
+        attempts=tuple(Attempt(*a) for a in reversed(attempts)),
+        why=why,
+        checked_at=checked_at,
+    )
+
+
+# --------------------------------------------------------------------- actions
+
+
+async def enqueue_job(
+    session: AsyncSession, request: NewJobRequest, *, idempotency_key: str | None = None
+) -> Enqueued:
+    """Enqueue one job (outbox.enqueue_async), and return it as stored.
+
+    With an ``idempotency_key`` the job's dedup key is ``api:<key>`` (for its job
+    type): a repeat of the request returns the job the first one made; a repeat
+    with any other job setting raises :class:`IdempotencyMismatch`, having
+    written nothing. Raises :class:`Invalid` for an unacceptable argument and
+    :class:`outbox.Backpressure` when the tenant has its max_queued waiting.
+    Never commits.
+    """
+    dedup_key = None
+    if idempotency_key is not None:
+        dedup_key = IDEMPOTENCY_PREFIX + _idempotency_key(idempotency_key)
+        earlier = await _find_by_dedup(session, request.job_type, dedup_key)
+        if earlier is not None:
+            # Before the enqueue, so a repeat is answered even when the tenant is at
+            # its max_queued now.
+            await _check_fingerprint(session, earlier, request)
+            return Enqueued(await _must_get(session, earlier), created=False)
+    try:
+        job_id = await outbox.enqueue_async(
+            session,
+            request.job_type,
+            request.payload,
+            queue=request.queue,
+            dedup_key=dedup_key,
+            run_after=request.run_after,
+            max_attempts=request.max_attempts,
+            priority=request.priority,
+            tenant=request.tenant,
+        )
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc) from None
+    created = True
+    if dedup_key is not None:
+        params = {"job_id": job_id, "fingerprint": request.fingerprint()}
+        if await fetch_one(session, JOB_REQUEST_RECORD, params) is None:
+            # A concurrent request with the same key won the race; its job and its
+            # fingerprint committed together, before our enqueue found its key.
+            await _check_fingerprint(session, job_id, request)
+            created = False
+    return Enqueued(await _must_get(session, job_id), created)
+
+
+def _idempotency_key(key: str) -> str:
+    try:
+        key = names.text("Idempotency-Key", key, MAX_IDEMPOTENCY_KEY_LENGTH)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "Idempotency-Key") from None
+    if not key.isprintable() or not key.isascii():
+        raise Invalid("Idempotency-Key must be printable ASCII", "Idempotency-Key")
+    return key
+
+
+async def _find_by_dedup(session: AsyncSession, job_type: str, dedup_key: str) -> uuid.UUID | None:
+    try:
+        job_type = names.job_type(job_type)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "job_type") from None
+    keys = json.dumps([{"job_type": job_type, "dedup_key": dedup_key}])
+    row = await fetch_one(session, JOB_FIND_BY_DEDUP_MANY, {"keys": keys})
+    return None if row is None else uuid.UUID(str(row[2]))
+
+
+async def _check_fingerprint(
+    session: AsyncSession, job_id: uuid.UUID, request: NewJobRequest
+) -> None:
+    row = await fetch_one(session, JOB_REQUEST_FINGERPRINT, {"job_id": job_id})
+    stored = None if row is None else row[0]
+    # A job that has the key's dedup key but no fingerprint was enqueued by other
+    # means; it is the key's job all the same.
+    if stored is not None and stored != request.fingerprint():
+        raise IdempotencyMismatch(
+            f"Idempotency-Key was used for job {job_id} with a different request; "
+            "use a new key for a new job"
+        )
+
+
+async def _must_get(session: AsyncSession, job_id: uuid.UUID) -> JobView:
+    job = await get_job(session, job_id)
+    assert job is not None, f"job {job_id} vanished inside its own transaction"
+    return job
+
+
+async def cancel_jobs(session: AsyncSession, job_ids: Iterable[uuid.UUID]) -> list[JobStateChange]:
+    """Cancel each job that waits, ask each running one to stop
+    (outbox.request_cancel_async). ``applied`` is True when the job is cancelled or
+    asked to stop now (a repeated cancel too); False for a job that had finished
+    otherwise, or an unknown id (state None). Never commits."""
+    done: list[JobStateChange] = []
+    for job_id in job_ids:
+        state = await outbox.request_cancel_async(session, job_id)
+        applied = state in (JobState.CANCELLED, JobState.CANCEL_REQUESTED)
+        done.append(JobStateChange(job_id, state, applied))
+    return done
+
+
+async def retry_jobs(
+    session: AsyncSession, job_ids: Iterable[uuid.UUID], *, by: str | None = None
+) -> list[JobStateChange]:
+    """Put each FAILED or CANCELLED job back in the queue (outbox.retry_job_async),
+    its history kept and a fresh attempt budget given. ``applied`` is False for a
+    job in any other state (left as it was) and for an unknown id (state None).
+    ``by`` names who asked, for job_replays. Never commits."""
+    done: list[JobStateChange] = []
+    for job_id in job_ids:
+        row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
+        before = None if row is None else JobState(row[0])
+        try:
+            state = await outbox.retry_job_async(session, job_id, by=by)
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument(exc, "by") from None
+        done.append(JobStateChange(job_id, state, before in RETRYABLE and state == JobState.QUEUED))
+    return done
+
+
+async def retry_matching(
+    session: AsyncSession,
+    *,
+    queue: str | None = None,
+    job_type: str | None = None,
+    error_code: str | None = None,
+    finished_after: datetime | None = None,
+    limit: int = 1000,
+    by: str | None = None,
+    dry_run: bool = False,
+) -> BulkRetry:
+    """Retry the FAILED and CANCELLED jobs that match every filter given, oldest
+    finished first, at most ``limit`` (outbox.retry_jobs_async). ``dry_run``: the
+    same statement in a savepoint rolled back, so the count is exactly what the
+    rule would retry, and nothing changes. Never commits."""
+    savepoint = await session.begin_nested()
+    try:
+        matched = await outbox.retry_jobs_async(
+            session,
+            queue=queue,
+            job_type=job_type,
+            error_code=error_code,
+            finished_after=finished_after,
+            limit=limit,
+            by=by,
+        )
+    except (ValueError, TypeError) as exc:
+        await savepoint.rollback()
+        raise invalid_argument(exc) from None
+    except BaseException:
+        await savepoint.rollback()
+        raise
+    if dry_run:
+        await savepoint.rollback()
+    else:
+        await savepoint.commit()
+    return BulkRetry(matched, dry_run)

@@ -1,0 +1,372 @@
+"""What the service layer returns: frozen dataclasses, one per thing an operator
+looks at. The CLI prints them, the HTTP API serves them as they are (FastAPI reads
+their fields for the OpenAPI document; each attribute's docstring becomes its
+description), and a dashboard can render them.
+
+``jsonable(value)`` gives the JSON form the API sends, so ``jobctl ... --json``
+prints the same documents.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, TypeAdapter
+
+from schema.states import JobState
+
+# Attribute docstrings become field descriptions in the OpenAPI document.
+_DOCUMENTED = ConfigDict(use_attribute_docstrings=True)
+
+
+@dataclass(frozen=True)
+class LastError:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    code: str | None
+    """The error code of the last failed attempt (the exception's class, or
+    LEASE_EXPIRED, SHUTDOWN, ...)."""
+    message: str | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    worker: str
+    """The consumer that holds the job (workers.worker_id)."""
+    generation: int
+    """The lease generation: every write of the holder carries it."""
+    expires_at: datetime
+    """Unless renewed by a heartbeat; the sweeper retries the job after this."""
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job in a list: what fits on one line."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    id: uuid.UUID
+    """The job's id, a UUIDv7: ids sort in creation order."""
+    job_type: str
+    queue: str
+    tenant: str | None
+    state: JobState
+    done: bool
+    """True once the job is SUCCEEDED, FAILED or CANCELLED: it will not change again
+    unless an operator retries it."""
+    priority: int
+    attempt: int
+    """Attempts made so far, counted when each one started."""
+    max_attempts: int | None
+    """The attempt budget; null until a handler claims a job enqueued without one
+    (the handler's budget applies, else 5)."""
+    run_after: datetime
+    """When the job may run (next): its start time, or the end of a retry's backoff."""
+    created_at: datetime
+    started_at: datetime | None
+    """When the latest attempt started."""
+    finished_at: datetime | None
+    last_error_code: str | None
+    delay_reason: str | None
+    """Why a consumer last turned the job's wake-up down: TENANT_CAP, QUEUE_PAUSED or
+    NO_HANDLER (cleared when it starts)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    attempt: int
+    generation: int
+    worker: str
+    outcome: str
+    """The state the attempt left the job in; QUEUED: given back at a graceful stop,
+    the attempt refunded."""
+    ready_at: datetime | None
+    """When the job became runnable for this attempt."""
+    started_at: datetime
+    finished_at: datetime
+    error_code: str | None
+    error_message: str | None
+    traceback: str | None
+
+
+@dataclass(frozen=True)
+class Blocker:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    code: str
+    """NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
+    NO_CONSUMER, NO_HANDLER or CANCEL_REQUESTED."""
+    facts: dict[str, Any]
+    """The figures behind it (see outbox.explain)."""
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why a job is where it is, from outbox.explain: every reason that holds now."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    summary: str
+    """One line for people."""
+    blockers: tuple[Blocker, ...]
+    """Empty for a job that is due and next in line, running, or finished."""
+
+
+@dataclass(frozen=True)
+class JobView(JobSummary):
+    """One job, whole: its row, its attempts, and why it waits."""
+
+    payload: Any
+    dedup_key: str | None
+    updated_at: datetime
+    cancel_requested_at: datetime | None
+    last_error: LastError | None
+    progress: Any
+    """What the handler last reported with job.progress(...)."""
+    progress_at: datetime | None
+    result: Any
+    """What the handler returned, once the job SUCCEEDED."""
+    delay_since: datetime | None
+    lease: Lease | None
+    """Who holds the job while it is RUNNING or CANCEL_REQUESTED."""
+    attempts: tuple[Attempt, ...]
+    """The newest attempts (at most 100), oldest first."""
+    why: Why | None
+    """Why it waits (or runs, or ended)."""
+    checked_at: datetime
+    """The database's clock when this was read."""
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A page of a job list, newest first, and where the next one starts."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    jobs: tuple[JobSummary, ...]
+    next: str | None
+    """Pass as `after` for the next page; null at the end of the list. A page may hold
+    fewer jobs than asked for, even none, and still have a next one (see
+    scan_limited)."""
+    scan_limited: bool
+    """True when the list stopped at the number of jobs one page may read (filters
+    over the history of finished jobs read at most that many per page): follow
+    `next` to search further back."""
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    queued: int
+    retry_wait: int
+    running: int
+    cancel_requested: int
+    oldest_runnable_age_seconds: float
+    """How long the oldest job that could run now (QUEUED or RETRY_WAIT, due) has
+    waited; 0 when none is due."""
+    expired_leases: int
+    """Running jobs whose lease expired and that the sweeper has not moved on yet."""
+    outbox_pending: int
+    """Due wake-ups the relay has not sent yet."""
+    outbox_lag_seconds: float
+    """Age of the oldest of those; 0 when there is none."""
+    outbox_in_flight: int
+    """Wake-ups sent and not yet taken up by a consumer."""
+    succeeded: int
+    """Jobs of the queue that SUCCEEDED within the window (see Stats)."""
+    failed: int
+    cancelled: int
+    finished_per_second: float
+    """Jobs finished per second over the window."""
+    workers: int
+    """Live consumers serving the queue."""
+    concurrency: int
+    """Their concurrency, added up."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    checked_at: datetime
+    window_seconds: float
+    """The span the finished counts and the throughput cover: the last minute, or
+    less when more jobs than the sample holds finished in it."""
+    queues: tuple[QueueStats, ...]
+
+
+@dataclass(frozen=True)
+class LastFire:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    scheduled_for: datetime
+    fired_at: datetime
+    outcome: str
+    """enqueued or skipped."""
+    skip_reason: str | None
+    job_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    name: str
+    job_type: str
+    payload: Any
+    cron: str | None
+    every_seconds: float | None
+    timezone: str
+    queue: str
+    tenant: str | None
+    priority: int
+    max_attempts: int | None
+    catchup: str
+    paused: bool
+    next_fire_at: datetime
+    last_fire_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    last_fire: LastFire | None
+    """The newest occurrence the relay decided, fired or skipped."""
+
+
+@dataclass(frozen=True)
+class Held:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    reason: str
+    """Why the relay holds the tenant's wake-ups back in this queue: TENANT_CAP,
+    WINDOW or FAIR_SHARE."""
+    since: datetime | None
+
+
+@dataclass(frozen=True)
+class TenantView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    tenant: str
+    max_running: int | None
+    """Jobs of the tenant that may run at once; null: no cap."""
+    weight: float
+    """Its share of a busy queue against the other tenants."""
+    max_queued: int | None
+    """Waiting jobs past which enqueue refuses more; null: no limit."""
+    running: int
+    """Slots held now."""
+    queued: int
+    """Waiting jobs, as the relay last counted them (tenants with a max_queued)."""
+    queued_at: datetime | None
+    drain_per_s: float | None
+    held: tuple[Held, ...]
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    job_types: tuple[str, ...]
+    concurrency: int
+    prefetch: int
+    started_at: datetime
+    last_seen_at: datetime
+    stopping: bool
+    live: bool
+    """Heard from within the last minute and not stopping."""
+    running: int
+    """Jobs it holds a lease on now."""
+    counts: dict[str, Any]
+    """The process's own cumulative counters (claimed, succeeded, ...)."""
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    job: JobView
+    created: bool
+    """False when an Idempotency-Key named a job enqueued before."""
+
+
+@dataclass(frozen=True)
+class JobStateChange:
+    """What a cancel or retry did to one job."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    id: uuid.UUID
+    state: JobState | None
+    """The job's state afterwards; null for an unknown id."""
+    applied: bool
+    """A cancel: the job is cancelled or asked to stop (also when it already was). A
+    retry: it was FAILED or CANCELLED and is QUEUED again."""
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """A queue's pause, after a pause or a resume."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    """Who paused it (``by``, else the database role and application)."""
+    changed: bool
+    """Whether this request changed it (pausing a paused queue, or resuming a running
+    one, changes nothing)."""
+
+
+@dataclass(frozen=True)
+class BulkRetry:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    matched: int
+    """FAILED and CANCELLED jobs the filter selected (at most the limit)."""
+    dry_run: bool
+    """True: nothing was retried, `matched` is what would have been."""
+
+
+@dataclass(frozen=True)
+class Check:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    service: str
+    """postgresql or rabbitmq."""
+    ok: bool
+    address: str
+    """host:port, never a credential."""
+    detail: str
+    """Why it failed; empty when it answered."""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Readiness:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    ready: bool
+    checks: tuple[Check, ...]
+
+
+def jsonable(value: Any) -> Any:
+    """The JSON form of a service result (or a list of them), as the API sends it."""
+    return TypeAdapter(type(value)).dump_python(value, mode="json")

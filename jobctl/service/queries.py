@@ -1,0 +1,268 @@
+"""The operator surface's reads, named. None of them writes: every change goes
+through the producer API (``outbox``), whose statements live in
+:mod:`schema.queries`.
+
+Each read is written to match one index, so that it costs what the backlog (or the
+page) costs, never what the history of finished jobs costs (STYLE.md point 12;
+``python -m bench.surface_plans`` prints their plans on a million finished jobs):
+
+- a job and its attempts: primary keys;
+- waiting and running jobs: ``jobs_claimable_idx`` / ``jobs_leased_idx``, one
+  statement per index (a ``state IN (...)`` spanning both scans the whole table);
+- failed and cancelled jobs: ``jobs_unsuccessful_finished_idx`` (finished_at,
+  job_id), succeeded ones ``jobs_finished_idx``, and lists with no state the
+  primary key, each read by a bounded scan (see :func:`job_list`);
+- per-queue figures: the metrics collector's backlog reads, ``outbox_due_idx``,
+  ``outbox_inflight_idx``, and ``jobs_finished_idx`` over the last minute, sampled.
+
+Job lists come in variants: which filters are present is part of the statement's
+text (built by :func:`job_list` from fixed fragments, never from values), and the
+state is a literal, so that a prepared statement's generic plan can still prove a
+partial index's predicate. Every value is a bound parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Final
+
+from jobctl.service.cursor import Order
+from schema.states import CLAIMABLE, LEASED, JobState
+from schema.tables import LEASED_SQL, TERMINAL_SQL
+
+UNSUCCESSFUL: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
+UNSUCCESSFUL_SQL: Final = "'CANCELLED', 'FAILED'"
+
+# The columns of a JobSummary, in its order (done is computed).
+SUMMARY_COLUMNS: Final = (
+    "job_id, job_type, queue, tenant, state, priority, attempt_count, max_attempts, run_after,"
+    " created_at, started_at, finished_at, last_error_code, delay_reason"
+)
+
+JOB_GET: Final = f"""
+SELECT {SUMMARY_COLUMNS},
+       payload, dedup_key, updated_at, cancel_requested_at, last_error_message, progress,
+       progress_at, result, delay_since, lease_owner, lease_generation, lease_expires_at,
+       now()
+FROM jobs
+WHERE job_id = %(job_id)s
+"""
+
+# The newest attempts by their key (job_id, lease_generation).
+JOB_ATTEMPTS: Final = """
+SELECT attempt, lease_generation, worker, outcome, ready_at, started_at, finished_at,
+       error_code, error_message, traceback
+FROM job_attempts
+WHERE job_id = %(job_id)s
+ORDER BY lease_generation DESC
+LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True)
+class JobList:
+    sql: str
+    order: Order
+    # For a list that reads at most %(scan)s jobs: the statement that says how many
+    # the scan read and which was the last (count, job_id, finished_at), run when a
+    # page came back short, to tell the end of the list from the end of a scan.
+    edge_sql: str | None = None
+
+
+_KEYSET: Final = {
+    Order.CREATED: "job_id < %(after_id)s",
+    # A row comparison: an index condition on (finished_at, job_id) whole, and on a
+    # (finished_at) index its prefix.
+    Order.FINISHED: "(finished_at, job_id) < (%(after_finished)s::timestamptz, %(after_id)s::uuid)",
+}
+_ORDER_BY: Final = {
+    Order.CREATED: "job_id DESC",
+    Order.FINISHED: "finished_at DESC, job_id DESC",
+}
+_REVERSED: Final = {
+    Order.CREATED: "job_id",
+    Order.FINISHED: "finished_at, job_id",
+}
+
+
+def _where(*conditions: str) -> str:
+    present = [c for c in conditions if c]
+    return "WHERE " + " AND ".join(present) if present else ""
+
+
+@functools.cache
+def job_list(
+    state: JobState | None, *, queue: bool, job_type: bool, tenant: bool, after: bool
+) -> JobList:
+    """The statement listing jobs with the given filters present (their values are
+    the parameters queue, job_type, tenant, after_id, after_finished, limit, scan).
+
+    - QUEUED, RETRY_WAIT, RUNNING, CANCEL_REQUESTED (the backlog): that state's
+      partial index, newest first. Reads the matching backlog, whatever its age: the
+      subquery is a fence (OFFSET 0) that keeps the planner from walking the primary
+      key backwards through the history in search of old waiting jobs.
+    - FAILED, CANCELLED: newest finished first, through
+      jobs_unsuccessful_finished_idx; SUCCEEDED: through jobs_finished_idx. These
+      read at most %(scan)s index entries in the list's order and filter them, so a
+      filter that matches little costs one scan, not the history; the page may then
+      come back short with a next token (``JobList.edge_sql`` finds it).
+    - no state: newest first by id; filtered, through the same bounded scan.
+    """
+    filters = [
+        "queue = %(queue)s" if queue else "",
+        "job_type = %(job_type)s" if job_type else "",
+        "tenant = %(tenant)s" if tenant else "",
+    ]
+    if state in CLAIMABLE or state in LEASED:
+        # The page's start applies outside the fence too: inside, a generic plan
+        # reads `job_id < $1` as a third of the table and walks the primary key.
+        where = _where(f"state = '{state}'", *filters)
+        sql = f"""
+SELECT * FROM (SELECT {SUMMARY_COLUMNS} FROM jobs {where} OFFSET 0) AS backlog
+{_where(_KEYSET[Order.CREATED] if after else "")}
+ORDER BY job_id DESC
+LIMIT %(limit)s
+"""
+        return JobList(sql, Order.CREATED)
+    if state is None:
+        keyset = _KEYSET[Order.CREATED] if after else ""
+        if not any(filters):
+            sql = f"""
+SELECT {SUMMARY_COLUMNS} FROM jobs {_where(keyset)} ORDER BY job_id DESC LIMIT %(limit)s
+"""
+            return JobList(sql, Order.CREATED)
+        return _bounded(_where(keyset), filters, Order.CREATED)
+    # Finished: the index's predicate bounds the scan; the state picks within it.
+    scanned = (
+        f"state IN ({UNSUCCESSFUL_SQL})"
+        if state in UNSUCCESSFUL
+        else (f"state IN ({TERMINAL_SQL})")
+    )
+    keyset = _KEYSET[Order.FINISHED] if after else ""
+    return _bounded(_where(scanned, keyset), [f"state = '{state}'", *filters], Order.FINISHED)
+
+
+def _bounded(scan_where: str, filters: list[str], order: Order) -> JobList:
+    # The scan reads keys only, in the list's order, and stops after %(scan)s of
+    # them whatever the filters match; each key it yields is looked up by primary
+    # key and filtered, lazily, so a page that fills early stops the scan early.
+    # Keys only, so that the scan of failed and cancelled jobs is an index-only
+    # scan of their own index: with whole rows to read, the planner prefers
+    # jobs_finished_idx (whose heap order it likes better) and filters out the
+    # succeeded history it walks through.
+    keys = "job_id, finished_at" if order is Order.FINISHED else "job_id"
+    scan = f"""SELECT {keys} FROM jobs
+    {scan_where}
+    ORDER BY {_ORDER_BY[order]}
+    LIMIT %(scan)s"""
+    ordered = ", ".join(f"scanned.{c}" for c in _ORDER_BY[order].split(", "))
+    # LIMIT 1 in the lateral lookup keeps the planner from turning it into a join,
+    # which on a small table reads every failed job at once (as the metrics
+    # collector's lookups do, for the same reason).
+    sql = f"""
+SELECT j.* FROM (
+    {scan}
+) AS scanned
+CROSS JOIN LATERAL (
+    SELECT {SUMMARY_COLUMNS} FROM jobs
+    {_where("jobs.job_id = scanned.job_id", *filters)}
+    LIMIT 1
+) AS j
+ORDER BY {ordered}
+LIMIT %(limit)s
+"""
+    finished = "finished_at" if order is Order.FINISHED else "NULL::timestamptz"
+    edge = f"""
+SELECT count(*) OVER (), job_id, {finished} FROM (
+    {scan}
+) AS scanned
+ORDER BY {_REVERSED[order]}
+LIMIT 1
+"""
+    return JobList(sql, order, edge)
+
+
+# ------------------------------------------------------------------- per queue
+
+# Wake-ups due and not sent, per queue: outbox_due_idx, a range up to now.
+STATS_OUTBOX_PENDING: Final = """
+SELECT queue, count(*), EXTRACT(EPOCH FROM now() - min(available_at))::float8
+FROM outbox
+WHERE sent_at IS NULL AND available_at <= now()
+GROUP BY queue
+"""
+
+# Wake-ups in flight, per queue: outbox_inflight_idx (at most a window per queue).
+STATS_OUTBOX_IN_FLIGHT: Final = """
+SELECT queue, count(*) FROM outbox WHERE sent_at IS NOT NULL GROUP BY queue
+"""
+
+# Jobs that finished within the window, newest first and at most %(sample)s of them
+# (jobs_finished_idx, a range of the last minute): the counts and the throughput
+# cost what a minute's traffic costs, capped. The caller reads the span the sample
+# covers from the oldest row when the cap was reached.
+STATS_FINISHED: Final = f"""
+SELECT queue, state, count(*), min(finished_at), now()
+FROM (SELECT queue, state, finished_at FROM jobs
+      WHERE state IN ({TERMINAL_SQL})
+        AND finished_at > now() - make_interval(secs => %(window)s)
+      ORDER BY finished_at DESC
+      LIMIT %(sample)s) AS recent
+GROUP BY queue, state
+"""
+
+STATS_QUEUES: Final = "SELECT queue, paused, paused_at, paused_by FROM queues"
+
+# Live consumers per queue they serve.
+STATS_WORKERS: Final = """
+SELECT q.queue, count(*), sum(w.concurrency)::int
+FROM workers AS w CROSS JOIN LATERAL unnest(w.queues) AS q(queue)
+WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
+GROUP BY q.queue
+"""
+
+STATS_CLOCK: Final = "SELECT now()"
+
+# ------------------------------------------------------------------- the rest
+
+# Each schedule with its newest ledger row (schedule_fires' primary key, backwards).
+_SCHEDULES: Final = """
+SELECT s.name, s.job_type, s.payload, s.cron, s.every_seconds, s.timezone, s.queue, s.tenant,
+       s.priority, s.max_attempts, s.catchup, s.paused, s.next_fire_at, s.last_fire_at,
+       s.created_at, s.updated_at,
+       f.scheduled_for, f.fired_at, f.outcome, f.skip_reason, f.job_id
+FROM schedules AS s
+LEFT JOIN LATERAL (
+    SELECT scheduled_for, fired_at, outcome, skip_reason, job_id
+    FROM schedule_fires
+    WHERE schedule_name = s.name
+    ORDER BY scheduled_for DESC
+    LIMIT 1
+) AS f ON true
+"""
+SCHEDULES_LIST: Final = _SCHEDULES + "ORDER BY s.name"
+SCHEDULE_GET: Final = _SCHEDULES + "WHERE s.name = %(name)s"
+
+# Why the relay holds tenants' wake-ups back, per queue ('*' is a queue's clock).
+TENANTS_HELD: Final = """
+SELECT tenant, queue, held_reason, held_since
+FROM fair_shares
+WHERE held_reason IS NOT NULL AND tenant <> '*'
+ORDER BY tenant, queue
+"""
+
+# Every consumer that has a row, with the leases it holds now (jobs_leased_idx).
+WORKERS_LIST: Final = f"""
+SELECT w.worker_id, w.host, w.pid, w.queues, w.job_types, w.concurrency, w.prefetch,
+       w.started_at, w.last_seen_at, w.stopping,
+       NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s),
+       COALESCE(r.running, 0), w.counts
+FROM workers AS w
+LEFT JOIN (SELECT lease_owner, count(*)::int AS running
+           FROM jobs WHERE state IN ({LEASED_SQL})
+           GROUP BY lease_owner) AS r ON r.lease_owner = w.worker_id
+ORDER BY w.host, w.pid, w.worker_id
+"""
+
+READY_CHECK: Final = "SELECT 1"

@@ -1,0 +1,116 @@
+"""Queues: per-queue figures (what waits, what runs, how far behind the relay is,
+what finished lately, who serves it), and pausing and resuming one."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+import outbox
+from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
+from jobctl.service import queries
+from jobctl.service.errors import invalid_argument
+from jobctl.service.models import QueueState, QueueStats, Stats
+from jobctl.service.sql import fetch_all
+from schema.states import JobState
+
+# A consumer heard from within this many seconds is live (relay --worker-ttl).
+WORKER_TTL: Final = 60.0
+# Finished counts and throughput cover this window, from at most SAMPLE jobs.
+WINDOW: Final = 60.0
+SAMPLE: Final = 20_000
+
+
+async def stats(session: AsyncSession) -> Stats:
+    """Every queue that has jobs waiting or running, wake-ups, jobs finished in the
+    last minute, live consumers, or a row in ``queues`` (an operator paused it).
+    Costs what the backlog and a minute's traffic cost. Reads only."""
+    found: dict[str, dict[str, Any]] = defaultdict(dict)
+    for queue, state, count, oldest_due in await fetch_all(session, METRICS_JOBS_WAITING):
+        found[queue][state] = count
+        found[queue]["oldest"] = max(found[queue].get("oldest", 0.0), oldest_due or 0.0)
+    for queue, state, count, expired in await fetch_all(session, METRICS_JOBS_LEASED):
+        found[queue][state] = count
+        found[queue]["expired"] = found[queue].get("expired", 0) + expired
+    for queue, count, lag in await fetch_all(session, queries.STATS_OUTBOX_PENDING):
+        found[queue]["pending"], found[queue]["lag"] = count, lag or 0.0
+    for queue, count in await fetch_all(session, queries.STATS_OUTBOX_IN_FLIGHT):
+        found[queue]["in_flight"] = count
+    for queue, paused, paused_at, paused_by in await fetch_all(session, queries.STATS_QUEUES):
+        found[queue].update(paused=paused, paused_at=paused_at, paused_by=paused_by)
+    workers = await fetch_all(session, queries.STATS_WORKERS, {"worker_ttl": WORKER_TTL})
+    for queue, count, concurrency in workers:
+        found[queue].update(workers=count, concurrency=concurrency)
+    finished = await fetch_all(
+        session, queries.STATS_FINISHED, {"window": WINDOW, "sample": SAMPLE}
+    )
+    (clock,) = (await fetch_all(session, queries.STATS_CLOCK))[0]
+    window = _span(finished, clock)
+    for queue, state, count, _oldest, _now in finished:
+        found[queue][state] = count
+    return Stats(
+        checked_at=clock,
+        window_seconds=window,
+        queues=tuple(_queue(name, found[name], window) for name in sorted(found)),
+    )
+
+
+def _span(finished: list[tuple[Any, ...]], clock: datetime) -> float:
+    """The window, or the span the sample covers when it was cut at SAMPLE jobs."""
+    if sum(row[2] for row in finished) < SAMPLE:
+        return WINDOW
+    oldest: datetime = min(row[3] for row in finished)
+    return max((clock - oldest).total_seconds(), 1.0)
+
+
+def _queue(name: str, f: dict[str, Any], window: float) -> QueueStats:
+    done = sum(f.get(s, 0) for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED))
+    return QueueStats(
+        queue=name,
+        paused=f.get("paused", False),
+        paused_at=f.get("paused_at"),
+        paused_by=f.get("paused_by"),
+        queued=f.get(JobState.QUEUED, 0),
+        retry_wait=f.get(JobState.RETRY_WAIT, 0),
+        running=f.get(JobState.RUNNING, 0),
+        cancel_requested=f.get(JobState.CANCEL_REQUESTED, 0),
+        oldest_runnable_age_seconds=round(f.get("oldest", 0.0), 3),
+        expired_leases=f.get("expired", 0),
+        outbox_pending=f.get("pending", 0),
+        outbox_lag_seconds=round(f.get("lag", 0.0), 3),
+        outbox_in_flight=f.get("in_flight", 0),
+        succeeded=f.get(JobState.SUCCEEDED, 0),
+        failed=f.get(JobState.FAILED, 0),
+        cancelled=f.get(JobState.CANCELLED, 0),
+        finished_per_second=round(done / window, 3),
+        workers=f.get("workers", 0),
+        concurrency=f.get("concurrency", 0),
+    )
+
+
+async def pause_queue(session: AsyncSession, queue: str, *, by: str | None = None) -> QueueState:
+    """Stop starting the queue's jobs (outbox.pause_queue_async): none is woken or
+    claimed until it is resumed; running ones finish. Never commits."""
+    before = await _paused(session, queue)
+    try:
+        paused = await outbox.pause_queue_async(session, queue, by=by)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "queue") from None
+    return QueueState(paused.queue, True, paused.paused_at, paused.paused_by, before is None)
+
+
+async def resume_queue(session: AsyncSession, queue: str) -> QueueState:
+    """Start the queue's jobs again (outbox.resume_queue_async); its waiting
+    wake-ups go out when the caller commits. Never commits."""
+    try:
+        was_paused = await outbox.resume_queue_async(session, queue)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "queue") from None
+    return QueueState(queue, False, None, None, was_paused)
+
+
+async def _paused(session: AsyncSession, queue: str) -> outbox.PausedQueue | None:
+    return next((p for p in await outbox.paused_queues_async(session) if p.queue == queue), None)

@@ -1,0 +1,98 @@
+"""Recurring schedules: list them, pause, resume, and trigger one now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+import outbox
+from jobctl.service import queries
+from jobctl.service.errors import NotFound, invalid_argument
+from jobctl.service.jobs import get_job
+from jobctl.service.models import JobView, LastFire, ScheduleView
+from jobctl.service.sql import fetch_all, fetch_one
+
+
+def _view(row: tuple[Any, ...]) -> ScheduleView:
+    # queries.SCHEDULE_GET's columns: the schedule's, then its newest fire's.
+    (name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority) = row[:9]
+    (max_attempts, catchup, paused, next_fire_at, last_fire_at, created_at, updated_at) = row[9:16]
+    scheduled_for, fired_at, outcome, skip_reason, job_id = row[16:]
+    last = None
+    if scheduled_for is not None:
+        last = LastFire(scheduled_for, fired_at, outcome, skip_reason, job_id)
+    return ScheduleView(
+        name,
+        job_type,
+        payload,
+        cron,
+        every_seconds,
+        timezone,
+        queue,
+        tenant,
+        priority,
+        max_attempts,
+        catchup,
+        paused,
+        next_fire_at,
+        last_fire_at,
+        created_at,
+        updated_at,
+        last,
+    )
+
+
+async def list_schedules(session: AsyncSession) -> list[ScheduleView]:
+    """Every schedule, by name, with its newest fire. Reads only."""
+    return [_view(row) for row in await fetch_all(session, queries.SCHEDULES_LIST)]
+
+
+async def get_schedule(session: AsyncSession, name: str) -> ScheduleView | None:
+    row = await fetch_one(session, queries.SCHEDULE_GET, {"name": name})
+    return None if row is None else _view(row)
+
+
+async def _after(session: AsyncSession, name: str) -> ScheduleView:
+    found = await get_schedule(session, name)
+    if found is None:
+        raise NotFound(f"no schedule named {name!r}")
+    return found
+
+
+async def pause_schedule(session: AsyncSession, name: str) -> ScheduleView:
+    """Stop firing it until resumed (outbox.pause_schedule_async). Never commits."""
+    try:
+        exists = await outbox.pause_schedule_async(session, name)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "name") from None
+    if not exists:
+        raise NotFound(f"no schedule named {name!r}")
+    return await _after(session, name)
+
+
+async def resume_schedule(session: AsyncSession, name: str) -> ScheduleView:
+    """Fire it again from its next occurrence after now (outbox.resume_schedule_async).
+    Never commits."""
+    try:
+        next_fire = await outbox.resume_schedule_async(session, name)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "name") from None
+    if next_fire is None:
+        raise NotFound(f"no schedule named {name!r}")
+    return await _after(session, name)
+
+
+async def trigger_schedule(session: AsyncSession, name: str) -> JobView:
+    """Enqueue one job now from its template (outbox.trigger_schedule_async); the
+    timetable is left as it is. Raises outbox.Backpressure like an enqueue. Never
+    commits."""
+    try:
+        job_id = await outbox.trigger_schedule_async(session, name)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "name") from None
+    if job_id is None:
+        raise NotFound(f"no schedule named {name!r}")
+    job = await get_job(session, job_id)
+    assert job is not None
+    return job

@@ -1,0 +1,48 @@
+"""Consumers, as they announce themselves."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from jobctl.service import queries
+from jobctl.service.models import WorkerView
+from jobctl.service.queues import WORKER_TTL
+from jobctl.service.sql import fetch_all
+
+
+async def list_workers(session: AsyncSession) -> list[WorkerView]:
+    """Every consumer with a row (the relay forgets one silent for its
+    --worker-ttl), with the leases it holds now. Reads only."""
+    rows = await fetch_all(session, queries.WORKERS_LIST, {"worker_ttl": WORKER_TTL})
+    return [
+        WorkerView(
+            worker_id,
+            host,
+            pid,
+            tuple(queues),
+            tuple(job_types),
+            concurrency,
+            prefetch,
+            started_at,
+            last_seen_at,
+            stopping,
+            live,
+            running,
+            counts,
+        )
+        for (
+            worker_id,
+            host,
+            pid,
+            queues,
+            job_types,
+            concurrency,
+            prefetch,
+            started_at,
+            last_seen_at,
+            stopping,
+            live,
+            running,
+            counts,
+        ) in rows
+    ]
