@@ -29,3 +29,17 @@ async def latency(job: consumers.Job) -> None:
     """Notes when the handler started, for commit-to-start latency. One line per job
     to a file of this process's own (all processes share the machine's clock)."""
     _starts_file().write(f"{job.id} {time.time()}\n")
+
+
+@consumers.handler("effect")
+async def effect(job: consumers.Job) -> None:
+    """Marks an effect key done with its completion, as an idempotent handler does
+    (bench.retention: the keys must leave with their jobs)."""
+    async with job.transaction() as tx:
+        await tx.once(f"bench:{job.payload['key']}")
+
+
+@consumers.handler("fails")
+async def fails(job: consumers.Job) -> None:
+    """Ends FAILED at once (bench.retention: failed jobs leave too)."""
+    raise consumers.Permanent("bench: this job always fails", code="BENCH")

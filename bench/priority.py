@@ -21,8 +21,10 @@ from bench.common import argument_parser, machine
 from bench.fleet import fleet
 
 
-def run(queue_type: str, backlog: int, consumers: int) -> dict[str, Any]:
-    with fleet(consumers=consumers, env={"AMQP_QUEUE_TYPE": queue_type}) as f:
+def run(queue_type: str, backlog: int, consumers: int, concurrency: int) -> dict[str, Any]:
+    with fleet(
+        consumers=consumers, concurrency=concurrency, env={"AMQP_QUEUE_TYPE": queue_type}
+    ) as f:
         engine = create_engine(f.db.sqlalchemy)
         with Session(engine) as session, session.begin():
             outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(backlog)])
@@ -61,8 +63,9 @@ def main() -> None:
     parser = argument_parser("bench.priority", __doc__)
     parser.add_argument("--backlog", type=int, default=10_000, help="low-priority jobs waiting")
     parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
     args = parser.parse_args()
-    runs = [run(t, args.backlog, args.consumers) for t in ("classic", "quorum")]
+    runs = [run(t, args.backlog, args.consumers, args.concurrency) for t in ("classic", "quorum")]
     print(json.dumps({"benchmark": "priority", "runs": runs, "machine": machine()}, indent=2))
 
 

@@ -24,8 +24,8 @@ from bench.fleet import fleet
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
 
 
-def run(jobs: int, tenants: int, cap: int | None, consumers: int) -> float:
-    with fleet(consumers=consumers) as f:
+def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: int) -> float:
+    with fleet(consumers=consumers, concurrency=concurrency) as f:
         engine = create_engine(f.db.sqlalchemy)
         names = [f"tenant-{i}" for i in range(tenants)]
         if cap is not None:
@@ -53,10 +53,11 @@ def main() -> None:
     parser = argument_parser("bench.tenants_cost", __doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per variant")
     parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
     args = parser.parse_args()
     rates: dict[str, float] = {}
     for name, (tenants, cap) in VARIANTS.items():
-        rates[name] = run(args.jobs, tenants, cap, args.consumers)
+        rates[name] = run(args.jobs, tenants, cap, args.consumers, args.concurrency)
     first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "tenants_cost",

@@ -163,7 +163,8 @@ class JobRunner:
                     self.database.conninfo,
                     min_size=1,
                     max_size=4,
-                    kwargs=connection_kwargs("test-runner-sync") | {"autocommit": True},
+                    kwargs=connection_kwargs("test-runner-sync", self.database)
+                    | {"autocommit": True},
                     open=True,
                 )
             return self._sync_pool

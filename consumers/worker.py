@@ -262,7 +262,8 @@ class Consumer:
                     self.settings.database.conninfo,
                     min_size=1,
                     max_size=self.settings.concurrency,
-                    kwargs=connection_kwargs("consumer-sync") | {"autocommit": True},
+                    kwargs=connection_kwargs("consumer-sync", self.settings.database)
+                    | {"autocommit": True},
                     name="consumer-sync",
                     open=True,
                 )

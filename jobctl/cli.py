@@ -19,6 +19,7 @@ from plumbing.config import ConfigError
 
 # name -> "module:attribute" of the click command.
 COMMANDS: dict[str, str] = {
+    "check": "jobctl.commands.check:check",
     "jobs": "jobctl.commands.jobs:jobs",
     "migrate": "jobctl.commands.migrate:migrate",
     "schedules": "jobctl.commands.schedules:schedules",

@@ -1,4 +1,4 @@
-"""The producer's API: enqueue jobs inside your own SQLAlchemy transaction.
+"""The producer's and the operator's API, inside your own SQLAlchemy transaction.
 
 ::
 
@@ -7,12 +7,26 @@
         job_id = outbox.enqueue(session, "send_receipt", {"order_id": 42})
     # committed together: the order, the job, and its wake-up
 
-Nothing here commits; a rolled-back transaction leaves no job behind.
+Nothing here commits; a rolled-back transaction leaves no job behind. The
+operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed and
+cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
+waiting?), alongside ``request_cancel``, tenant limits and schedules.
 """
 
 from outbox.backpressure import Backpressure
 from outbox.cancel import request_cancel, request_cancel_async
 from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from outbox.explain import Blocker, Explanation, JobNotFound, LastError, Why, explain, explain_async
+from outbox.queues import (
+    PausedQueue,
+    pause_queue,
+    pause_queue_async,
+    paused_queues,
+    paused_queues_async,
+    resume_queue,
+    resume_queue_async,
+)
+from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
 from outbox.schedules import (
     pause_schedule,
     pause_schedule_async,
@@ -38,18 +52,36 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MAX_PAYLOAD_BYTES_ENV",
     "Backpressure",
+    "Blocker",
+    "Explanation",
+    "JobNotFound",
+    "LastError",
     "NewJob",
+    "PausedQueue",
     "TenantLimit",
+    "Why",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "explain",
+    "explain_async",
+    "pause_queue",
+    "pause_queue_async",
     "pause_schedule",
     "pause_schedule_async",
+    "paused_queues",
+    "paused_queues_async",
     "request_cancel",
     "request_cancel_async",
+    "resume_queue",
+    "resume_queue_async",
     "resume_schedule",
     "resume_schedule_async",
+    "retry_job",
+    "retry_job_async",
+    "retry_jobs",
+    "retry_jobs_async",
     "schedule",
     "schedule_async",
     "set_tenant_limit",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psycopg.conninfo
@@ -69,6 +69,12 @@ class DatabaseUrl:
     # Where the URL came from, to name in error messages: DATABASE_URL,
     # DATABASE_URL_FILE or --database-url.
     setting: str = field(default="DATABASE_URL", compare=False)
+    # The URL points at a transaction-pooling proxy (PgBouncer in transaction mode,
+    # DATABASE_POOLER=transaction): no prepared statements, no startup options.
+    pooled: bool = field(default=False, compare=False)
+    # A direct connection for LISTEN, which a transaction pooler cannot carry
+    # (DATABASE_LISTEN_URL); None: the main URL.
+    listen: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def parse(cls, raw: str, *, variable: str = "DATABASE_URL") -> DatabaseUrl:
@@ -188,11 +194,19 @@ class AmqpUrl:
 
 def database_url(override: str | None = None) -> DatabaseUrl:
     """The PostgreSQL URL: ``override`` (the ``--database-url`` flag), else the
-    environment, else the default."""
+    environment, else the default; with DATABASE_POOLER and DATABASE_LISTEN_URL
+    (or DATABASE_LISTEN_URL_FILE) from the environment."""
     if override:
-        return DatabaseUrl.parse(override, variable="--database-url")
-    raw, setting = read_setting_from("DATABASE_URL", DEFAULT_DATABASE_URL)
-    return DatabaseUrl.parse(raw, variable=setting)
+        url = DatabaseUrl.parse(override, variable="--database-url")
+    else:
+        raw, setting = read_setting_from("DATABASE_URL", DEFAULT_DATABASE_URL)
+        url = DatabaseUrl.parse(raw, variable=setting)
+    pooler = os.environ.get("DATABASE_POOLER", "none").strip().lower() or "none"
+    if pooler not in ("none", "transaction"):
+        raise ConfigError("DATABASE_POOLER must be none or transaction")
+    raw_listen, listen_setting = read_setting_from("DATABASE_LISTEN_URL", "")
+    listen = DatabaseUrl.parse(raw_listen, variable=listen_setting) if raw_listen else None
+    return replace(url, pooled=pooler == "transaction", listen=listen.conninfo if listen else None)
 
 
 def amqp_url(override: str | None = None) -> AmqpUrl:

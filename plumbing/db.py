@@ -10,16 +10,21 @@ from psycopg_pool import AsyncConnectionPool
 from plumbing.config import DatabaseUrl
 
 
-def connection_kwargs(application_name: str) -> dict[str, Any]:
+def connection_kwargs(application_name: str, database: DatabaseUrl | None = None) -> dict[str, Any]:
     # TCP keepalives notice a silently dead database connection in well under a minute;
     # application_name shows who is who in pg_stat_activity.
-    return {
+    kwargs: dict[str, Any] = {
         "keepalives": 1,
         "keepalives_idle": 10,
         "keepalives_interval": 5,
         "keepalives_count": 3,
         "application_name": application_name,
     }
+    if database is not None and database.pooled:
+        # A transaction pooler hands each transaction to any server connection, where
+        # a statement prepared on another does not exist (PgBouncer before 1.21).
+        kwargs["prepare_threshold"] = None
+    return kwargs
 
 
 # For the daemons' own statements: a transition that waits on a row lock for more
@@ -61,9 +66,11 @@ def make_pool(
         database.conninfo,
         min_size=1,
         max_size=max_size,
-        kwargs=connection_kwargs(application_name)
+        kwargs=connection_kwargs(application_name, database)
         | {"autocommit": True}
-        | ({"options": options} if options else {}),
+        # Through a transaction pooler, startup options do not reach the server (set
+        # the timeouts on the role instead: see the README).
+        | ({"options": options} if options and not database.pooled else {}),
         open=False,
         name=application_name,
         timeout=checkout_timeout,
@@ -71,6 +78,11 @@ def make_pool(
 
 
 async def listen_connection(database: DatabaseUrl, application_name: str) -> AsyncConnection:
+    """A connection for LISTEN: the direct one when a transaction pooler is in the
+    way, since a notification goes to the session that listens, which a pooler
+    hands to someone else after each transaction."""
     return await AsyncConnection.connect(
-        database.conninfo, autocommit=True, **connection_kwargs(application_name)
+        database.listen or database.conninfo,
+        autocommit=True,
+        **connection_kwargs(application_name),
     )

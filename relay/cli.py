@@ -89,6 +89,14 @@ from relay.settings import RelaySettings
     show_default=True,
     help="Seconds between looks for due occurrences of recurring schedules.",
 )
+@click.option(
+    "--keep-finished",
+    type=float,
+    default=604800.0,
+    show_default=True,
+    help="Seconds a finished job is kept (with its attempts and effect keys, and its "
+    "dedup key taken) before retention deletes it.",
+)
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
     priority and fair-share order; sweep expired leases, send lost wake-ups again,
@@ -110,6 +118,7 @@ def main(**kwargs: Any) -> None:
             worker_ttl=kwargs["worker_ttl"],
             rewake_interval=kwargs["rewake_interval"],
             schedule_interval=kwargs["schedule_interval"],
+            keep_finished=kwargs["keep_finished"],
         )
         return Daemon(Relay(settings).run, settings.database, settings.amqp)
 

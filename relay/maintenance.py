@@ -91,51 +91,48 @@ async def rewake_lost(
     still waits untaken, and its queue holds no ready message in RabbitMQ. The last
     condition keeps a backlog (wake-ups waiting their turn) from being mistaken for
     loss; since the relay keeps at most a window of wake-ups in a queue, lost ones
-    eventually leave it with none ready, so they are always found. The scan runs
-    under the lock; the lock is a session lock on its own connection, so that no
-    transaction stays open while RabbitMQ is asked.
+    eventually leave it with none ready, so they are always found.
+
+    The scan runs under the chore's lock, and so does the repair; RabbitMQ is asked
+    in between, with no transaction open. (Transaction-scoped locks, twice, rather
+    than one session lock across: a transaction pooler such as PgBouncer carries no
+    session from one transaction to the next.)
     """
     params = {"grace_seconds": grace}
-    async with pool.connection() as conn:
-        if not await _try_session_lock(conn, REWAKE_LOCK):
+    async with _chore(pool, REWAKE_LOCK) as conn:
+        if conn is None:
             return 0
-        try:
-            candidates = await (await conn.execute(OUTBOX_LOST_QUEUES, params)).fetchall()
-            woken = 0
-            if candidates:
-                ready = await publisher.ready_counts([queue for queue, _ in candidates])
-                empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
-                if empty:
-                    cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
-                    woken = cur.rowcount
-                    if woken:
-                        log.warning(
-                            "relay.rewoke_lost_wakeups",
-                            extra={"count": woken, "queues": empty, "why": "sent, never taken"},
-                        )
-            cur = await conn.execute(
-                JOB_WAKE_ORPHANS, params | {"limit": batch, "worker_ttl": worker_ttl}
-            )
-            orphans = await cur.fetchall()
-            if orphans:
-                log.warning(
-                    "relay.woke_jobs_without_wakeup",
-                    extra={
-                        "count": len(orphans),
-                        "queues": sorted({q for _, q in orphans}),
-                        "why": "due, waiting, and no wake-up at all",
-                    },
-                )
-            return woken + len(orphans)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock(%(key)s)", {"key": REWAKE_LOCK})
-
-
-async def _try_session_lock(conn: AsyncConnection, key: int) -> bool:
-    row = await (
-        await conn.execute("SELECT pg_try_advisory_lock(%(key)s)", {"key": key})
-    ).fetchone()
-    return bool(row and row[0])
+        candidates = await (await conn.execute(OUTBOX_LOST_QUEUES, params)).fetchall()
+    woken = 0
+    empty: list[str] = []
+    if candidates:
+        ready = await publisher.ready_counts([queue for queue, _ in candidates])
+        empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
+    async with _chore(pool, REWAKE_LOCK) as conn:
+        if conn is None:
+            return 0
+        if empty:
+            cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
+            woken = cur.rowcount
+        cur = await conn.execute(
+            JOB_WAKE_ORPHANS, params | {"limit": batch, "worker_ttl": worker_ttl}
+        )
+        orphans = await cur.fetchall()
+    if woken:
+        log.warning(
+            "relay.rewoke_lost_wakeups",
+            extra={"count": woken, "queues": empty, "why": "sent, never taken"},
+        )
+    if orphans:
+        log.warning(
+            "relay.woke_jobs_without_wakeup",
+            extra={
+                "count": len(orphans),
+                "queues": sorted({q for _, q in orphans}),
+                "why": "due, waiting, and no wake-up at all",
+            },
+        )
+    return woken + len(orphans)
 
 
 async def reconcile_tenant_slots(pool: Pool) -> int:

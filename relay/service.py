@@ -14,7 +14,8 @@ Tasks, all in one event loop:
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the
   reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
-  backpressure; stale consumers are forgotten;
+  backpressure; stale consumers are forgotten; retention deletes finished jobs older
+  than --keep-finished (relay/retention.py);
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
   database arbitrates: relay/schedules.py);
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
@@ -40,6 +41,7 @@ from relay.maintenance import (
     rewake_lost,
     sweep_expired,
 )
+from relay.retention import delete_finished
 from relay.schedules import fire_due
 from relay.settings import RelaySettings
 from relay.wake import WakeLimits, due_queues, wake_queue
@@ -133,6 +135,7 @@ class Relay:
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
             asyncio.create_task(self._every("schedules", s.schedule_interval, self._schedules)),
+            asyncio.create_task(self._every("retention", s.retention_interval, self._retention)),
             asyncio.create_task(self._report()),
         ]
         log.info("relay.started")
@@ -274,6 +277,10 @@ class Relay:
 
     async def _schedules(self) -> None:
         await fire_due(self.pool)
+
+    async def _retention(self) -> None:
+        s = self.settings
+        await delete_finished(self.pool, keep_seconds=s.keep_finished, batch=s.retention_batch)
 
     async def _report(self) -> None:
         while True:

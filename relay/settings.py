@@ -52,6 +52,11 @@ class RelaySettings:
     schedule_interval: float = 1.0
     # Relay-wide figures (published, backlog per queue) are logged this often.
     stats_interval: float = 30.0
+    # Finished jobs older than this many seconds are deleted (retention), checked
+    # this often, this many per transaction.
+    keep_finished: float = 7 * 24 * 3600.0
+    retention_interval: float = 30.0
+    retention_batch: int = 1000
 
     def __post_init__(self) -> None:
         positive = {
@@ -72,6 +77,9 @@ class RelaySettings:
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,
             "schedule_interval": self.schedule_interval,
+            "keep_finished": self.keep_finished,
+            "retention_interval": self.retention_interval,
+            "retention_batch": self.retention_batch,
         }
         for name, value in positive.items():
             if value <= 0:

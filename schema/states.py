@@ -4,6 +4,9 @@ The same machine is enforced three times: by the CHECK constraint on ``jobs.stat
 (migration 0001), by the guarded UPDATEs in :mod:`schema.queries` (each names the
 states it may leave), and by this table, which the model-based test checks every
 applied transition against. ``docs/state_machine.md`` draws it.
+
+FAILED and CANCELLED are final for the system: no worker, relay or sweeper statement
+leaves them. Only an operator's replay (``outbox.retry_job``) does, back to QUEUED.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class JobState(StrEnum):
 CLAIMABLE = frozenset({JobState.QUEUED, JobState.RETRY_WAIT})
 LEASED = frozenset({JobState.RUNNING, JobState.CANCEL_REQUESTED})
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# What an operator may put back in the queue (outbox.retry_job). A success is not
+# replayed: enqueue a new job instead.
+REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
 # Every transition a statement in schema/queries.py can make, and nothing else.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -47,10 +53,22 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # nobody wants the job run again
     JobState.CANCEL_REQUESTED: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
+    # an operator's replay only (see OPERATOR_ONLY)
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.CANCELLED: frozenset({JobState.QUEUED}),
 }
 
+# The transitions above that only an operator's action makes.
+OPERATOR_ONLY: frozenset[tuple[JobState, JobState]] = frozenset(
+    (state, JobState.QUEUED) for state in REPLAYABLE
+)
 
-def is_legal(before: JobState, after: JobState) -> bool:
-    return before == after or after in TRANSITIONS[before]
+
+def is_legal(before: JobState, after: JobState, *, by_operator: bool = False) -> bool:
+    """Whether one statement may take a job from ``before`` to ``after``; the
+    replay transitions count only for an operator's statement."""
+    if before == after:
+        return True
+    if after not in TRANSITIONS[before]:
+        return False
+    return by_operator or (before, after) not in OPERATOR_ONLY

@@ -12,7 +12,21 @@ from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize(
-    "module", ["bench.drain", "bench.load", "bench.metrics_cost", "bench.relay_throughput"]
+    "module",
+    [
+        "bench.drain",
+        "bench.load",
+        "bench.metrics_cost",
+        "bench.relay_throughput",
+        "bench.control_plans",
+        "bench.retention",
+        "bench.fairness",
+        "bench.priority",
+        "bench.tenants_cost",
+        "bench.notify",
+        "bench.scale",
+        "bench.latency",
+    ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:
     done = subprocess.run(

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.chaos.check import violations
+from jobctl.check import violations
 from tests.chaos.run import run
 
 

@@ -16,11 +16,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
+from jobctl.check import check, violations
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
-from tests.chaos.check import check, violations
 from tests.support.broker import publish_raw, purge
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import Daemon, running, service_env

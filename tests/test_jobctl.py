@@ -232,3 +232,17 @@ def test_alembic_from_the_checkout_says_what_it_did(empty_db_url: DatabaseUrl) -
     again = subprocess.run(alembic, cwd=ROOT, env=env, capture_output=True, text=True)
     assert "Running upgrade" not in again.stderr
     assert f"Database is at revision {HEAD}" in again.stderr
+
+
+def test_check_reports_the_promises_and_fails_on_a_violation(
+    db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    fine = jobctl("check", "--json", url=db_url, cwd=tmp_path)
+    assert fine.returncode == 0, fine.stderr
+    report = json.loads(fine.stdout)
+    assert report["lost"] == 0 and report["completed_twice"] == 0
+    with psycopg.connect(db_url.conninfo, autocommit=True) as conn:
+        conn.execute("INSERT INTO jobs (job_id, job_type) VALUES (gen_random_uuid(), 't')")
+    broken = jobctl("check", url=db_url, cwd=tmp_path)
+    assert broken.returncode == 1
+    assert broken.stderr.strip() == "jobctl check: 1 promise(s) broken: lost"

@@ -19,7 +19,7 @@ from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import QueueType, Topology
-from tests.support.broker import delete_topology
+from tests.support.broker import delete_topology, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.services import AMQP_URL
@@ -55,6 +55,10 @@ def started_order(pg: psycopg.Connection, job_type: str) -> list[tuple[str | Non
 async def test_two_consumers_racing_never_run_more_than_the_tenants_cap(
     services, engine: Engine, pg
 ) -> None:
+    """The relay sends a capped tenant no more wake-ups than it has free slots; here
+    every job is also woken directly, all at once, to both consumers, so only the
+    claim's reservation stands between them and the cap."""
+    _db, amqp, topology = services
     registry = Registry()
 
     @registry.handler("slow")
@@ -64,6 +68,8 @@ async def test_two_consumers_racing_never_run_more_than_the_tenants_cap(
     set_limit(engine, "acme", max_running=3)
     ids = enqueue_many(engine, [NewJob("slow", {}, tenant="acme") for _ in range(30)])
     others = enqueue_many(engine, [NewJob("slow", {}) for _ in range(10)])
+    for half in (ids[:15], ids[15:], ids[:15], ids[15:]):
+        await publish_raw(amqp.url, topology, "default", "\n".join(map(str, half)).encode())
     peak = 0
     samples = 0
 

@@ -2,19 +2,23 @@
 
 Hypothesis drives every transition statement of schema/queries.py (claim,
 heartbeat, complete, fail, retry, cancel, give-back, sweep, cancel request, the
-relay's wake-up) in arbitrary orders, by several workers holding current and stale
-fencing tokens, with leases expiring at will; and it races pairs of them on
-separate connections: one statement holds its row locks in an open transaction
-while the other arrives, then the first commits (sweeper against heartbeat,
-finish and claim; a cancel request against finish; two claims).
+relay's wake-up, an operator's replay) in arbitrary orders, by several workers
+holding current and stale fencing tokens, with leases expiring at will; and it
+races pairs of them on separate connections: one statement holds its row locks in
+an open transaction while the other arrives, then the first commits (sweeper
+against heartbeat, finish and claim; a cancel request against finish; two claims;
+a replay against a claim and against another replay).
 
-After every step it checks safety: every applied transition is one the state machine
-allows, terminal states are absorbing, a write through a stale token or an expired
-lease changes nothing, generations never go down, attempts stay within budget, the
-history has one row per ended attempt, tenant slots held equal leases holding one.
-And liveness: every job waiting to run has a wake-up on its way (one waiting in
-the outbox, or one sent and not yet taken up, which the re-waker sends again if it
-was lost), unless it waits for a consumer that knows its type.
+After every step it checks safety: every applied transition is one the state
+machine allows; terminal states are absorbing but for an operator's replay, which
+moves only FAILED and CANCELLED jobs, to QUEUED, keeping their attempts and
+history, with a fresh budget of the job's own size and a record of the replay; a
+write through a stale token or an expired lease changes nothing, generations never
+go down, attempts stay within budget, the history has one row per ended attempt,
+tenant slots held equal leases holding one. And liveness: every job waiting to run
+has a wake-up on its way (one waiting in the outbox, or one sent and not yet taken
+up, which the re-waker sends again if it was lost), unless it waits for a consumer
+that knows its type.
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ from hypothesis.stateful import (
 
 from plumbing.config import DatabaseUrl
 from schema import queries as q
-from schema.states import CLAIMABLE, LEASED, TERMINAL, TRANSITIONS, JobState
+from schema.states import (
+    CLAIMABLE,
+    LEASED,
+    OPERATOR_ONLY,
+    REPLAYABLE,
+    TERMINAL,
+    TRANSITIONS,
+    JobState,
+)
 
 WORKERS = ["w1", "w2", "w3"]
 TENANTS = [None, "capped"]
@@ -66,11 +78,17 @@ def terms(budget: int, known: bool = True) -> str:
     )
 
 
-def _reachable(before: JobState, after: JobState, steps: int) -> bool:
-    """Whether ``steps`` statements can take a job from one state to the other."""
+def _reachable(before: JobState, after: JobState, steps: int, by_operator: bool = False) -> bool:
+    """Whether ``steps`` statements can take a job from one state to the other
+    (a replay's transitions only if an operator's statement was among them)."""
     states = {before}
     for _ in range(steps):
-        states |= {s for state in states for s in TRANSITIONS[state]}
+        states |= {
+            s
+            for state in states
+            for s in TRANSITIONS[state]
+            if by_operator or (state, s) not in OPERATOR_ONLY
+        }
     return after in states
 
 
@@ -103,6 +121,8 @@ class Step:
     sql: LiteralString
     params: dict[str, Any]
     writer: Handle | None = None
+    # An operator's statement (a replay), which may leave FAILED and CANCELLED.
+    by_operator: bool = False
 
 
 class JobMachine(RuleBasedStateMachine):
@@ -118,6 +138,8 @@ class JobMachine(RuleBasedStateMachine):
         self.jobs: list[uuid.UUID] = []
         self.handles: list[Handle] = []
         self.max_generation: dict[uuid.UUID, int] = {}
+        # attempt_count at each job's latest replay: its budget counts from there.
+        self.replayed_at: dict[uuid.UUID, int] = {}
 
     def teardown(self) -> None:
         self.conn.close()
@@ -141,6 +163,7 @@ class JobMachine(RuleBasedStateMachine):
         steps: int = 1,
         live_lease_only: bool = False,
         now: Any = None,
+        by_operator: bool = False,
     ) -> dict[uuid.UUID, dict[str, Any]]:
         """What the statements just run did to every job must be legal (``steps``
         statements ran); a write through a handle that no longer held its job must
@@ -149,9 +172,14 @@ class JobMachine(RuleBasedStateMachine):
         for job_id, old in before.items():
             new = after[job_id]
             old_state, new_state = JobState(old["state"]), JobState(new["state"])
-            assert _reachable(old_state, new_state, steps), f"{old_state} -> {new_state}"
-            if old_state in TERMINAL:
+            assert _reachable(old_state, new_state, steps, by_operator), (
+                f"{old_state} -> {new_state}"
+            )
+            if old_state in TERMINAL and new_state == old_state:
                 assert new == old, "terminal states are absorbing"
+            elif old_state in TERMINAL:
+                assert by_operator and old_state in REPLAYABLE, "only a replay leaves"
+                self.check_replayed(job_id, old, new)
             assert new["lease_generation"] >= old["lease_generation"]
             if new["lease_generation"] > old["lease_generation"]:
                 assert new["lease_generation"] == old["lease_generation"] + 1, "one claim wins"
@@ -169,10 +197,31 @@ class JobMachine(RuleBasedStateMachine):
                 assert after[writer.job_id] == old, "an expired lease was revived"
         return after
 
+    def check_replayed(self, job_id: uuid.UUID, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """A replayed job keeps its attempts and generation, gets a fresh budget of
+        its own size (or keeps it unset), and the replay is recorded."""
+        if new["state"] != JobState.QUEUED or new["attempt_count"] != old["attempt_count"]:
+            return  # replayed, then moved on by a second statement of a race
+        assert new["lease_generation"] == old["lease_generation"]
+        if old["max_attempts"] is None:
+            assert new["max_attempts"] is None
+        else:
+            budget = old["max_attempts"] - self.replayed_at.get(job_id, 0)
+            assert new["max_attempts"] == new["attempt_count"] + budget, "a fresh budget"
+        row = self.conn.execute(
+            "SELECT from_state, attempts_before FROM job_replays WHERE job_id = %s"
+            " ORDER BY id DESC LIMIT 1",
+            [job_id],
+        ).fetchone()
+        assert row == (old["state"], old["attempt_count"]), "the replay is recorded"
+        self.replayed_at[job_id] = old["attempt_count"]
+
     def step(self, s: Step, *, live_lease_only: bool = False) -> list[tuple[Any, ...]]:
         before, now = self.rows(), self.now()
         rows = self.conn.execute(s.sql, s.params).fetchall()
-        self.check(before, s.writer, live_lease_only=live_lease_only, now=now)
+        self.check(
+            before, s.writer, live_lease_only=live_lease_only, now=now, by_operator=s.by_operator
+        )
         return rows
 
     def race(self, first: Step, second: Step) -> None:
@@ -201,7 +250,7 @@ class JobMachine(RuleBasedStateMachine):
         racer.join(10)
         assert not racer.is_alive(), "the second statement never finished"
         assert not failure, failure
-        self.check(before, steps=2)
+        self.check(before, steps=2, by_operator=first.by_operator or second.by_operator)
         for key, step in (("first", first), ("second", second)):
             if step.writer is not None and not _held(before, step.writer):
                 assert not _applied(results[key]), f"a stale {key} write was applied"
@@ -247,6 +296,9 @@ class JobMachine(RuleBasedStateMachine):
         )
 
     SWEEP = Step(q.JOB_SWEEP_EXPIRED, {"limit": 100, "default_backoff": 1})
+
+    def replay_step(self, job_id: uuid.UUID) -> Step:
+        return Step(q.JOB_REPLAY, {"job_id": job_id, "by": "model"}, by_operator=True)
 
     def expire(self, job_id: uuid.UUID) -> None:
         """Not a transition: the clock moves past a lease (the worker froze)."""
@@ -367,6 +419,23 @@ class JobMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
+    def an_operator_replays_a_job(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        before = self.rows()[job_id]
+        rows = self.step(self.replay_step(job_id))
+        assert bool(rows) == (before["state"] in REPLAYABLE), "only FAILED and CANCELLED move"
+
+    @rule(limit=st.integers(1, 3))
+    def an_operator_replays_by_filter(self, limit: int) -> None:
+        before = self.rows()
+        filters = {"queue": "default", "job_type": None, "error_code": None}
+        params = filters | {"finished_after": None, "limit": limit, "by": "model"}
+        rows = self.step(Step(q.JOB_REPLAY_MATCHING, params, by_operator=True))
+        replayable = sum(1 for r in before.values() if r["state"] in REPLAYABLE)
+        assert len(rows) == min(limit, replayable), "the oldest, up to the limit"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
     def time_passes_for_a_lease(self, data: st.DataObject) -> None:
         self.expire(data.draw(st.sampled_from(self.jobs)))
 
@@ -467,6 +536,28 @@ class JobMachine(RuleBasedStateMachine):
     def race_two_claims(self, data: st.DataObject, first: str, second: str) -> None:
         job_id = data.draw(st.sampled_from(self.jobs))
         self.race(self.claim_step(job_id, first), self.claim_step(job_id, second))
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def race_two_replays(self, data: st.DataObject) -> None:
+        """Two operators replay the same job at once: the second waits for the
+        first, then finds it QUEUED and leaves it; one replay is recorded."""
+        job_id = data.draw(st.sampled_from(self.jobs))
+        count = "SELECT count(*) FROM job_replays WHERE job_id = %s"
+        replays = self.conn.execute(count, [job_id]).fetchone()[0]  # type: ignore[index]
+        replayable = self.rows()[job_id]["state"] in REPLAYABLE
+        self.race(self.replay_step(job_id), self.replay_step(job_id))
+        after = self.conn.execute(count, [job_id]).fetchone()[0]  # type: ignore[index]
+        assert after == replays + (1 if replayable else 0), "replayed once"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data(), replay_first=st.booleans(), worker=st.sampled_from(WORKERS))
+    def race_a_replay_and_a_claim(
+        self, data: st.DataObject, replay_first: bool, worker: str
+    ) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        pair = (self.replay_step(job_id), self.claim_step(job_id, worker))
+        self.race(*(pair if replay_first else pair[::-1]))
 
     # -------------------------------------------------------------- invariants
 

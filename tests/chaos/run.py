@@ -31,10 +31,10 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
+from jobctl.check import check, violations
 from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
-from tests.chaos.check import check, violations
 from tests.support.processes import Daemon, service_env
 from tests.support.proxy import TcpProxy
 from tests.support.scratch import scratch_database, scratch_topology

@@ -1,30 +1,25 @@
-"""The invariant checker: reads a database after a run and says whether the six
-promises held, and that tenants' slots were neither leaked nor released twice.
+"""The invariant checker: reads a database whose work has settled (after a test
+run, a drill, a chaos soak) and says whether the promises held: nothing lost,
+nothing completed twice, no write after a final state, history and rows agreeing,
+tenants' slots neither leaked nor released twice. ``jobctl check`` runs it.
 
-    python -m tests.chaos.check [--database-url URL] [--expected N] [--require-success]
-
-With --require-success every job must have SUCCEEDED: for a workload whose budget
-lets every job succeed, so a bug that wrongly fails or cancels jobs cannot pass.
-
-Prints a JSON report; exits 1 if any must-be-zero count is not zero. Works on any
-database of this project's schema; the effect counts need the chaos_effects table
-the chaos app writes (see tests/chaos/app.py) and are null without it.
+On a live system, ``lost`` counts the jobs still in flight. With require_success
+every job must have SUCCEEDED: for a workload whose budget lets every job succeed,
+so a bug that wrongly fails or cancels jobs cannot pass. The effect counts need the
+chaos_effects table the chaos app writes (tests/chaos/app.py) and are null without it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from typing import Any
 
 import psycopg
 
-from plumbing.config import ConfigError, database_url
 from schema.states import TERMINAL
+from schema.tables import TERMINAL_SQL
 
-TERMINAL_SQL = ", ".join(f"'{s}'" for s in sorted(TERMINAL))
-
+# Only the module's own constant (the terminal states) is formatted into these
+# statements; they take no input at all.
 CHECKS = {
     # Not in a final state after the run settled: lost (or stuck).
     "lost": f"SELECT count(*) FROM jobs WHERE state NOT IN ({TERMINAL_SQL})",
@@ -34,12 +29,18 @@ CHECKS = {
             SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'
             GROUP BY job_id HAVING count(*) > 1) AS t""",
     # An attempt recorded after one that ended the job: a write after a terminal
-    # state (attempts are ordered by their fencing token, which grows per claim).
+    # state (attempts are ordered by their fencing token, which grows per claim). An
+    # operator's replay in between (job_replays: it began after attempts_before)
+    # makes the later attempts legitimate.
     "writes_after_terminal": """
         SELECT count(*) FROM job_attempts AS a
         JOIN job_attempts AS f
           ON f.job_id = a.job_id AND f.outcome IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-         AND a.lease_generation > f.lease_generation""",
+         AND a.lease_generation > f.lease_generation
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_replays AS r
+            WHERE r.job_id = a.job_id
+              AND r.attempts_before >= f.attempt AND r.attempts_before < a.attempt)""",
     # Attempt numbers that go down along the tokens, or skip: a refunded give-back
     # reuses its number, nothing else may.
     "attempts_out_of_order": """
@@ -56,8 +57,13 @@ CHECKS = {
         WHERE j.state IN ({TERMINAL_SQL}) AND j.attempt_count > 0
           AND (last.outcome IS DISTINCT FROM j.state
                OR last.attempt IS DISTINCT FROM j.attempt_count)
-          -- cancelled while waiting for a retry: the cancel is not an attempt
-          AND NOT (j.state = 'CANCELLED' AND last.outcome IN ('RETRY_WAIT', 'QUEUED'))""",
+          -- cancelled while waiting for a retry (or a run after a give-back or a
+          -- replay): the cancel is not an attempt
+          AND NOT (j.state = 'CANCELLED'
+                   AND (last.outcome IN ('RETRY_WAIT', 'QUEUED')
+                        OR EXISTS (SELECT 1 FROM job_replays AS r
+                                   WHERE r.job_id = j.job_id
+                                     AND r.attempts_before = last.attempt)))""",
     # A tenant's count of held slots must equal the leases that hold one: a slot
     # released twice makes it lower, a leaked one higher.
     "slots_leaked_or_released_twice": """
@@ -71,7 +77,9 @@ CHECKS = {
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
 }
 
-EFFECT_CHECKS = {
+EFFECT_# Only the module's own constant (the terminal states) is formatted into these
+# statements; they take no input at all.
+CHECKS = {
     "effects_applied_more_than_once": """
         SELECT count(*) FROM (
             SELECT key FROM chaos_effects GROUP BY key HAVING count(*) > 1) AS t""",
@@ -133,24 +141,3 @@ MUST_BE_ZERO = [*CHECKS, *EFFECT_CHECKS, "missing_rows", "not_succeeded", "cap_e
 
 def violations(report: dict[str, Any]) -> dict[str, int]:
     return {k: report[k] for k in MUST_BE_ZERO if report.get(k)}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Check the promises on a database.")
-    parser.add_argument("--database-url", help="default: $DATABASE_URL")
-    parser.add_argument("--expected", type=int, help="how many jobs were enqueued")
-    parser.add_argument(
-        "--require-success", action="store_true", help="every job must have SUCCEEDED"
-    )
-    args = parser.parse_args()
-    try:
-        url = database_url(args.database_url)
-    except ConfigError as exc:
-        sys.exit(f"check: {exc}")
-    report = check(url.conninfo, args.expected, require_success=args.require_success)
-    print(json.dumps(report, indent=2, default=str))
-    sys.exit(1 if violations(report) else 0)
-
-
-if __name__ == "__main__":
-    main()

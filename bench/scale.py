@@ -1,0 +1,61 @@
+"""Scale-out on one machine: 20,000 no-op jobs drained by one relay and 1, 2 and 4
+consumer processes of 50 slots each, one after another, each in a fresh database.
+On a 2-core machine the processes share the same cores, so this shows what more
+processes cost and whether anything serialises them, not how a cluster scales.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import argument_parser, machine
+from bench.fleet import fleet
+
+
+def drain(consumers: int, jobs: int, relays: int, concurrency: int) -> float:
+    with fleet(consumers=consumers, relays=relays, concurrency=concurrency) as f:
+        engine = create_engine(f.db.sqlalchemy)
+        with Session(engine) as session, session.begin():
+            outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(jobs)])
+        committed = time.perf_counter()
+        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
+                0
+            ]:  # type: ignore[index]
+                time.sleep(0.02)
+        elapsed = time.perf_counter() - committed
+        engine.dispose()
+        return jobs / elapsed
+
+
+def main() -> None:
+    parser = argument_parser("bench.scale", __doc__)
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per run")
+    parser.add_argument("--relays", type=int, default=1, help="relay processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    args = parser.parse_args()
+    rates = {n: round(drain(n, args.jobs, args.relays, args.concurrency)) for n in (1, 2, 4)}
+    print(
+        json.dumps(
+            {
+                "benchmark": "scale",
+                "jobs": args.jobs,
+                "relays": args.relays,
+                "drain_jobs_per_s_by_consumer_processes": rates,
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""``jobctl check``: did the promises hold on this database?"""
+
+from __future__ import annotations
+
+import click
+
+from jobctl.check import check as run_check
+from jobctl.check import violations
+from jobctl.output import Failure, emit, json_option
+from plumbing.config import database_url as resolve_database_url
+
+
+@click.command()
+@click.option("--database-url", metavar="URL", help="PostgreSQL URL. Default: $DATABASE_URL.")
+@click.option("--expected", type=int, help="How many jobs were enqueued (a missing row is lost).")
+@click.option("--require-success", is_flag=True, help="Every job must have SUCCEEDED.")
+@json_option
+def check(
+    database_url: str | None, expected: int | None, require_success: bool, as_json: bool
+) -> None:
+    """Check the promises on a database whose work has settled (after a test run,
+    a drill, a chaos soak): no job lost or completed twice, no write after a final
+    state, history matching the rows, tenants' slots neither leaked nor released
+    twice. Exits 1 on a violation. On a live system, `lost` counts jobs in flight."""
+    url = resolve_database_url(database_url)
+    report = run_check(url.conninfo, expected, require_success=require_success)
+    width = max(len(k) for k in report)
+    emit(report, "\n".join(f"{k:<{width}}  {v}" for k, v in report.items()))
+    bad = violations(report)
+    if bad:
+        raise Failure(f"{len(bad)} promise(s) broken: {', '.join(sorted(bad))}")

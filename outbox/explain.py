@@ -1,0 +1,474 @@
+"""Why is my job waiting? Every reason at once, read from the tables.
+
+::
+
+    with Session(engine) as session:
+        why = outbox.explain(session, job_id)
+    print(why.summary)          # QUEUED: queue 'mail' is paused (by alice); ...
+    for b in why.blockers:
+        print(b.code, b.facts)  # QUEUE_PAUSED {'paused_at': ..., 'paused_by': 'alice'}
+
+:func:`explain` returns the job's state and every blocker that holds now, not only
+the first (a job can be not yet due *and* in a paused queue *and* without a
+consumer), each with a code and the facts behind it:
+
+=================  ===================================================================
+code               facts
+=================  ===================================================================
+NOT_DUE            run_after, in_seconds (a QUEUED job enqueued for later)
+RETRY_BACKOFF      until, in_seconds, last_error_code, last_error_message, attempt
+WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its queue's
+                   oldest due wake-up the relay has not sent), missing (no wake-up at
+                   all: the relay's re-waker gives it one)
+QUEUE_PAUSED       paused_at, paused_by
+TENANT_CAP         tenant, running, max_running
+BACKLOG            ahead (wake-ups of its queue that go before it: in flight, or
+                   pending with a higher priority or the same priority and older;
+                   counted up to 10000, ahead_at_least says the count was cut),
+                   in_flight, pending_ahead, drain_per_s (the queue's attempts ended
+                   per second over the last minute, or since it began draining if
+                   later), estimated_start_in_seconds
+                   (ahead / drain_per_s, Little's law; None while nothing drains),
+                   held_reason and held_since (why the relay last held the tenant's
+                   wake-ups back in this queue: WINDOW, FAIR_SHARE, TENANT_CAP)
+NO_CONSUMER        queue, live_workers (0): no live consumer serves its queue
+NO_HANDLER         job_type, workers_on_queue, parked: consumers serve the queue, none
+                   has a handler for its type
+CANCEL_REQUESTED   requested_at: it runs, and was asked to stop
+=================  ===================================================================
+
+A waiting job that is due and has no blocker is next in line. A running job has no
+blockers; ``lease`` says who holds it, until when, its last heartbeat and progress.
+A finished job has its ``outcome`` (its final state), ``finished_at`` and
+``last_error``.
+
+It is cheap: key lookups and short index ranges, bounded by the queue's backlog
+(and at most 10000 entries ahead), never by the history of finished jobs. Reasons
+are read at one instant and can change the next; an estimate is an estimate.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from outbox.ids import job_id_arg
+from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG
+from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
+
+# A consumer that heartbeat within this many seconds is live (the consumer's and
+# the relay's default --worker-ttl).
+LIVE_WORKER_SECONDS: Final = 60.0
+# Wake-ups ahead are counted up to this many; beyond, "at least".
+AHEAD_CAP: Final = 10_000
+# The drain rate: the queue's attempts that ended within this many seconds, among
+# at most DRAIN_SAMPLE of the newest attempts of all queues.
+DRAIN_WINDOW: Final = 60.0
+DRAIN_SAMPLE: Final = 2000
+# fair_shares.held_reason values (relay's OUTBOX_WAKE_QUEUE).
+HELD_WINDOW: Final = "WINDOW"
+HELD_FAIR_SHARE: Final = "FAIR_SHARE"
+
+
+class Why(StrEnum):
+    NOT_DUE = "NOT_DUE"
+    RETRY_BACKOFF = "RETRY_BACKOFF"
+    WAKEUP_PENDING = "WAKEUP_PENDING"
+    QUEUE_PAUSED = "QUEUE_PAUSED"
+    TENANT_CAP = "TENANT_CAP"
+    BACKLOG = "BACKLOG"
+    NO_CONSUMER = "NO_CONSUMER"
+    NO_HANDLER = "NO_HANDLER"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+
+
+class JobNotFound(LookupError):
+    """No job has this id (it never existed, or retention deleted it)."""
+
+    def __init__(self, job_id: uuid.UUID) -> None:
+        super().__init__(f"no job {job_id}: it never existed, or it finished and was deleted")
+        self.job_id = job_id
+
+
+@dataclass(frozen=True)
+class Blocker:
+    code: str
+    facts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LastError:
+    code: str | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    job_id: uuid.UUID
+    job_type: str
+    state: JobState
+    queue: str
+    tenant: str | None
+    priority: int
+    # Attempts made (counted at claim) and the budget (None: the handler decides).
+    attempt: int
+    max_attempts: int | None
+    run_after: datetime
+    last_error: LastError | None
+    # For a finished job: its final state, and when.
+    outcome: JobState | None
+    finished_at: datetime | None
+    # For a running job: worker, generation, started_at, lease_expires_at,
+    # last_heartbeat_at, progress, progress_at.
+    lease: dict[str, Any] | None
+    blockers: list[Blocker]
+    summary: str
+    # The database's clock when it was read.
+    checked_at: datetime = field(repr=False)
+
+    @property
+    def codes(self) -> list[str]:
+        return [b.code for b in self.blockers]
+
+    def blocker(self, code: str) -> Blocker | None:
+        return next((b for b in self.blockers if b.code == code), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes in ISO 8601, ids as text."""
+        value = _jsonable(
+            {
+                "job_id": self.job_id,
+                "job_type": self.job_type,
+                "state": self.state,
+                "queue": self.queue,
+                "tenant": self.tenant,
+                "priority": self.priority,
+                "attempt": self.attempt,
+                "max_attempts": self.max_attempts,
+                "run_after": self.run_after,
+                "last_error": None
+                if self.last_error is None
+                else {"code": self.last_error.code, "message": self.last_error.message},
+                "outcome": self.outcome,
+                "finished_at": self.finished_at,
+                "lease": self.lease,
+                "blockers": [{"code": b.code, "facts": b.facts} for b in self.blockers],
+                "summary": self.summary,
+                "checked_at": self.checked_at,
+            }
+        )
+        assert isinstance(value, dict)
+        return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, StrEnum):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _seconds(later: datetime, earlier: datetime) -> float:
+    return round((later - earlier).total_seconds(), 3)
+
+
+# ------------------------------------------------------------------- reading
+
+
+def _is_due_waiting(job: Mapping[str, Any]) -> bool:
+    return job["state"] in CLAIMABLE and job["run_after"] <= job["db_now"]
+
+
+def _params(job_id: uuid.UUID) -> dict[str, Any]:
+    return {"job_id": job_id, "worker_ttl": LIVE_WORKER_SECONDS}
+
+
+def _backlog_params(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The second statement's parameters, when the job is due, waits in a queue
+    that is not paused and has a wake-up; else None (nothing queues before it)."""
+    if not _is_due_waiting(job) or job["paused_at"] is not None or job["wakeup_id"] is None:
+        return None
+    return {
+        "queue": job["queue"],
+        "priority": job["priority"],
+        "now": job["db_now"],
+        "due": job["wakeup_due"],
+        "wakeup_id": job["wakeup_id"],
+        "sent_at": job["wakeup_sent_at"],
+        "pending": job["wakeup_sent_at"] is None,
+        "cap": AHEAD_CAP,
+        "drain_window": DRAIN_WINDOW,
+        "drain_sample": DRAIN_SAMPLE,
+    }
+
+
+def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
+    """Why the job ``job_id`` (a UUID or its text) is where it is: see the module's
+    docstring. Raises :class:`JobNotFound` (a ``LookupError``) for an unknown id, and
+    ``ValueError`` naming ``job_id`` for text that is not a UUID. Reads only."""
+    key = job_id_arg(job_id)
+    conn = session.connection()
+    check_driver(conn)
+    row = conn.exec_driver_sql(JOB_EXPLAIN, _params(key)).first()
+    if row is None:
+        raise JobNotFound(key)
+    job = row._asdict()
+    backlog = None
+    if (more := _backlog_params(job)) is not None:
+        backlog = conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more).one()._asdict()
+    return _explanation(job, backlog)
+
+
+async def explain_async(session: AsyncSession, job_id: uuid.UUID | str) -> Explanation:
+    """:func:`explain` for an ``AsyncSession``."""
+    key = job_id_arg(job_id)
+    conn = await session.connection()
+    check_driver(conn)
+    row = (await conn.exec_driver_sql(JOB_EXPLAIN, _params(key))).first()
+    if row is None:
+        raise JobNotFound(key)
+    job = row._asdict()
+    backlog = None
+    if (more := _backlog_params(job)) is not None:
+        backlog = (await conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more)).one()._asdict()
+    return _explanation(job, backlog)
+
+
+# ------------------------------------------------------------------- deciding
+
+
+def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list[Blocker]:
+    """Every blocker that holds for the job now, in a fixed order: its own time,
+    its queue and tenant, its turn, then the consumers."""
+    state = JobState(job["state"])
+    if state == JobState.CANCEL_REQUESTED:
+        return [Blocker(Why.CANCEL_REQUESTED, {"requested_at": job["cancel_requested_at"]})]
+    if state not in CLAIMABLE:
+        return []
+    parked = job["delay_reason"] == Why.NO_HANDLER
+    found = _not_yet(job) + _held(job)
+    if _is_due_waiting(job) and job["paused_at"] is None:
+        found += _waiting_turn(job, backlog, parked)
+    return found + _consumers(job, parked)
+
+
+def _not_yet(job: Mapping[str, Any]) -> list[Blocker]:
+    """Not due: enqueued for later, or backing off after a failed attempt."""
+    now, run_after = job["db_now"], job["run_after"]
+    if run_after <= now:
+        return []
+    if job["state"] == JobState.RETRY_WAIT:
+        facts = {
+            "until": run_after,
+            "in_seconds": _seconds(run_after, now),
+            "last_error_code": job["last_error_code"],
+            "last_error_message": job["last_error_message"],
+            "attempt": job["attempt_count"],
+        }
+        return [Blocker(Why.RETRY_BACKOFF, facts)]
+    return [Blocker(Why.NOT_DUE, {"run_after": run_after, "in_seconds": _seconds(run_after, now)})]
+
+
+def _held(job: Mapping[str, Any]) -> list[Blocker]:
+    """Held by an operator (the queue's pause) or by the tenant's cap (from the
+    live count of slots in use, not from the last refusal)."""
+    found = []
+    if job["paused_at"] is not None:
+        facts = {"paused_at": job["paused_at"], "paused_by": job["paused_by"]}
+        found.append(Blocker(Why.QUEUE_PAUSED, facts))
+    if job["max_running"] is not None and job["running"] >= job["max_running"]:
+        facts = {
+            "tenant": job["tenant"],
+            "running": job["running"],
+            "max_running": job["max_running"],
+        }
+        found.append(Blocker(Why.TENANT_CAP, facts))
+    return found
+
+
+def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
+    """Nobody live to run it: no consumer on its queue, or none with its handler."""
+    if job["workers_on_queue"] == 0:
+        return [Blocker(Why.NO_CONSUMER, {"queue": job["queue"], "live_workers": 0})]
+    if job["handlers_on_queue"] == 0:
+        facts = {
+            "job_type": job["job_type"],
+            "workers_on_queue": job["workers_on_queue"],
+            "parked": parked,
+        }
+        return [Blocker(Why.NO_HANDLER, facts)]
+    return []
+
+
+def _waiting_turn(
+    job: Mapping[str, Any], backlog: Mapping[str, Any] | None, parked: bool
+) -> list[Blocker]:
+    """A due job in a running queue: its wake-up not sent yet, and the wake-ups
+    that go before it."""
+    now, pending = job["db_now"], job["wakeup_sent_at"] is None
+    if job["wakeup_id"] is None:
+        # Parked for a handler nobody runs: NO_HANDLER says so. Otherwise the
+        # re-waker gives a due job without a wake-up one within its interval.
+        if parked:
+            return []
+        facts = {"sent": False, "due_since": job["run_after"], "outbox_lag_seconds": None}
+        return [Blocker(Why.WAKEUP_PENDING, facts | {"missing": True})]
+    assert backlog is not None, "a due job with a wake-up has its backlog read"
+    found: list[Blocker] = []
+    if pending:
+        oldest = backlog["oldest_due"] or job["wakeup_due"]
+        found.append(
+            Blocker(
+                Why.WAKEUP_PENDING,
+                {
+                    "sent": False,
+                    "due_since": job["wakeup_due"],
+                    "outbox_lag_seconds": max(0.0, _seconds(now, oldest)),
+                    "missing": False,
+                },
+            )
+        )
+    in_flight, pending_ahead = int(backlog["in_flight"]), int(backlog["pending_ahead"])
+    ahead = in_flight + pending_ahead
+    # Why the relay last held the tenant's wake-ups back, while its own waits in
+    # the backlog. A tenant's cap has its own blocker (TENANT_CAP, from the live
+    # count); a window or fair share with nothing counted ahead still means a turn
+    # to wait for.
+    held = job["held_reason"] if pending else None
+    if ahead == 0 and held not in (HELD_WINDOW, HELD_FAIR_SHARE):
+        return found
+    drain = round(int(backlog["drained"]) / _drain_span(now, backlog), 3)
+    counted = min(ahead, AHEAD_CAP)
+    found.append(
+        Blocker(
+            Why.BACKLOG,
+            {
+                "ahead": counted,
+                "ahead_at_least": ahead > AHEAD_CAP,
+                "in_flight": in_flight,
+                "pending_ahead": pending_ahead,
+                "drain_per_s": drain,
+                "estimated_start_in_seconds": round(counted / drain, 1) if drain > 0 else None,
+                "held_reason": held,
+                "held_since": job["held_since"] if held is not None else None,
+            },
+        )
+    )
+    return found
+
+
+def _drain_span(now: datetime, backlog: Mapping[str, Any]) -> float:
+    """The seconds the drain count covers: the window, or less when the queue
+    started draining more recently (a young queue's rate is not diluted over a
+    minute it was idle), or when the sample of attempts ran out before the window
+    did; at least a second, so one quick attempt does not make a wild rate."""
+    span = DRAIN_WINDOW
+    if backlog["first_start"] is not None:
+        span = min(span, (now - backlog["first_start"]).total_seconds())
+    if backlog["sampled"] >= DRAIN_SAMPLE and backlog["since"] is not None:
+        span = min(span, (now - backlog["since"]).total_seconds())
+    return max(span, 1.0)
+
+
+def _lease(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    if job["state"] not in LEASED:
+        return None
+    return {
+        "worker": job["lease_owner"],
+        "generation": job["lease_generation"],
+        "started_at": job["started_at"],
+        "lease_expires_at": job["lease_expires_at"],
+        "lease_expires_in_seconds": _seconds(job["lease_expires_at"], job["db_now"]),
+        "last_heartbeat_at": job["owner_seen_at"],
+        "progress": job["progress"],
+        "progress_at": job["progress_at"],
+    }
+
+
+_PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
+    Why.NOT_DUE: lambda f: f"not due for {f['in_seconds']:.0f} s",
+    Why.RETRY_BACKOFF: lambda f: (
+        f"retrying in {f['in_seconds']:.0f} s after attempt {f['attempt']} failed"
+        f" ({f['last_error_code']})"
+    ),
+    Why.WAKEUP_PENDING: lambda f: (
+        "no wake-up yet (the re-waker will send one)"
+        if f["missing"]
+        else f"its wake-up is not sent yet (queue's outbox lag {f['outbox_lag_seconds']:.1f} s)"
+    ),
+    Why.QUEUE_PAUSED: lambda f: f"its queue is paused (by {f['paused_by']})",
+    Why.TENANT_CAP: lambda f: (
+        f"tenant {f['tenant']!r} is at its cap ({f['running']}/{f['max_running']} running)"
+    ),
+    Why.BACKLOG: lambda f: (
+        f"{'at least ' if f['ahead_at_least'] else ''}{f['ahead']} ahead"
+        + (
+            f", start in about {f['estimated_start_in_seconds']:.0f} s"
+            if f["estimated_start_in_seconds"] is not None
+            else ", nothing drained in the last minute"
+        )
+        + (f" (held back: {f['held_reason']})" if f["held_reason"] else "")
+    ),
+    Why.NO_CONSUMER: lambda f: f"no live consumer serves queue {f['queue']!r}",
+    Why.NO_HANDLER: lambda f: (
+        f"none of the {f['workers_on_queue']} consumer(s) on its queue has a handler"
+        f" for {f['job_type']!r}"
+    ),
+    Why.CANCEL_REQUESTED: lambda f: f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}",
+}
+
+
+def _summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
+    state = JobState(job["state"])
+    attempts = f"{job['attempt_count']} attempt{'s' if job['attempt_count'] != 1 else ''}"
+    if state in TERMINAL:
+        text = f"{state} at {job['finished_at']:%Y-%m-%d %H:%M:%S} after {attempts}"
+        if state != JobState.SUCCEEDED and job["last_error_code"]:
+            text += f"; last error {job['last_error_code']}: {job['last_error_message']}"
+        return text
+    reasons = "; ".join(_PHRASES[Why(b.code)](b.facts) for b in blockers)
+    if state in LEASED:
+        text = f"{state} on {job['lease_owner']} (attempt {job['attempt_count']})"
+        return f"{text}: {reasons}" if reasons else text
+    return f"{state}: {reasons}" if reasons else f"{state}: due and next in line"
+
+
+def _explanation(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> Explanation:
+    state = JobState(job["state"])
+    blockers = _blockers(job, backlog)
+    error = None
+    if job["last_error_code"] is not None or job["last_error_message"] is not None:
+        error = LastError(job["last_error_code"], job["last_error_message"])
+    return Explanation(
+        job_id=job["job_id"],
+        job_type=job["job_type"],
+        state=state,
+        queue=job["queue"],
+        tenant=job["tenant"],
+        priority=job["priority"],
+        attempt=job["attempt_count"],
+        max_attempts=job["max_attempts"],
+        run_after=job["run_after"],
+        last_error=error,
+        outcome=state if state in TERMINAL else None,
+        finished_at=job["finished_at"],
+        lease=_lease(job),
+        blockers=blockers,
+        summary=_summary(job, blockers),
+        checked_at=job["db_now"],
+    )

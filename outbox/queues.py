@@ -1,0 +1,97 @@
+"""Pausing and resuming a queue, inside the caller's SQLAlchemy transaction.
+
+::
+
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "mail", by="alice")
+    ...
+    with Session(engine) as session, session.begin():
+        outbox.resume_queue(session, "mail")
+
+While a queue is paused (from the caller's commit on) none of its jobs is claimed
+and none is woken: the relay sends none of its wake-ups, and a consumer that gets
+one anyway (sent just before the pause) turns it down, records ``QUEUE_PAUSED`` on
+the job and puts the wake-up back in the backlog, spending no attempt. Jobs already
+running finish, and their retries wait like the rest. Enqueueing into a paused queue
+works as usual. Resuming sends the relay a notification at commit, so the waiting
+wake-ups go out at once. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from outbox.ids import actor
+from schema import names
+from schema.queries import QUEUE_PAUSE, QUEUE_RESUME, QUEUES_PAUSED
+
+
+@dataclass(frozen=True)
+class PausedQueue:
+    queue: str
+    paused_at: datetime
+    # ``by`` as given, else "role (application_name)".
+    paused_by: str
+
+
+def _paused(row: Sequence[Any]) -> PausedQueue:
+    queue, paused_at, paused_by = row
+    return PausedQueue(queue, paused_at, paused_by)
+
+
+def pause_queue(session: Session, queue: str, *, by: str | None = None) -> PausedQueue:
+    """Pause ``queue`` (idempotent: pausing a paused queue keeps who paused it first,
+    and when). ``by`` names who asked; by default the database role and the
+    session's application_name. Returns the queue's pause as recorded."""
+    params = {"queue": names.queue(queue), "by": actor(by)}
+    conn = session.connection()
+    check_driver(conn)
+    return _paused(conn.exec_driver_sql(QUEUE_PAUSE, params).one())
+
+
+async def pause_queue_async(
+    session: AsyncSession, queue: str, *, by: str | None = None
+) -> PausedQueue:
+    """:func:`pause_queue` for an ``AsyncSession``."""
+    params = {"queue": names.queue(queue), "by": actor(by)}
+    conn = await session.connection()
+    check_driver(conn)
+    return _paused((await conn.exec_driver_sql(QUEUE_PAUSE, params)).one())
+
+
+def resume_queue(session: Session, queue: str) -> bool:
+    """Resume ``queue``; True if it was paused. Its waiting jobs are woken as soon
+    as the caller commits."""
+    params = {"queue": names.queue(queue)}
+    conn = session.connection()
+    check_driver(conn)
+    return conn.exec_driver_sql(QUEUE_RESUME, params).first() is not None
+
+
+async def resume_queue_async(session: AsyncSession, queue: str) -> bool:
+    """:func:`resume_queue` for an ``AsyncSession``."""
+    params = {"queue": names.queue(queue)}
+    conn = await session.connection()
+    check_driver(conn)
+    return (await conn.exec_driver_sql(QUEUE_RESUME, params)).first() is not None
+
+
+def paused_queues(session: Session) -> list[PausedQueue]:
+    """The queues paused now, with who paused them and when, by name."""
+    conn = session.connection()
+    check_driver(conn)
+    return [_paused(row) for row in conn.exec_driver_sql(QUEUES_PAUSED).all()]
+
+
+async def paused_queues_async(session: AsyncSession) -> list[PausedQueue]:
+    """:func:`paused_queues` for an ``AsyncSession``."""
+    conn = await session.connection()
+    check_driver(conn)
+    return [_paused(row) for row in (await conn.exec_driver_sql(QUEUES_PAUSED)).all()]

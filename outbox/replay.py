@@ -1,0 +1,155 @@
+"""Replaying failed and cancelled jobs, inside the caller's SQLAlchemy transaction.
+
+::
+
+    with Session(engine) as session, session.begin():
+        outbox.retry_job(session, job_id, by="alice")            # one job
+        outbox.retry_jobs(session, queue="mail", error_code="SMTP_DOWN")  # by filter
+
+A replay moves a FAILED or CANCELLED job back to QUEUED, due now, with a wake-up,
+in one guarded statement. What it promises:
+
+- Only FAILED and CANCELLED jobs move; a job in any other state (waiting, running,
+  succeeded) is left exactly as it was.
+- The history stays: ``attempt_count`` and every ``job_attempts`` row are kept, and
+  the next attempt carries on the numbering (a job that failed its 5th attempt runs
+  its 6th).
+- A fresh attempt budget of the job's own size: ``max_attempts`` becomes
+  ``attempt_count`` plus the budget the job had for its last run (its
+  ``max_attempts`` less the attempts made before its previous replay, if any). A
+  job that failed after 5 of 5 attempts gets 5 more, and so on at every replay. A job
+  no handler ever claimed (cancelled while waiting, ``max_attempts`` still unset)
+  keeps it unset: its handler's budget applies at claim, as for a new job.
+- What belonged to the finished run is cleared (``finished_at``, ``result``,
+  ``progress``, ``delay_reason``, ``cancel_requested_at``); ``last_error_code`` and
+  ``last_error_message`` stay until a new attempt replaces them.
+- A ``job_replays`` row records who asked (``by``, else the database role and the
+  session's ``application_name``, as ``"role (app)"``), when (the database clock),
+  from which state, and after how many attempts.
+- The relay hears of the wake-up when the caller commits. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.enqueue import check_driver
+from outbox.ids import actor, job_id_arg
+from schema import names
+from schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
+from schema.states import JobState
+
+MAX_REPLAY_BATCH = 100_000
+MAX_ERROR_CODE_LENGTH = 200
+
+
+def _filters(
+    queue: str | None,
+    job_type: str | None,
+    error_code: str | None,
+    finished_after: datetime | None,
+    limit: int,
+    by: str | None,
+) -> dict[str, Any]:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if not 1 <= limit <= MAX_REPLAY_BATCH:
+        raise ValueError(f"limit must be between 1 and {MAX_REPLAY_BATCH}")
+    if finished_after is not None:
+        if not isinstance(finished_after, datetime):
+            raise TypeError(
+                f"finished_after must be a datetime, not {type(finished_after).__name__}"
+            )
+        if finished_after.tzinfo is None or finished_after.utcoffset() is None:
+            raise ValueError(
+                "finished_after must be timezone-aware (a naive datetime is ambiguous)"
+            )
+    return {
+        "queue": None if queue is None else names.queue(queue),
+        "job_type": None if job_type is None else names.job_type(job_type),
+        "error_code": (
+            None
+            if error_code is None
+            else names.text("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+        ),
+        "finished_after": finished_after,
+        "limit": limit,
+        "by": actor(by),
+    }
+
+
+def retry_job(
+    session: Session, job_id: uuid.UUID | str, *, by: str | None = None
+) -> JobState | None:
+    """Replay one FAILED or CANCELLED job (see the module's docstring).
+
+    Returns the job's state afterwards: QUEUED if it was replayed, its unchanged
+    state if it was in any other one, None for an unknown id. ``job_id`` is a UUID
+    or its text (anything else raises ``ValueError``/``TypeError`` naming it);
+    ``by`` names who asked (at most 200 characters). Never commits.
+    """
+    params = {"job_id": job_id_arg(job_id), "by": actor(by)}
+    conn = session.connection()
+    check_driver(conn)
+    if conn.exec_driver_sql(JOB_REPLAY, params).first() is not None:
+        return JobState.QUEUED
+    row = conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]}).first()
+    return None if row is None else JobState(row[0])
+
+
+async def retry_job_async(
+    session: AsyncSession, job_id: uuid.UUID | str, *, by: str | None = None
+) -> JobState | None:
+    """:func:`retry_job` for an ``AsyncSession``."""
+    params = {"job_id": job_id_arg(job_id), "by": actor(by)}
+    conn = await session.connection()
+    check_driver(conn)
+    if (await conn.exec_driver_sql(JOB_REPLAY, params)).first() is not None:
+        return JobState.QUEUED
+    row = (await conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]})).first()
+    return None if row is None else JobState(row[0])
+
+
+def retry_jobs(
+    session: Session,
+    *,
+    queue: str | None = None,
+    job_type: str | None = None,
+    error_code: str | None = None,
+    finished_after: datetime | None = None,
+    limit: int = 1000,
+    by: str | None = None,
+) -> int:
+    """Replay the FAILED and CANCELLED jobs that match every filter given (None:
+    any): of ``queue``, of ``job_type``, whose ``last_error_code`` is
+    ``error_code``, finished after ``finished_after`` (an aware datetime); the oldest
+    finished first, at most ``limit`` (1 to 100000) in one statement. Returns how
+    many were replayed. Rows another transaction holds right now are skipped (call
+    again for them). Filters are checked before anything is written. Never commits.
+    """
+    params = _filters(queue, job_type, error_code, finished_after, limit, by)
+    conn = session.connection()
+    check_driver(conn)
+    return len(conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all())
+
+
+async def retry_jobs_async(
+    session: AsyncSession,
+    *,
+    queue: str | None = None,
+    job_type: str | None = None,
+    error_code: str | None = None,
+    finished_after: datetime | None = None,
+    limit: int = 1000,
+    by: str | None = None,
+) -> int:
+    """:func:`retry_jobs` for an ``AsyncSession``."""
+    params = _filters(queue, job_type, error_code, finished_after, limit, by)
+    conn = await session.connection()
+    check_driver(conn)
+    return len((await conn.exec_driver_sql(JOB_REPLAY_MATCHING, params)).all())
