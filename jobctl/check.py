@@ -77,9 +77,7 @@ CHECKS = {
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
 }
 
-EFFECT_# Only the module's own constant (the terminal states) is formatted into these
-# statements; they take no input at all.
-CHECKS = {
+EFFECT_CHECKS = {
     "effects_applied_more_than_once": """
         SELECT count(*) FROM (
             SELECT key FROM chaos_effects GROUP BY key HAVING count(*) > 1) AS t""",
