@@ -29,6 +29,7 @@ from jobctl.service import (
     stats,
 )
 from jobctl.service.control import BULK_RETRY_LIMIT, why
+from jobctl.service.jobs import ATTEMPTS_SHOWN
 from jobctl.service.models import JobPage
 from jobctl.service.sql import fetch_one
 from schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
@@ -181,6 +182,7 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         why=reason,
         now=found.checked_at,
         story=_story(found),
+        attempts_shown=ATTEMPTS_SHOWN,
         may_retry=found.state in REPLAYABLE,
         may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
         leased=found.state in LEASED,

@@ -52,17 +52,37 @@ def duration(seconds: float | None) -> str:
         text = f"{s * 1e6:.0f} µs"
     elif s < 1:
         text = f"{s * 1000:.0f} ms"
+    elif s < 60 and s == int(s):
+        text = f"{int(s)} s"  # a setting (every 5 s), not a measurement
     elif s < 10:
         text = f"{s:.2f} s"
     elif s < 60:
         text = f"{s:.1f} s"
     elif s < 3600:
-        text = f"{int(s // 60)} min {int(s % 60)} s"
+        text = _two(int(s // 60), "min", int(s % 60), "s")
     elif s < 86400:
-        text = f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+        text = _two(int(s // 3600), "h", int(s % 3600 // 60), "min")
     else:
-        text = f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+        text = _two(int(s // 86400), "d", int(s % 86400 // 3600), "h")
     return "-" + text if seconds < 0 else text
+
+
+def _two(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")
+
+
+def progress(value: Any) -> dict[str, Any] | None:
+    """A handler's job.progress(done, total=..., stage=...) as figures for a bar;
+    None for anything else (shown as JSON)."""
+    if not isinstance(value, dict):
+        return None
+    done, total = value.get("done"), value.get("total")
+    if not (isinstance(done, int | float) and isinstance(total, int | float)):
+        return None
+    if isinstance(done, bool) or isinstance(total, bool) or total <= 0:
+        return None
+    share = min(1.0, max(0.0, done / total))
+    return {"done": done, "total": total, "share": share, "stage": value.get("stage")}
 
 
 def relative(at: datetime | None, now: datetime) -> str:
@@ -119,7 +139,7 @@ env.filters.update(
     pretty=pretty,
     segment=segment,
 )
-env.globals.update(relative=relative, span=span)
+env.globals.update(relative=relative, span=span, progress=progress)
 
 
 def page(
