@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -511,8 +512,9 @@ async def test_cross_site_and_forged_posts_are_refused_and_write_nothing(
 
 
 async def test_a_server_with_a_token_wants_it_and_a_wrong_one_is_refused(
-    db_url: DatabaseUrl,
+    db_url: DatabaseUrl, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
         page = await browser.new_page()
         # Pages show payloads and errors: like the API's reads, they need the token.
@@ -531,6 +533,9 @@ async def test_a_server_with_a_token_wants_it_and_a_wrong_one_is_refused(
         await expect(page).to_have_url(re.compile(r"/login$"))
         await page.goto(f"{served.base}/jobs")
         await expect(page).to_have_url(re.compile(r"/login"))
+    logged = [str(vars(record)) for record in caplog.records]
+    assert any("/login" in line for line in logged), "the requests were logged"
+    assert not [line for line in logged if TOKEN in line or cookie["value"] in line]
 
 
 async def test_without_a_token_the_dashboard_is_read_only(
