@@ -1,7 +1,9 @@
 """Relay throughput: N outbox rows from one commit until every one is confirmed by
-RabbitMQ and marked sent, through the real `relay` process. In the same run, a bare
-aio-pika publisher sends N persistent messages with pipelined confirms: the ceiling
-the relay is measured against.
+RabbitMQ and marked sent, through the real `relay` process. No consumer runs, so the
+relay's window is opened wide (--window, default the row count): this measures the
+relay deciding, packing (--pack ids a message) and publishing. In the same run, a
+bare aio-pika publisher sends N persistent messages of one id each, with pipelined
+confirms: the ceiling of one message per wake-up.
 
     python -m bench.relay_throughput [--rows 20000] [--publishers 2] [--batch-size 500]
 
@@ -75,6 +77,10 @@ def main() -> None:
         default=500,
         help="the relay's --batch-size, and the bare publisher's confirm window",
     )
+    parser.add_argument("--pack", type=int, default=20, help="the relay's --pack")
+    parser.add_argument(
+        "--window", type=int, default=0, help="the relay's --window (0: the row count)"
+    )
     args = parser.parse_args()
 
     with scratch_database() as db, scratch_topology(["default", "bare"]) as topology:
@@ -86,6 +92,10 @@ def main() -> None:
                 str(args.publishers),
                 "--batch-size",
                 str(args.batch_size),
+                "--pack",
+                str(args.pack),
+                "--window",
+                str(args.window or args.rows),
             ],
             env=service_env(db, topology),
         )
@@ -118,6 +128,7 @@ def main() -> None:
                 "rows": args.rows,
                 "publishers": args.publishers,
                 "batch_size": args.batch_size,
+                "pack": args.pack,
                 "relay_rows_per_s": round(relay_rate),
                 "bare_aio_pika_msgs_per_s": round(bare),
                 "relay_to_bare_ratio": round(relay_rate / bare, 2),

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "check": "jobctl.commands.check:check",
     "jobs": "jobctl.commands.jobs:jobs",
     "migrate": "jobctl.commands.migrate:migrate",
+    "queues": "jobctl.commands.queues:queues",
     "schedules": "jobctl.commands.schedules:schedules",
     "serve": "jobctl.commands.serve:serve",
     "stats": "jobctl.commands.stats:stats",

@@ -120,6 +120,16 @@ class Relay:
                 "pack": s.pack,
             },
         )
+        if s.database.pooled and not s.database.listen:
+            log.warning(
+                "relay.listen_through_pooler",
+                extra={
+                    "detail": "DATABASE_POOLER=transaction without DATABASE_LISTEN_URL: "
+                    "notifications cannot reach the relay through a transaction pooler, "
+                    "so it finds new work by polling (--poll-interval); set "
+                    "DATABASE_LISTEN_URL to a direct connection"
+                },
+            )
         await self.pool.open(wait=False)
         if not await unless_stopped(stop, self._connect()):
             await self.publisher.close()

@@ -1276,7 +1276,6 @@ WITH doomed AS (
 SELECT count(*) FROM deleted
 """
 
-
 # --------------------------------------------------------------- operator surface
 # (issue 11.) Writes the operator's surface (jobctl, the HTTP API) makes beside the
 # producer API's own.

@@ -117,6 +117,57 @@ async def test_cancel_a_waiting_job_then_again_then_a_finished_one(db_url: Datab
         assert "Retry-After" not in (await client.get(f"/v1/jobs/{first}")).headers
 
 
+async def test_retry_one_job_then_many(db_url: DatabaseUrl, pg) -> None:
+    async with api_client(db_url) as client:
+        ids = [(await post_job(client, queue="mail")).json()["id"] for _ in range(4)]
+        for job_id in ids[:3]:
+            finish(pg, job_id, "FAILED")
+        one = await client.post(f"/v1/jobs/{ids[0]}/retry")
+        assert one.status_code == 200, one.text
+        assert one.json() == {"id": ids[0], "state": "QUEUED", "applied": True}
+        refused = await client.post(f"/v1/jobs/{ids[3]}/retry")
+        assert refused.status_code == 409 and refused.json()["state"] == "QUEUED"
+        assert (await client.post(f"/v1/jobs/{uuid.uuid4()}/retry")).status_code == 404
+
+        dry = await client.post("/v1/jobs/retry", json={"queue": "mail", "dry_run": True})
+        assert dry.json() == {"matched": 2, "dry_run": True}
+        assert [r[0] for r in pg.execute("SELECT state FROM jobs WHERE state = 'FAILED'")] == [
+            "FAILED",
+            "FAILED",
+        ], "a dry run changes nothing"
+        other = await client.post("/v1/jobs/retry", json={"queue": "web"})
+        assert other.json() == {"matched": 0, "dry_run": False}
+        many = await client.post("/v1/jobs/retry", json={"queue": "mail", "error_code": "Boom"})
+        assert many.json() == {"matched": 2, "dry_run": False}
+        bad = await client.post("/v1/jobs/retry", json={"limit": 0})
+        assert bad.status_code == 422 and bad.json()["detail"].startswith("limit")
+        shown = (await client.get(f"/v1/jobs/{ids[1]}")).json()
+    assert shown["state"] == "QUEUED" and shown["last_error"]["code"] == "Boom"
+    replays = pg.execute("SELECT replayed_by FROM job_replays").fetchall()
+    assert len(replays) == 3 and all(r[0].startswith("api") for r in replays)
+
+
+async def test_pause_a_queue_and_see_why_its_jobs_wait(db_url: DatabaseUrl) -> None:
+    async with api_client(db_url) as client:
+        job_id = (await post_job(client, queue="mail")).json()["id"]
+        paused = await client.post("/v1/queues/mail/pause")
+        assert paused.status_code == 200
+        assert (paused.json()["paused"], paused.json()["changed"]) == (True, True)
+        assert (await client.post("/v1/queues/mail/pause")).json()["changed"] is False
+        (mail,) = [
+            q for q in (await client.get("/v1/queues")).json()["queues"] if q["queue"] == "mail"
+        ]
+        assert mail["paused"] is True and mail["paused_by"].startswith("api")
+        why = (await client.get(f"/v1/jobs/{job_id}")).json()["why"]
+        assert "QUEUE_PAUSED" in [b["code"] for b in why["blockers"]]
+        assert "paused" in why["summary"]
+        resumed = await client.post("/v1/queues/mail/resume")
+        assert (resumed.json()["paused"], resumed.json()["changed"]) == (False, True)
+        why = (await client.get(f"/v1/jobs/{job_id}")).json()["why"]
+        assert "QUEUE_PAUSED" not in [b["code"] for b in why["blockers"]]
+        assert (await client.post("/v1/queues/no%20way/pause")).status_code == 422
+
+
 # ------------------------------------------------------------------ the token
 
 
@@ -453,6 +504,10 @@ async def test_openapi_document_lists_every_endpoint(db_url: DatabaseUrl) -> Non
         ("GET", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/cancel"),
+        ("POST", "/v1/jobs/{job_id}/retry"),
+        ("POST", "/v1/jobs/retry"),
+        ("POST", "/v1/queues/{queue}/pause"),
+        ("POST", "/v1/queues/{queue}/resume"),
         ("GET", "/v1/queues"),
         ("GET", "/v1/schedules"),
         ("GET", "/v1/tenants"),

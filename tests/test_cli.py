@@ -131,6 +131,48 @@ def test_jobs_cancel(cli, engine: Engine, pg) -> None:
     ]
 
 
+def test_jobs_retry_by_id_and_by_filter(cli, engine: Engine, pg) -> None:
+    ids = [enqueue(engine, "greet", {}, queue="mail") for _ in range(4)]
+    for job_id in ids[:3]:
+        fail(pg, job_id)
+    one = cli("jobs", "retry", str(ids[0]), "--by", "ada")
+    assert one.stdout.strip() == f"{ids[0]}: is QUEUED again"
+    assert pg.execute("SELECT replayed_by FROM job_replays").fetchall() == [("ada",)]
+    mixed = cli("jobs", "retry", str(ids[3]), str(uuid.uuid4()), ok=False)
+    assert mixed.returncode == 1
+    assert "QUEUED, not retried (only FAILED or CANCELLED jobs are)" in mixed.stdout
+    dry = cli.json(
+        "jobs", "retry", "--filter", "queue=mail", "--filter", "finished_after=1h", "--dry-run"
+    )
+    assert (dry["matched"], dry["dry_run"]) == (2, True)
+    assert pg.execute("SELECT count(*) FROM jobs WHERE state = 'FAILED'").fetchone() == (2,)
+    done = cli("jobs", "retry", "--filter", "type=greet", "--filter", "error_code=Boom")
+    assert done.stdout.startswith("retried 2 failed or cancelled job(s) matching job_type=greet")
+    assert pg.execute("SELECT count(*) FROM jobs WHERE state = 'FAILED'").fetchone() == (0,)
+    neither = cli("jobs", "retry", ok=False)
+    assert neither.returncode == 2
+    assert neither.stderr.splitlines() == [
+        "jobctl jobs retry: give job IDs or --filter KEY=VALUE (one of them)"
+    ]
+    bad = cli("jobs", "retry", "--filter", "colour=red", ok=False)
+    assert bad.returncode == 2 and "colour: unknown" in bad.stderr
+
+
+def test_queues_pause_and_resume(cli, engine: Engine) -> None:
+    job_id = enqueue(engine, "greet", {}, queue="mail")
+    paused = cli.json("queues", "pause", "mail", "--by", "ada")
+    assert (paused["queue"], paused["paused"], paused["paused_by"]) == ("mail", True, "ada")
+    assert "mail: already paused since" in cli("queues", "pause", "mail").stdout
+    assert cli.json("stats")["queues"][0]["paused"] is True
+    why = cli.json("jobs", "show", str(job_id))["why"]
+    assert "QUEUE_PAUSED" in [b["code"] for b in why["blockers"]]
+    assert "QUEUE_PAUSED" in cli("jobs", "show", str(job_id)).stdout
+    assert cli("queues", "resume", "mail").stdout.strip() == "mail: resumed"
+    assert cli("queues", "resume", "mail").stdout.strip() == "mail: not paused"
+    bad = cli("queues", "pause", "no way", ok=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("jobctl queues pause: queue must be")
+
+
 def test_stats_per_queue(cli, engine: Engine, pg) -> None:
     enqueue(engine, "greet", {}, queue="mail")
     fail(pg, enqueue(engine, "greet", {}, queue="mail"))

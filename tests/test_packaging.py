@@ -25,7 +25,7 @@ def test_compose_services_wait_for_what_they_need() -> None:
     assert services["rabbitmq"]["healthcheck"]
     assert any("15672" in str(p) for p in services["rabbitmq"]["ports"]), "management UI"
     assert "management" in services["rabbitmq"]["image"]
-    assert services["migrate"]["command"] == ["alembic", "upgrade", "head"]
+    assert services["migrate"]["command"] == ["jobctl", "migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name, service in services.items():
         if name in ("postgres", "rabbitmq", "migrate"):
@@ -36,6 +36,19 @@ def test_compose_services_wait_for_what_they_need() -> None:
         assert env["DATABASE_URL"].startswith("postgresql://")
         assert "@postgres:5432/" in env["DATABASE_URL"]
         assert "@rabbitmq:5672/" in env["AMQP_URL"]
+
+
+def test_compose_serves_the_api_with_its_port_published() -> None:
+    api = compose()["services"]["api"]
+    command = api["command"]
+    assert command[:2] == ["jobctl", "serve"]
+    # Inside the container it listens on every interface, so the published port
+    # reaches it; the host publishes it on its loopback only.
+    host, port = command[command.index("--host") + 1], command[command.index("--port") + 1]
+    assert host == "0.0.0.0"
+    assert f"127.0.0.1:{port}:{port}" in [str(p) for p in api["ports"]]
+    assert api["environment"]["JOBCTL_API_TOKEN"], "without a token it would be read-only"
+    assert "/readyz" in " ".join(api["healthcheck"]["test"])
 
 
 def test_compose_commands_are_console_scripts_we_ship() -> None:

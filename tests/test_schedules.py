@@ -485,3 +485,31 @@ async def test_a_schedule_without_a_payload_fires(db_url: DatabaseUrl, engine: E
         await pool.close()
     (payload,) = pg.execute("SELECT payload FROM jobs WHERE job_type = 'tick'").fetchone()
     assert payload is None
+
+
+async def test_trigger_enqueues_the_template_now_and_leaves_the_timetable(
+    engine: Engine, async_engine: AsyncEngine, pg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as session, session.begin():
+        next_fire = outbox.schedule(
+            session, "report", "build", {"blob": "x" * 2000}, every=timedelta(hours=1),
+            queue="reports", tenant="acme", priority=5, max_attempts=2,
+        )  # fmt: skip
+        outbox.pause_schedule(session, "report")
+    # A limit lowered since the schedule was written does not make it unfireable.
+    monkeypatch.setenv("MAX_PAYLOAD_BYTES", "100")
+    async with AsyncSession(async_engine) as session, session.begin():
+        job_id = await outbox.trigger_schedule_async(session, "report")
+        assert await outbox.trigger_schedule_async(session, "nope") is None
+    with Session(engine) as session, session.begin():
+        again = outbox.trigger_schedule(session, "report")
+    assert job_id is not None and again is not None and again != job_id
+    row = pg.execute(
+        "SELECT job_type, queue, tenant, priority, max_attempts, state, dedup_key,"
+        " length(payload->>'blob') FROM jobs WHERE job_id = %s",
+        (job_id,),
+    ).fetchone()
+    assert row == ("build", "reports", "acme", 5, 2, "QUEUED", None, 2000)
+    assert pg.execute("SELECT count(*) FROM outbox WHERE job_id = %s", (job_id,)).fetchone() == (1,)
+    assert pg.execute("SELECT count(*) FROM schedule_fires").fetchone() == (0,)
+    assert pg.execute("SELECT next_fire_at, paused FROM schedules").fetchone() == (next_fire, True)

@@ -85,6 +85,24 @@ class TenantLimits(BaseModel):
     """Waiting jobs past which enqueue refuses more (429); null: no limit."""
 
 
+class RetryFilter(BaseModel):
+    """Which failed and cancelled jobs to retry: those that match every field given."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    queue: QueueName | None = None
+    job_type: JobType | None = None
+    error_code: (
+        Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_text)] | None
+    ) = None
+    """The jobs' last_error_code."""
+    finished_after: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
+    limit: int = Field(default=1000, ge=1, le=100_000)
+    """At most this many, oldest finished first."""
+    dry_run: bool = False
+    """Count what would be retried; change nothing."""
+
+
 class ScheduleList(BaseModel):
     schedules: list[ScheduleView]
 

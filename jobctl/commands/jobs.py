@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -18,8 +20,10 @@ from jobctl.service import (
     get_job,
     jsonable,
     list_jobs,
+    retry_jobs,
+    retry_matching,
 )
-from jobctl.service.models import JobPage, JobSummary, JobView
+from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobSummary, JobView
 from schema.states import JobState
 
 
@@ -122,7 +126,7 @@ def show(job_id: str, database_url: str | None, as_json: bool) -> None:
 
 
 def _compact(value: Any, limit: int = 400) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -149,7 +153,8 @@ def _job_text(job: JobView) -> str:
     if job.cancel_requested_at is not None:
         fields.append(("cancel asked", when(job.cancel_requested_at)))
     if job.last_error is not None:
-        fields.append(("last error", f"{job.last_error.code}: {job.last_error.message}"))
+        error = job.last_error
+        fields.append(("last error", ": ".join(str(p) for p in (error.code, error.message) if p)))
     if job.delay_reason is not None:
         fields.append(("turned down", f"{job.delay_reason} since {when(job.delay_since)}"))
     if job.why is not None:
@@ -175,7 +180,7 @@ def _job_text(job: JobView) -> str:
                 when(a.started_at),
                 duration((a.finished_at - a.started_at).total_seconds()),
                 a.outcome,
-                f"{a.error_code}: {a.error_message}" if a.error_code else "",
+                ": ".join(str(p) for p in (a.error_code, a.error_message) if p),
             ]
             for a in job.attempts
         ]
@@ -210,3 +215,140 @@ def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) ->
     emit({"jobs": jsonable(results)}, "\n".join(lines))
     if not all(r.applied for r in results):
         raise SystemExit(1)
+
+
+def _filters(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--filter key=value pairs, as retry_matching's keywords."""
+    keys = {
+        "queue": "queue",
+        "type": "job_type",
+        "job_type": "job_type",
+        "error_code": "error_code",
+    }
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not value:
+            raise Failure(f"--filter {pair!r}: write it as key=value", 2)
+        if key == "finished_after":
+            found[key] = _instant(value)
+        elif key in keys:
+            found[keys[key]] = value
+        else:
+            raise Failure(
+                f"--filter {key}: unknown (use queue, type, error_code or finished_after)", 2
+            )
+    return found
+
+
+def _instant(value: str) -> datetime:
+    """An ISO 8601 instant with its offset, or a span back from now: 30m, 2h, 1d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = value[:-1], value[-1:]
+    if unit in units and number.replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(number) * units[unit])
+    try:
+        found = datetime.fromisoformat(value)
+    except ValueError:
+        raise Failure(
+            f"--filter finished_after={value}: not an ISO 8601 time nor 30m/2h/1d", 2
+        ) from None
+    if found.tzinfo is None:
+        raise Failure(f"--filter finished_after={value}: give the time's offset (Z, +02:00)", 2)
+    return found
+
+
+@jobs.command()
+@click.argument("job_ids", metavar="[ID...]", nargs=-1)
+@click.option(
+    "--filter",
+    "pairs",
+    metavar="KEY=VALUE",
+    multiple=True,
+    help="Retry the failed and cancelled jobs that match, instead of IDs: queue=, type=, "
+    "error_code=, finished_after= (ISO 8601, or 30m, 2h, 1d ago). Repeat to narrow.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="With --filter: at most this many, oldest finished first.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@click.option(
+    "--by",
+    metavar="NAME",
+    default=lambda: f"{getpass.getuser()} (jobctl)",
+    show_default="your user name (jobctl)",
+    help="Who is asking, as the jobs' replay records say.",
+)
+@database_option
+@json_option
+def retry(
+    job_ids: tuple[str, ...],
+    pairs: tuple[str, ...],
+    limit: int,
+    dry_run: bool,
+    by: str,
+    database_url: str | None,
+    as_json: bool,
+) -> None:
+    """Put FAILED or CANCELLED jobs back in the queue: by ID, or every one that
+    matches --filter. Their history stays, and each gets a fresh attempt budget.
+    With IDs, exits 1 if any was unknown or not failed or cancelled."""
+    del as_json
+    if bool(job_ids) == bool(pairs):
+        raise Failure("give job IDs or --filter KEY=VALUE (one of them)", 2)
+    if job_ids:
+        _retry_ids(parse_ids(job_ids), dry_run, by, database_url)
+    else:
+        _retry_matching(_filters(pairs), limit, dry_run, by, database_url)
+
+
+def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None) -> None:
+    async def action(db: Database) -> list[JobStateChange]:
+        async with db.writing() as session:
+            # A dry run is the real thing in a savepoint rolled back: what it says
+            # is what the rule would do.
+            savepoint = await session.begin_nested()
+            done = await retry_jobs(session, ids, by=by)
+            if dry_run:
+                await savepoint.rollback()
+            else:
+                await savepoint.commit()
+            return done
+
+    results = run(database_url, action)
+    verb = "would be" if dry_run else "is"
+    lines = []
+    for r in results:
+        if r.state is None:
+            lines.append(f"{r.id}: no such job")
+        elif r.applied:
+            lines.append(f"{r.id}: {verb} QUEUED again")
+        else:
+            lines.append(f"{r.id}: {r.state}, not retried (only FAILED or CANCELLED jobs are)")
+    emit({"jobs": jsonable(results), "dry_run": dry_run}, "\n".join(lines))
+    if not all(r.applied for r in results):
+        raise SystemExit(1)
+
+
+def _retry_matching(
+    filters: dict[str, Any], limit: int, dry_run: bool, by: str, database_url: str | None
+) -> None:
+    async def action(db: Database) -> BulkRetry:
+        async with db.writing() as session:
+            return await retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters)
+
+    found = run(database_url, action)
+    what = " ".join(
+        f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in filters.items()
+    )
+    if dry_run:
+        text = f"would retry {found.matched} failed or cancelled job(s) matching {what}"
+    else:
+        text = f"retried {found.matched} failed or cancelled job(s) matching {what}"
+    if found.matched == limit:
+        text += " (the --limit; run again for more)"
+    emit(jsonable(found) | {"filter": {k: str(v) for k, v in filters.items()}}, text)

@@ -4,8 +4,10 @@
 read and steer the system through these functions only. Reads are named
 statements of :mod:`jobctl.service.queries`, each bounded by an index; every
 change goes through the producer API (``outbox.enqueue_async``,
-``outbox.request_cancel_async``, ``outbox.set_tenant_limit_async``, the schedule
-functions, ...), so a rule lives once and the surfaces cannot disagree.
+``outbox.request_cancel_async``, ``outbox.retry_job_async``,
+``outbox.pause_queue_async``, ``outbox.set_tenant_limit_async``, the schedule
+functions, ...), and "why does it wait" is ``outbox.explain_async``: a rule lives
+once and the surfaces cannot disagree.
 
 Each function takes an SQLAlchemy ``AsyncSession`` (the producer API's own kind,
 so an action and the reads around it share one transaction) and never commits;
@@ -16,10 +18,11 @@ are and ``jsonable`` turns into the same JSON. Refusals are exceptions
 
 What a dashboard needs, and where it is:
 
-- per-queue overview: :func:`stats`;
+- per-queue overview: :func:`stats`; :func:`pause_queue`, :func:`resume_queue`;
 - job lists with filters and keyset paging: :func:`list_jobs` (``JobPage.next``);
 - a job page: :func:`get_job` (row, attempts, progress, result, why it waits);
-- failed jobs: ``list_jobs(JobFilter(state=JobState.FAILED))``;
+- failed jobs: ``list_jobs(JobFilter(state=JobState.FAILED))``, and bulk retry:
+  :func:`retry_matching` (``dry_run`` counts first), :func:`retry_jobs` by id;
 - cancel: :func:`cancel_jobs`;
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
@@ -40,9 +43,11 @@ from jobctl.service.jobs import (
     get_job,
     list_jobs,
     parse_job_id,
+    retry_jobs,
+    retry_matching,
 )
 from jobctl.service.models import jsonable
-from jobctl.service.queues import stats
+from jobctl.service.queues import pause_queue, resume_queue, stats
 from jobctl.service.schedules import (
     get_schedule,
     list_schedules,
@@ -75,9 +80,13 @@ __all__ = [
     "list_tenants",
     "list_workers",
     "parse_job_id",
+    "pause_queue",
     "pause_schedule",
     "readiness",
+    "resume_queue",
     "resume_schedule",
+    "retry_jobs",
+    "retry_matching",
     "set_tenant",
     "stats",
     "trigger_schedule",

@@ -19,6 +19,8 @@ from jobctl.service.cursor import Cursor, Order
 from jobctl.service.errors import IdempotencyMismatch, Invalid, invalid_argument
 from jobctl.service.models import (
     Attempt,
+    Blocker,
+    BulkRetry,
     Enqueued,
     JobPage,
     JobStateChange,
@@ -26,11 +28,20 @@ from jobctl.service.models import (
     JobView,
     LastError,
     Lease,
+    Why,
 )
 from jobctl.service.sql import fetch_all, fetch_one
 from schema import names
-from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_REQUEST_FINGERPRINT, JOB_REQUEST_RECORD
+from schema.queries import (
+    JOB_FIND_BY_DEDUP_MANY,
+    JOB_REQUEST_FINGERPRINT,
+    JOB_REQUEST_RECORD,
+    JOB_STATE,
+)
 from schema.states import LEASED, TERMINAL, JobState
+
+# The states a retry (an operator's replay) moves a job out of.
+RETRYABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
 
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 500
@@ -179,7 +190,8 @@ def _cursor(job: JobSummary, order: Order) -> Cursor:
 
 
 async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
-    """The job whole, with its newest attempts; None for an unknown id. Reads only."""
+    """The job whole, with its newest attempts and why it waits (outbox.explain);
+    None for an unknown id. Reads only."""
     row = await fetch_one(session, queries.JOB_GET, {"job_id": job_id})
     if row is None:
         return None
@@ -208,6 +220,18 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
     lease = None
     if summary.state in LEASED:
         lease = Lease(lease_owner, lease_generation, lease_expires_at)
+    # The same rule as the producer API's: read in this transaction, so under
+    # REPEATABLE READ the row above and the reasons agree.
+    try:
+        explanation = await outbox.explain_async(session, job_id)
+    except outbox.JobNotFound:
+        # Deleted by retention between two statements of a READ COMMITTED caller.
+        why = None
+    else:
+        why = Why(
+            explanation.summary,
+            tuple(Blocker(b.code, dict(b.facts)) for b in explanation.blockers),
+        )
     return JobView(
         **{f.name: getattr(summary, f.name) for f in dataclasses.fields(JobSummary)},
         payload=payload,
@@ -221,7 +245,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         delay_since=delay_since,
         lease=lease,
         attempts=tuple(Attempt(*a) for a in reversed(attempts)),
-        why=None,
+        why=why,
         checked_at=checked_at,
     )
 
@@ -326,3 +350,61 @@ async def cancel_jobs(session: AsyncSession, job_ids: Iterable[uuid.UUID]) -> li
         applied = state in (JobState.CANCELLED, JobState.CANCEL_REQUESTED)
         done.append(JobStateChange(job_id, state, applied))
     return done
+
+
+async def retry_jobs(
+    session: AsyncSession, job_ids: Iterable[uuid.UUID], *, by: str | None = None
+) -> list[JobStateChange]:
+    """Put each FAILED or CANCELLED job back in the queue (outbox.retry_job_async),
+    its history kept and a fresh attempt budget given. ``applied`` is False for a
+    job in any other state (left as it was) and for an unknown id (state None).
+    ``by`` names who asked, for job_replays. Never commits."""
+    done: list[JobStateChange] = []
+    for job_id in job_ids:
+        row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
+        before = None if row is None else JobState(row[0])
+        try:
+            state = await outbox.retry_job_async(session, job_id, by=by)
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument(exc, "by") from None
+        done.append(JobStateChange(job_id, state, before in RETRYABLE and state == JobState.QUEUED))
+    return done
+
+
+async def retry_matching(
+    session: AsyncSession,
+    *,
+    queue: str | None = None,
+    job_type: str | None = None,
+    error_code: str | None = None,
+    finished_after: datetime | None = None,
+    limit: int = 1000,
+    by: str | None = None,
+    dry_run: bool = False,
+) -> BulkRetry:
+    """Retry the FAILED and CANCELLED jobs that match every filter given, oldest
+    finished first, at most ``limit`` (outbox.retry_jobs_async). ``dry_run``: the
+    same statement in a savepoint rolled back, so the count is exactly what the
+    rule would retry, and nothing changes. Never commits."""
+    savepoint = await session.begin_nested()
+    try:
+        matched = await outbox.retry_jobs_async(
+            session,
+            queue=queue,
+            job_type=job_type,
+            error_code=error_code,
+            finished_after=finished_after,
+            limit=limit,
+            by=by,
+        )
+    except (ValueError, TypeError) as exc:
+        await savepoint.rollback()
+        raise invalid_argument(exc) from None
+    except BaseException:
+        await savepoint.rollback()
+        raise
+    if dry_run:
+        await savepoint.rollback()
+    else:
+        await savepoint.commit()
+    return BulkRetry(matched, dry_run)

@@ -320,6 +320,22 @@ class JobStateChange:
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """A queue's pause, after a pause or a resume."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    """Who paused it (``by``, else the database role and application)."""
+    changed: bool
+    """Whether this request changed it (pausing a paused queue, or resuming a running
+    one, changes nothing)."""
+
+
+@dataclass(frozen=True)
 class BulkRetry:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 

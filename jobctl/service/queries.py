@@ -72,10 +72,9 @@ class JobList:
 
 _KEYSET: Final = {
     Order.CREATED: "job_id < %(after_id)s",
-    Order.FINISHED: (
-        "finished_at <= %(after_finished)s"
-        " AND (finished_at < %(after_finished)s OR job_id < %(after_id)s)"
-    ),
+    # A row comparison: an index condition on (finished_at, job_id) whole, and on a
+    # (finished_at) index its prefix.
+    Order.FINISHED: "(finished_at, job_id) < (%(after_finished)s::timestamptz, %(after_id)s::uuid)",
 }
 _ORDER_BY: Final = {
     Order.CREATED: "job_id DESC",
@@ -116,9 +115,12 @@ def job_list(
         "tenant = %(tenant)s" if tenant else "",
     ]
     if state in CLAIMABLE or state in LEASED:
-        where = _where(f"state = '{state}'", *filters, _KEYSET[Order.CREATED] if after else "")
+        # The page's start applies outside the fence too: inside, a generic plan
+        # reads `job_id < $1` as a third of the table and walks the primary key.
+        where = _where(f"state = '{state}'", *filters)
         sql = f"""
 SELECT * FROM (SELECT {SUMMARY_COLUMNS} FROM jobs {where} OFFSET 0) AS backlog
+{_where(_KEYSET[Order.CREATED] if after else "")}
 ORDER BY job_id DESC
 LIMIT %(limit)s
 """
@@ -142,23 +144,37 @@ SELECT {SUMMARY_COLUMNS} FROM jobs {_where(keyset)} ORDER BY job_id DESC LIMIT %
 
 
 def _bounded(scan_where: str, filters: list[str], order: Order) -> JobList:
-    # The scan reads the index in the list's order and stops after %(scan)s rows
-    # whatever the filters match; the filters apply outside it. Read lazily: a
-    # page that fills early stops the scan early.
-    scan = f"""SELECT {SUMMARY_COLUMNS} FROM jobs
+    # The scan reads keys only, in the list's order, and stops after %(scan)s of
+    # them whatever the filters match; each key it yields is looked up by primary
+    # key and filtered, lazily, so a page that fills early stops the scan early.
+    # Keys only, so that the scan of failed and cancelled jobs is an index-only
+    # scan of their own index: with whole rows to read, the planner prefers
+    # jobs_finished_idx (whose heap order it likes better) and filters out the
+    # succeeded history it walks through.
+    keys = "job_id, finished_at" if order is Order.FINISHED else "job_id"
+    scan = f"""SELECT {keys} FROM jobs
     {scan_where}
     ORDER BY {_ORDER_BY[order]}
     LIMIT %(scan)s"""
+    ordered = ", ".join(f"scanned.{c}" for c in _ORDER_BY[order].split(", "))
+    # LIMIT 1 in the lateral lookup keeps the planner from turning it into a join,
+    # which on a small table reads every failed job at once (as the metrics
+    # collector's lookups do, for the same reason).
     sql = f"""
-SELECT * FROM (
+SELECT j.* FROM (
     {scan}
 ) AS scanned
-{_where(*filters)}
-ORDER BY {_ORDER_BY[order]}
+CROSS JOIN LATERAL (
+    SELECT {SUMMARY_COLUMNS} FROM jobs
+    {_where("jobs.job_id = scanned.job_id", *filters)}
+    LIMIT 1
+) AS j
+ORDER BY {ordered}
 LIMIT %(limit)s
 """
+    finished = "finished_at" if order is Order.FINISHED else "NULL::timestamptz"
     edge = f"""
-SELECT count(*) OVER (), job_id, finished_at FROM (
+SELECT count(*) OVER (), job_id, {finished} FROM (
     {scan}
 ) AS scanned
 ORDER BY {_REVERSED[order]}

@@ -1,5 +1,5 @@
-"""Per-queue figures: what waits, what runs, how far behind the relay is, what
-finished lately, who serves it."""
+"""Queues: per-queue figures (what waits, what runs, how far behind the relay is,
+what finished lately, who serves it), and pausing and resuming one."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+import outbox
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
-from jobctl.service.models import QueueStats, Stats
+from jobctl.service.errors import invalid_argument
+from jobctl.service.models import QueueState, QueueStats, Stats
 from jobctl.service.sql import fetch_all
 from schema.states import JobState
 
@@ -87,3 +89,28 @@ def _queue(name: str, f: dict[str, Any], window: float) -> QueueStats:
         workers=f.get("workers", 0),
         concurrency=f.get("concurrency", 0),
     )
+
+
+async def pause_queue(session: AsyncSession, queue: str, *, by: str | None = None) -> QueueState:
+    """Stop starting the queue's jobs (outbox.pause_queue_async): none is woken or
+    claimed until it is resumed; running ones finish. Never commits."""
+    before = await _paused(session, queue)
+    try:
+        paused = await outbox.pause_queue_async(session, queue, by=by)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "queue") from None
+    return QueueState(paused.queue, True, paused.paused_at, paused.paused_by, before is None)
+
+
+async def resume_queue(session: AsyncSession, queue: str) -> QueueState:
+    """Start the queue's jobs again (outbox.resume_queue_async); its waiting
+    wake-ups go out when the caller commits. Never commits."""
+    try:
+        was_paused = await outbox.resume_queue_async(session, queue)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "queue") from None
+    return QueueState(queue, False, None, None, was_paused)
+
+
+async def _paused(session: AsyncSession, queue: str) -> outbox.PausedQueue | None:
+    return next((p for p in await outbox.paused_queues_async(session) if p.queue == queue), None)

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
 from jobctl.api.guards import may_read, may_write
-from jobctl.api.models import EnqueueBody, JobType, QueueName
+from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryFilter
 from jobctl.api.problems import responses
-from jobctl.api.routes.common import database
+from jobctl.api.routes.common import actor, database
 from jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -25,9 +25,11 @@ from jobctl.service import (
     get_job,
     list_jobs,
     parse_job_id,
+    retry_jobs,
+    retry_matching,
 )
 from jobctl.service.jobs import MAX_IDEMPOTENCY_KEY_LENGTH
-from jobctl.service.models import JobPage, JobStateChange, JobView
+from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from schema.states import LEASED, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -140,6 +142,29 @@ async def jobs(
         return await list_jobs(session, where, limit=limit, after=after)
 
 
+@router.post(
+    "/retry",
+    response_model=BulkRetry,
+    dependencies=[Depends(may_write)],
+    responses=responses(400, 401, 403, 413, 415, 422, 503),
+    summary="Retry failed jobs in bulk",
+)
+async def retry_many(body: RetryFilter, request: Request) -> BulkRetry:
+    """Put the FAILED and CANCELLED jobs that match every field given back in the
+    queue, oldest finished first, at most `limit`; with `dry_run`, only count them."""
+    async with database(request).writing() as session:
+        return await retry_matching(
+            session,
+            queue=body.queue,
+            job_type=body.job_type,
+            error_code=body.error_code,
+            finished_after=body.finished_after,
+            limit=body.limit,
+            by=actor(request),
+            dry_run=body.dry_run,
+        )
+
+
 @router.get(
     "/{job_id}",
     response_model=JobView,
@@ -181,4 +206,27 @@ async def cancel(job_id: str, request: Request) -> JobStateChange:
         raise NotFound(f"no job {ident}")
     if not result.applied:
         raise WrongState(f"job {ident} is {result.state} already; nothing to cancel", result.state)
+    return result
+
+
+@router.post(
+    "/{job_id}/retry",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 409, 503),
+    summary="Retry a job",
+)
+async def retry(job_id: str, request: Request) -> JobStateChange:
+    """A FAILED or CANCELLED job goes back to QUEUED, due now, its history kept and a
+    fresh attempt budget given; a job in any other state gets 409."""
+    ident = _parse(job_id)
+    async with database(request).writing() as session:
+        (result,) = await retry_jobs(session, [ident], by=actor(request))
+    if result.state is None:
+        raise NotFound(f"no job {ident}")
+    if not result.applied:
+        raise WrongState(
+            f"job {ident} is {result.state}: only FAILED or CANCELLED jobs are retried",
+            result.state,
+        )
     return result

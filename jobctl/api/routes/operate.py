@@ -16,23 +16,26 @@ from jobctl.api.models import (
     WorkerList,
 )
 from jobctl.api.problems import responses
-from jobctl.api.routes.common import database
+from jobctl.api.routes.common import actor, database
 from jobctl.api.routes.jobs import retry_after
 from jobctl.service import (
     list_schedules,
     list_tenants,
     list_workers,
+    pause_queue,
     pause_schedule,
+    resume_queue,
     resume_schedule,
     set_tenant,
     stats,
     trigger_schedule,
 )
-from jobctl.service.models import JobView, ScheduleView, Stats, TenantView
+from jobctl.service.models import JobView, QueueState, ScheduleView, Stats, TenantView
 
 router = APIRouter(prefix="/v1")
 
 ScheduleInPath = Annotated[ScheduleName, Path()]
+QueueInPath = Annotated[QueueName, Path()]
 
 
 @router.get(
@@ -49,6 +52,35 @@ async def queues(request: Request) -> Stats:
     consumers. Reads the backlog and a minute's history, never all of it."""
     async with database(request).reading() as session:
         return await stats(session)
+
+
+@router.post(
+    "/queues/{queue}/pause",
+    response_model=QueueState,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 422, 503),
+    tags=["queues"],
+    summary="Pause a queue",
+)
+async def pause(queue: QueueInPath, request: Request) -> QueueState:
+    """None of its jobs is woken or claimed until it is resumed; running ones
+    finish, and enqueueing goes on. Pausing a paused queue keeps who paused it."""
+    async with database(request).writing() as session:
+        return await pause_queue(session, queue, by=actor(request))
+
+
+@router.post(
+    "/queues/{queue}/resume",
+    response_model=QueueState,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 422, 503),
+    tags=["queues"],
+    summary="Resume a queue",
+)
+async def resume(queue: QueueInPath, request: Request) -> QueueState:
+    """Its waiting jobs are woken at once."""
+    async with database(request).writing() as session:
+        return await resume_queue(session, queue)
 
 
 @router.get(
@@ -72,7 +104,7 @@ async def schedules(request: Request) -> ScheduleList:
     tags=["schedules"],
     summary="Pause a schedule",
 )
-async def pause(name: ScheduleInPath, request: Request) -> ScheduleView:
+async def pause_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleView:
     async with database(request).writing() as session:
         return await pause_schedule(session, name)
 
@@ -85,7 +117,7 @@ async def pause(name: ScheduleInPath, request: Request) -> ScheduleView:
     tags=["schedules"],
     summary="Resume a schedule",
 )
-async def resume(name: ScheduleInPath, request: Request) -> ScheduleView:
+async def resume_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleView:
     """It fires again from its next occurrence after now."""
     async with database(request).writing() as session:
         return await resume_schedule(session, name)

@@ -1,6 +1,8 @@
-"""job_requests: the fingerprint of the API request that created a job, so that a
+"""job_requests (Idempotency-Key fingerprints) and jobs_unsuccessful_finished_idx
+
+job_requests holds the fingerprint of the API request that created a job, so a
 repeated Idempotency-Key with a different request is refused;
-jobs_unsuccessful_finished_idx: failed and cancelled jobs, newest finished first
+jobs_unsuccessful_finished_idx lists failed and cancelled jobs, newest finished first.
 
 Revision ID: 0006
 Revises: 0005

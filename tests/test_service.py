@@ -1,0 +1,160 @@
+"""The service layer's reads cost what the backlog (or a page) costs, not what the
+history costs: each list and per-queue statement, run against a long history of
+finished jobs, reads a bounded number of rows, in custom and generic plans alike;
+and a list that stops at its bound reads on, with no gap, through its token."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
+from jobctl.service import JobFilter, list_jobs, queries
+from jobctl.service.cursor import Cursor, Order
+from schema.states import JobState
+from tests.support.history import fill
+
+HISTORY = 30_000
+BACKLOG = 300
+SCAN = 100
+LIMIT = 10
+
+
+@pytest.fixture(params=["spread", "old"], ids=["failures-spread", "failures-old"])
+def history(pg: psycopg.Connection, request: pytest.FixtureRequest) -> psycopg.Connection:
+    # Failures spread through the history, or all in its oldest tenth (an incident
+    # weeks ago, none since): the case a plan that assumes an even spread gets wrong.
+    old = request.param == "old"
+    fill(pg, HISTORY, BACKLOG, failures_until=HISTORY // 10 if old else None)
+    # A history as autovacuum leaves it: statistics, and old rows all-visible (an
+    # index-only scan of failed jobs' keys then costs what it reads).
+    pg.execute("VACUUM ANALYZE jobs")
+    return pg
+
+
+def rows_read(plan: list[dict[str, Any]]) -> int:
+    """The most rows any one scan of jobs in the plan produced or filtered away, all
+    its loops together (a page's lookups by primary key are one such scan)."""
+
+    def walk(node: dict[str, Any]) -> Iterator[int]:
+        if node.get("Relation Name") == "jobs":
+            assert node["Node Type"] != "Seq Scan", node
+            read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            read += node.get("Rows Removed by Index Recheck", 0)
+            yield read * node["Actual Loops"]
+        for child in node.get("Plans", []):
+            yield from walk(child)
+
+    return max(walk(plan[0]["Plan"]), default=0)
+
+
+def explain(pg: psycopg.Connection, statement: str, params: dict[str, Any], generic: bool) -> int:
+    if not generic:
+        (row,) = pg.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params).fetchall()
+        return rows_read(row[0])
+    # A prepared statement's generic plan: what a pooled connection runs after a
+    # few executions (psycopg prepares a statement on its fifth).
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+    pg.execute(sql.SQL("PREPARE listing AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
+    pg.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
+        execute = "EXECUTE listing ({})" if names else "EXECUTE listing"
+        query = sql.SQL(f"EXPLAIN (ANALYZE, FORMAT JSON) {execute}").format(args)
+        (row,) = pg.execute(query).fetchall()
+    finally:
+        pg.execute("RESET plan_cache_mode")
+        pg.execute("DEALLOCATE listing")
+    return rows_read(row[0])
+
+
+STATES: list[JobState | None] = [None, *JobState]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("state", STATES, ids=lambda s: str(s))
+def test_a_list_reads_a_bounded_stretch_of_a_long_history(
+    history: psycopg.Connection, state: JobState | None, generic: bool
+) -> None:
+    # Filters that match nothing: the worst case for a list that stops when its
+    # page is full.
+    nothing = {"queue": "q1", "job_type": "nope", "tenant": "t3", "limit": LIMIT + 1, "scan": SCAN}
+    # A page from the middle of the failed jobs.
+    middle = history.execute(
+        "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED'"
+        " ORDER BY finished_at LIMIT 1"
+        " OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
+    ).fetchone()
+    assert middle is not None
+    params = nothing | {"after_id": middle[0], "after_finished": middle[1]}
+    bound = BACKLOG if state in (JobState.QUEUED, JobState.RUNNING) else SCAN
+    for filters in [(), ("job_type",), ("queue", "job_type", "tenant")]:
+        for after in (False, True):
+            listing = queries.job_list(
+                state,
+                queue="queue" in filters,
+                job_type="job_type" in filters,
+                tenant="tenant" in filters,
+                after=after,
+            )
+            for statement in filter(None, (listing.sql, listing.edge_sql)):
+                read = explain(history, statement, params, generic)
+                if read > bound + LIMIT + 1:
+                    plan = history.execute(f"EXPLAIN (ANALYZE) {statement}", params).fetchall()
+                    print("\n".join(r[0] for r in plan))
+                assert read <= bound + LIMIT + 1, (state, filters, after, read, statement)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_per_queue_figures_read_the_backlog_only(
+    history: psycopg.Connection, generic: bool
+) -> None:
+    params = {"window": 60.0, "sample": 20_000, "worker_ttl": 60.0}
+    for statement in (
+        METRICS_JOBS_WAITING,
+        METRICS_JOBS_LEASED,
+        queries.STATS_FINISHED,
+        queries.WORKERS_LIST,
+    ):
+        assert explain(history, statement, params, generic) <= BACKLOG, statement
+
+
+async def test_a_bounded_list_reads_on_through_its_token(
+    async_engine: AsyncEngine, pg: psycopg.Connection
+) -> None:
+    # 60 jobs, every 20th of type "rare": a scan of 7 finds one in about three pages.
+    for i in range(60):
+        pg.execute(
+            "INSERT INTO jobs (job_id, job_type) VALUES (%s, %s)",
+            (f"01900000-0000-7000-8000-{i:012d}", "rare" if i % 20 == 5 else "common"),
+        )
+    rare = [f"01900000-0000-7000-8000-{i:012d}" for i in (45, 25, 5)]
+    seen: list[str] = []
+    limited = 0
+    after = None
+    async with AsyncSession(async_engine) as session:
+        for _ in range(20):
+            page = await list_jobs(
+                session, JobFilter(job_type="rare"), limit=2, after=after, scan=7
+            )
+            seen += [str(j.id) for j in page.jobs]
+            limited += page.scan_limited
+            if page.next is None:
+                break
+            after = page.next
+    assert seen == rare
+    assert limited >= 3, "the scan stopped at its bound and read on"
+
+
+def test_a_token_is_bound_to_its_order() -> None:
+    created = Cursor(Order.CREATED, uuid.uuid4()).encode()
+    with pytest.raises(Exception, match="another order"):
+        Cursor.decode(created, Order.FINISHED)
