@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import uvicorn
 from playwright.async_api import Page, Request, expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -33,19 +34,20 @@ import consumers
 import outbox
 from consumers.backoff import Backoff
 from consumers.registry import Registry
+from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port
 from tests.support.dashboard import (
     CHROMIUM,
+    QuietServer,
     Served,
-    _Server,
     chromium,
     dashboard_served,
     sign_in,
 )
 from tests.support.inproc import consumer_running, relay_running
-from tests.support.jobs import enqueue, job, wait_for_state
+from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -255,6 +257,35 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     await expect(worker).to_contain_text("reports")
 
 
+async def test_the_jobs_list_filters_and_pages_by_key(db_url: DatabaseUrl, engine: Engine) -> None:
+    enqueue_many(engine, [NewJob("greet", {"n": n}, queue="mail") for n in range(60)])
+    enqueue_many(engine, [NewJob("greet", {"n": n}, queue="sms") for n in range(3)])
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then="/jobs")
+        rows = page.get_by_test_id("job-row")
+        await expect(rows).to_have_count(50)
+        first = await rows.first.get_attribute("data-job-id")
+        await page.get_by_test_id("next-page").click()
+        await expect(rows).to_have_count(13)
+        await expect(page.get_by_test_id("next-page")).to_have_count(0)
+        assert first not in [await r.get_attribute("data-job-id") for r in await rows.all()]
+        await page.get_by_test_id("first-page").click()
+        await expect(rows.first).to_have_attribute("data-job-id", first or "")
+        # The filter form: queue sms, state QUEUED.
+        filters = page.get_by_test_id("filters")
+        await filters.locator("input[name=queue]").fill("sms")
+        await filters.locator("select[name=state]").select_option("QUEUED")
+        await filters.get_by_role("button", name="Apply").click()
+        await expect(rows).to_have_count(3)
+        await expect(page).to_have_url(re.compile(r"state=QUEUED&queue=sms"))
+        # A filter the service refuses is said so, not a crash.
+        await page.goto(f"{served.base}/jobs?queue=no%20spaces")
+        await expect(page.get_by_test_id("problem")).to_contain_text("queue")
+        await page.goto(f"{served.base}/jobs/{uuid.uuid4()}")
+        await expect(page.get_by_test_id("missing")).to_be_visible()
+
+
 # ------------------------------------------------------------------ live refresh
 
 
@@ -426,9 +457,7 @@ async def evil_site(target: str) -> AsyncIterator[str]:
         return HTMLResponse(EVIL_FORM.format(target=target))
 
     port = free_port()
-    import uvicorn
-
-    server = _Server(
+    server = QuietServer(
         uvicorn.Config(
             Starlette(routes=[Route("/", home)]),
             host="127.0.0.1",

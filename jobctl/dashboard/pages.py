@@ -30,7 +30,7 @@ from jobctl.service import (
 )
 from jobctl.service.control import BULK_RETRY_LIMIT, why
 from jobctl.service.jobs import ATTEMPTS_SHOWN
-from jobctl.service.models import JobPage
+from jobctl.service.models import JobPage, JobView
 from jobctl.service.sql import fetch_one
 from schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
 
@@ -189,7 +189,7 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
     )
 
 
-def _story(job: Any) -> list[dict[str, Any]]:
+def _story(job: JobView) -> list[dict[str, Any]]:
     """The job's life in order: created, (scheduled), each attempt with the wait
     before it, and where it stands now."""
     events: list[dict[str, Any]] = [{"kind": "created", "at": job.created_at}]

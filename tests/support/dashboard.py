@@ -39,8 +39,9 @@ CHROMIUM_ARGS: Final = [
 VIEWPORT: Final = {"width": 1440, "height": 900}
 
 
-class _Server(uvicorn.Server):
-    # The test runner owns the signals.
+class QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the test runner owns the signals."""
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
@@ -65,7 +66,7 @@ async def dashboard_served(
     collector runs (its first round at start-up; ``collect_once`` for more)."""
     app = create_app(ApiSettings(db, AmqpUrl.parse(AMQP_URL), token, **settings))
     port = free_port()
-    server = _Server(
+    server = QuietServer(
         uvicorn.Config(
             app,
             host="127.0.0.1",
