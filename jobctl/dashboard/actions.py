@@ -29,16 +29,20 @@ from jobctl.dashboard.auth import (
     token_matches,
 )
 from jobctl.dashboard.flash import Flash
-from jobctl.service import Database, ServiceError, parse_job_id, queries
-from jobctl.service.control import (
-    BULK_RETRY_LIMIT,
+from jobctl.service import (
+    Database,
+    ServiceError,
+    cancel_jobs,
+    parse_job_id,
     pause_queue,
+    pause_schedule,
+    queries,
     resume_queue,
+    resume_schedule,
     retry_jobs,
     retry_matching,
+    trigger_schedule,
 )
-from jobctl.service.jobs import cancel_jobs
-from jobctl.service.schedules import pause_schedule, resume_schedule, trigger_schedule
 from jobctl.service.sql import fetch_one
 from schema.states import JobState
 
@@ -48,6 +52,9 @@ Actor = Annotated[Viewer, Depends(may_act)]
 Back = Annotated[str, Form(max_length=2000)]
 # Jobs one "retry selected" takes: a page's worth, and then some.
 MAX_SELECTED: Final = 500
+# The most jobs one "retry every match" moves: a page that waits on a bigger
+# statement helps nobody, and pressing again does the rest.
+BULK_RETRY_LIMIT: Final = 10_000
 
 
 def _database(request: Request) -> Database:
@@ -210,7 +217,12 @@ async def retry_all_matching(
         try:
             async with _database(request).writing() as session:
                 preview = await retry_matching(
-                    session, queue=chosen_queue, job_type=chosen_type, dry_run=True, by=_by(request)
+                    session,
+                    queue=chosen_queue,
+                    job_type=chosen_type,
+                    limit=BULK_RETRY_LIMIT,
+                    dry_run=True,
+                    by=_by(request),
                 )
         except ServiceError as exc:
             return _done(back, Flash("error", str(exc)), "/failed")
@@ -230,7 +242,11 @@ async def retry_all_matching(
     async def action() -> Flash:
         async with _database(request).writing() as session:
             done = await retry_matching(
-                session, queue=chosen_queue, job_type=chosen_type, by=_by(request)
+                session,
+                queue=chosen_queue,
+                job_type=chosen_type,
+                limit=BULK_RETRY_LIMIT,
+                by=_by(request),
             )
         more = " (the most one press moves: press again for the rest)"
         return Flash(

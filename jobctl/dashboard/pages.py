@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
 from jobctl.dashboard import render
+from jobctl.dashboard.actions import BULK_RETRY_LIMIT
 from jobctl.dashboard.auth import Viewer, viewer
 from jobctl.dashboard.figures import Recent, figures
 from jobctl.metrics import Collector
@@ -28,7 +29,6 @@ from jobctl.service import (
     queries,
     stats,
 )
-from jobctl.service.control import BULK_RETRY_LIMIT, why
 from jobctl.service.jobs import ATTEMPTS_SHOWN
 from jobctl.service.models import JobPage, JobView
 from jobctl.service.sql import fetch_one
@@ -159,12 +159,10 @@ async def failed(
 @router.get("/jobs/{job_id}")
 async def job(job_id: str, request: Request, looker: Looker) -> Response:
     ident = parse_job_id(job_id)
-    found = reason = None
+    found = None
     if ident is not None:
         async with _database(request).reading() as session:
             found = await get_job(session, ident)
-            if found is not None:
-                reason = await why(session, ident)
     if found is None:
         return render.page(
             request,
@@ -179,7 +177,7 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         "job.html",
         looker,
         job=found,
-        why=reason,
+        why=found.why,
         now=found.checked_at,
         story=_story(found),
         attempts_shown=ATTEMPTS_SHOWN,
