@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from jobctl import dashboard
 from jobctl.api import problems
 from jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit
 from jobctl.api.routes import health, jobs, operate
@@ -63,6 +64,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(operate.router)
     app.include_router(health.router)
+    dashboard.install(app)
     # Outermost first: the access log sees every request, 413s included.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AccessLog)

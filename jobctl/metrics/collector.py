@@ -107,6 +107,12 @@ class Collector:
     def status(self) -> Status:
         return self._status
 
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The last successful round (None before the first); the dashboard reads
+        its figures from here, as a scrape does."""
+        return self._snapshot
+
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of the cached snapshot, and its content
         type. Reads no table; safe to call from any thread."""

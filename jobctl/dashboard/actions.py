@@ -1,0 +1,318 @@
+"""The dashboard's buttons: sign in and out, retry and cancel jobs, bulk retry,
+pause and resume queues and schedules, trigger a schedule.
+
+Every change passes :func:`jobctl.dashboard.auth.may_act` (token configured,
+session, same origin, CSRF token) before it touches the database, runs through the
+service layer in one transaction, and answers with a redirect back to the page it
+came from carrying a one-time message (post/redirect/get).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Final
+
+from fastapi import APIRouter, Depends, Form, Request
+from starlette.responses import RedirectResponse, Response
+
+import outbox
+from jobctl.dashboard import render
+from jobctl.dashboard.auth import (
+    Refused,
+    Viewer,
+    clear_session,
+    local_path,
+    may_act,
+    same_origin,
+    set_session,
+    token_matches,
+)
+from jobctl.dashboard.flash import Flash
+from jobctl.service import (
+    Database,
+    ServiceError,
+    cancel_jobs,
+    parse_job_id,
+    pause_queue,
+    pause_schedule,
+    queries,
+    resume_queue,
+    resume_schedule,
+    retry_jobs,
+    retry_matching,
+    trigger_schedule,
+)
+from jobctl.service.sql import fetch_one
+from schema.states import JobState
+
+router = APIRouter(include_in_schema=False)
+
+Actor = Annotated[Viewer, Depends(may_act)]
+Back = Annotated[str, Form(max_length=2000)]
+# Jobs one "retry selected" takes: a page's worth, and then some.
+MAX_SELECTED: Final = 500
+# The most jobs one "retry every match" moves: a page that waits on a bigger
+# statement helps nobody, and pressing again does the rest.
+BULK_RETRY_LIMIT: Final = 10_000
+
+
+def _database(request: Request) -> Database:
+    db: Database = request.app.state.database
+    return db
+
+
+def _by(request: Request) -> str:
+    """Who acted, as a replay or a pause records it: one token is shared by every
+    operator, so the client's address is what tells them apart."""
+    return f"dashboard ({request.client.host})" if request.client else "dashboard"
+
+
+def _done(back: str, flash: Flash, default: str = "/") -> Response:
+    response = RedirectResponse(local_path(back, default), status_code=303)
+    flash.set(response)
+    return response
+
+
+async def _act(
+    request: Request, back: str, default: str, action: Callable[[], Awaitable[Flash]]
+) -> Response:
+    """Run ``action`` and go back with its message; a refusal of the service
+    layer (or of a tenant's backpressure) becomes the message."""
+    try:
+        flash = await action()
+    except (ServiceError, outbox.Backpressure) as exc:
+        flash = Flash("error", str(exc))
+    return _done(back, flash, default)
+
+
+# ------------------------------------------------------------------ signing in
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str = "/") -> Response:
+    return render.page(
+        request, "login.html", None, next=local_path(next), configured=_has_token(request)
+    )
+
+
+def _has_token(request: Request) -> bool:
+    return request.app.state.token is not None
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=1000)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    target = local_path(next)
+    if not same_origin(request):
+        raise Refused("refused: the sign-in did not come from this dashboard's own page")
+    if not token_matches(request, token):
+        problem = "that is not the token" if _has_token(request) else None
+        return render.page(
+            request,
+            "login.html",
+            None,
+            status=401 if _has_token(request) else 403,
+            next=target,
+            configured=_has_token(request),
+            problem=problem,
+        )
+    response = RedirectResponse(target, status_code=303)
+    set_session(request, response, request.app.state.token)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, _actor: Actor) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    clear_session(request, response)
+    return response
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def _job_id(text: str) -> uuid.UUID:
+    ident = parse_job_id(text)
+    if ident is None:
+        raise Refused(f"no job {text[:100]!r}: not a job id", 404)
+    return ident
+
+
+@router.post("/jobs/{job_id}/retry")
+async def retry_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    ident = _job_id(job_id)
+
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            (change,) = await retry_jobs(session, [ident], by=_by(request))
+        if change.state is None:
+            return Flash("error", f"no job {ident}")
+        if not change.applied:
+            return Flash(
+                "error", f"not retried: the job is {change.state}, not FAILED or CANCELLED"
+            )
+        return Flash("ok", "Retried: the job is QUEUED again, due now.")
+
+    return await _act(request, back, f"/jobs/{ident}", action)
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    ident = _job_id(job_id)
+
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            (change,) = await cancel_jobs(session, [ident])
+        if change.state is None:
+            return Flash("error", f"no job {ident}")
+        if not change.applied:
+            return Flash("error", f"not cancelled: the job is {change.state} already")
+        if change.state == JobState.CANCEL_REQUESTED:
+            return Flash("ok", "Cancel requested: its handler sees it at its next heartbeat.")
+        return Flash("ok", "Cancelled.")
+
+    return await _act(request, back, f"/jobs/{ident}", action)
+
+
+@router.post("/failed/retry")
+async def retry_selected(request: Request, _actor: Actor, back: Back = "") -> Response:
+    form = await request.form()
+    chosen = [parse_job_id(str(v)) for v in form.getlist("job")][: MAX_SELECTED + 1]
+    ids = [i for i in chosen if i is not None]
+
+    async def action() -> Flash:
+        if not ids:
+            return Flash("error", "nothing selected: tick the jobs to retry first")
+        if len(ids) > MAX_SELECTED:
+            return Flash("error", f"at most {MAX_SELECTED} jobs at a time")
+        async with _database(request).writing() as session:
+            changes = await retry_jobs(session, ids, by=_by(request))
+        moved = sum(c.applied for c in changes)
+        skipped = len(changes) - moved
+        text = f"Retried {moved} of {len(changes)} selected jobs."
+        if skipped:
+            text += f" {skipped} had changed state meanwhile and were left alone."
+        return Flash("ok" if moved else "error", text)
+
+    return await _act(request, back, "/failed", action)
+
+
+@router.post("/failed/retry-matching")
+async def retry_all_matching(
+    request: Request,
+    viewer: Actor,
+    queue: Annotated[str, Form(max_length=200)] = "",
+    job_type: Annotated[str, Form(max_length=200)] = "",
+    confirm: Annotated[str, Form(max_length=10)] = "",
+    back: Back = "",
+) -> Response:
+    """Without ``confirm``: count what would be retried (a dry run of the same
+    statement) and ask; with it: retry them."""
+    chosen_queue, chosen_type = queue.strip() or None, job_type.strip() or None
+    if confirm != "yes":
+        try:
+            async with _database(request).writing() as session:
+                preview = await retry_matching(
+                    session,
+                    queue=chosen_queue,
+                    job_type=chosen_type,
+                    limit=BULK_RETRY_LIMIT,
+                    dry_run=True,
+                    by=_by(request),
+                )
+        except ServiceError as exc:
+            return _done(back, Flash("error", str(exc)), "/failed")
+        return render.page(
+            request,
+            "confirm_retry.html",
+            viewer,
+            matched=preview.matched,
+            limit=BULK_RETRY_LIMIT,
+            queue=chosen_queue,
+            job_type=chosen_type,
+            back=local_path(back, "/failed"),
+            # A page that answers a POST: refreshing it would GET another page.
+            static=True,
+        )
+
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            done = await retry_matching(
+                session,
+                queue=chosen_queue,
+                job_type=chosen_type,
+                limit=BULK_RETRY_LIMIT,
+                by=_by(request),
+            )
+        more = " (the most one press moves: press again for the rest)"
+        return Flash(
+            "ok",
+            f"Retried {done.matched} jobs{more if done.matched >= BULK_RETRY_LIMIT else ''}.",
+        )
+
+    return await _act(request, back, "/failed", action)
+
+
+# ------------------------------------------------------------------ queues
+
+
+@router.post("/queues/{queue}/pause")
+async def pause(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            await pause_queue(session, queue, by=_by(request))
+        return Flash("ok", f"Queue {queue} paused: none of its jobs starts until resumed.")
+
+    return await _act(request, back, "/", action)
+
+
+@router.post("/queues/{queue}/resume")
+async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            was = await resume_queue(session, queue)
+        return Flash("ok", f"Queue {queue} resumed." if was else f"Queue {queue} was not paused.")
+
+    return await _act(request, back, "/", action)
+
+
+# ------------------------------------------------------------------ schedules
+
+
+@router.post("/schedules/{name}/pause")
+async def schedule_pause(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            await pause_schedule(session, name)
+        return Flash("ok", f"Schedule {name} paused.")
+
+    return await _act(request, back, "/schedules", action)
+
+
+@router.post("/schedules/{name}/resume")
+async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            found = await resume_schedule(session, name)
+            now = await fetch_one(session, queries.STATS_CLOCK)
+        assert now is not None
+        return Flash(
+            "ok",
+            f"Schedule {name} resumed; next fire {render.relative(found.next_fire_at, now[0])}.",
+        )
+
+    return await _act(request, back, "/schedules", action)
+
+
+@router.post("/schedules/{name}/trigger")
+async def schedule_trigger(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            job = await trigger_schedule(session, name)
+        return Flash("ok", f"Schedule {name} triggered.", f"/jobs/{job.id}", "See the job")
+
+    return await _act(request, back, "/schedules", action)

@@ -1,0 +1,225 @@
+"""The dashboard's pages: each one reads through the service layer (or the metrics
+collector's cache), in one read-only snapshot, and renders a template."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Depends, Query, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.responses import Response
+
+from jobctl.dashboard import render
+from jobctl.dashboard.actions import BULK_RETRY_LIMIT
+from jobctl.dashboard.auth import Viewer, viewer
+from jobctl.dashboard.figures import Recent, figures
+from jobctl.metrics import Collector
+from jobctl.service import (
+    Database,
+    Invalid,
+    JobFilter,
+    get_job,
+    list_jobs,
+    list_schedules,
+    list_tenants,
+    list_workers,
+    parse_job_id,
+    queries,
+    stats,
+)
+from jobctl.service.jobs import ATTEMPTS_SHOWN
+from jobctl.service.models import JobPage, JobView
+from jobctl.service.sql import fetch_one
+from schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
+
+router = APIRouter(include_in_schema=False)
+
+PAGE_SIZE: Final = 50
+Looker = Annotated[Viewer, Depends(viewer)]
+# Filters come from a form: an empty field means "any".
+Text = Annotated[str, Query(max_length=200)]
+
+
+def _database(request: Request) -> Database:
+    db: Database = request.app.state.database
+    return db
+
+
+def _recent(request: Request) -> Recent:
+    # One per app, made on first use: the lifespan belongs to the API's module.
+    found: Recent | None = getattr(request.app.state, "dashboard_recent", None)
+    if found is None:
+        found = request.app.state.dashboard_recent = Recent()
+    return found
+
+
+def _filter(state: str, queue: str, job_type: str, tenant: str) -> JobFilter:
+    return JobFilter(
+        JobState(state) if state in JobState.__members__ else None,
+        queue.strip() or None,
+        job_type.strip() or None,
+        tenant.strip() or None,
+    )
+
+
+async def _clock(session: AsyncSession) -> datetime:
+    """The database's clock, which every age on a page is measured from (the
+    tables' times are its times, not this process's)."""
+    row = await fetch_one(session, queries.STATS_CLOCK)
+    assert row is not None
+    now: datetime = row[0]
+    return now
+
+
+async def _page_of(
+    request: Request, where: JobFilter, after: str
+) -> tuple[JobPage | None, str, datetime]:
+    """A page of jobs, or none and why (a filter or a page token it cannot use),
+    and the clock."""
+    async with _database(request).reading() as session:
+        now = await _clock(session)
+        try:
+            found = await list_jobs(session, where, limit=PAGE_SIZE, after=after or None)
+        except Invalid as exc:
+            return None, str(exc), now
+    return found, "", now
+
+
+@router.get("/")
+async def overview(request: Request, looker: Looker) -> Response:
+    async with _database(request).reading() as session:
+        found = await stats(session)
+    collector: Collector | None = getattr(request.app.state, "collector", None)
+    latency = figures(collector, _recent(request))
+    return render.page(
+        request,
+        "overview.html",
+        looker,
+        stats=found,
+        figures=latency,
+        now=found.checked_at,
+        queues=sorted({q.queue for q in found.queues} | set(latency.queues)),
+        by_queue={q.queue: q for q in found.queues},
+    )
+
+
+@router.get("/jobs")
+async def jobs(
+    request: Request,
+    looker: Looker,
+    state: Text = "",
+    queue: Text = "",
+    job_type: Text = "",
+    tenant: Text = "",
+    after: Annotated[str, Query(max_length=300)] = "",
+) -> Response:
+    where = _filter(state, queue, job_type, tenant)
+    found, problem, now = await _page_of(request, where, after)
+    return render.page(
+        request,
+        "jobs.html",
+        looker,
+        page=found,
+        problem=problem,
+        where=where,
+        states=list(JobState),
+        after=after,
+        now=now,
+    )
+
+
+@router.get("/failed")
+async def failed(
+    request: Request,
+    looker: Looker,
+    state: Text = "FAILED",
+    queue: Text = "",
+    job_type: Text = "",
+    tenant: Text = "",
+    after: Annotated[str, Query(max_length=300)] = "",
+) -> Response:
+    shown = JobState.CANCELLED if state == JobState.CANCELLED else JobState.FAILED
+    where = dataclasses.replace(_filter("", queue, job_type, tenant), state=shown)
+    found, problem, now = await _page_of(request, where, after)
+    return render.page(
+        request,
+        "failed.html",
+        looker,
+        page=found,
+        problem=problem,
+        where=where,
+        after=after,
+        bulk_limit=BULK_RETRY_LIMIT,
+        now=now,
+    )
+
+
+@router.get("/jobs/{job_id}")
+async def job(job_id: str, request: Request, looker: Looker) -> Response:
+    ident = parse_job_id(job_id)
+    found = None
+    if ident is not None:
+        async with _database(request).reading() as session:
+            found = await get_job(session, ident)
+    if found is None:
+        return render.page(
+            request,
+            "missing.html",
+            looker,
+            status=404,
+            what=f"no job {job_id[:100]}",
+            detail="it never existed, or it finished and retention deleted it",
+        )
+    return render.page(
+        request,
+        "job.html",
+        looker,
+        job=found,
+        why=found.why,
+        now=found.checked_at,
+        story=_story(found),
+        attempts_shown=ATTEMPTS_SHOWN,
+        may_retry=found.state in REPLAYABLE,
+        may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
+        leased=found.state in LEASED,
+    )
+
+
+def _story(job: JobView) -> list[dict[str, Any]]:
+    """The job's life in order: created, (scheduled), each attempt with the wait
+    before it, and where it stands now."""
+    events: list[dict[str, Any]] = [{"kind": "created", "at": job.created_at}]
+    if (job.run_after - job.created_at).total_seconds() > 1 and not job.attempts:
+        events.append({"kind": "scheduled", "at": job.run_after})
+    for attempt in job.attempts:
+        events.append({"kind": "attempt", "at": attempt.started_at, "attempt": attempt})
+    if job.state in LEASED and job.started_at is not None:
+        events.append({"kind": "running", "at": job.started_at})
+    elif job.done:
+        events.append({"kind": "finished", "at": job.finished_at})
+    else:
+        events.append({"kind": "waiting", "at": job.run_after})
+    return events
+
+
+@router.get("/schedules")
+async def schedules(request: Request, looker: Looker) -> Response:
+    async with _database(request).reading() as session:
+        found, now = await list_schedules(session), await _clock(session)
+    return render.page(request, "schedules.html", looker, schedules=found, now=now)
+
+
+@router.get("/tenants")
+async def tenants(request: Request, looker: Looker) -> Response:
+    async with _database(request).reading() as session:
+        found, now = await list_tenants(session), await _clock(session)
+    return render.page(request, "tenants.html", looker, tenants=found, now=now)
+
+
+@router.get("/workers")
+async def workers(request: Request, looker: Looker) -> Response:
+    async with _database(request).reading() as session:
+        found, now = await list_workers(session), await _clock(session)
+    return render.page(request, "workers.html", looker, workers=found, now=now)

@@ -1,0 +1,174 @@
+"""Templates, the filters they format figures with, and the headers every page
+carries."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import quote
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from jobctl.dashboard.auth import Viewer
+from jobctl.dashboard.flash import Flash, take_flash
+
+# Everything the pages need comes from this server (no inline script or style
+# either), pages cannot be framed (clickjacking), forms post only here.
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+# Payloads, results and progress are shown up to this many characters.
+SHOWN_JSON: Final = 20_000
+DEFAULT_REFRESH_SECONDS: Final = 5
+# What a table shows for "no value".
+NONE: Final = "\N{EN DASH}"
+
+env = Environment(
+    loader=PackageLoader("jobctl.dashboard", "templates"),
+    autoescape=select_autoescape(default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def duration(seconds: float | None) -> str:
+    """A span for people: 850 µs, 12 ms, 3.4 s, 5 min 10 s, 2 h 5 min, 3 d 4 h."""
+    if seconds is None or math.isnan(seconds):
+        return NONE
+    s = abs(seconds)
+    if s < 0.001:
+        text = f"{s * 1e6:.0f} µs"
+    elif s < 1:
+        text = f"{s * 1000:.0f} ms"
+    elif s < 60 and s == int(s):
+        text = f"{int(s)} s"  # a setting (every 5 s), not a measurement
+    elif s < 10:
+        text = f"{s:.2f} s"
+    elif s < 60:
+        text = f"{s:.1f} s"
+    elif s < 3600:
+        text = _two(int(s // 60), "min", int(s % 60), "s")
+    elif s < 86400:
+        text = _two(int(s // 3600), "h", int(s % 3600 // 60), "min")
+    else:
+        text = _two(int(s // 86400), "d", int(s % 86400 // 3600), "h")
+    return "-" + text if seconds < 0 else text
+
+
+def _two(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")
+
+
+def progress(value: Any) -> dict[str, Any] | None:
+    """A handler's job.progress(done, total=..., stage=...) as figures for a bar;
+    None for anything else (shown as JSON)."""
+    if not isinstance(value, dict):
+        return None
+    done, total = value.get("done"), value.get("total")
+    if not (isinstance(done, int | float) and isinstance(total, int | float)):
+        return None
+    if isinstance(done, bool) or isinstance(total, bool) or total <= 0:
+        return None
+    share = min(1.0, max(0.0, done / total))
+    return {"done": done, "total": total, "share": share, "stage": value.get("stage")}
+
+
+def relative(at: datetime | None, now: datetime) -> str:
+    """'12 s ago' or 'in 5 min 3 s'."""
+    if at is None:
+        return NONE
+    seconds = (now - at).total_seconds()
+    if abs(seconds) < 0.5:
+        return "now"
+    return f"{duration(seconds)} ago" if seconds > 0 else f"in {duration(-seconds)}"
+
+
+def timestamp(at: datetime | None) -> str:
+    if at is None:
+        return NONE
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") + "Z"
+
+
+def span(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return NONE
+    return f"{value:,.{digits}f}"
+
+
+def short_id(job_id: uuid.UUID | str) -> str:
+    # UUIDv7 ids start with their creation time, so jobs made together share a
+    # prefix; the random tail tells them apart.
+    return "…" + str(job_id)[-12:]
+
+
+def segment(value: str) -> str:
+    """A name as one path segment of a URL (a schedule's name may hold a slash)."""
+    return quote(value, safe="")
+
+
+def pretty(value: Any) -> str:
+    text = json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+    if len(text) > SHOWN_JSON:
+        return text[:SHOWN_JSON] + f"\n… ({len(text) - SHOWN_JSON:,} more characters)"
+    return text
+
+
+env.filters.update(
+    duration=duration,
+    timestamp=timestamp,
+    number=number,
+    short_id=short_id,
+    pretty=pretty,
+    segment=segment,
+)
+env.globals.update(relative=relative, span=span, progress=progress)
+
+
+def page(
+    request: Request,
+    template: str,
+    viewer: Viewer | None,
+    *,
+    status: int = 200,
+    **context: Any,
+) -> Response:
+    """A whole page. Its flash message (set by the action that led here) is shown
+    once; the auto-refresh replaces only the page's #content, so it stays put."""
+    flash: Flash | None = take_flash(request)
+    html = env.get_template(template).render(
+        request=request,
+        viewer=viewer,
+        flash=flash,
+        path=request.url.path,
+        here=_here(request),
+        refresh_default=DEFAULT_REFRESH_SECONDS,
+        **context,
+    )
+    response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+    if flash is not None:
+        flash.clear(response)
+    return response
+
+
+def _here(request: Request) -> str:
+    """This page's path and query, where a form on it sends the person back to."""
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
