@@ -433,13 +433,22 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def error_line(code: str | None, message: str | None) -> str:
+    """An error as one line: its code, then its message unless the message already
+    starts with the code (an exception's message is "OSError: ...")."""
+    message = message or ""
+    if code and not message.startswith(code):
+        return f"{code}: {message}" if message else code
+    return message
+
+
 def _summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
     state = JobState(job["state"])
     attempts = f"{job['attempt_count']} attempt{'s' if job['attempt_count'] != 1 else ''}"
     if state in TERMINAL:
         text = f"{state} at {job['finished_at']:%Y-%m-%d %H:%M:%S} after {attempts}"
         if state != JobState.SUCCEEDED and job["last_error_code"]:
-            text += f"; last error {job['last_error_code']}: {job['last_error_message']}"
+            text += f"; last error {error_line(job['last_error_code'], job['last_error_message'])}"
         return text
     reasons = "; ".join(_PHRASES[Why(b.code)](b.facts) for b in blockers)
     if state in LEASED:

@@ -87,7 +87,10 @@ async def wake_queue(
             },
         )
         rows = await cur.fetchall()
-        sent = [(r[0], r[1], r[2]) for r in rows if r[0] is not None]
+        sent = [
+            (r[0], r[1], r[2])
+            for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
+        ]
         summary = next(r for r in rows if r[0] is None)
         messages = pack(queue, sent, limits.pack)
         if messages:

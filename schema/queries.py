@@ -576,10 +576,12 @@ WHERE q.queue IS NOT NULL
 #    no more than its free slots minus its wake-ups in flight;
 # 4. mark the chosen ones sent (the caller publishes them before it commits), move
 #    the passes and the clock on, and note per tenant why wake-ups were held back
-#    (TENANT_CAP, WINDOW, FAIR_SHARE), only when that changed.
+#    (QUEUE_PAUSED, TENANT_CAP, WINDOW, FAIR_SHARE), only when that changed.
 #
-# Returns the sent wake-ups, then one summary row (id NULL): the room there was,
-# whether the lock was had, and whether due wake-ups were held back.
+# Returns the sent wake-ups with their turn (1 goes first: the order above, which
+# the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
+# then one summary row (id NULL): the room there was, whether the lock was had, and
+# whether due wake-ups were held back.
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
@@ -592,10 +594,12 @@ WITH RECURSIVE gate AS (
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
                WHERE %(queue)s = ANY(w.queues) AND {_LIVE_WORKER}))) AS size
+), pause AS (
+    SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
 ), room AS (
     SELECT CASE
                WHEN NOT (SELECT ok FROM gate) THEN 0
-               WHEN EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) THEN 0
+               WHEN (SELECT paused FROM pause) THEN 0
                ELSE GREATEST(0, LEAST(%(limit)s::int, (SELECT size FROM capacity)
                    - (SELECT count(*) FROM outbox AS i
                       WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
@@ -647,7 +651,8 @@ WITH RECURSIVE gate AS (
         LIMIT LEAST((SELECT n FROM room), COALESCE(sh.cap_room, 2147483646)) + 1
     ) AS c
 ), chosen AS (
-    SELECT c.*
+    SELECT c.*,
+           row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
     FROM candidates AS c JOIN shares AS sh USING (tenant)
     WHERE sh.cap_room IS NULL OR c.k <= sh.cap_room
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
@@ -673,6 +678,7 @@ WITH RECURSIVE gate AS (
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
            -- share) and left it none.
            CASE WHEN v.got >= v.wanted THEN NULL
+                WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
                 WHEN v.cap_room IS NOT NULL AND v.got >= v.cap_room THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR v.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
@@ -695,11 +701,12 @@ WITH RECURSIVE gate AS (
         held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
                           THEN f.held_since ELSE EXCLUDED.held_since END
 )
-SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held
-FROM sent AS s
+SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
+       c.turn
+FROM sent AS s JOIN chosen AS c USING (id)
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
-       EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
+       EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL), NULL
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake

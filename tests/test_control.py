@@ -21,6 +21,7 @@ import outbox
 from consumers import Backoff, Registry
 from jobctl.check import check as chaos_check
 from outbox import Explanation, NewJob
+from outbox.explain import error_line
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from relay.settings import RelaySettings
 from schema.topology import Topology
@@ -263,9 +264,10 @@ async def test_pause_and_resume_a_queue_while_jobs_flow(services, engine: Engine
         # of its chores have passed: nothing of the queue started after the pause.
         await until(
             lambda: pg.execute(
-                "SELECT held_reason FROM fair_shares WHERE queue = 'p' AND tenant = ''"
+                "SELECT 1 FROM fair_shares"
+                " WHERE queue = 'p' AND tenant = '' AND held_reason = 'QUEUE_PAUSED'"
             ).fetchone(),
-            "the relay to hold the queue back",
+            "the relay to hold the queue back, saying why",
         )
         await chore_rounds(relay, "sweep", 3)
         started = pg.execute(
@@ -567,3 +569,12 @@ async def test_retention_deletes_only_old_finished_jobs_and_frees_their_dedup_ke
         await wait_for_state(pg, fresh, "SUCCEEDED")
         release.set()
         await wait_for_state(pg, running, "SUCCEEDED")
+
+
+def test_an_error_line_names_its_code_once() -> None:
+    # An exception's message already starts with its class: "OSError: OSError: ..."
+    # in a failed job's summary read as two errors.
+    assert error_line("OSError", "OSError: no decoder") == "OSError: no decoder"
+    assert error_line("CARD_DECLINED", "insufficient funds") == "CARD_DECLINED: insufficient funds"
+    assert error_line("Boom", None) == "Boom"
+    assert error_line(None, "no") == "no"

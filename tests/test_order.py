@@ -19,7 +19,7 @@ from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import QueueType, Topology
-from tests.support.broker import delete_topology, publish_raw
+from tests.support.broker import collect, delete_topology, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.services import AMQP_URL
@@ -233,6 +233,21 @@ async def test_a_high_priority_job_overtakes_a_backlog(
     print(f"priority overtake ({queue_type}): {ahead} jobs started ahead, {waiting} waiting")
     assert waiting > 1000, "the backlog was still there"
     assert ahead <= window + concurrency, f"{ahead} jobs started before it: more than a window"
+
+
+async def test_a_pass_publishes_its_urgent_wakeup_first(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, engine: Engine
+) -> None:
+    # One pass sends all 41 wake-ups, packed 10 to a message. Packed in the order
+    # the UPDATE happened to return them, the urgent one, enqueued last, rode in
+    # the last message: behind 40 others however the relay had ordered them.
+    backlog = enqueue_many(engine, [NewJob("unit", {}) for _ in range(40)])
+    urgent = enqueue(engine, "unit", priority=10)
+    async with relay_running(db_url, amqp_url, topology, window=100, pack=10):
+        bodies = await collect(amqp_url.url, topology, "default", 5)
+    messages = [b.split() for b in bodies]
+    assert messages[0][0] == str(urgent), messages
+    assert sorted(i for m in messages for i in m) == sorted(map(str, [*backlog, urgent]))
 
 
 def test_backpressure_refuses_before_writing_anything(engine: Engine, pg) -> None:

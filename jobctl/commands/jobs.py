@@ -24,6 +24,7 @@ from jobctl.service import (
     retry_matching,
 )
 from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobSummary, JobView
+from outbox.explain import error_line
 from schema.states import JobState
 
 
@@ -154,7 +155,7 @@ def _job_text(job: JobView) -> str:
         fields.append(("cancel asked", when(job.cancel_requested_at)))
     if job.last_error is not None:
         error = job.last_error
-        fields.append(("last error", ": ".join(str(p) for p in (error.code, error.message) if p)))
+        fields.append(("last error", error_line(error.code, error.message)))
     if job.delay_reason is not None:
         fields.append(("turned down", f"{job.delay_reason} since {when(job.delay_since)}"))
     if job.why is not None:
