@@ -5,7 +5,8 @@ run with LOG_LEVEL=DEBUG, which makes them trace each wake-up with a wall-clock 
 (relay.notified, relay.sent, consumer.delivered, consumer.claimed), and the bench
 handler notes when it starts. All processes share the machine's clock. Per job:
 
-    commit -> notified   the producer's COMMIT until the relay hears its NOTIFY
+    commit -> notified   the producer sends COMMIT until the relay hears its NOTIFY
+                         (delivered at commit, often before COMMIT returns)
     notified -> sent     the relay decides, marks and publishes (confirms awaited)
     sent -> delivered    RabbitMQ hands the message to a consumer
     delivered -> claimed the consumer's claim statement, committed
@@ -44,13 +45,15 @@ from bench.common import (
 )
 from bench.drain import wait_succeeded
 
+# (the figure's name, from, to): "committing" is when the producer sent COMMIT,
+# "commit" when COMMIT returned.
 HOPS = [
-    ("commit", "notified"),
-    ("notified", "sent"),
-    ("sent", "delivered"),
-    ("delivered", "claimed"),
-    ("claimed", "started"),
-    ("commit", "started"),
+    ("commit_to_notified", "committing", "notified"),
+    ("notified_to_sent", "notified", "sent"),
+    ("sent_to_delivered", "sent", "delivered"),
+    ("delivered_to_claimed", "delivered", "claimed"),
+    ("claimed_to_started", "claimed", "started"),
+    ("commit_to_started", "commit", "started"),
 ]
 
 
@@ -100,6 +103,7 @@ def main() -> None:
             cpu_before = [cpu_seconds(p.pid) for p in procs]
             engine = create_engine(db.sqlalchemy, pool_size=2)
             committed: dict[str, float] = {}
+            committing: dict[str, float] = {}
             total = int(args.rate * args.seconds)
             began = time.perf_counter()
             for i in range(total):
@@ -108,6 +112,7 @@ def main() -> None:
                     time.sleep(delay)
                 with Session(engine) as session, session.begin():
                     job_id = outbox.enqueue(session, "latency", {})
+                    committing[str(job_id)] = time.time()
                 committed[str(job_id)] = time.time()
             engine.dispose()
             wait_succeeded(db, "latency", total)
@@ -133,15 +138,18 @@ def main() -> None:
         for line in path.read_text().splitlines():
             job_id, t = line.split()
             at.get(job_id, {}).setdefault("started", float(t))
-    # The NOTIFY a job's commit caused is the first one the relay heard after it.
-    for times in at.values():
-        k = bisect.bisect_left(notified, times["commit"])
+    # The NOTIFY a job's commit caused is the first one the relay heard after the
+    # producer sent COMMIT (not after COMMIT returned: the notification can be
+    # faster than the reply, and the next job's would be matched instead).
+    for job_id, times in at.items():
+        k = bisect.bisect_left(notified, committing[job_id])
         if k < len(notified):
             times["notified"] = notified[k]
+        times["committing"] = committing[job_id]
     result: dict[str, Any] = {"benchmark": "latency", "rate_per_s": args.rate, "jobs": len(at)}
-    for a, b in HOPS:
+    for name, a, b in HOPS:
         samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
-        result[f"{a}_to_{b}"] = percentiles(samples) if len(samples) > 10 else None
+        result[name] = percentiles(samples) if len(samples) > 10 else None
     result["cpu_ms_per_job"] = {
         "relay": round(cpu[0] * 1000 / total, 3),
         "consumers": round(sum(cpu[1:]) * 1000 / total, 3),
