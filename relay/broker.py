@@ -79,6 +79,10 @@ class Publisher:
         await self.declared.base()
         log.info("relay.broker_connected", extra={"amqp": self.amqp.redacted()})
 
+    @property
+    def connected(self) -> bool:
+        return self.connection is not None and self.connection.connected.is_set()
+
     def _on_reconnect(self, *_: object) -> None:
         log.info("relay.broker_reconnected", extra={"amqp": self.amqp.redacted()})
 

@@ -21,6 +21,7 @@ from schema.queries import (
     OUTBOX_LOST_QUEUES,
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
+    RELAYS_EXPIRE,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
     TENANT_USAGE_REFRESH,
@@ -159,10 +160,14 @@ async def refresh_tenant_usage(pool: Pool) -> None:
 
 
 async def expire_workers(pool: Pool, *, ttl: float) -> int:
+    """Forget consumers and relays not seen for ``ttl`` seconds."""
     async with _chore(pool, WORKERS_LOCK) as conn:
         if conn is None:
             return 0
         gone = await (await conn.execute(WORKERS_EXPIRE, {"worker_ttl": ttl})).fetchall()
+        relays = await (await conn.execute(RELAYS_EXPIRE, {"ttl": ttl})).fetchall()
     if gone:
         log.info("relay.workers_expired", extra={"workers": [w for (w,) in gone]})
-    return len(gone)
+    if relays:
+        log.info("relay.relays_expired", extra={"relays": [r for (r,) in relays]})
+    return len(gone) + len(relays)

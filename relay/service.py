@@ -14,8 +14,10 @@ Tasks, all in one event loop:
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the
   reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
-  backpressure; stale consumers are forgotten; retention deletes finished jobs older
-  than --keep-finished (relay/retention.py);
+  backpressure; stale consumers and relays are forgotten; retention deletes finished
+  jobs older than --keep-finished (relay/retention.py);
+- a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
+  RabbitMQ or not, how much it published (relay/presence.py);
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
   database arbitrates: relay/schedules.py);
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
@@ -41,6 +43,7 @@ from relay.maintenance import (
     rewake_lost,
     sweep_expired,
 )
+from relay.presence import announce, forget, make_relay_id
 from relay.retention import delete_finished
 from relay.schedules import fire_due
 from relay.settings import RelaySettings
@@ -64,6 +67,7 @@ class Relay:
     def __init__(self, settings: RelaySettings) -> None:
         s = settings
         self.settings = settings
+        self.relay_id = make_relay_id()
         self.publisher = Publisher(s.amqp, s.topology)
         self.pool = make_pool(s.database, "relay", max_size=s.publishers + 3, options=RELAY_OPTIONS)
         self.limits = WakeLimits(
@@ -111,6 +115,7 @@ class Relay:
         log.info(
             "relay.starting",
             extra={
+                "relay": self.relay_id,
                 "database": s.database.redacted(),
                 "amqp": s.amqp.redacted(),
                 "exchange": s.topology.exchange_name,
@@ -144,6 +149,7 @@ class Relay:
             asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
+            asyncio.create_task(self._every("heartbeat", s.heartbeat_interval, self._heartbeat)),
             asyncio.create_task(self._every("schedules", s.schedule_interval, self._schedules)),
             asyncio.create_task(self._every("retention", s.retention_interval, self._retention)),
             asyncio.create_task(self._report()),
@@ -170,6 +176,11 @@ class Relay:
         for task in [*pending, *chores]:
             task.cancel()
         await asyncio.gather(*drainers, *chores, return_exceptions=True)
+        try:
+            async with asyncio.timeout(2):
+                await forget(self.pool, self.relay_id)
+        except Exception as exc:  # the row expires on its own
+            log.warning("relay.forget_failed", extra={"error": str(exc)})
         await self.publisher.close()
         await self.pool.close()
         log.info("relay.stopped", extra={"published": self.published})
@@ -284,6 +295,14 @@ class Relay:
 
     async def _workers(self) -> None:
         await expire_workers(self.pool, ttl=self.settings.worker_ttl)
+
+    async def _heartbeat(self) -> None:
+        await announce(
+            self.pool,
+            self.relay_id,
+            connected=self.publisher.connected,
+            published=self.published,
+        )
 
     async def _schedules(self) -> None:
         await fire_due(self.pool)

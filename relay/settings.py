@@ -46,8 +46,11 @@ class RelaySettings:
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
     usage_interval: float = 1.0
-    # A consumer not seen for this long is gone.
+    # A consumer or relay not seen for this long is gone.
     worker_ttl: float = 60.0
+    # The relay's own row in `relays` (live, connected, published) is refreshed
+    # this often; it counts as live for 30 s after its last refresh.
+    heartbeat_interval: float = 5.0
     # Due occurrences of recurring schedules are fired this often.
     schedule_interval: float = 1.0
     # Relay-wide figures (published, backlog per queue) are logged this often.
@@ -76,6 +79,7 @@ class RelaySettings:
             "reconcile_interval": self.reconcile_interval,
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,
+            "heartbeat_interval": self.heartbeat_interval,
             "schedule_interval": self.schedule_interval,
             "keep_finished": self.keep_finished,
             "retention_interval": self.retention_interval,
@@ -86,6 +90,8 @@ class RelaySettings:
                 raise ConfigError(f"{name} must be positive")
         if self.window is not None and self.window < 1:
             raise ConfigError("window must be at least 1 (or unset, for automatic)")
+        if self.heartbeat_interval > 10:
+            raise ConfigError("heartbeat_interval must be at most 10 s (a relay is live for 30 s)")
         if self.pack > 1000:
             raise ConfigError("pack must be at most 1000 ids a message")
         if self.default_backoff < 0:

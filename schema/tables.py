@@ -392,6 +392,21 @@ workers = Table(
     Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
 
+# One row per running relay, refreshed by its heartbeat: whether one is there and
+# connected to RabbitMQ, which the outbox's backlog cannot tell (it holds every
+# queue's work beyond its window by design).
+relays = Table(
+    "relays",
+    metadata,
+    Column("relay_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    _ts("started_at", nullable=False, default=True),
+    _ts("last_seen_at", nullable=False, default=True),
+    Column("broker_connected", Boolean, nullable=False, server_default=text("false")),
+    Column("published", BigInteger, nullable=False, server_default=text("0")),
+)
+
 # Who put a failed or cancelled job back in the queue, and when.
 job_replays = Table(
     "job_replays",

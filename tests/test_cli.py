@@ -184,9 +184,16 @@ def test_stats_per_queue(cli, engine: Engine, pg) -> None:
         1,
         2,
     )
+    assert (found["relays_live"], found["relays_publishing"]) == (0, 0)
     text = cli("stats").stdout.splitlines()
     assert text[0].split()[:3] == ["QUEUE", "QUEUED", "RETRY"]
     assert text[1].split()[:2] == ["mail", "1"]
+    assert text[2].startswith("relays: 0 live, 0 connected to RabbitMQ (no wake-up goes out")
+
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, broker_connected) VALUES ('r:1:a', 'r', 1, true)"
+    )
+    assert "relays: 1 live, 1 connected to RabbitMQ" in cli("stats").stdout.splitlines()
 
 
 def test_schedules(cli, engine: Engine, pg) -> None:

@@ -4,9 +4,7 @@ my job waiting?" (every code from a real situation), and retention."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +24,7 @@ from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from relay.settings import RelaySettings
 from schema.topology import Topology
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
-from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
+from tests.support.jobs import attempts, enqueue, enqueue_many, job, until, wait_for_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,18 +47,6 @@ def replays(pg: psycopg.Connection, job_id: uuid.UUID) -> list[tuple[Any, ...]]:
         " WHERE job_id = %s ORDER BY id",
         [job_id],
     ).fetchall()
-
-
-async def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    """Wait for the row or event that proves the point; fail saying which."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------- replay

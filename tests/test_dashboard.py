@@ -187,6 +187,7 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     mail = page.locator("[data-testid=queue-row][data-queue=mail]")
     await expect(mail.locator("td").nth(0)).to_have_text("1")  # the job due in an hour
     await expect(page.get_by_test_id("total-running")).to_have_text("1")
+    await expect(page.get_by_test_id("relays")).to_have_text("1 of 1")  # publishing, of live
     images = page.locator("[data-testid=latency-row][data-queue=images]")
     await expect(images).to_contain_text("ms")  # wait and execution percentiles
     await expect(images.locator("td").nth(3)).to_contain_text("1 · 1")  # a retry, a failure

@@ -44,6 +44,8 @@ EXPECTED_TYPES = {
     "hybrid_jobs_queue_oldest_runnable_age_seconds": "gauge",
     "hybrid_jobs_outbox_unsent_rows": "gauge",
     "hybrid_jobs_outbox_oldest_unsent_age_seconds": "gauge",
+    "hybrid_jobs_relays_live": "gauge",
+    "hybrid_jobs_relays_publishing": "gauge",
     "hybrid_jobs_running_lease_expired_jobs": "gauge",
     "hybrid_jobs_queue_wait_seconds": "histogram",
     "hybrid_jobs_execution_seconds": "histogram",
@@ -374,6 +376,38 @@ async def test_gauges_read_the_backlog(
         )
         == 1
     )
+
+
+async def test_relays_and_a_paused_queues_backlog(
+    engine: Engine, pg: psycopg.Connection, pool
+) -> None:
+    """The relays' gauges count live rows of `relays` (not stale ones), and a paused
+    queue's wake-ups are not counted as waiting for the relay."""
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, last_seen_at, broker_connected) VALUES"
+        " ('a:1:x', 'a', 1, now(), true), ('b:2:y', 'b', 2, now(), false),"
+        " ('c:3:z', 'c', 3, now() - interval '5 minutes', true)"
+    )
+    enqueue(engine, "ok", queue="held")
+    enqueue(engine, "ok", queue="held")
+    enqueue(engine, "ok", queue="open")
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "held", by="test")
+
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    assert scrape.value("hybrid_jobs_relays_live") == 2
+    assert scrape.value("hybrid_jobs_relays_publishing") == 1
+    assert scrape.value("hybrid_jobs_outbox_unsent_rows") == 1, "only the open queue's"
+
+    pg.execute("UPDATE relays SET broker_connected = false")
+    with Session(engine) as session, session.begin():
+        outbox.resume_queue(session, "held")
+    assert await collector.collect_once()
+    again = Scrape(collector)
+    assert again.value("hybrid_jobs_relays_publishing") == 0
+    assert again.value("hybrid_jobs_outbox_unsent_rows") == 3
 
 
 async def _lease_runs_out(pg: psycopg.Connection, job_id: uuid.UUID) -> None:

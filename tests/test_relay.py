@@ -22,6 +22,7 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Declared, Topology
 from tests.support import inproc
 from tests.support.broker import collect_ids, queue_depth
+from tests.support.jobs import until
 from tests.support.processes import BIN, ROOT, running, service_env
 from tests.support.proxy import TcpProxy
 
@@ -136,6 +137,51 @@ async def test_broker_outage_leaves_rows_unsent_until_it_returns(
     assert unsent(pg) == 0
 
 
+def relay_rows(pg: psycopg.Connection) -> dict[str, tuple[bool, int]]:
+    rows = pg.execute("SELECT relay_id, broker_connected, published FROM relays").fetchall()
+    return {relay_id: (connected, published) for relay_id, connected, published in rows}
+
+
+async def test_heartbeat_says_whether_the_relay_can_publish(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    proxy = TcpProxy("127.0.0.1", 5672)
+    try:
+        via_proxy = AmqpUrl.parse(f"amqp://127.0.0.1:{proxy.port}/")
+        settings = {"heartbeat_interval": 0.1, "publish_timeout": 1}
+        async with relay_running(db_url, via_proxy, topology, **settings) as relay:
+            me = relay.relay_id
+            enqueue(engine, 3)
+            await until(lambda: relay_rows(pg).get(me) == (True, 3), "connected, 3 published")
+            proxy.down()
+            await until(lambda: relay_rows(pg).get(me, (True,))[0] is False, "disconnected")
+            proxy.up()
+            await until(lambda: relay_rows(pg).get(me, (False,))[0] is True, "reconnected")
+    finally:
+        proxy.close()
+    assert me not in relay_rows(pg), "a relay that stops cleanly takes its row away"
+
+
+async def test_a_relay_that_stopped_heartbeating_is_forgotten(
+    pg: psycopg.Connection, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, last_seen_at, broker_connected)"
+        " VALUES ('gone:1:abc', 'gone', 1, now() - interval '10 minutes', true)"
+    )
+    async with relay_running(
+        db_url, amqp_url, topology, worker_ttl=3.0, heartbeat_interval=0.1
+    ) as relay:
+        await inproc.chore_rounds(relay, "workers", 2)
+        await until(lambda: relay.relay_id in relay_rows(pg), "its own row")
+        assert "gone:1:abc" not in relay_rows(pg)
+        assert relay_rows(pg)[relay.relay_id][0] is True
+
+
 async def test_database_connections_cut_loses_nothing(
     engine: Engine,
     pg: psycopg.Connection,
@@ -205,17 +251,29 @@ def test_two_relay_processes_share_5000_rows(
     topology: Topology,
 ) -> None:
     env = service_env(db_url, amqp_url, topology)
-    args = ["--batch-size", "200", "--poll-interval", "0.2", "--window", "100000"]
+    # Ten queues in small batches: a queue is woken by one relay at a time (its
+    # advisory lock), so while one relay holds a queue the other takes the next; with
+    # one queue a fast relay could take every batch before the other woke.
+    args = ["--batch-size", "50", "--pack", "10", "--poll-interval", "0.2", "--window", "100000"]
+    queues = [f"q{i}" for i in range(10)]
     with (
         running("relay", args, env, "relay.started") as r1,
         running("relay", args, env, "relay.started") as r2,
     ):
         ids = []
-        for _ in range(10):
-            ids += enqueue(engine, 500)
-        got = asyncio.run(
-            collect_ids(amqp_url.url, topology, "default", 5000, timeout=120, settle=1.0)
-        )
+        for queue in queues:
+            ids += enqueue(engine, 500, queue=queue)
+
+        async def collect_all() -> list[str]:
+            found = await asyncio.gather(
+                *(
+                    collect_ids(amqp_url.url, topology, q, 500, timeout=120, settle=1.0)
+                    for q in queues
+                )
+            )
+            return [i for part in found for i in part]
+
+        got = asyncio.run(collect_all())
         assert r1.stop() == 0
         assert r2.stop() == 0
     assert len(got) == 5000, "each row published exactly once"

@@ -17,7 +17,8 @@ from jobctl.service.models import Stats
 def stats(database_url: str | None, as_json: bool) -> None:
     """Per queue: jobs by state, the age of the oldest runnable job, the relay's
     lag (due wake-ups not sent yet, and the oldest one's age), wake-ups in flight,
-    jobs finished in the last minute and per second, live consumers.
+    jobs finished in the last minute and per second, live consumers; then how
+    many relays are live and connected to RabbitMQ.
 
     Counts what is waiting and running, never the history: finished jobs are
     counted only for the last minute.
@@ -61,5 +62,8 @@ def stats(database_url: str | None, as_json: bool) -> None:
         "WORKERS",
     ]
     text = table(headers, rows) if found.queues else "no queues with jobs, wake-ups or consumers"
+    relays = f"relays: {found.relays_live} live, {found.relays_publishing} connected to RabbitMQ"
+    if not found.relays_publishing:
+        relays += " (no wake-up goes out: start a relay, or see its log)"
     note = f"as of {when(found.checked_at)}; finished: last {duration(found.window_seconds)}"
-    emit(jsonable(found), f"{text}\n{note}")
+    emit(jsonable(found), f"{text}\n{relays}\n{note}")

@@ -91,17 +91,30 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
     )
     yield _gauge(
         "outbox_unsent_rows",
-        "Wake-ups due and not yet sent by the relay (sent_at IS NULL and available_at"
-        " <= now; wake-ups of delayed jobs and retries not yet due are not counted).",
+        "Wake-ups due and not yet sent (sent_at IS NULL and available_at <= now): the"
+        " backlog beyond each queue's window, which the relay holds back by design, and"
+        " any lag. Wake-ups not yet due and those of paused queues are not counted.",
         [],
         {(): s.outbox_unsent_rows},
     )
     yield _gauge(
         "outbox_oldest_unsent_age_seconds",
         "How long the oldest due, unsent wake-up has been due (now - available_at);"
-        " 0 when there is none.",
+        " 0 when there is none. Grows with any backlog: alert on relays_publishing.",
         [],
         {(): s.outbox_oldest_unsent_age},
+    )
+    yield _gauge(
+        "relays_live",
+        "Relay processes whose heartbeat was seen in the last 30 seconds.",
+        [],
+        {(): s.relays_live},
+    )
+    yield _gauge(
+        "relays_publishing",
+        "Live relays connected to RabbitMQ: 0 means no wake-up goes out.",
+        [],
+        {(): s.relays_publishing},
     )
     yield _gauge(
         "running_lease_expired_jobs",

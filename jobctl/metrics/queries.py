@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.queries import RELAYS_LIVE
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # The key of the transaction-scoped advisory lock that lets one collection run at a
@@ -65,13 +66,18 @@ WHERE state IN ({LEASED_SQL})
 GROUP BY queue, state
 """
 
-# Wake-ups the relay should have sent already: unsent and due. Ones due later
-# (delayed jobs, retries waiting out their backoff) are not lag and are left out.
+# Wake-ups due and unsent: the backlog beyond each queue's window, and any lag.
+# Ones due later (delayed jobs, retries waiting out their backoff) and those of a
+# paused queue are not waiting for the relay and are left out.
 METRICS_OUTBOX_DUE: Final = """
 SELECT count(*), EXTRACT(EPOCH FROM now() - min(available_at))::float8
-FROM outbox
-WHERE sent_at IS NULL AND available_at <= now()
+FROM outbox AS o
+WHERE o.sent_at IS NULL AND o.available_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = o.queue AND q.paused)
 """
+
+# Relays live (heartbeat seen lately) and, of those, connected to RabbitMQ.
+METRICS_RELAYS: Final = RELAYS_LIVE
 
 
 def _count(key: str) -> str:

@@ -62,6 +62,8 @@ class Reading:
     leased: list[tuple[str, str, int, int]]
     outbox_due: int
     outbox_oldest_age: float | None
+    # relays live, and of those connected to RabbitMQ
+    relays: tuple[int, int]
     workers: list[Worker]
     queues: list[str]
     # None: a late attempt counted already, read as its key only
@@ -131,6 +133,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             for queue, state, n, expired in await _rows(conn, q.METRICS_JOBS_LEASED)
         ]
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
+        ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
         workers = [
             Worker(w, tuple(queues), int(stale), int(lost))
             for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
@@ -155,6 +158,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         leased=leased,
         outbox_due=int(due),
         outbox_oldest_age=oldest,
+        relays=(int(relays_live), int(relays_connected)),
         workers=workers,
         queues=queues,
         attempts=attempts,

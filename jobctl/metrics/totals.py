@@ -71,6 +71,8 @@ class Snapshot:
     running_lease_expired: Mapping[str, int]
     outbox_unsent_rows: int
     outbox_oldest_unsent_age: float
+    relays_live: int
+    relays_publishing: int
     attempts_finished: Mapping[tuple[str, str, str], int]
     leases_expired: Mapping[str, int]
     fence_rejections: Mapping[tuple[str, str], int]
@@ -190,6 +192,8 @@ class Totals:
             running_lease_expired=MappingProxyType(expired),
             outbox_unsent_rows=reading.outbox_due,
             outbox_oldest_unsent_age=max(0.0, reading.outbox_oldest_age or 0.0),
+            relays_live=reading.relays[0],
+            relays_publishing=reading.relays[1],
             attempts_finished=MappingProxyType(dict(self.attempts_finished)),
             leases_expired=MappingProxyType(leases),
             fence_rejections=MappingProxyType(dict(self.fence_rejections)),

@@ -179,9 +179,11 @@ class QueueStats:
     expired_leases: int
     """Running jobs whose lease expired and that the sweeper has not moved on yet."""
     outbox_pending: int
-    """Due wake-ups the relay has not sent yet."""
+    """Due wake-ups not sent yet: the backlog beyond the queue's window, which the
+    relay holds back by design (the table orders it), and any lag."""
     outbox_lag_seconds: float
-    """Age of the oldest of those; 0 when there is none."""
+    """Age of the oldest of those; 0 when there is none. It grows with any backlog:
+    whether wake-ups go out at all is `relays_publishing`."""
     outbox_in_flight: int
     """Wake-ups sent and not yet taken up by a consumer."""
     succeeded: int
@@ -205,6 +207,10 @@ class Stats:
     """The span the finished counts and the throughput cover: the last minute, or
     less when more jobs than the sample holds finished in it."""
     queues: tuple[QueueStats, ...]
+    relays_live: int
+    """Relay processes whose heartbeat was seen in the last 30 seconds."""
+    relays_publishing: int
+    """Of those, the ones connected to RabbitMQ: 0 means no wake-up goes out."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobctl.service.cursor import Order
+from schema.queries import RELAYS_LIVE
 from schema.states import CLAIMABLE, LEASED, JobState
 from schema.tables import LEASED_SQL, TERMINAL_SQL
 
@@ -223,6 +224,9 @@ GROUP BY q.queue
 """
 
 STATS_CLOCK: Final = "SELECT now()"
+
+# Relays live, and of those connected to RabbitMQ.
+STATS_RELAYS: Final = RELAYS_LIVE
 
 # ------------------------------------------------------------------- the rest
 

@@ -1,5 +1,5 @@
 """Queues: per-queue figures (what waits, what runs, how far behind the relay is,
-what finished lately, who serves it), and pausing and resuming one."""
+what finished lately, who serves it), the relays, and pausing and resuming one."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ async def stats(session: AsyncSession) -> Stats:
         session, queries.STATS_FINISHED, {"window": WINDOW, "sample": SAMPLE}
     )
     (clock,) = (await fetch_all(session, queries.STATS_CLOCK))[0]
+    ((relays_live, relays_publishing),) = await fetch_all(session, queries.STATS_RELAYS)
     window = _span(finished, clock)
     for queue, state, count, _oldest, _now in finished:
         found[queue][state] = count
@@ -55,6 +56,8 @@ async def stats(session: AsyncSession) -> Stats:
         checked_at=clock,
         window_seconds=window,
         queues=tuple(_queue(name, found[name], window) for name in sorted(found)),
+        relays_live=relays_live,
+        relays_publishing=relays_publishing,
     )
 
 

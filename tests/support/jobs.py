@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -67,3 +68,15 @@ async def wait_until_all(
         if time.monotonic() > deadline:
             raise AssertionError(f"wanted {count} {state}, have {got}")
         await asyncio.sleep(0.1)
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    """Wait for the row or event that proves the point; fail saying which."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
