@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, LiteralString
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -628,3 +629,31 @@ def test_the_state_machine_holds_under_arbitrary_interleavings_and_races(
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+@pytest.mark.parametrize("way_back", ["retry", "give_back", "lease_expired", "replay"])
+def test_each_way_back_to_waiting_sends_a_new_wakeup(db_url: DatabaseUrl, way_back: str) -> None:
+    """The liveness invariant on the path random runs reach only some of the time:
+    the job's first wake-up was sent and taken up, so only a new one can wake it."""
+    m = JobMachine(db_url)
+    try:
+        m.enqueue(max_attempts=None, tenant=None)
+        (job_id,) = m.jobs
+        m.the_relay_wakes_the_queue(window=100)
+        m.step(m.claim_step(job_id, "w1"))
+        h = Handle(job_id, "w1", 1)
+        if way_back == "retry":
+            m.step(m.finish_step(h, "retry"))
+        elif way_back == "give_back":
+            fence = json.dumps([{"job_id": str(job_id), "generation": 1}])
+            m.step(Step(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": "w1"}, h))
+        elif way_back == "lease_expired":
+            m.expire(job_id)
+            m.step(m.SWEEP)
+        else:
+            m.step(m.finish_step(h, "failed"))
+            m.step(m.replay_step(job_id))
+        assert m.rows()[job_id]["state"] in CLAIMABLE
+        m.every_waiting_job_has_a_wakeup_on_its_way()
+    finally:
+        m.teardown()
