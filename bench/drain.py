@@ -118,7 +118,7 @@ def main() -> None:
         "--no-baseline", dest="baseline", action="store_false", help="skip the SKIP LOCKED loop"
     )
     parser.add_argument(
-        "--pack", type=int, default=20, help="the relay's --pack: job ids per message"
+        "--pack", type=int, default=50, help="the relay's --pack: job ids per message"
     )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.

@@ -77,7 +77,7 @@ def main() -> None:
         default=500,
         help="the relay's --batch-size, and the bare publisher's confirm window",
     )
-    parser.add_argument("--pack", type=int, default=20, help="the relay's --pack")
+    parser.add_argument("--pack", type=int, default=50, help="the relay's --pack")
     parser.add_argument(
         "--window", type=int, default=0, help="the relay's --window (0: the row count)"
     )

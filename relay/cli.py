@@ -57,7 +57,7 @@ from relay.settings import RelaySettings
 @click.option(
     "--pack",
     type=int,
-    default=20,
+    default=50,
     show_default=True,
     help="Job ids per message when a batch holds several for one queue.",
 )

@@ -22,8 +22,10 @@ class RelaySettings:
     # backlog beyond it waits in the tables, where priority and fair share order it.
     window: int | None = None
     min_window: int = 100
-    # Job ids packed into one message when a batch holds several for a queue.
-    pack: int = 20
+    # Job ids packed into one message when a batch holds several for a queue. At low
+    # load a message carries one id, so latency does not pay for it. Measured
+    # (README, Performance): 50 drains about 30% faster than 20, 100 no faster.
+    pack: int = 50
     # While a backlog waits on a full window, how soon to look again for room (the
     # interval doubles, up to the cap, while no room appears).
     refill_interval: float = 0.005
