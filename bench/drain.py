@@ -39,6 +39,7 @@ from bench.common import (
     scratch_database,
     scratch_topology,
     service_env,
+    wait_all_done,
 )
 from bench.peers import skiplocked
 from plumbing.config import DatabaseUrl
@@ -50,14 +51,16 @@ def count(db: DatabaseUrl, sql: str) -> int:
 
 
 def wait_succeeded(db: DatabaseUrl, job_type: str, n: int, timeout: float = 600) -> float:
-    deadline = time.monotonic() + timeout
-    sql = f"SELECT count(*) FROM jobs WHERE job_type = '{job_type}' AND state = 'SUCCEEDED'"
+    """Wait until nothing is left to run, then check that it all succeeded: the
+    moment (perf_counter) the last job finished, as the poll saw it."""
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            if conn.execute(sql).fetchone()[0] >= n:  # type: ignore[index]
-                return time.perf_counter()
-            time.sleep(0.01)
-    raise TimeoutError(f"{job_type}: not all {n} jobs succeeded in {timeout}s")
+        finished = wait_all_done(conn, timeout, interval=0.01)
+        succeeded = conn.execute(
+            "SELECT count(*) FROM jobs WHERE job_type = %s AND state = 'SUCCEEDED'", [job_type]
+        ).fetchone()[0]  # type: ignore[index]
+    if succeeded < n:
+        raise RuntimeError(f"{job_type}: {succeeded} of {n} jobs succeeded")
+    return finished
 
 
 def drain(db: DatabaseUrl, n: int) -> float:

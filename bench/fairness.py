@@ -20,7 +20,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, machine, percentiles, wait_all_done
 from bench.fleet import fleet
 from plumbing.config import DatabaseUrl
 
@@ -49,10 +49,7 @@ def run(weight_b: float, a_jobs: int, b_jobs: int, consumers: int) -> dict[str, 
             )
         started = time.perf_counter()
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
-                0
-            ]:  # type: ignore[index]
-                time.sleep(0.05)
+            wait_all_done(conn)
         elapsed = time.perf_counter() - started
         engine.dispose()
         return {

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import time
 from typing import Any
 
 import psycopg
 
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, machine, percentiles, wait_all_done
 from bench.fleet import fleet
 from bench.load import producer
 
@@ -44,10 +43,7 @@ def run(way: str, producers: int, seconds: float, poll_interval: float) -> dict[
             p.join()
         enqueued = sum(done for done, _ in results)
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
-                0
-            ]:  # type: ignore[index]
-                time.sleep(0.05)
+            wait_all_done(conn)
             waits = [
                 float(r[0])
                 for r in conn.execute(

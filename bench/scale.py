@@ -16,7 +16,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import argument_parser, machine, wait_all_done
 from bench.fleet import fleet
 
 
@@ -27,10 +27,7 @@ def drain(consumers: int, jobs: int, relays: int, concurrency: int) -> float:
             outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(jobs)])
         committed = time.perf_counter()
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
-                0
-            ]:  # type: ignore[index]
-                time.sleep(0.02)
+            wait_all_done(conn)
         elapsed = time.perf_counter() - committed
         engine.dispose()
         return jobs / elapsed

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import argument_parser, machine, wait_all_done
 from bench.fleet import fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -40,10 +40,7 @@ def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: i
             outbox.enqueue_many(session, batch)
         committed = time.perf_counter()
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            while conn.execute("SELECT count(*) FROM jobs WHERE state <> 'SUCCEEDED'").fetchone()[
-                0
-            ]:  # type: ignore[index]
-                time.sleep(0.02)
+            wait_all_done(conn)
         elapsed = time.perf_counter() - committed
         engine.dispose()
         return jobs / elapsed
