@@ -87,6 +87,13 @@ class Relay:
         # every queue with due wake-ups.
         self.hinted: set[str] = set()
         self.look_everywhere = True
+        # Queues whose last pass left due wake-ups behind: a helper woken while
+        # another drainer took the hints goes there. Looking everywhere costs a scan
+        # of the outbox's unsent index (the relay's dearest statement under a
+        # backlog), so it happens when asked for, when nothing is known, and at
+        # least every poll interval (wake-ups of delayed jobs come due silently).
+        self.backlogged: set[str] = set()
+        self.scanned_at = 0.0
         self.stopping = False
         self.published = 0
         self.turn = 0
@@ -100,6 +107,9 @@ class Relay:
             self.hinted.update(queues.split(","))
         else:
             self.look_everywhere = True
+        self._wake_one()
+
+    def _wake_one(self) -> None:
         if self.idle:
             self.idle.pop().set()
         else:
@@ -198,7 +208,9 @@ class Relay:
             self.published += done.sent
             self.rounds["drain"] += 1
             if done.full:
-                self.nudge()  # a full batch: there is likely more, take a helper along
+                # A full batch: there is likely more (its queues are hinted), take a
+                # helper along.
+                self._wake_one()
                 continue
             if self.more:
                 self.more = False
@@ -224,12 +236,16 @@ class Relay:
                     self.idle.remove(wake)
 
     async def _pass(self) -> _Pass:
-        if self.look_everywhere or not self.hinted:
+        stale = time.monotonic() - self.scanned_at >= self.settings.poll_interval
+        if self.look_everywhere or stale or not (self.hinted or self.backlogged):
             self.look_everywhere = False
             self.hinted.clear()
+            self.scanned_at = time.monotonic()
             queues = await due_queues(self.pool)
-        else:
+        elif self.hinted:
             queues, self.hinted = sorted(self.hinted), set()
+        else:
+            queues = sorted(self.backlogged)
         if not queues:
             return _Pass(0, False, False)
         # Drainers start at different queues, so each queue's turn comes round.
@@ -244,6 +260,9 @@ class Relay:
             held = held or woken.held or woken.busy
             if more or woken.held or woken.busy:
                 self.hinted.add(queue)  # the next pass comes back to it
+                self.backlogged.add(queue)
+            else:
+                self.backlogged.discard(queue)
         return _Pass(sent, full, held)
 
     async def _listen(self) -> None:
