@@ -107,6 +107,19 @@ async def test_delayed_wakeup_waits_for_available_at(
     assert unsent(pg) == 0
 
 
+async def test_a_delayed_wakeup_comes_due_behind_another_queues_held_backlog(
+    engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    """No consumer takes queue a's wake-ups, so its window stays full and the relay
+    keeps coming back to it; b's delayed wake-up notifies nobody when it comes due,
+    and is found by the look everywhere that happens at least every poll interval."""
+    enqueue(engine, 100, queue="a")
+    later = enqueue(engine, 1, queue="b", run_after=timedelta(seconds=1))
+    async with relay_running(db_url, amqp_url, topology, window=10, poll_interval=0.5):
+        assert len(await collect_ids(amqp_url.url, topology, "a", 10)) == 10
+        assert await collect_ids(amqp_url.url, topology, "b", 1, timeout=10) == later
+
+
 async def test_broker_outage_leaves_rows_unsent_until_it_returns(
     engine: Engine,
     pg: psycopg.Connection,
