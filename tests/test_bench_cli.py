@@ -26,6 +26,7 @@ from tests.conftest import ROOT
         "bench.notify",
         "bench.scale",
         "bench.latency",
+        "bench.scheduler_delay",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:
