@@ -58,9 +58,12 @@ def install(db: DatabaseUrl) -> None:
     )
 
 
-def queue_empty(db: DatabaseUrl) -> bool:
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        row = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pgqueuer)").fetchone()
+def queue_empty(conn: psycopg.Connection) -> bool:
+    """PgQueuer deletes a job's row once it is done: an empty table is a drained
+    queue, every completion recorded (as this project's drain waits for SUCCEEDED).
+    On one connection for the whole run: a new one per poll would cost PostgreSQL a
+    backend start every 20 ms, a tax on the contender's own server."""
+    row = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM pgqueuer)").fetchone()
     return bool(row and row[0])
 
 
@@ -115,14 +118,17 @@ def measure(settings: Settings, *, batch: int) -> Figures:
         env = {**os.environ, "PGDSN": db.conninfo, ENV: str(marks.path)}
         command = [sys.executable, "-m", "bench.peers.pgqueuer_app", "--batch-size", str(batch)]
         log = marks.path / "workers.log"
-        with running([command] * settings.workers, env, log) as procs:
+        with (
+            running([command] * settings.workers, env, log) as procs,
+            psycopg.connect(db.conninfo, autocommit=True) as probe,
+        ):
 
             def check() -> None:
                 check_alive(procs, log)
 
             def drained() -> bool:
                 check()
-                return queue_empty(db)
+                return queue_empty(probe)
 
             sent = asyncio.run(_warm_up(db, marks, settings.workers, check))
             wait_until(
