@@ -47,6 +47,7 @@ from schema.queries import (
     SCHEDULE_FIRE_PRUNE,
     SCHEDULE_FIRE_RECORD_MANY,
     SCHEDULE_FIRE_SET_JOB,
+    SCHEDULE_NEXT_DUE,
 )
 
 log = logging.getLogger("relay")
@@ -204,6 +205,14 @@ async def fire_due(
         # A failed schedule stays due: going round again now would only fail again.
         if len(rows) < batch or failed:
             return enqueued
+
+
+async def seconds_until_due(pool: AsyncConnectionPool[AsyncConnection]) -> float | None:
+    """Seconds until the next occurrence of an active schedule is due (0 or less:
+    one is due now), or None when there is no active schedule."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(SCHEDULE_NEXT_DUE)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 async def _fire(

@@ -10,7 +10,9 @@ Tasks, all in one event loop:
   published and committed together. One that sent a full batch goes again at once
   and wakes another to help; one held back by a full window looks again soon (a
   consumer's claim frees room, and tells nobody); otherwise it waits for a
-  notification or the poll interval;
+  notification or the poll interval. A pass takes the queues a notification named,
+  else those that had more last time, and looks at every queue with due wake-ups
+  when it knows of none, when asked, and at least once per poll interval;
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the
   reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
@@ -19,7 +21,7 @@ Tasks, all in one event loop:
 - a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
   RabbitMQ or not, how much it published (relay/presence.py);
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
-  database arbitrates: relay/schedules.py);
+  database arbitrates: relay/schedules.py), and sleeps until the next one is due;
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
   waits in the backlog and what is in flight.
 """
@@ -45,7 +47,7 @@ from relay.maintenance import (
 )
 from relay.presence import announce, forget, make_relay_id
 from relay.retention import delete_finished
-from relay.schedules import fire_due
+from relay.schedules import fire_due, seconds_until_due
 from relay.settings import RelaySettings
 from relay.wake import WakeLimits, due_queues, wake_queue
 from schema.queries import OUTBOX_BACKLOG
@@ -160,7 +162,7 @@ class Relay:
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
             asyncio.create_task(self._every("heartbeat", s.heartbeat_interval, self._heartbeat)),
-            asyncio.create_task(self._every("schedules", s.schedule_interval, self._schedules)),
+            asyncio.create_task(self._scheduler()),
             asyncio.create_task(self._every("retention", s.retention_interval, self._retention)),
             asyncio.create_task(self._report()),
         ]
@@ -323,8 +325,20 @@ class Relay:
             published=self.published,
         )
 
-    async def _schedules(self) -> None:
-        await fire_due(self.pool)
+    async def _scheduler(self) -> None:
+        """Fire what is due, then sleep until the next occurrence is due, or for the
+        schedule interval when that is sooner (a schedule created meanwhile is seen
+        within it). One still due right after firing is another relay's, being
+        fired, or one that failed: those wait the interval, not a busy loop."""
+        interval = self.settings.schedule_interval
+        while True:
+            wait: float | None = None
+            async for attempt in retry_forever(log, "relay.chore_failed"):
+                with attempt:
+                    await fire_due(self.pool)
+                    wait = await seconds_until_due(self.pool)
+            self.rounds["schedules"] += 1
+            await asyncio.sleep(interval if wait is None or wait <= 0 else min(wait, interval))
 
     async def _retention(self) -> None:
         s = self.settings

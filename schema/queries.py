@@ -988,6 +988,15 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
 
+# How long until the next occurrence of any active schedule is due (negative: one is
+# due now; NULL: none): schedules_due_idx, its first entry. The scheduler sleeps
+# that long rather than a fixed interval, so an occurrence fires on time.
+SCHEDULE_NEXT_DUE: Final = """
+SELECT EXTRACT(EPOCH FROM min(next_fire_at) - now())::float8
+FROM schedules
+WHERE NOT paused
+"""
+
 # Records a schedule's occurrences, each once: the rows that come back are the ones
 # this transaction recorded, and only theirs may enqueue (job_id was drawn in
 # advance; the caller inserts those jobs next, in the same transaction).
