@@ -27,6 +27,7 @@ from tests.conftest import ROOT
         "bench.scale",
         "bench.latency",
         "bench.scheduler_delay",
+        "bench.cpu_split",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:

@@ -1,0 +1,89 @@
+"""Where the CPU goes during a drain: this project's processes, PostgreSQL, RabbitMQ.
+
+--jobs no-op jobs are committed at once and drained by one relay and --consumers
+consumer processes. The CPU time (user + system, from /proc) each side used during
+the drain is reported as a share of the machine's CPU time, and per job: the relay,
+the consumers, every PostgreSQL process (the server's, not only this database's
+backends) and RabbitMQ's beam.smp. Whatever else runs on the machine counts against
+PostgreSQL and RabbitMQ, so run it on a quiet machine. Linux only.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import argument_parser, machine, wait_all_done
+from bench.fleet import Fleet, fleet
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pids_of(program: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-x", program], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def snapshot(f: Fleet, relays: int) -> dict[str, float]:
+    return {
+        "relay": sum(cpu_seconds(p.pid) for p in f.processes[:relays]),
+        "consumers": sum(cpu_seconds(p.pid) for p in f.processes[relays:]),
+        "postgresql": sum(cpu_seconds(pid) for pid in pids_of("postgres")),
+        "rabbitmq": sum(cpu_seconds(pid) for pid in pids_of("beam.smp")),
+    }
+
+
+def main() -> None:
+    parser = argument_parser("bench.cpu_split", __doc__)
+    parser.add_argument("--jobs", type=int, default=60_000, help="jobs drained")
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    args = parser.parse_args()
+
+    with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:
+        engine = create_engine(f.db.sqlalchemy)
+        with Session(engine) as session, session.begin():
+            outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(args.jobs)])
+        engine.dispose()
+        before, started = snapshot(f, 1), time.perf_counter()
+        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
+            finished = wait_all_done(conn)
+        after = snapshot(f, 1)
+    elapsed = finished - started
+    available = elapsed * (os.cpu_count() or 1)
+    used = {side: after[side] - before[side] for side in before}
+    print(
+        json.dumps(
+            {
+                "benchmark": "cpu_split",
+                "jobs": args.jobs,
+                "drain_jobs_per_s": round(args.jobs / elapsed),
+                "cpu_share_of_machine": {s: round(u / available, 3) for s, u in used.items()},
+                "cpu_ms_per_job": {s: round(1000 * u / args.jobs, 4) for s, u in used.items()},
+                "machine_busy": round(sum(used.values()) / available, 3),
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
