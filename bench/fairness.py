@@ -12,7 +12,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import psycopg
@@ -20,8 +19,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles, wait_all_done
-from bench.fleet import fleet
+from bench.common import argument_parser, machine, percentiles
+from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 
 
@@ -39,24 +38,17 @@ def run(weight_b: float, a_jobs: int, b_jobs: int, consumers: int) -> dict[str, 
         engine = create_engine(f.db.sqlalchemy)
         with Session(engine) as session, session.begin():
             outbox.set_tenant_limit(session, "tenant-b", weight=weight_b)
-        with Session(engine) as session, session.begin():
-            outbox.enqueue_many(
-                session, [outbox.NewJob("noop", {}, tenant="tenant-a") for _ in range(a_jobs)]
-            )
-        with Session(engine) as session, session.begin():
-            outbox.enqueue_many(
-                session, [outbox.NewJob("noop", {}, tenant="tenant-b") for _ in range(b_jobs)]
-            )
-        started = time.perf_counter()
-        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            wait_all_done(conn)
-        elapsed = time.perf_counter() - started
         engine.dispose()
+        rate = drain_rate(
+            f,
+            [outbox.NewJob("noop", {}, tenant="tenant-a") for _ in range(a_jobs)],
+            [outbox.NewJob("noop", {}, tenant="tenant-b") for _ in range(b_jobs)],
+        )
         return {
             "weights": f"1:{weight_b:g}",
             "tenant_b_wait": waits(f.db, "tenant-b"),
             "tenant_a_wait": waits(f.db, "tenant-a"),
-            "drain_jobs_per_s": round((a_jobs + b_jobs) / elapsed),
+            "drain_jobs_per_s": round(rate),
         }
 
 

@@ -10,8 +10,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
-from bench.common import BIN, scratch_database, scratch_topology, service_env
+import outbox
+from bench.common import BIN, scratch_database, scratch_topology, service_env, wait_all_done
 from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 
@@ -74,3 +77,19 @@ def wait_for_workers(db: DatabaseUrl, n: int, timeout: float = 60) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {n} consumers announced themselves")
             time.sleep(0.05)
+
+
+def drain_rate(f: Fleet, *batches: list[outbox.NewJob]) -> float:
+    """Commit each batch in a transaction of its own, in order, then wait until no
+    job waits or runs: jobs per second from the last commit."""
+    engine = create_engine(f.db.sqlalchemy)
+    try:
+        for batch in batches:
+            with Session(engine) as session, session.begin():
+                outbox.enqueue_many(session, batch)
+    finally:
+        engine.dispose()
+    committed = time.perf_counter()
+    with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
+        finished = wait_all_done(conn)
+    return sum(len(b) for b in batches) / (finished - committed)

@@ -9,28 +9,15 @@ Prints one JSON object.
 from __future__ import annotations
 
 import json
-import time
-
-import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, wait_all_done
-from bench.fleet import fleet
+from bench.common import argument_parser, machine
+from bench.fleet import drain_rate, fleet
 
 
 def drain(consumers: int, jobs: int, relays: int, concurrency: int) -> float:
     with fleet(consumers=consumers, relays=relays, concurrency=concurrency) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
-            outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(jobs)])
-        committed = time.perf_counter()
-        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            wait_all_done(conn)
-        elapsed = time.perf_counter() - committed
-        engine.dispose()
-        return jobs / elapsed
+        return drain_rate(f, [outbox.NewJob("noop", {}) for _ in range(jobs)])
 
 
 def main() -> None:

@@ -10,16 +10,14 @@ Prints one JSON object with jobs/s and each variant's ratio to the first.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, wait_all_done
-from bench.fleet import fleet
+from bench.common import argument_parser, machine
+from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
 
@@ -36,14 +34,8 @@ def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: i
             outbox.NewJob("noop", {}, tenant=names[i % tenants] if tenants else None)
             for i in range(jobs)
         ]
-        with Session(engine) as session, session.begin():
-            outbox.enqueue_many(session, batch)
-        committed = time.perf_counter()
-        with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
-            wait_all_done(conn)
-        elapsed = time.perf_counter() - committed
         engine.dispose()
-        return jobs / elapsed
+        return drain_rate(f, batch)
 
 
 def main() -> None:
