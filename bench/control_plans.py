@@ -26,8 +26,6 @@ should be none).
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString
 
@@ -35,9 +33,9 @@ import psycopg
 
 from bench.common import argument_parser, machine, scratch_database
 from schema import queries as q
+from tests.support.plans import plan as explain_plan
 
 BIG_TABLES = {"jobs", "outbox", "job_attempts"}
-_PARAM = re.compile(r"%\((\w+)\)s")
 
 
 def populate(conn: psycopg.Connection, finished: int, backlog: int, tenants: int) -> None:
@@ -164,40 +162,12 @@ def summarise(result: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def custom_plan(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> dict[str, Any]:
-    with conn.transaction(force_rollback=True):
-        row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,
-            params,
-        ).fetchone()
-    assert row is not None
-    return summarise(row[0])
+    return summarise(explain_plan(conn, sql, params))
 
 
 def generic_plan(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> dict[str, Any]:
     """The same statement prepared with $n parameters, planned once for any values."""
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in order:
-            order.append(match.group(1))
-        return f"${order.index(match.group(1)) + 1}"
-
-    prepared = _PARAM.sub(number, sql)
-    name = f"p_{uuid.uuid4().hex[:8]}"
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE {name} AS {prepared}")
-        args = f"({', '.join(['%s'] * len(order))})" if order else ""
-        # Literals, not bound parameters: EXECUTE takes a NULL for any parameter type
-        # only as a literal.
-        cur = psycopg.ClientCursor(conn)
-        row = cur.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{args}",
-            [params[k] for k in order],
-        ).fetchone()
-        conn.execute(f"DEALLOCATE {name}")
-    assert row is not None
-    return summarise(row[0])
+    return summarise(explain_plan(conn, sql, params, generic=True))
 
 
 def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:

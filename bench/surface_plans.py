@@ -20,19 +20,18 @@ Prints one JSON object.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench.common import argument_parser, machine, scratch_database
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
 from schema.states import JobState
 from tests.support.history import fill
+from tests.support.plans import plan as explain_plan
 
 PAGE = 51  # a page of 50, and one to tell whether there is a next
 SCAN = 10_000  # jobctl.service.jobs.SCAN_LIMIT
@@ -87,26 +86,13 @@ def summary(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def explain(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> dict[str, Any]:
-    (row,) = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params).fetchall()
-    return summary(row[0][0])
+    return summary(explain_plan(conn, statement, params)[0])
 
 
 def explain_generic(
     conn: psycopg.Connection, statement: str, params: dict[str, Any]
 ) -> dict[str, Any]:
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
-    conn.execute(sql.SQL("PREPARE p AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
-        execute = "EXECUTE p ({})" if names else "EXECUTE p"
-        query = sql.SQL(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {execute}").format(args)
-        (row,) = conn.execute(query).fetchall()
-    finally:
-        conn.execute("RESET plan_cache_mode")
-        conn.execute("DEALLOCATE p")
-    return summary(row[0][0])
+    return summary(explain_plan(conn, statement, params, generic=True)[0])
 
 
 def lists(conn: psycopg.Connection) -> dict[str, Any]:

@@ -5,14 +5,12 @@ and a list that stops at its bound reads on, with no gap, through its token."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
@@ -20,6 +18,7 @@ from jobctl.service import JobFilter, list_jobs, queries
 from jobctl.service.cursor import Cursor, Order
 from schema.states import JobState
 from tests.support.history import fill
+from tests.support.plans import plan as explain_plan
 
 HISTORY = 30_000
 BACKLOG = 300
@@ -56,24 +55,7 @@ def rows_read(plan: list[dict[str, Any]]) -> int:
 
 
 def explain(pg: psycopg.Connection, statement: str, params: dict[str, Any], generic: bool) -> int:
-    if not generic:
-        (row,) = pg.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params).fetchall()
-        return rows_read(row[0])
-    # A prepared statement's generic plan: what a pooled connection runs after a
-    # few executions (psycopg prepares a statement on its fifth).
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
-    pg.execute(sql.SQL("PREPARE listing AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
-    pg.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
-        execute = "EXECUTE listing ({})" if names else "EXECUTE listing"
-        query = sql.SQL(f"EXPLAIN (ANALYZE, FORMAT JSON) {execute}").format(args)
-        (row,) = pg.execute(query).fetchall()
-    finally:
-        pg.execute("RESET plan_cache_mode")
-        pg.execute("DEALLOCATE listing")
-    return rows_read(row[0])
+    return rows_read(explain_plan(pg, statement, params, generic=generic))
 
 
 STATES: list[JobState | None] = [None, *JobState]
