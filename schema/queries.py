@@ -94,6 +94,21 @@ def _lease_ended(source: str) -> str:
 )"""
 
 
+# The tenants with unsent wake-ups in queue %(queue)s, as a recursive CTE named
+# ``tenants`` (its last row is NULL, for the caller to skip): a skip scan of outbox_pending_idx,
+# one index probe per tenant however many wake-ups each has waiting. Needs WITH
+# RECURSIVE.
+_PENDING_TENANTS: Final = """tenants AS (
+    (SELECT o.tenant FROM outbox AS o
+     WHERE o.queue = %(queue)s AND o.sent_at IS NULL ORDER BY o.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > t.tenant
+            ORDER BY o.tenant LIMIT 1)
+    FROM tenants AS t WHERE t.tenant IS NOT NULL
+)"""
+
+
 # --------------------------------------------------------------------------- producer
 
 # Inserts a batch of jobs and their wake-ups in one statement. A job whose
@@ -605,15 +620,7 @@ WITH RECURSIVE gate AS (
                       WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
                    + (SELECT count(*) FROM settled)::int))
            END AS n
-), tenants AS (
-    (SELECT o.tenant FROM outbox AS o
-     WHERE o.queue = %(queue)s AND o.sent_at IS NULL ORDER BY o.tenant LIMIT 1)
-    UNION ALL
-    SELECT (SELECT o.tenant FROM outbox AS o
-            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > t.tenant
-            ORDER BY o.tenant LIMIT 1)
-    FROM tenants AS t WHERE t.tenant IS NOT NULL
-), clock AS (
+), {_PENDING_TENANTS}, clock AS (
     SELECT COALESCE((SELECT vpass FROM fair_shares
                      WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'), 0) AS v
 ), shares AS (
@@ -1242,15 +1249,7 @@ WHERE j.job_id = %(job_id)s
 # - oldest_due: the queue's oldest due pending wake-up, read from outbox_due_idx no
 #   further than its own (the queue's outbox lag).
 JOB_EXPLAIN_BACKLOG: Final = f"""
-WITH RECURSIVE tenants AS (
-    (SELECT o.tenant FROM outbox AS o
-     WHERE o.queue = %(queue)s AND o.sent_at IS NULL ORDER BY o.tenant LIMIT 1)
-    UNION ALL
-    SELECT (SELECT o.tenant FROM outbox AS o
-            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > t.tenant
-            ORDER BY o.tenant LIMIT 1)
-    FROM tenants AS t WHERE t.tenant IS NOT NULL
-), ahead AS (
+WITH RECURSIVE {_PENDING_TENANTS}, ahead AS (
     SELECT x.n
     FROM tenants AS t
     CROSS JOIN LATERAL (
