@@ -64,6 +64,16 @@ def wait_all_done(conn: psycopg.Connection, timeout: float = 600, interval: floa
     raise TimeoutError(f"jobs still waiting or running after {timeout:.0f}s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (Linux /proc); 0 once it
+    is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def service_env(db: DatabaseUrl, topology: Topology) -> dict[str, str]:
     return {
         **os.environ,

@@ -16,24 +16,14 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, wait_all_done
+from bench.common import argument_parser, cpu_seconds, machine, wait_all_done
 from bench.fleet import Fleet, fleet
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used so far; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pids_of(program: str) -> list[int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,7 @@ import outbox
 from bench.common import (
     BIN,
     argument_parser,
+    cpu_seconds,
     machine,
     percentiles,
     scratch_database,
@@ -65,12 +65,6 @@ def _events(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
