@@ -1,5 +1,5 @@
 """The consumer's side of the tables: every read and write goes through here, by
-name, to the statements in schema/queries.py."""
+name, to the statements in schema/queries/."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 # replayed: enqueue a new job instead.
 REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
-# Every transition a statement in schema/queries.py can make, and nothing else.
+# Every transition a statement in schema/queries/ can make, and nothing else.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # claim; a cancel request on a job nobody holds cancels it outright
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),

@@ -1,6 +1,6 @@
 """A model-based test of the job state machine against real PostgreSQL.
 
-Hypothesis drives every transition statement of schema/queries.py (claim,
+Hypothesis drives every transition statement of schema/queries/ (claim,
 heartbeat, complete, fail, retry, cancel, give-back, sweep, cancel request, the
 relay's wake-up, an operator's replay) in arbitrary orders, by several workers
 holding current and stale fencing tokens, with leases expiring at will; and it

@@ -1,0 +1,277 @@
+"""The operator's actions, through the caller's transaction like the producer's
+(replay, pause, resume); the reads behind "why is my job waiting?"; and the relay's
+retention chore. Each read is index lookups bounded by the backlog, never by the
+history; bench/control_plans.py shows the plans on a table of many finished jobs."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
+from schema.tables import OUTBOX_CHANNEL, TERMINAL_SQL
+
+# Who acted, when the caller does not say: the database role, and the client's
+# application_name when it set one ("app (jobctl)").
+_WHO = (
+    "current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')"
+)
+
+# The size of a failed or cancelled job's own attempt budget: its max_attempts less
+# the attempts it had made before its latest replay (its first run: all of them).
+# NULL for a job no handler ever claimed: the handler's budget applies at claim.
+# (GREATEST would skip a NULL, hence the CASE.)
+_OWN_BUDGET = """CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_attempts - COALESCE(
+    (SELECT r.attempts_before FROM job_replays AS r
+     WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END"""
+
+_REPLAYABLE = "'CANCELLED', 'FAILED'"
+
+
+def _replay(target: str, *, before: str = "") -> str:
+    """Replays the jobs ``target`` selects and locks (job_id, state,
+    attempt_count, budget), each still FAILED or CANCELLED (``before``: CTEs the
+    target reads from): back to QUEUED, due now,
+    with a fresh budget of the job's own size on top of the attempts it made (so
+    attempt_count <= max_attempts holds and the history keeps numbering on), what
+    belonged to the finished run cleared, a wake-up (the outbox trigger notifies the
+    relay at commit), and a job_replays row saying who asked, when, from what."""
+    return f"""
+WITH RECURSIVE {before}target AS ({target}
+), replayed AS (
+    UPDATE jobs AS j
+    SET state = 'QUEUED',
+        max_attempts = j.attempt_count + t.budget,
+        run_after = now(),
+        finished_at = NULL,
+        result = NULL,
+        progress = NULL,
+        progress_at = NULL,
+        delay_reason = NULL,
+        delay_since = NULL,
+        cancel_requested_at = NULL,
+        updated_at = now()
+    FROM target AS t
+    -- The array hands the planner the ids as one pkey probe each; joined alone, it
+    -- may read every failed job (jobs_unsuccessful_idx) to hash-join a few.
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
+      AND j.state IN ({_REPLAYABLE})
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
+              t.state AS from_state, t.attempt_count
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
+), recorded AS (
+    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
+    SELECT job_id, COALESCE(%(by)s::text, {_WHO}), from_state, attempt_count FROM replayed
+)
+SELECT job_id FROM replayed
+"""
+
+
+# One job, by id. It waits for a lock another transaction holds on the row (a
+# worker's outcome, retention), then decides on what that left.
+JOB_REPLAY: Final = _replay(f"""
+    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
+    FROM jobs AS j
+    WHERE j.job_id = %(job_id)s AND j.state IN ({_REPLAYABLE})
+    FOR NO KEY UPDATE""")
+
+# Failed and cancelled jobs matching the filters (NULL: any), oldest finished first,
+# at most `limit`. Everything is read from jobs_unsuccessful_idx (queue,
+# finished_at), whose predicate is exactly this state list: the given queue, or the
+# queues that have such jobs by a loose index scan; then each queue's oldest
+# `limit` from its range of the index (finished_after narrows the range), merged.
+# PostgreSQL may instead walk jobs_finished_idx in time order when failures are
+# common enough that it meets `limit` of them soon (bench/control_plans.py shows
+# both). Rows another transaction holds are skipped: the next call gets them.
+_UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({_REPLAYABLE})"
+
+JOB_REPLAY_MATCHING: Final = _replay(
+    f"""
+    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
+    FROM jobs AS j
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ({_REPLAYABLE})
+    FOR NO KEY UPDATE OF j SKIP LOCKED""",
+    before=f"""found AS (
+    ({_UNSUCCESSFUL_QUEUE} AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
+    UNION ALL
+    SELECT ({_UNSUCCESSFUL_QUEUE} AND j.queue > f.queue ORDER BY j.queue LIMIT 1)
+    FROM found AS f WHERE f.queue IS NOT NULL
+), queues AS (
+    SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT queue FROM found WHERE queue IS NOT NULL
+), candidates AS (
+    SELECT c.job_id
+    FROM queues AS q
+    CROSS JOIN LATERAL (
+        SELECT j.job_id, j.finished_at
+        FROM jobs AS j
+        WHERE j.state IN ({_REPLAYABLE}) AND j.queue = q.queue
+          AND (%(finished_after)s::timestamptz IS NULL
+               OR j.finished_at > %(finished_after)s::timestamptz)
+          AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
+          AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
+        ORDER BY j.finished_at
+        LIMIT %(limit)s
+    ) AS c
+    ORDER BY c.finished_at
+    LIMIT %(limit)s
+), """,
+)
+
+# Pausing a paused queue keeps who paused it first, and when. The claim refuses
+# the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
+# row says paused; jobs already running finish.
+QUEUE_PAUSE: Final = f"""
+INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)
+VALUES (%(queue)s, true, now(), COALESCE(%(by)s::text, {_WHO}), now())
+ON CONFLICT (queue) DO UPDATE
+SET paused = true,
+    paused_at = CASE WHEN q.paused THEN q.paused_at ELSE EXCLUDED.paused_at END,
+    paused_by = CASE WHEN q.paused THEN q.paused_by ELSE EXCLUDED.paused_by END,
+    updated_at = now()
+RETURNING q.queue, q.paused_at, q.paused_by
+"""
+
+# Returns the queue if it was paused. The notification reaches the relay when the
+# caller commits, so the queue's waiting wake-ups go out at once, not at a poll.
+QUEUE_RESUME: Final = f"""
+WITH resumed AS (
+    UPDATE queues SET paused = false, paused_at = NULL, paused_by = NULL, updated_at = now()
+    WHERE queue = %(queue)s AND paused
+    RETURNING queue
+)
+SELECT r.queue, (SELECT pg_notify('{OUTBOX_CHANNEL}', '')) IS NULL FROM resumed AS r
+"""
+
+QUEUES_PAUSED: Final = """
+SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue
+"""
+
+# Everything "why is my job waiting?" needs about one job, by key lookups: the row;
+# its queue's pause; its tenant's cap and slots in use; why the relay last held the
+# tenant's wake-ups back in that queue; its wake-up (one in flight that was not
+# taken up yet, else the pending one); how many live consumers serve its queue and
+# how many of them have its handler (the workers table holds one row per consumer
+# process); when its lease holder last heartbeat. statement_timestamp(), not now():
+# the caller's transaction may have begun long ago.
+JOB_EXPLAIN: Final = f"""
+SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_count,
+       j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
+       j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at, j.progress,
+       j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       statement_timestamp() AS db_now,
+       q.paused_at, q.paused_by,
+       l.max_running, COALESCE(u.running, 0) AS running,
+       f.held_reason, f.held_since,
+       o.id AS wakeup_id, o.available_at AS wakeup_due, o.sent_at AS wakeup_sent_at,
+       (SELECT count(*) FROM workers AS w
+        WHERE j.queue = ANY(w.queues) AND {LIVE_WORKER})::int AS workers_on_queue,
+       (SELECT count(*) FROM workers AS w
+        WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
+          AND {LIVE_WORKER})::int AS handlers_on_queue,
+       (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at
+FROM jobs AS j
+LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
+LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
+LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant
+LEFT JOIN fair_shares AS f ON f.queue = j.queue AND f.tenant = COALESCE(j.tenant, '')
+LEFT JOIN LATERAL (
+    SELECT o.id, o.available_at, o.sent_at
+    FROM outbox AS o
+    WHERE o.job_id = j.job_id AND (o.sent_at IS NULL OR ({UNTAKEN}))
+    ORDER BY o.sent_at IS NULL, o.available_at
+    LIMIT 1
+) AS o ON true
+WHERE j.job_id = %(job_id)s
+"""
+
+# For a due job with a wake-up, the queue in front of it:
+# - in_flight: wake-ups of its queue sent and not yet taken up, ahead of its own
+#   (all of them, if its own is still pending): about a window's worth;
+# - pending_ahead: due pending wake-ups that the relay sends before its own (higher
+#   priority, or the same priority and older), counted per tenant over two ranges
+#   of outbox_pending_idx each, so only the entries ahead are read, at most `cap`+1
+#   of them per tenant (fair share between tenants is not modelled: an estimate);
+# - drain: the queue's attempts that ended in the last `drain_window` seconds,
+#   from the newest `drain_sample` attempts of all queues (job_attempts_finished_idx,
+#   then a key lookup each), when the earliest of them started, and how far back
+#   the sample reaches;
+# - oldest_due: the queue's oldest due pending wake-up, read from outbox_due_idx no
+#   further than its own (the queue's outbox lag).
+JOB_EXPLAIN_BACKLOG: Final = f"""
+WITH RECURSIVE {PENDING_TENANTS}, ahead AS (
+    SELECT x.n
+    FROM tenants AS t
+    CROSS JOIN LATERAL (
+        SELECT (SELECT count(*) FROM (
+                    SELECT 1 FROM outbox AS o
+                    WHERE o.queue = %(queue)s AND o.tenant = t.tenant AND o.sent_at IS NULL
+                      AND o.priority > %(priority)s AND o.available_at <= %(now)s
+                    LIMIT %(cap)s + 1) AS hi)
+             + (SELECT count(*) FROM (
+                    SELECT 1 FROM outbox AS o
+                    WHERE o.queue = %(queue)s AND o.tenant = t.tenant AND o.sent_at IS NULL
+                      AND o.priority = %(priority)s
+                      AND (o.available_at, o.id) < (%(due)s::timestamptz, %(wakeup_id)s::bigint)
+                    LIMIT %(cap)s + 1) AS eq) AS n
+    ) AS x
+    WHERE t.tenant IS NOT NULL AND %(pending)s
+), sampled AS (
+    -- the queue of each sampled attempt by a key lookup (a subquery per row: a
+    -- join could be planned as a scan of all jobs when the limit is a parameter)
+    SELECT s.started_at, s.finished_at,
+           (SELECT j.queue FROM jobs AS j WHERE j.job_id = s.job_id) = %(queue)s AS ours
+    FROM (SELECT a.job_id, a.started_at, a.finished_at FROM job_attempts AS a
+          WHERE a.finished_at > %(now)s - make_interval(secs => %(drain_window)s)
+            AND a.outcome <> 'QUEUED'
+          ORDER BY a.finished_at DESC
+          LIMIT %(drain_sample)s) AS s
+), drained AS (
+    SELECT count(*) FILTER (WHERE ours) AS n, count(*) AS sampled,
+           min(finished_at) AS since, min(started_at) FILTER (WHERE ours) AS first_start
+    FROM sampled
+)
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+            WHERE o.queue = %(queue)s AND o.sent_at IS NOT NULL
+              AND (%(pending)s OR (o.sent_at, o.id) < (%(sent_at)s::timestamptz,
+                                                       %(wakeup_id)s::bigint))
+              AND {UNTAKEN}
+            LIMIT %(cap)s + 1) AS f) AS in_flight,
+       (SELECT COALESCE(sum(n), 0) FROM ahead)::bigint AS pending_ahead,
+       d.n AS drained, d.sampled, d.since, d.first_start,
+       (SELECT o.available_at FROM outbox AS o
+        WHERE %(pending)s AND o.sent_at IS NULL AND o.available_at <= %(due)s::timestamptz
+          AND o.queue = %(queue)s
+        ORDER BY o.available_at LIMIT 1) AS oldest_due
+FROM drained AS d
+"""
+
+# Retention: a batch of jobs finished longer ago than keep_seconds, oldest first
+# (jobs_finished_idx), with their effect keys (job_effects has no foreign key: an
+# effect's record outlives its job until now); attempts, wake-ups and replays go by
+# ON DELETE CASCADE. A row another transaction holds (an operator replaying it) is
+# skipped, and the state is checked again on the locked row, so a job replayed
+# meanwhile is never deleted. Deleting the job frees its dedup key. The deletes take
+# the batch as an array, so each is a key lookup per id whatever the batch size
+# (joined, a generic plan could scan all of job_effects or jobs).
+JOB_RETENTION_DELETE: Final = f"""
+WITH doomed AS (
+    SELECT j.job_id
+    FROM jobs AS j
+    WHERE j.state IN ({TERMINAL_SQL})
+      AND j.finished_at < now() - make_interval(secs => %(keep_seconds)s)
+    ORDER BY j.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), effects AS (
+    DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT job_id FROM doomed))
+), deleted AS (
+    DELETE FROM jobs AS j
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM doomed)) AND j.state IN ({TERMINAL_SQL})
+    RETURNING j.job_id
+)
+SELECT count(*) FROM deleted
+"""

@@ -1,0 +1,108 @@
+"""A job's statements outside its lease: enqueue, cancel, an effect done once, the
+handler's progress, the API request behind a job."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schema.queries.fragments import FENCE
+from schema.tables import CLAIMABLE_SQL
+
+# Inserts a batch of jobs and their wake-ups in one statement. A job whose
+# (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
+# caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
+# notifies the relay when the caller's transaction commits.
+JOB_INSERT_MANY: Final = """
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, run_after timestamptz,
+        delay_seconds double precision)
+), inserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after)
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0)))
+    FROM input
+    ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+)
+SELECT job_id FROM inserted
+"""
+
+# A separate statement from the insert on purpose: under READ COMMITTED it takes a
+# fresh snapshot, so it sees the row of a concurrent transaction that won the race on
+# the same dedup key (the insert above waited for that transaction to commit).
+JOB_FIND_BY_DEDUP_MANY: Final = """
+SELECT j.job_type, j.dedup_key, j.job_id
+FROM jsonb_to_recordset(%(keys)s::jsonb) AS k(job_type text, dedup_key text)
+JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key
+"""
+
+# A cancel request from outside: a job nobody holds is cancelled at once (and its
+# pending wake-ups go); a running one is asked to stop (its worker sees
+# CANCEL_REQUESTED on its next heartbeat, and keeps its slot until it stops).
+# Returns the new state, or nothing if the job is finished already or unknown.
+JOB_REQUEST_CANCEL: Final = f"""
+WITH cancelled AS (
+    UPDATE jobs
+    SET state = CASE state WHEN 'RUNNING' THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
+        finished_at = CASE state WHEN 'RUNNING' THEN finished_at ELSE statement_timestamp() END,
+        cancel_requested_at = now(),
+        delay_reason = NULL,
+        delay_since = NULL,
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state IN ({CLAIMABLE_SQL}, 'RUNNING')
+    RETURNING job_id, state
+), unwoken AS (
+    DELETE FROM outbox AS o USING cancelled AS c
+    WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
+)
+SELECT state FROM cancelled
+"""
+
+JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
+
+# Marks one effect done, once per key, in the handler's own transaction: true the
+# first time, false for every later attempt (whose transaction then skips the effect).
+JOB_EFFECT_CLAIM: Final = """
+INSERT INTO job_effects (effect_key, job_id)
+VALUES (%(effect_key)s, %(job_id)s)
+ON CONFLICT (effect_key) DO NOTHING
+RETURNING true
+"""
+
+# A handler's progress, through the fence. A row another transaction holds is
+# skipped: progress is advisory and the next report will land.
+JOB_PROGRESS: Final = f"""
+WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
+held AS (
+    SELECT j.job_id FROM h JOIN jobs AS j ON {FENCE}
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs AS j SET progress = %(progress)s::jsonb, progress_at = now()
+FROM held WHERE j.job_id = held.job_id
+RETURNING j.job_id
+"""
+
+
+# The fingerprint of the API request that created a job (Idempotency-Key). Inserted
+# after the enqueue, in its transaction: a row that comes back means this request
+# made the job (or adopted one enqueued with its key by other means); none means the
+# job had a fingerprint already, and JOB_REQUEST_FINGERPRINT reads it.
+JOB_REQUEST_RECORD: Final = """
+INSERT INTO job_requests (job_id, fingerprint)
+VALUES (%(job_id)s, %(fingerprint)s)
+ON CONFLICT (job_id) DO NOTHING
+RETURNING true
+"""
+
+JOB_REQUEST_FINGERPRINT: Final = """
+SELECT fingerprint FROM job_requests WHERE job_id = %(job_id)s
+"""

@@ -1,0 +1,346 @@
+"""A lease's life: the claim that starts it, the heartbeat that extends it, and every
+statement that ends it (the holder's outcome, a give-back at a graceful stop, the
+sweeper). Each one that ends a lease carries :func:`~schema.queries.fragments.lease_ended`."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from schema.queries.fragments import BUDGET, FENCE, LIVE_WORKER, lease_ended
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
+
+# Claims the jobs a batch of wake-ups names, and says for every other one why not.
+#
+# A named job is taken when it is claimable and due, its type is one this worker has
+# a handler for, its queue is not paused, a plain-function handler has a free thread
+# (free_threads), and its tenant has a free slot; the slot is reserved in this same
+# statement (tenant_usage, locked in tenant order). The claim raises the generation
+# and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
+# without one and the backoff the sweeper will use if the lease expires.
+#
+# A job turned down for its queue, its type or its tenant's cap records why
+# (delay_reason, written when the reason changes) and its used-up wake-up goes back
+# to the backlog, where the relay wakes it again once it can run. A job of a type
+# no live consumer knows waits without a wake-up, until one announces it
+# (JOB_WAKE_PARKED); nothing about it spends an attempt.
+#
+# Rows another transaction holds are skipped (status 'locked'): the worker tries
+# them again alone. One row per requested id comes back: 'claimed' with the job, or
+# the reason it was not.
+JOB_CLAIM_MANY: Final = f"""
+WITH types AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
+        job_type text, max_attempts int, backoff_base double precision,
+        backoff_cap double precision, backoff_jitter double precision, sync boolean)
+), locked AS (
+    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority,
+           t.job_type IS NOT NULL AS known,
+           COALESCE(t.sync, false) AS sync,
+           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
+    FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
+    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
+      AND j.state IN ({CLAIMABLE_SQL})
+      AND j.run_after <= now()
+      AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), runnable AS (
+    SELECT r.*
+    FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
+                 AS thread_rank
+          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+    WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), usage AS MATERIALIZED (
+    -- Locked in tenant order (every statement that moves these counters does so).
+    SELECT u.tenant, l.max_running - u.running AS free
+    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
+    WHERE u.tenant IN (SELECT tenant FROM runnable)
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
+), admitted AS (
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
+    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
+                 AS slot_rank
+          FROM runnable AS r) AS a
+    LEFT JOIN usage AS u ON u.tenant = a.tenant
+    WHERE u.free IS NULL OR a.slot_rank <= u.free
+), reserved AS (
+    UPDATE tenant_usage AS u
+    SET running = u.running + a.slots, claimed = u.claimed + a.taken
+    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+    WHERE u.tenant = a.tenant
+), refused AS (
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
+           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
+                WHEN NOT l.known THEN 'NO_HANDLER'
+                ELSE 'TENANT_CAP' END AS reason
+    FROM locked AS l
+    WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
+      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+), noted AS (
+    -- delay_since is when a consumer last turned it down: it marks the wake-up used
+    -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
+    -- job only when it can run).
+    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id
+), used_up AS (
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
+), requeued AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority, now()
+    FROM refused AS r
+    WHERE r.reason <> 'NO_HANDLER'
+       OR EXISTS (SELECT 1 FROM workers AS w
+                  WHERE w.worker_id <> %(worker)s AND {LIVE_WORKER}
+                    AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types))
+), claimed AS (
+    UPDATE jobs AS j
+    SET state = 'RUNNING',
+        lease_owner = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        lease_generation = j.lease_generation + 1,
+        attempt_count = j.attempt_count + 1,
+        max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
+        expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
+                         * (1 + t.backoff_jitter * (2 * random() - 1)),
+        holds_slot = a.holds,
+        delay_reason = NULL,
+        delay_since = NULL,
+        started_at = now(),
+        updated_at = now()
+    FROM admitted AS a, types AS t
+    WHERE j.job_id = a.job_id AND t.job_type = j.job_type
+    RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
+              j.max_attempts, j.lease_generation, j.created_at
+)
+SELECT 'claimed' AS status, c.* FROM claimed AS c
+UNION ALL
+SELECT CASE
+           WHEN j.job_id IS NULL THEN 'missing'
+           WHEN r.reason IS NOT NULL THEN r.reason
+           WHEN l.job_id IS NOT NULL THEN 'no_thread'
+           WHEN j.state IN ({LEASED_SQL}) THEN 'running'
+           WHEN j.state IN ({TERMINAL_SQL}) THEN 'finished'
+           WHEN j.run_after > now() THEN 'early'
+           WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
+           ELSE 'locked'
+       END,
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
+LEFT JOIN jobs AS j ON j.job_id = ids.job_id
+LEFT JOIN refused AS r ON r.job_id = ids.job_id
+LEFT JOIN locked AS l ON l.job_id = ids.job_id
+WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
+"""
+
+# After a claim whose commit was ambiguous (the connection dropped while it ran): the
+# named jobs this worker holds. Worker ids are unique per process, so a job held
+# under ours that the process does not know about came from that claim.
+JOB_HELD_BY: Final = f"""
+SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
+       lease_generation, created_at
+FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
+"""
+
+# Extends the leases this worker holds, through the fence and only while they have
+# not expired (once expired the sweeper may have moved the job on; a late heartbeat
+# must not revive it). One row per handle: the renewed job's state (so the worker
+# sees CANCEL_REQUESTED), 'LOCKED' for a lease still ours whose row another
+# transaction holds (try again alone), or NULL for a lease that is gone.
+JOB_HEARTBEAT_MANY: Final = f"""
+WITH h AS (
+    SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
+), held AS (
+    SELECT j.job_id
+    FROM h JOIN jobs AS j ON {FENCE}
+    WHERE j.lease_expires_at > now()
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobs AS j
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+    FROM held
+    WHERE j.job_id = held.job_id
+    RETURNING j.job_id, j.state
+)
+SELECT h.job_id,
+       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END)
+FROM h
+LEFT JOIN renewed AS r ON r.job_id = h.job_id
+LEFT JOIN jobs AS j ON {FENCE}
+"""
+
+
+# Records the outcomes of a batch of attempts, each through its own fence, and for
+# each one that applied writes what every end of a lease writes (lease_ended), all
+# in one statement. kind is one of:
+#   succeeded  -> SUCCEEDED, with the handler's result
+#   cancelled  -> CANCELLED (the handler acknowledged a cancel request)
+#   failed     -> FAILED at once (Permanent)
+#   retry      -> RETRY_WAIT after delay_seconds, or FAILED once the budget is spent,
+#                 or CANCELLED if a cancel was requested meanwhile
+# The new state is decided on the locked row, so a concurrent cancel request is seen.
+# Returns the applied ones' new states, and 'LOCKED' for outcomes whose row another
+# transaction holds (still ours: try again alone). A stale outcome (generation or
+# owner no longer match) matches no row, changes nothing and is absent.
+def _finish(lock: str) -> str:
+    return f"""
+WITH h AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS h(
+        job_id uuid, generation bigint, kind text, error_code text, error_message text,
+        traceback text, delay_seconds double precision, result jsonb, progress jsonb)
+), decided AS (
+    SELECT h.job_id, h.kind, h.error_code, h.error_message, h.traceback, h.delay_seconds,
+           h.result, h.progress, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           CASE
+               WHEN h.kind = 'succeeded' THEN 'SUCCEEDED'
+               WHEN h.kind = 'cancelled' THEN 'CANCELLED'
+               WHEN h.kind = 'failed' THEN 'FAILED'
+               WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN j.attempt_count >= {BUDGET} THEN 'FAILED'
+               ELSE 'RETRY_WAIT'
+           END AS state
+    FROM h JOIN jobs AS j ON {FENCE}
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j {lock}
+), finished AS (
+    UPDATE jobs AS j
+    SET state = d.state,
+        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+                         THEN now() + make_interval(secs => d.delay_seconds)
+                         ELSE j.run_after END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        holds_slot = false,
+        last_error_code = COALESCE(d.error_code, j.last_error_code),
+        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
+                                  ELSE d.error_message END,
+        result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
+        progress = COALESCE(d.progress, j.progress),
+        progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
+                           ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        updated_at = now()
+    FROM decided AS d
+    WHERE j.job_id = d.job_id
+    RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
+              d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
+              d.error_code, d.error_message, d.traceback
+), {lease_ended("finished")}
+SELECT job_id, state FROM finished
+UNION ALL
+SELECT h.job_id, 'LOCKED'
+FROM h JOIN jobs AS j ON {FENCE}
+WHERE h.job_id NOT IN (SELECT job_id FROM finished)
+"""
+
+
+JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
+
+# The same, from inside the job's own transaction (job.transaction()), which waits
+# for a row lock rather than skip it: it cannot be retried alone later.
+JOB_FINISH_IN_TX: Final = _finish("")
+
+# Whether this worker's outcomes were recorded after all: used when a commit failed
+# ambiguously (the connection dropped during COMMIT) and the retried statement then
+# matched nothing, to tell "already applied" from "stale". The sweeper also writes
+# rows under the worker's name, for leases that expired; those do not count.
+JOB_ATTEMPTS_RECORDED: Final = """
+SELECT a.job_id
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
+JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation
+WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
+"""
+
+# A graceful stop gives back the claims whose handlers did not finish in time:
+# RUNNING goes back to QUEUED with its attempt refunded (a routine deploy must not
+# burn attempts) and a fresh wake-up; CANCEL_REQUESTED becomes CANCELLED, since
+# nobody wants it run again. Either way the attempt gets its history row (outcome
+# QUEUED for a refunded one) and the slot is released. Fenced like every worker write.
+JOB_GIVE_BACK_MANY: Final = f"""
+WITH h AS (
+    SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
+), giving AS (
+    SELECT h.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           CASE WHEN j.state = 'RUNNING' THEN 'QUEUED' ELSE 'CANCELLED' END AS state
+    FROM h JOIN jobs AS j ON {FENCE}
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), returned AS (
+    UPDATE jobs AS j
+    SET state = g.state,
+        attempt_count = CASE WHEN g.state = 'QUEUED' THEN j.attempt_count - 1
+                             ELSE j.attempt_count END,
+        run_after = now(),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        holds_slot = false,
+        finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
+        updated_at = now()
+    FROM giving AS g
+    WHERE j.job_id = g.job_id
+    RETURNING g.job_id, g.state, g.queue, g.tenant, g.priority, j.run_after, g.attempt,
+              g.lease_generation, g.worker, g.ready_at, g.started_at, g.held_slot,
+              'SHUTDOWN'::text AS error_code,
+              CASE WHEN g.state = 'QUEUED'
+                   THEN 'given back at a graceful stop; the attempt was refunded'
+                   ELSE 'the worker stopped while a cancel was requested' END AS error_message,
+              NULL::text AS traceback
+), {lease_ended("returned")}
+SELECT job_id, state FROM returned
+"""
+
+# The sweeper: leases that expired without a report. A crashed or frozen worker
+# looks exactly like this. RUNNING becomes RETRY_WAIT after the handler's backoff
+# (fixed at claim in expiry_backoff), like any failed attempt, so a job that kills
+# its worker does not take the next one down at once; or FAILED once the attempts
+# are spent (counted at claim, so such a job still stops); CANCEL_REQUESTED becomes
+# CANCELLED. The lost attempt gets what every end of a lease gets (lease_ended).
+# SKIP LOCKED passes over a row whose worker is heartbeating it right now.
+JOB_SWEEP_EXPIRED: Final = f"""
+WITH expired AS (
+    SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           COALESCE(j.expiry_backoff, %(default_backoff)s) AS backoff,
+           CASE
+               WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN j.attempt_count >= {BUDGET} THEN 'FAILED'
+               ELSE 'RETRY_WAIT'
+           END AS state
+    FROM jobs AS j
+    WHERE j.state IN ({LEASED_SQL}) AND j.lease_expires_at <= now()
+    ORDER BY j.lease_expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), swept AS (
+    UPDATE jobs AS j
+    SET state = e.state,
+        run_after = CASE WHEN e.state = 'RETRY_WAIT'
+                         THEN now() + make_interval(secs => e.backoff) ELSE j.run_after END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        holds_slot = false,
+        last_error_code = 'LEASE_EXPIRED',
+        last_error_message = 'the lease of ' || e.worker || ' expired without a report',
+        finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        updated_at = now()
+    FROM expired AS e
+    WHERE j.job_id = e.job_id
+    RETURNING e.job_id, e.state, e.queue, e.tenant, e.priority, j.run_after, e.attempt,
+              e.lease_generation, e.worker, e.ready_at, e.started_at, e.held_slot,
+              'LEASE_EXPIRED'::text AS error_code, j.last_error_message AS error_message,
+              NULL::text AS traceback
+), {lease_ended("swept")}
+SELECT job_id, state, worker, run_after FROM swept
+"""

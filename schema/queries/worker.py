@@ -1,0 +1,65 @@
+"""Consumers and relays announcing themselves, and being forgotten; the lock every
+periodic chore takes."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# A consumer announces itself at start and at every heartbeat: which queues and job
+# types it serves, with what capacity, and its counters. Upsert, so a worker whose
+# row expired while it was frozen comes back.
+WORKER_SEEN: Final = """
+INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
+                          stopping, counts)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)s,
+        %(prefetch)s, %(stopping)s, %(counts)s::jsonb)
+ON CONFLICT (worker_id) DO UPDATE
+SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
+    job_types = EXCLUDED.job_types
+"""
+
+WORKER_GONE: Final = "DELETE FROM workers WHERE worker_id = %(worker)s"
+
+# Consumers that stopped heartbeating (killed, frozen, partitioned) are forgotten.
+WORKERS_EXPIRE: Final = """
+DELETE FROM workers
+WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
+RETURNING worker_id
+"""
+
+# ------------------------------------------------------------------------- relays
+
+# A relay announces itself at start and at every heartbeat: whether it is connected
+# to RabbitMQ and how many wake-ups it has published. Upsert, so a relay whose row
+# expired while it was frozen comes back.
+RELAY_SEEN: Final = """
+INSERT INTO relays AS r (relay_id, host, pid, broker_connected, published)
+VALUES (%(relay)s, %(host)s, %(pid)s, %(connected)s, %(published)s)
+ON CONFLICT (relay_id) DO UPDATE
+SET last_seen_at = now(), broker_connected = EXCLUDED.broker_connected,
+    published = EXCLUDED.published
+"""
+
+RELAY_GONE: Final = "DELETE FROM relays WHERE relay_id = %(relay)s"
+
+# Relays that stopped heartbeating (killed, frozen) are forgotten, like consumers.
+RELAYS_EXPIRE: Final = """
+DELETE FROM relays
+WHERE last_seen_at < now() - make_interval(secs => %(ttl)s)
+RETURNING relay_id
+"""
+
+# A relay seen this recently is live: several heartbeats (every 5 s by default), so
+# one slow round does not make it look gone.
+RELAY_LIVE_SECONDS: Final = 30
+
+# How many relays are live, and how many of those are connected to RabbitMQ.
+RELAYS_LIVE: Final = f"""
+SELECT count(*)::int, (count(*) FILTER (WHERE broker_connected))::int
+FROM relays
+WHERE last_seen_at > now() - make_interval(secs => {RELAY_LIVE_SECONDS})
+"""
+
+# Each periodic chore (sweeping, re-waking, reconciling...) runs in one relay at a
+# time: the others find its transaction-scoped advisory lock taken and skip the round.
+MAINTENANCE_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(%(key)s)"
