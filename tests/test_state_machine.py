@@ -328,15 +328,17 @@ class JobMachine(RuleBasedStateMachine):
         )
 
     def come_due(self, job_id: uuid.UUID) -> None:
-        """Not a transition: a waiting job's run_after, and its wake-up, come due."""
+        """Not a transition: a waiting job's run_after, and its wake-up, come due.
+        Only forward: a time already past stays (moved later, it would fall after
+        the wake-up sent for it, which then no longer counts as untaken)."""
         self.conn.execute(
             "UPDATE jobs SET run_after = now() - interval '1 millisecond'"
-            " WHERE job_id = %s AND state = 'RETRY_WAIT'",
+            " WHERE job_id = %s AND state = 'RETRY_WAIT' AND run_after > now()",
             [job_id],
         )
         self.conn.execute(
             "UPDATE outbox SET available_at = now() - interval '1 millisecond'"
-            " WHERE job_id = %s AND sent_at IS NULL",
+            " WHERE job_id = %s AND sent_at IS NULL AND available_at > now()",
             [job_id],
         )
 
