@@ -43,6 +43,7 @@ from consumers.registry import Registry, default_registry
 from consumers.store import JobStore
 from plumbing.config import DatabaseUrl, database_url
 from plumbing.db import connection_kwargs, make_pool
+from schema.queries import JOB_RETRIES_DUE_NOW
 
 _DUE = """
 SELECT job_id FROM jobs
@@ -51,9 +52,6 @@ WHERE state IN ('QUEUED', 'RETRY_WAIT') AND run_after <= now()
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY job_id
 LIMIT %(limit)s
-"""
-_RETRIES_DUE_NOW = """
-UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now()
 """
 _STATE = "SELECT state, last_error_code, last_error_message FROM jobs WHERE job_id = %s"
 
@@ -141,7 +139,7 @@ class JobRunner:
         for _ in range(max_rounds):
             if retries:
                 async with self.pool.connection() as conn:
-                    await conn.execute(_RETRIES_DUE_NOW)
+                    await conn.execute(JOB_RETRIES_DUE_NOW)
             batch = await self.run_due(**which)
             if not batch:
                 break

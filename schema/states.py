@@ -1,9 +1,12 @@
-"""The job state machine: the states, and which transitions are legal.
+"""The job state machine: the states, every statement that moves a job between
+them, and so the legal transitions.
 
 The same machine is enforced three times: by the CHECK constraint on ``jobs.state``
 (migration 0001), by the guarded UPDATEs in :mod:`schema.queries` (each names the
-states it may leave), and by this table, which the model-based test checks every
-applied transition against. ``docs/state_machine.md`` draws it.
+states it may leave), and by :data:`OPERATIONS`, the index below of which statement
+makes which edge and who runs it, which the model-based test checks every applied
+transition against, statement by statement. ``docs/state_machine.md`` draws the
+machine and tabulates the index (``python -m schema.docs`` writes the table).
 
 FAILED and CANCELLED are final for the system: no worker, relay or sweeper statement
 leaves them. Only an operator's replay (``outbox.retry_job``) does, back to QUEUED.
@@ -11,7 +14,10 @@ leaves them. Only an operator's replay (``outbox.retry_job``) does, back to QUEU
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 
 class JobState(StrEnum):
@@ -31,44 +37,135 @@ TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 # replayed: enqueue a new job instead.
 REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
-# Every transition a statement in schema/queries/ can make, and nothing else.
-TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    # claim; a cancel request on a job nobody holds cancels it outright
-    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
-    JobState.RETRY_WAIT: frozenset({JobState.RUNNING, JobState.CANCELLED}),
-    # outcomes reported by the lease holder, the sweeper, a graceful give-back,
-    # a cancel request
-    JobState.RUNNING: frozenset(
-        {
-            JobState.SUCCEEDED,
-            JobState.RETRY_WAIT,
-            JobState.FAILED,
-            JobState.CANCELLED,
-            JobState.QUEUED,
-            JobState.CANCEL_REQUESTED,
-        }
+# (before, after); None is no row: before the enqueue, after retention deleted it.
+Edge = tuple[JobState | None, JobState | None]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One statement that moves jobs: its name in :mod:`schema.queries`, the
+    functions that run it (``module:qualname``, each reaching the statement itself
+    or through the consumer's or producer's store), and when it makes each edge it
+    makes. A statement that writes jobs without moving one (heartbeat, progress,
+    a claim's refusal) has no operation: it must never change a state."""
+
+    statement: str
+    callers: tuple[str, ...]
+    moves: Mapping[Edge, str]
+
+
+_NEW = _GONE = None
+_QUEUED = JobState.QUEUED
+_RUNNING = JobState.RUNNING
+_RETRY_WAIT = JobState.RETRY_WAIT
+_SUCCEEDED = JobState.SUCCEEDED
+_FAILED = JobState.FAILED
+_CANCEL_REQUESTED = JobState.CANCEL_REQUESTED
+_CANCELLED = JobState.CANCELLED
+_REPLAYS: tuple[Edge, ...] = ((_FAILED, _QUEUED), (_CANCELLED, _QUEUED))
+
+# Every statement that moves a job, as Oban's engine lists a job's lifecycle: one
+# entry per operation. Nothing else in this project changes jobs.state.
+OPERATIONS: Final[tuple[Operation, ...]] = (
+    Operation(
+        "JOB_INSERT_MANY",
+        ("outbox.enqueue:enqueue_many", "relay.schedules:_enqueue"),
+        {(_NEW, _QUEUED): "enqueued, with its wake-up, in the producer's or scheduler's commit"},
     ),
-    # the worker finishes anyway, gives up, acknowledges the cancel, or its lease
-    # lapses (the sweeper cancels); a give-back during shutdown cancels too, since
-    # nobody wants the job run again
-    JobState.CANCEL_REQUESTED: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
-    JobState.SUCCEEDED: frozenset(),
-    # an operator's replay only (see OPERATOR_ONLY)
-    JobState.FAILED: frozenset({JobState.QUEUED}),
-    JobState.CANCELLED: frozenset({JobState.QUEUED}),
+    Operation(
+        "JOB_CLAIM_MANY",
+        ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
+        {
+            (_QUEUED, _RUNNING): "a woken consumer claims it: generation+1, attempt+1, lease",
+            (_RETRY_WAIT, _RUNNING): "a woken consumer claims it once its run_after has passed",
+        },
+    ),
+    Operation(
+        "JOB_FINISH_MANY",
+        ("consumers.reporter:Reporter.record", "consumers.testing:JobRunner._record"),
+        {
+            (_RUNNING, _SUCCEEDED): "the holder's handler returned",
+            (_RUNNING, _RETRY_WAIT): "the holder's attempt failed with attempts left",
+            (_RUNNING, _FAILED): "Permanent, or a failed last attempt",
+            (_RUNNING, _CANCELLED): "the handler raised Cancel",
+            (_CANCEL_REQUESTED, _SUCCEEDED): "the handler finished anyway",
+            (_CANCEL_REQUESTED, _FAILED): "the handler raised Permanent",
+            (_CANCEL_REQUESTED, _CANCELLED): "the handler stopped: Cancel, or any retryable error",
+        },
+    ),
+    Operation(
+        "JOB_FINISH_IN_TX",
+        ("consumers.job:Job.transaction",),
+        {
+            (_RUNNING, _SUCCEEDED): "job.transaction() commits with the handler's writes",
+            (_CANCEL_REQUESTED, _SUCCEEDED): "job.transaction() commits; a cancel was requested",
+        },
+    ),
+    Operation(
+        "JOB_GIVE_BACK_MANY",
+        ("consumers.worker:Consumer._give_back",),
+        {
+            (_RUNNING, _QUEUED): "a graceful stop hands it back, the attempt refunded",
+            (_CANCEL_REQUESTED, _CANCELLED): "a graceful stop: nobody wants it run again",
+        },
+    ),
+    Operation(
+        "JOB_SWEEP_EXPIRED",
+        ("relay.maintenance:sweep_expired",),
+        {
+            (_RUNNING, _RETRY_WAIT): "the lease expired without a report, attempts left",
+            (_RUNNING, _FAILED): "the lease expired without a report on the last attempt",
+            (_CANCEL_REQUESTED, _CANCELLED): "the lease expired while a cancel was requested",
+        },
+    ),
+    Operation(
+        "JOB_REQUEST_CANCEL",
+        ("outbox.cancel:request_cancel",),
+        {
+            (_QUEUED, _CANCELLED): "a cancel request: nobody holds it, its wake-ups go",
+            (_RETRY_WAIT, _CANCELLED): "a cancel request while it waits for a retry",
+            (_RUNNING, _CANCEL_REQUESTED): "a cancel request: its worker sees it at a heartbeat",
+        },
+    ),
+    Operation(
+        "JOB_REPLAY",
+        ("outbox.replay:retry_job",),
+        dict.fromkeys(_REPLAYS, "an operator replays it: a fresh budget, a wake-up, a record"),
+    ),
+    Operation(
+        "JOB_REPLAY_MATCHING",
+        ("outbox.replay:retry_jobs",),
+        dict.fromkeys(_REPLAYS, "an operator replays the oldest that match a filter"),
+    ),
+    Operation(
+        "JOB_RETENTION_DELETE",
+        ("relay.retention:delete_finished",),
+        dict.fromkeys(
+            ((_SUCCEEDED, _GONE), (_FAILED, _GONE), (_CANCELLED, _GONE)),
+            "retention deletes it, finished longer than relay --keep-finished",
+        ),
+    ),
+)
+
+
+def edges_of(statement: str) -> frozenset[Edge]:
+    """The edges the named statement makes (none: it must leave every state as it
+    found it)."""
+    return frozenset(e for op in OPERATIONS if op.statement == statement for e in op.moves)
+
+
+# Every transition a statement in schema/queries/ can make, and nothing else.
+TRANSITIONS: Final[dict[JobState, frozenset[JobState]]] = {
+    state: frozenset(
+        after
+        for op in OPERATIONS
+        for before, after in op.moves
+        if before == state and after is not None
+    )
+    for state in JobState
 }
 
 # The transitions above that only an operator's action makes.
 OPERATOR_ONLY: frozenset[tuple[JobState, JobState]] = frozenset(
     (state, JobState.QUEUED) for state in REPLAYABLE
 )
-
-
-def is_legal(before: JobState, after: JobState, *, by_operator: bool = False) -> bool:
-    """Whether one statement may take a job from ``before`` to ``after``; the
-    replay transitions count only for an operator's statement."""
-    if before == after:
-        return True
-    if after not in TRANSITIONS[before]:
-        return False
-    return by_operator or (before, after) not in OPERATOR_ONLY

@@ -1,24 +1,26 @@
 """A model-based test of the job state machine against real PostgreSQL.
 
-Hypothesis drives every transition statement of schema/queries/ (claim,
-heartbeat, complete, fail, retry, cancel, give-back, sweep, cancel request, the
-relay's wake-up, an operator's replay) in arbitrary orders, by several workers
-holding current and stale fencing tokens, with leases expiring at will; and it
-races pairs of them on separate connections: one statement holds its row locks in
-an open transaction while the other arrives, then the first commits (sweeper
-against heartbeat, finish and claim; a cancel request against finish; two claims;
-a replay against a claim and against another replay).
+Hypothesis drives every transition statement of schema/queries/ but retention
+(enqueue, claim, heartbeat, complete, the completion of job.transaction(), fail,
+retry, cancel, give-back, sweep, cancel request, the relay's wake-up, an operator's
+replay) in arbitrary orders, by several workers holding current and stale fencing
+tokens, with leases expiring at will; and it races pairs of them on separate
+connections: one statement holds its row locks in an open transaction while the
+other arrives, then the first commits (sweeper against heartbeat, finish and claim;
+a cancel request against finish; two claims; a replay against a claim and against
+another replay).
 
-After every step it checks safety: every applied transition is one the state
-machine allows; terminal states are absorbing but for an operator's replay, which
-moves only FAILED and CANCELLED jobs, to QUEUED, keeping their attempts and
-history, with a fresh budget of the job's own size and a record of the replay; a
-write through a stale token or an expired lease changes nothing, generations never
-go down, attempts stay within budget, the history has one row per ended attempt,
-tenant slots held equal leases holding one. And liveness: every job waiting to run
-has a wake-up on its way (one waiting in the outbox, or one sent and not yet taken
-up, which the re-waker sends again if it was lost), unless it waits for a consumer
-that knows its type.
+After every step it checks safety: every change of state (a new job included) is
+an edge that the index in schema/states.py lists for the statement that made it,
+each step knowing its statement by the text it sent; terminal states are absorbing
+but for an operator's replay, which moves only FAILED and CANCELLED jobs, to
+QUEUED, keeping their attempts and history, with a fresh budget of the job's own
+size and a record of the replay; a write through a stale token or an expired lease
+changes nothing, generations never go down, attempts stay within budget, the
+history has one row per ended attempt, tenant slots held equal leases holding one.
+And liveness: every job waiting to run has a wake-up on its way (one waiting in the
+outbox, or one sent and not yet taken up, which the re-waker sends again if it was
+lost), unless it waits for a consumer that knows its type.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -43,15 +46,7 @@ from hypothesis.stateful import (
 
 from plumbing.config import DatabaseUrl
 from schema import queries as q
-from schema.states import (
-    CLAIMABLE,
-    LEASED,
-    OPERATOR_ONLY,
-    REPLAYABLE,
-    TERMINAL,
-    TRANSITIONS,
-    JobState,
-)
+from schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, JobState, edges_of
 
 WORKERS = ["w1", "w2", "w3"]
 TENANTS = [None, "capped"]
@@ -79,17 +74,17 @@ def terms(budget: int, known: bool = True) -> str:
     )
 
 
-def _reachable(before: JobState, after: JobState, steps: int, by_operator: bool = False) -> bool:
-    """Whether ``steps`` statements can take a job from one state to the other
-    (a replay's transitions only if an operator's statement was among them)."""
+# Each statement's name, by its text: what a step ran is known by what it sent.
+NAMES = {text: name for name in q.__all__ if isinstance(text := getattr(q, name), str)}
+
+
+def _made_by(ran: Sequence[str], before: JobState | None, after: JobState | None) -> bool:
+    """Whether the named statements, run in this order, each making at most one of
+    the edges the index lists for it, can take a job from ``before`` to ``after``
+    (None: no row)."""
     states = {before}
-    for _ in range(steps):
-        states |= {
-            s
-            for state in states
-            for s in TRANSITIONS[state]
-            if by_operator or (state, s) not in OPERATOR_ONLY
-        }
+    for name in ran:
+        states |= {to for frm, to in edges_of(name) if frm in states}
     return after in states
 
 
@@ -124,6 +119,11 @@ class Step:
     writer: Handle | None = None
     # An operator's statement (a replay), which may leave FAILED and CANCELLED.
     by_operator: bool = False
+
+    @property
+    def name(self) -> str:
+        """The statement of schema.queries this step runs (KeyError: none)."""
+        return NAMES[self.sql]
 
 
 class JobMachine(RuleBasedStateMachine):
@@ -161,20 +161,27 @@ class JobMachine(RuleBasedStateMachine):
         before: dict[uuid.UUID, dict[str, Any]],
         writer: Handle | None = None,
         *,
-        steps: int = 1,
+        ran: Sequence[str],
         live_lease_only: bool = False,
         now: Any = None,
         by_operator: bool = False,
     ) -> dict[uuid.UUID, dict[str, Any]]:
-        """What the statements just run did to every job must be legal (``steps``
-        statements ran); a write through a handle that no longer held its job must
-        have changed nothing."""
+        """What the statements just run (``ran``, in order) did to every job must be
+        what the index lists for them; a write through a handle that no longer held
+        its job must have changed nothing."""
         after = self.rows()
+        for job_id in after.keys() - before.keys():
+            new_state = JobState(after[job_id]["state"])
+            assert _made_by(ran, None, new_state), f"{ran} made a new job {new_state}"
         for job_id, old in before.items():
+            old_state = JobState(old["state"])
+            if job_id not in after:
+                assert _made_by(ran, old_state, None), f"{ran} deleted a {old_state} job"
+                continue
             new = after[job_id]
-            old_state, new_state = JobState(old["state"]), JobState(new["state"])
-            assert _reachable(old_state, new_state, steps, by_operator), (
-                f"{old_state} -> {new_state}"
+            new_state = JobState(new["state"])
+            assert _made_by(ran, old_state, new_state), (
+                f"{old_state} -> {new_state} is not an edge schema/states.py lists for {ran}"
             )
             if old_state in TERMINAL and new_state == old_state:
                 assert new == old, "terminal states are absorbing"
@@ -221,7 +228,12 @@ class JobMachine(RuleBasedStateMachine):
         before, now = self.rows(), self.now()
         rows = self.conn.execute(s.sql, s.params).fetchall()
         self.check(
-            before, s.writer, live_lease_only=live_lease_only, now=now, by_operator=s.by_operator
+            before,
+            s.writer,
+            ran=[s.name],
+            live_lease_only=live_lease_only,
+            now=now,
+            by_operator=s.by_operator,
         )
         return rows
 
@@ -251,7 +263,11 @@ class JobMachine(RuleBasedStateMachine):
         racer.join(10)
         assert not racer.is_alive(), "the second statement never finished"
         assert not failure, failure
-        self.check(before, steps=2, by_operator=first.by_operator or second.by_operator)
+        self.check(
+            before,
+            ran=[first.name, second.name],
+            by_operator=first.by_operator or second.by_operator,
+        )
         for key, step in (("first", first), ("second", second)):
             if step.writer is not None and not _held(before, step.writer):
                 assert not _applied(results[key]), f"a stale {key} write was applied"
@@ -277,7 +293,9 @@ class JobMachine(RuleBasedStateMachine):
             },
         )
 
-    def finish_step(self, h: Handle, kind: str, delay: float = 0) -> Step:
+    def finish_step(
+        self, h: Handle, kind: str, delay: float = 0, sql: LiteralString = q.JOB_FINISH_MANY
+    ) -> Step:
         outcome = {
             "job_id": str(h.job_id),
             "generation": h.generation,
@@ -288,7 +306,7 @@ class JobMachine(RuleBasedStateMachine):
             "delay_seconds": delay,
             "result": None,
         }
-        return Step(q.JOB_FINISH_MANY, {"outcomes": json.dumps([outcome]), "worker": h.worker}, h)
+        return Step(sql, {"outcomes": json.dumps([outcome]), "worker": h.worker}, h)
 
     def heartbeat_step(self, h: Handle) -> Step:
         fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
@@ -310,15 +328,17 @@ class JobMachine(RuleBasedStateMachine):
         )
 
     def come_due(self, job_id: uuid.UUID) -> None:
-        """Not a transition: a waiting job's run_after, and its wake-up, come due."""
+        """Not a transition: a waiting job's run_after, and its wake-up, come due.
+        Only forward: a time already past stays (moved later, it would fall after
+        the wake-up sent for it, which then no longer counts as untaken)."""
         self.conn.execute(
             "UPDATE jobs SET run_after = now() - interval '1 millisecond'"
-            " WHERE job_id = %s AND state = 'RETRY_WAIT'",
+            " WHERE job_id = %s AND state = 'RETRY_WAIT' AND run_after > now()",
             [job_id],
         )
         self.conn.execute(
             "UPDATE outbox SET available_at = now() - interval '1 millisecond'"
-            " WHERE job_id = %s AND sent_at IS NULL",
+            " WHERE job_id = %s AND sent_at IS NULL AND available_at > now()",
             [job_id],
         )
 
@@ -338,7 +358,7 @@ class JobMachine(RuleBasedStateMachine):
                 "priority": 0,
             }
         ]
-        self.conn.execute(q.JOB_INSERT_MANY, {"jobs": json.dumps(doc)})
+        self.step(Step(q.JOB_INSERT_MANY, {"jobs": json.dumps(doc)}))
         self.jobs.append(job_id)
         self.max_generation[job_id] = 0
 
@@ -376,6 +396,14 @@ class JobMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
         self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "succeeded"))
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def complete_in_the_jobs_own_transaction(self, data: st.DataObject) -> None:
+        """job.transaction(): the completion that commits with the handler's writes,
+        which waits for a row lock where the reporter's would skip it."""
+        h = data.draw(st.sampled_from(self.handles))
+        self.step(self.finish_step(h, "succeeded", sql=q.JOB_FINISH_IN_TX))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
@@ -499,14 +527,20 @@ class JobMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         sweeper_first=st.booleans(),
-        kind=st.sampled_from(["succeeded", "retry", "failed", "cancelled"]),
+        kind=st.sampled_from(["succeeded", "retry", "failed", "cancelled", "in_tx"]),
     )
     def race_the_sweeper_and_an_outcome(
         self, data: st.DataObject, sweeper_first: bool, kind: str
     ) -> None:
+        """in_tx: the completion of job.transaction(), which waits for the lock."""
         h = data.draw(st.sampled_from(self.handles))
         self.expire(h.job_id)
-        pair = (self.SWEEP, self.finish_step(h, kind))
+        outcome = (
+            self.finish_step(h, "succeeded", sql=q.JOB_FINISH_IN_TX)
+            if kind == "in_tx"
+            else self.finish_step(h, kind)
+        )
+        pair = (self.SWEEP, outcome)
         self.race(*(pair if sweeper_first else pair[::-1]))
 
     @precondition(lambda self: self.handles)

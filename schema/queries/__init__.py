@@ -42,6 +42,7 @@ from schema.queries.job import (
     JOB_REQUEST_CANCEL,
     JOB_REQUEST_FINGERPRINT,
     JOB_REQUEST_RECORD,
+    JOB_RETRIES_DUE_NOW,
     JOB_STATE,
 )
 from schema.queries.lease import (
@@ -120,6 +121,7 @@ __all__ = [
     "JOB_REQUEST_FINGERPRINT",
     "JOB_REQUEST_RECORD",
     "JOB_RETENTION_DELETE",
+    "JOB_RETRIES_DUE_NOW",
     "JOB_STATE",
     "JOB_SWEEP_EXPIRED",
     "JOB_WAKE_ORPHANS",

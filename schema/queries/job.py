@@ -106,3 +106,9 @@ RETURNING true
 JOB_REQUEST_FINGERPRINT: Final = """
 SELECT fingerprint FROM job_requests WHERE job_id = %(job_id)s
 """
+
+# The test runner's run_until_idle(retries=True) (consumers.testing): every retry
+# waiting out its backoff comes due at once. Moves no job: they stay RETRY_WAIT.
+JOB_RETRIES_DUE_NOW: Final = """
+UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now()
+"""
