@@ -321,7 +321,7 @@ async def test_pausing_the_refresh_stops_its_requests(db_url: DatabaseUrl) -> No
             while not refreshes:
                 await asyncio.sleep(0.05)
         await page.get_by_test_id("refresh-toggle").click()
-        await expect(page.get_by_test_id("refresh-status")).to_have_text("paused")
+        await expect(page.get_by_test_id("refresh-status")).to_have_text("updates paused")
         # A refresh already on its way when the button was pressed may still land.
         await page.wait_for_load_state("networkidle")
         seen = len(refreshes)
@@ -334,7 +334,7 @@ async def test_pausing_the_refresh_stops_its_requests(db_url: DatabaseUrl) -> No
         assert len(refreshes) == seen
         # The choice is kept: a new page starts paused, and resuming fetches again.
         await page.reload()
-        await expect(page.get_by_test_id("refresh-toggle")).to_have_text("Resume")
+        await expect(page.get_by_test_id("refresh-toggle")).to_have_text("Resume updates")
         await page.get_by_test_id("refresh-toggle").click()
         async with asyncio.timeout(15):
             while len(refreshes) == seen:
@@ -404,8 +404,10 @@ async def test_bulk_retry_of_selected_jobs_and_of_every_match(
         await page.get_by_test_id("retry-matching").click()
         await expect(page.get_by_test_id("matched")).to_have_text("1")
         assert job(pg, ids[2])["state"] == "FAILED", "the count wrote nothing"
+        # No queue or type filter: every failed job, which must be said on purpose.
+        await page.get_by_test_id("confirm-every").check()
         await page.get_by_test_id("confirm-retry-button").click()
-        await expect(page.get_by_test_id("flash")).to_contain_text("Retried 1 jobs")
+        await expect(page.get_by_test_id("flash")).to_contain_text("Retried 1 FAILED jobs")
         await expect(page.get_by_test_id("no-jobs")).to_be_visible()
     assert job(pg, ids[2])["state"] == "QUEUED"
     replays = pg.execute("SELECT count(*) FROM job_replays").fetchone()

@@ -16,7 +16,8 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from tests.support.processes import Daemon, service_env
 from tests.support.services import AMQP_URL
 
-TOKEN = "test-token-0123456789abcdef"
+# As secrets.token_urlsafe(32) makes them: jobctl serve refuses weak ones.
+TOKEN = "t3st-Zq8vN1xWc4Lr7Kp0Hs2Gd5Fy9Bj6Mu3Ae8Xo1Ri4Tw"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -38,7 +39,7 @@ async def api_client(
     sent = BEARER if headers is None and token is not None else (headers or {})
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://api", headers=sent) as client,
+        httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=sent) as client,
     ):
         yield client
 
