@@ -307,21 +307,23 @@ async def test_explain_a_due_job_without_a_relay_one_without_a_handler_and_no_co
     stranger_id = enqueue(engine, "stranger")
     lonely_id = enqueue(engine, "known", queue="lonely")
     async with consumer_running(*services, registry):
-        # No relay runs: the wake-up waits in the outbox.
+        # No relay runs: the wake-up waits in the outbox, and explain says why.
         why = explain(engine, known_id)
-        assert (why.state, why.codes) == ("QUEUED", ["WAKEUP_PENDING"]), why
+        assert (why.state, why.codes) == ("QUEUED", ["WAKEUP_PENDING", "NO_RELAY"]), why
+        assert why.blocker("NO_RELAY").facts == {"relays_live": 0, "last_seen_at": None}  # type: ignore[union-attr]
+        assert "no relay is running" in why.summary
         facts = why.blockers[0].facts
         assert facts["sent"] is False and facts["outbox_lag_seconds"] >= 0
         assert facts["due_since"] <= why.checked_at
 
         why = explain(engine, future_id)
-        assert why.codes == ["NOT_DUE"], why
+        assert why.codes == ["NOT_DUE", "NO_RELAY"], why
         assert 3500 < why.blockers[0].facts["in_seconds"] <= 3600
         assert why.blockers[0].facts["run_after"] == why.run_after
 
         # Behind the known job in the queue, and nothing drains yet: no estimate.
         why = explain(engine, stranger_id)
-        assert why.codes == ["WAKEUP_PENDING", "BACKLOG", "NO_HANDLER"], why
+        assert why.codes == ["WAKEUP_PENDING", "BACKLOG", "NO_RELAY", "NO_HANDLER"], why
         backlog = why.blocker("BACKLOG").facts  # type: ignore[union-attr]
         assert (backlog["ahead"], backlog["drain_per_s"]) == (1, 0)
         assert backlog["estimated_start_in_seconds"] is None
@@ -332,7 +334,7 @@ async def test_explain_a_due_job_without_a_relay_one_without_a_handler_and_no_co
         }
 
         why = explain(engine, lonely_id)
-        assert why.codes == ["WAKEUP_PENDING", "NO_CONSUMER"], why
+        assert why.codes == ["WAKEUP_PENDING", "NO_RELAY", "NO_CONSUMER"], why
         assert why.blocker("NO_CONSUMER").facts == {"queue": "lonely", "live_workers": 0}  # type: ignore[union-attr]
 
         async with relay_running(*services):

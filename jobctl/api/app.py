@@ -41,7 +41,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = Database(settings.database, "jobctl-api", pool_size=settings.pool_size)
-        collector = Collector.for_database(settings.database)
+        collector = Collector.for_database(settings.database, settings.collector)
         app.state.database = database
         app.state.amqp = settings.amqp
         app.state.collector = collector

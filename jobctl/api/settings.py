@@ -8,6 +8,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from jobctl.api.tokens import Tokens
+from jobctl.metrics import CollectorSettings
 from outbox.validation import max_payload_bytes
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 
@@ -75,8 +76,9 @@ class ApiSettings:
     # Larger bodies get 413 before any route runs: a payload at the producer's
     # limit (MAX_PAYLOAD_BYTES) and its envelope fit.
     max_body_bytes: int = field(default_factory=lambda: max_payload_bytes() + ENVELOPE_BYTES)
-    # Collect metrics for /metrics (tests of other things turn it off).
+    # Collect metrics for /metrics (tests of other things turn it off), and how.
     metrics: bool = True
+    collector: CollectorSettings = field(default_factory=CollectorSettings)
     pool_size: int = 5
     # The address the server listens on; a specific one is a host it serves.
     bind_host: str = "127.0.0.1"

@@ -10,7 +10,7 @@ import click
 
 from jobctl.commands.common import database_option, run
 from jobctl.output import emit, json_option, when
-from jobctl.service import Database, jsonable, pause_queue, resume_queue
+from jobctl.service import Database, Invalid, NotFound, jsonable, pause_queue, resume_queue
 from jobctl.service.models import QueueState
 
 
@@ -51,7 +51,11 @@ def pause(queue: str, by: str, create: bool, database_url: str | None, as_json: 
 
     async def action(db: Database) -> QueueState:
         async with db.writing() as session:
-            return await pause_queue(session, queue, by=by, create=create)
+            try:
+                return await pause_queue(session, queue, by=by, create=create)
+            except NotFound as exc:
+                # A name to fix (or --create to give): a usage error, exit 2.
+                raise Invalid(str(exc).replace("with create (", "("), "queue") from None
 
     found = run(database_url, action)
     already = "" if found.changed else " already"

@@ -19,6 +19,7 @@ import uvicorn
 
 from jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
 from jobctl.api.settings import is_loopback
+from jobctl.metrics import CollectorSettings
 from plumbing.cli import (
     connection_options,
     event_loop_runner,
@@ -71,13 +72,20 @@ def _hosts(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(h for value in values for h in value.replace(",", " ").split() if h)
 
 
-def _bind(config: uvicorn.Config, host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so that a port in use (or an address this
-    machine does not have) is one line naming the flag, not uvicorn's traceback."""
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here (as uvicorn would: SO_REUSEADDR, IPv6 for an
+    address with a colon) so that a port in use, or an address this machine does not
+    have, is one line naming the flag, not uvicorn's log and exit."""
+    sock = socket.socket(family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        return config.bind_socket()
+        sock.bind((host, port))
+    except socket.gaierror:
+        sock.close()
+        _fail(f"--host {host}: no such host name")
     except OSError as exc:
-        where = f"{host}:{port}"
+        sock.close()
         if exc.errno == errno.EADDRINUSE:
             _fail(f"--port {port}: {where} is in use by another process; choose another --port")
         if exc.errno == errno.EADDRNOTAVAIL:
@@ -85,7 +93,8 @@ def _bind(config: uvicorn.Config, host: str, port: int) -> socket.socket:
         if exc.errno == errno.EACCES:
             _fail(f"--port {port}: not allowed to listen on {where} (ports below 1024 need root)")
         _fail(f"cannot listen on {where}: {exc.strerror or exc}")
-        raise  # unreachable: _fail exits
+    sock.set_inheritable(True)
+    return sock
 
 
 @click.command()
@@ -153,6 +162,24 @@ def _bind(config: uvicorn.Config, host: str, port: int) -> socket.socket:
     help="Serve /metrics without the token even when one is set (for a network that "
     "only Prometheus reaches).",
 )
+@click.option(
+    "--metrics-max-queues",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    envvar="JOBCTL_METRICS_MAX_QUEUES",
+    show_envvar=True,
+    help='Queues with series of their own in /metrics; more share queue="_other".',
+)
+@click.option(
+    "--metrics-max-job-types",
+    type=click.IntRange(1, 100_000),
+    default=200,
+    show_default=True,
+    envvar="JOBCTL_METRICS_MAX_JOB_TYPES",
+    show_envvar=True,
+    help='Job types with series of their own in /metrics; more share job_type="_other".',
+)
 def serve(
     host: str,
     port: int,
@@ -161,6 +188,8 @@ def serve(
     forwarded_allow_ips: str,
     allow_open_reads: bool,
     open_metrics: bool,
+    metrics_max_queues: int,
+    metrics_max_job_types: int,
     **kwargs: Any,
 ) -> None:
     """Serve the HTTP API (/v1, its OpenAPI document at /openapi.json), the
@@ -186,6 +215,9 @@ def serve(
             allowed_hosts=_hosts(allowed_hosts),
             public_url=None if not public_url else PublicUrl.parse(public_url),
             open_metrics=open_metrics,
+            collector=CollectorSettings(
+                max_queues=metrics_max_queues, max_job_types=metrics_max_job_types
+            ),
         )
     except ConfigError as exc:
         _fail(str(exc))
@@ -210,7 +242,7 @@ def serve(
         server_header=False,
         lifespan="on",
     )
-    listening = _bind(config, host, port)
+    listening = _bind(host, port)
     server = _Server(config)
     if tokens is None:
         reads = "open: anyone who reaches the port can read every job (no token)"

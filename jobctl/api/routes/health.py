@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 
 from jobctl.api.guards import GuardedRoute, has_valid_bearer, may_scrape
 from jobctl.api.models import Health
 from jobctl.api.problems import responses
-from jobctl.service import jsonable
 from jobctl.service.health import ReadinessCache
 from jobctl.service.models import Readiness
 
@@ -41,7 +41,8 @@ async def readyz(request: Request) -> Response:
     cache: ReadinessCache = request.app.state.readiness
     found = await cache.get()
     shown = found if has_valid_bearer(request) else found.public()
-    return JSONResponse(jsonable(shown), status_code=200 if found.ready else 503)
+    document = TypeAdapter(Readiness).dump_python(shown, mode="json", exclude_none=True)
+    return JSONResponse(document, status_code=200 if found.ready else 503)
 
 
 @router.get(
