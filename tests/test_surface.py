@@ -750,3 +750,19 @@ def test_a_busy_port_is_one_line(db_url: DatabaseUrl) -> None:
         f"jobctl serve: --port {port}: 127.0.0.1:{port} is in use by another process;"
         " choose another --port"
     ]
+
+
+def test_metrics_bound_their_queue_label(db_url: DatabaseUrl, engine: Engine) -> None:
+    for queue in ("a1", "a2", "a3", "a4"):
+        enqueue(engine, "greet", {}, queue=queue)
+    with served(db_url, args=("--metrics-max-queues", "2")) as (base, _):
+        deadline = time.monotonic() + 30
+        while "hybrid_jobs_jobs{" not in (
+            text := httpx.get(f"{base}/metrics", headers=BEARER, timeout=10).text
+        ):
+            assert time.monotonic() < deadline, "no collection"
+            time.sleep(0.1)
+    assert 'hybrid_jobs_jobs{queue="a1",state="QUEUED"} 1.0' in text
+    assert 'hybrid_jobs_jobs{queue="a2",state="QUEUED"} 1.0' in text
+    assert 'hybrid_jobs_jobs{queue="_other",state="QUEUED"} 2.0' in text
+    assert 'queue="a3"' not in text and 'queue="a4"' not in text

@@ -71,7 +71,9 @@ def _by(request: Request) -> str:
 
 
 def _done(request: Request, back: str, flash: Flash, default: str = "/") -> Response:
-    response = RedirectResponse(local_path(back, root(request) + default), status_code=303)
+    response = RedirectResponse(
+        local_path(back, root(request) + default, root(request)), status_code=303
+    )
     flash.set(response, root(request))
     return response
 
@@ -97,7 +99,7 @@ async def login_form(request: Request, next: str = "/") -> Response:
         request,
         "login.html",
         None,
-        next=local_path(next, root(request) + "/"),
+        next=local_path(next, root(request) + "/", root(request)),
         configured=_tokens(request) is not None,
     )
 
@@ -113,7 +115,7 @@ async def login(
     token: Annotated[str, Form(max_length=1000)] = "",
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:
-    target = local_path(next, root(request) + "/")
+    target = local_path(next, root(request) + "/", root(request))
     if not same_origin(request):
         raise Refused("refused: the sign-in did not come from this dashboard's own page")
     tokens = _tokens(request)
@@ -272,7 +274,7 @@ async def retry_all_matching(
             job_type=chosen_type,
             state=kinds,
             every=unfiltered,
-            back=local_path(back, root(request) + "/failed"),
+            back=local_path(back, root(request) + "/failed", root(request)),
             # A page that answers a POST: refreshing it would GET another page.
             static=True,
         )

@@ -228,12 +228,15 @@ async def end_session(request: Request, response: Response) -> None:
     )
 
 
-def local_path(target: str | None, default: str = "/") -> str:
+def local_path(target: str | None, default: str = "/", root: str = "") -> str:
     """``target`` when it is a path on this server, else ``default``: a redirect
-    after sign-in or an action never leads to another site."""
+    after sign-in or an action never leads to another site. Under a mount point
+    (``root``), a path outside it is taken as relative to it."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
         return default
+    if root and target != root and not target.startswith(root + "/"):
+        return root + target
     return target

@@ -7,11 +7,14 @@ The first ``limit`` values seen keep a series of their own; values past that sha
 the series of :data:`OTHER`, whose counters and histograms add them up and whose
 gauges sum (counts) or take the largest (ages). A value not seen for ``forget_after``
 seconds (no job waiting, running or finishing in it, no consumer serving it, no
-pause) is forgotten: its series go, and its slot is free for the next value.
+pause) is forgotten: its series go, and its slot is free for the next value seen,
+in name order (a queue counted under OTHER until then gets a series of its own from
+then on; what it added to OTHER stays there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -36,10 +39,10 @@ class LabelBudget:
         self._seen[found] = now
         return found
 
-    def forget(self, now: datetime) -> list[str]:
-        """The labels not seen for ``forget_after``, now forgotten."""
+    def forget(self, now: datetime, keep: Collection[str] = ()) -> list[str]:
+        """The labels not seen for ``forget_after`` (and not in ``keep``), now forgotten."""
         horizon = now - self.forget_after
-        gone = [v for v, at in self._seen.items() if at < horizon]
+        gone = [v for v, at in self._seen.items() if at < horizon and v not in keep]
         for value in gone:
             del self._seen[value]
         return gone

@@ -150,18 +150,24 @@ class Totals:
         present.update(reading.queues)
         for worker in reading.workers:
             present.update(worker.queues)
+        attempts = _take(self.cursors.attempts, reading.attempts, reading)
+        # Forgotten first, so a label stays one thing for the whole round.
+        self._forget(
+            now,
+            present | {a.queue for a in attempts if a is not None and a.queue is not None},
+            {a.job_type for a in attempts if a is not None and a.job_type is not None},
+        )
         # In name order, so which queues get a series of their own when more than
         # the bound appear at once does not depend on the order rows came in.
         for queue in sorted(present):
             self._queue(queue, now)
-        self._attempts(_take(self.cursors.attempts, reading.attempts, reading), now)
+        self._attempts(attempts, now)
         for latency in _take(self.cursors.cancellations, reading.cancellations, reading):
             if latency is not None:
                 self.cancellation_latency.observe(latency)
         for delay in _take(self.cursors.fires, reading.fires, reading):
             self.scheduler_delay.observe(delay)
         self._fences(reading.workers, now)
-        self._forget(now)
         self.rounds += 1
         return self._snapshot(reading)
 
@@ -188,10 +194,11 @@ class Totals:
             if a.lease_expired:
                 self.leases_expired[queue] += 1
 
-    def _forget(self, now: datetime) -> None:
-        """Drop the series of queues and job types not seen for FORGET_AFTER."""
-        queues = set(self.queue_labels.forget(now))
-        job_types = set(self.job_type_labels.forget(now))
+    def _forget(self, now: datetime, queues_seen: set[str], job_types_seen: set[str]) -> None:
+        """Drop the series of queues and job types not seen for FORGET_AFTER (those
+        seen in this round are kept)."""
+        queues = set(self.queue_labels.forget(now, queues_seen))
+        job_types = set(self.job_type_labels.forget(now, job_types_seen))
         if not queues and not job_types:
             return
         for key in [k for k in self.attempts_finished if k[0] in queues or k[1] in job_types]:

@@ -20,7 +20,7 @@ from tests.support.dashboard import QuietServer
 
 @asynccontextmanager
 async def reverse_proxy(
-    backend: str, *, prefix: str = "", proto: str | None = None
+    backend: str, *, prefix: str = "", proto: str | None = None, port: int | None = None
 ) -> AsyncIterator[str]:
     """A reverse proxy as nginx is set up for it: ``prefix`` stripped, its own Host
     sent to the backend (proxy_set_header Host $proxy_host), X-Forwarded-For and,
@@ -50,7 +50,7 @@ async def reverse_proxy(
         return out
 
     app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST", "PUT"])])
-    port = free_port()
+    port = port or free_port()
     server = QuietServer(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
     )
