@@ -192,7 +192,13 @@ def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:
     ).fetchone()
     assert wake is not None and flight is not None
     yesterday = datetime.now(UTC) - timedelta(days=1)
-    replay_filters = {"queue": None, "job_type": None, "error_code": None, "finished_after": None}
+    replay_filters = {
+        "queue": None,
+        "job_type": None,
+        "error_code": None,
+        "finished_after": None,
+        "states": ["CANCELLED", "FAILED"],
+    }
     backlog = {
         "queue": "q0",
         "cap": 10_000,
@@ -226,7 +232,7 @@ def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:
             replay_filters | {"error_code": "E2", "limit": 100, "by": None},
         ),
         "QUEUE_PAUSE": (q.QUEUE_PAUSE, {"queue": "q1", "by": None}),
-        "QUEUE_RESUME": (q.QUEUE_RESUME, {"queue": "q3"}),
+        "QUEUE_RESUME": (q.QUEUE_RESUME, {"queue": "q3", "by": None}),
         "QUEUES_PAUSED": (q.QUEUES_PAUSED, {}),
         "JOB_EXPLAIN (queued)": (q.JOB_EXPLAIN, {"job_id": queued_last, "worker_ttl": 60.0}),
         "JOB_EXPLAIN (running)": (q.JOB_EXPLAIN, {"job_id": running, "worker_ttl": 60.0}),

@@ -101,7 +101,7 @@ EFFECT_CHECKS = {
 def check(
     conninfo: str, expected: int | None = None, *, require_success: bool = False
 ) -> dict[str, Any]:
-    with psycopg.connect(conninfo) as conn:
+    with psycopg.connect(conninfo, connect_timeout=10) as conn:
         report: dict[str, Any] = {
             "jobs_enqueued": conn.execute("SELECT count(*) FROM jobs").fetchone()[0],  # type: ignore[index]
             "by_state": dict(

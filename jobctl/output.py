@@ -11,9 +11,10 @@ otherwise. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import click
 
@@ -59,9 +60,42 @@ def command_path(ctx: click.Context, default: str) -> str:
     return str(ctx.meta.get(_COMMAND) or default)
 
 
+# What must not reach a terminal raw: C0 controls (ESC starts the sequences that
+# move the cursor, retitle the window or rewrite the screen; CR overwrites a line),
+# DEL and C1 controls (0x9b is a one-byte ESC [), the bidirectional overrides that
+# make text read in another order than it is, and lone surrogates, which cannot be
+# encoded at all. Job data (error messages, job types, payloads) comes from anyone
+# who can enqueue or raise.
+_UNSAFE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_UNSAFE_BUT_NEWLINE: Final = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    """``value`` as text that cannot act on a terminal: every control character (a
+    newline too) written as its escape, \\x1b, \\u202e."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
+def printable_lines(text: str) -> str:
+    """Like :func:`printable`, keeping the newlines: for text made of lines."""
+    return _UNSAFE_BUT_NEWLINE.sub(_escape, text)
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Rows as aligned columns under their headers, for people."""
-    cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in r] for r in rows]
+    """Rows as aligned columns under their headers, for people; every cell escaped
+    (:func:`printable`)."""
+    cells = [[str(h) for h in headers]] + [
+        ["" if v is None else printable(v) for v in r] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
@@ -88,26 +122,27 @@ def duration(seconds: float | None) -> str:
 
 
 def emit(result: dict[str, Any], text: str) -> None:
-    """The command's result: ``text`` for people, or ``result`` as one JSON line."""
+    """The command's result: ``text`` for people (control characters escaped, lines
+    kept), or ``result`` as one JSON line (JSON escapes them itself)."""
     if wants_json(click.get_current_context()):
         click.echo(json.dumps(result, default=str, sort_keys=True))
     elif text:
-        click.echo(text)
+        click.echo(printable_lines(text))
 
 
 def say(text: str) -> None:
     """A line of progress for people; nothing with --json (one object only)."""
     if not wants_json(click.get_current_context()):
-        click.echo(text)
+        click.echo(printable_lines(text))
 
 
 def warn(command: str, text: str) -> None:
     """A warning on stderr, in both modes (stdout stays one JSON object)."""
-    click.echo(f"{command}: warning: {text}", err=True)
+    click.echo(f"{command}: warning: {printable(text)}", err=True)
 
 
 def report_error(ctx: click.Context, command: str, message: str) -> None:
     if wants_json(ctx):
         click.echo(json.dumps({"command": command, "error": message}))
     else:
-        click.echo(f"{command}: {message}", err=True)
+        click.echo(f"{command}: {printable(message)}", err=True)

@@ -23,6 +23,8 @@ from outbox.queues import (
     pause_queue_async,
     paused_queues,
     paused_queues_async,
+    queue_in_use,
+    queue_in_use_async,
     resume_queue,
     resume_queue_async,
 )
@@ -72,6 +74,8 @@ __all__ = [
     "pause_schedule_async",
     "paused_queues",
     "paused_queues_async",
+    "queue_in_use",
+    "queue_in_use_async",
     "request_cancel",
     "request_cancel_async",
     "resume_queue",

@@ -31,14 +31,24 @@ BACKLOG            ahead (wake-ups of its queue that go before it: in flight, or
                    (ahead / drain_per_s, Little's law; None while nothing drains),
                    held_reason and held_since (why the relay last held the tenant's
                    wake-ups back in this queue: WINDOW, FAIR_SHARE, TENANT_CAP)
+NO_RELAY           relays_live (0), last_seen_at (when a relay was last heard of, or
+                   None): its wake-up is not sent, and no relay runs to send it
+RELAY_DISCONNECTED relays_live: relays run, none is connected to RabbitMQ, so none
+                   sends its wake-up
 NO_CONSUMER        queue, live_workers (0): no live consumer serves its queue
 NO_HANDLER         job_type, workers_on_queue, parked: consumers serve the queue, none
                    has a handler for its type
 CANCEL_REQUESTED   requested_at: it runs, and was asked to stop
+LEASE_EXPIRED      worker, expired_at, expired_seconds_ago, last_heartbeat_at,
+                   sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
+                   that ran out, so its worker is gone or stalled; the relay's sweeper
+                   ends the attempt and moves the job on (RETRY_WAIT, FAILED with no
+                   attempt left, CANCELLED if cancel was asked)
 =================  ===================================================================
 
 A waiting job that is due and has no blocker is next in line. A running job has no
-blockers; ``lease`` says who holds it, until when, its last heartbeat and progress.
+blockers while its lease holds; ``lease`` says who holds it, until when, its last
+heartbeat and progress.
 A finished job has its ``outcome`` (its final state), ``finished_at`` and
 ``last_error``.
 
@@ -61,6 +71,7 @@ from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.ids import job_id_arg
+from outbox.validation import read_json
 from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG
 from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
 
@@ -85,9 +96,12 @@ class Why(StrEnum):
     QUEUE_PAUSED = "QUEUE_PAUSED"
     TENANT_CAP = "TENANT_CAP"
     BACKLOG = "BACKLOG"
+    NO_RELAY = "NO_RELAY"
+    RELAY_DISCONNECTED = "RELAY_DISCONNECTED"
     NO_CONSUMER = "NO_CONSUMER"
     NO_HANDLER = "NO_HANDLER"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
 
 
 class JobNotFound(LookupError):
@@ -256,15 +270,55 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
     """Every blocker that holds for the job now, in a fixed order: its own time,
     its queue and tenant, its turn, then the consumers."""
     state = JobState(job["state"])
-    if state == JobState.CANCEL_REQUESTED:
-        return [Blocker(Why.CANCEL_REQUESTED, {"requested_at": job["cancel_requested_at"]})]
+    if state in LEASED:
+        found = []
+        if state == JobState.CANCEL_REQUESTED:
+            found.append(
+                Blocker(Why.CANCEL_REQUESTED, {"requested_at": job["cancel_requested_at"]})
+            )
+        return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
     parked = job["delay_reason"] == Why.NO_HANDLER
     found = _not_yet(job) + _held(job)
     if _is_due_waiting(job) and job["paused_at"] is None:
         found += _waiting_turn(job, backlog, parked)
-    return found + _consumers(job, parked)
+    return found + _relays(job) + _consumers(job, parked)
+
+
+def _lapsed(job: Mapping[str, Any]) -> list[Blocker]:
+    """A leased job whose lease ran out: its worker is gone (killed, partitioned) or
+    stalled, and nobody has swept it yet."""
+    now, expires = job["db_now"], job["lease_expires_at"]
+    if expires is None or expires > now:
+        return []
+    if job["state"] == JobState.CANCEL_REQUESTED:
+        then = "CANCELLED"
+    elif job["max_attempts"] is not None and job["attempt_count"] >= job["max_attempts"]:
+        then = "FAILED"
+    else:
+        then = "RETRY_WAIT"
+    facts = {
+        "worker": job["lease_owner"],
+        "expired_at": expires,
+        "expired_seconds_ago": _seconds(now, expires),
+        "last_heartbeat_at": job["owner_seen_at"],
+        "sweeper_moves_to": then,
+    }
+    return [Blocker(Why.LEASE_EXPIRED, facts)]
+
+
+def _relays(job: Mapping[str, Any]) -> list[Blocker]:
+    """A waiting job whose wake-up is not out (pending, or missing and due for the
+    re-waker) needs a relay to send it, and that relay needs RabbitMQ."""
+    if job["wakeup_id"] is not None and job["wakeup_sent_at"] is not None:
+        return []
+    if job["relays_live"] == 0:
+        facts = {"relays_live": 0, "last_seen_at": job["relay_seen_at"]}
+        return [Blocker(Why.NO_RELAY, facts)]
+    if job["relays_publishing"] == 0:
+        return [Blocker(Why.RELAY_DISCONNECTED, {"relays_live": job["relays_live"]})]
+    return []
 
 
 def _not_yet(job: Mapping[str, Any]) -> list[Blocker]:
@@ -395,7 +449,8 @@ def _lease(job: Mapping[str, Any]) -> dict[str, Any] | None:
         "lease_expires_at": job["lease_expires_at"],
         "lease_expires_in_seconds": _seconds(job["lease_expires_at"], job["db_now"]),
         "last_heartbeat_at": job["owner_seen_at"],
-        "progress": job["progress"],
+        # As text: a handler's progress may nest past what json.loads reads.
+        "progress": read_json(job["progress"])[0],
         "progress_at": job["progress_at"],
     }
 
@@ -424,12 +479,27 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         )
         + (f" (held back: {f['held_reason']})" if f["held_reason"] else "")
     ),
+    Why.NO_RELAY: lambda f: (
+        "no relay is running to send its wake-up"
+        + (
+            f" (one was last seen {f['last_seen_at']:%Y-%m-%d %H:%M:%S})"
+            if f["last_seen_at"] is not None
+            else ""
+        )
+    ),
+    Why.RELAY_DISCONNECTED: lambda f: (
+        f"{f['relays_live']} relay(s) run, none connected to RabbitMQ: its wake-up waits"
+    ),
     Why.NO_CONSUMER: lambda f: f"no live consumer serves queue {f['queue']!r}",
     Why.NO_HANDLER: lambda f: (
         f"none of the {f['workers_on_queue']} consumer(s) on its queue has a handler"
         f" for {f['job_type']!r}"
     ),
     Why.CANCEL_REQUESTED: lambda f: f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}",
+    Why.LEASE_EXPIRED: lambda f: (
+        f"its lease expired {f['expired_seconds_ago']:.0f} s ago (worker {f['worker']}"
+        f" is gone or stalled); the relay's sweeper will move it to {f['sweeper_moves_to']}"
+    ),
 }
 
 

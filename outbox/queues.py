@@ -14,7 +14,9 @@ one anyway (sent just before the pause) turns it down, records ``QUEUE_PAUSED`` 
 the job and puts the wake-up back in the backlog, spending no attempt. Jobs already
 running finish, and their retries wait like the rest. Enqueueing into a paused queue
 works as usual. Resuming sends the relay a notification at commit, so the waiting
-wake-ups go out at once. Nothing here commits.
+wake-ups go out at once, and records who resumed it (the last pause stays on record
+beside it). ``queue_in_use`` says whether anything uses a queue, for callers that
+refuse to pause a name nothing uses (a typo). Nothing here commits.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sqlalchemy.orm import Session
 from outbox.enqueue import check_driver
 from outbox.ids import actor
 from schema import names
-from schema.queries import QUEUE_PAUSE, QUEUE_RESUME, QUEUES_PAUSED
+from schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_RESUME, QUEUES_PAUSED
 
 
 @dataclass(frozen=True)
@@ -66,21 +68,39 @@ async def pause_queue_async(
     return _paused((await conn.exec_driver_sql(QUEUE_PAUSE, params)).one())
 
 
-def resume_queue(session: Session, queue: str) -> bool:
+def resume_queue(session: Session, queue: str, *, by: str | None = None) -> bool:
     """Resume ``queue``; True if it was paused. Its waiting jobs are woken as soon
-    as the caller commits."""
-    params = {"queue": names.queue(queue)}
+    as the caller commits. ``by`` names who asked (by default the database role and
+    application_name), recorded as the queue's ``resumed_by``."""
+    params = {"queue": names.queue(queue), "by": actor(by)}
     conn = session.connection()
     check_driver(conn)
     return conn.exec_driver_sql(QUEUE_RESUME, params).first() is not None
 
 
-async def resume_queue_async(session: AsyncSession, queue: str) -> bool:
+async def resume_queue_async(session: AsyncSession, queue: str, *, by: str | None = None) -> bool:
     """:func:`resume_queue` for an ``AsyncSession``."""
-    params = {"queue": names.queue(queue)}
+    params = {"queue": names.queue(queue), "by": actor(by)}
     conn = await session.connection()
     check_driver(conn)
     return (await conn.exec_driver_sql(QUEUE_RESUME, params)).first() is not None
+
+
+def queue_in_use(session: Session, queue: str) -> bool:
+    """Whether anything uses ``queue``: a job waiting, running, failed or cancelled in
+    it, a wake-up for it, a consumer that serves it, a schedule that enqueues into
+    it, or a pause (past or present). Reads only."""
+    conn = session.connection()
+    check_driver(conn)
+    return bool(conn.exec_driver_sql(QUEUE_IN_USE, {"queue": names.queue(queue)}).scalar())
+
+
+async def queue_in_use_async(session: AsyncSession, queue: str) -> bool:
+    """:func:`queue_in_use` for an ``AsyncSession``."""
+    conn = await session.connection()
+    check_driver(conn)
+    found = await conn.exec_driver_sql(QUEUE_IN_USE, {"queue": names.queue(queue)})
+    return bool(found.scalar())
 
 
 def paused_queues(session: Session) -> list[PausedQueue]:

@@ -32,6 +32,7 @@ in one guarded statement. What it promises:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,21 @@ from schema.states import JobState
 
 MAX_REPLAY_BATCH = 100_000
 MAX_ERROR_CODE_LENGTH = 200
+# The states a replay moves a job out of, and retry_jobs' default.
+REPLAYABLE_STATES: frozenset[JobState] = frozenset({JobState.FAILED, JobState.CANCELLED})
+
+
+def _states(states: Collection[JobState | str]) -> list[str]:
+    if isinstance(states, str):
+        raise TypeError("states must be a collection of states, not a str")
+    found = []
+    for state in states:
+        if state not in REPLAYABLE_STATES:
+            raise ValueError(f"states may hold FAILED and CANCELLED only, not {state!r}")
+        found.append(str(JobState(state)))
+    if not found:
+        raise ValueError("states must name FAILED, CANCELLED or both")
+    return sorted(set(found))
 
 
 def _filters(
@@ -55,6 +71,7 @@ def _filters(
     finished_after: datetime | None,
     limit: int,
     by: str | None,
+    states: Collection[JobState | str],
 ) -> dict[str, Any]:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int, not {type(limit).__name__}")
@@ -80,6 +97,7 @@ def _filters(
         "finished_after": finished_after,
         "limit": limit,
         "by": actor(by),
+        "states": _states(states),
     }
 
 
@@ -124,15 +142,17 @@ def retry_jobs(
     finished_after: datetime | None = None,
     limit: int = 1000,
     by: str | None = None,
+    states: Collection[JobState | str] = REPLAYABLE_STATES,
 ) -> int:
-    """Replay the FAILED and CANCELLED jobs that match every filter given (None:
-    any): of ``queue``, of ``job_type``, whose ``last_error_code`` is
-    ``error_code``, finished after ``finished_after`` (an aware datetime); the oldest
-    finished first, at most ``limit`` (1 to 100000) in one statement. Returns how
-    many were replayed. Rows another transaction holds right now are skipped (call
-    again for them). Filters are checked before anything is written. Never commits.
+    """Replay the FAILED and CANCELLED jobs (``states``: only those of the states given) that
+    match every filter given (None: any): of ``queue``, of ``job_type``, whose
+    ``last_error_code`` is ``error_code``, finished after ``finished_after`` (an aware
+    datetime); the oldest finished first, at most ``limit`` (1 to 100000) in one
+    statement. Returns how many were replayed. Rows another transaction holds right now
+    are skipped (call again for them). Filters are checked before anything is written.
+    Never commits.
     """
-    params = _filters(queue, job_type, error_code, finished_after, limit, by)
+    params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
     conn = session.connection()
     check_driver(conn)
     return len(conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all())
@@ -147,9 +167,10 @@ async def retry_jobs_async(
     finished_after: datetime | None = None,
     limit: int = 1000,
     by: str | None = None,
+    states: Collection[JobState | str] = REPLAYABLE_STATES,
 ) -> int:
     """:func:`retry_jobs` for an ``AsyncSession``."""
-    params = _filters(queue, job_type, error_code, finished_after, limit, by)
+    params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
     conn = await session.connection()
     check_driver(conn)
     return len((await conn.exec_driver_sql(JOB_REPLAY_MATCHING, params)).all())

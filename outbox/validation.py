@@ -21,6 +21,13 @@ from schema import names
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_PAYLOAD_BYTES_ENV = "MAX_PAYLOAD_BYTES"
+# How deeply a payload's objects and arrays may nest ({"a": [1]} is 2 deep). JSON
+# libraries stop somewhere (Python's json at about 1000 levels, pydantic's
+# serialiser at 255, PostgreSQL at its stack depth), and a job that one of them
+# cannot read back is one no surface can show and no handler can take. Ruby's
+# JSON.parse has the same default, max_nesting 100. Fixed, not a setting: every
+# reader of the table relies on it.
+MAX_PAYLOAD_DEPTH = 100
 PRIORITY_RANGE = range(-32768, 32768)  # smallint
 MAX_ATTEMPTS_LIMIT = 1000
 
@@ -71,8 +78,57 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def nesting_depth(value: Any, stop: int = MAX_PAYLOAD_DEPTH) -> int:
+    """How deeply ``value``'s dicts, lists and tuples nest (a scalar: 0), counted
+    without recursion and no further than ``stop + 1`` (so a self-referencing value
+    or one nested 100,000 deep costs no more than one just past the limit)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth > stop:
+            return deepest
+        pending.extend((child, depth) for child in children)
+    return deepest
+
+
+def check_depth(name: str, value: Any) -> None:
+    """ValueError naming ``name`` when ``value`` nests deeper than MAX_PAYLOAD_DEPTH."""
+    if nesting_depth(value) > MAX_PAYLOAD_DEPTH:
+        raise ValueError(
+            f"{name} nests objects and arrays more than {MAX_PAYLOAD_DEPTH} levels deep"
+            " (MAX_PAYLOAD_DEPTH)"
+        )
+
+
+def read_json(text: str | None) -> tuple[Any, bool]:
+    """JSON read back from a table (``jsonb::text``) as a value, and True; or, for a
+    value nested deeper than MAX_PAYLOAD_DEPTH, its text and False. Rows written
+    before enqueue bounded nesting, by hand, or a handler's deep result or progress
+    would otherwise fail every reader on the way out (pydantic's serialiser stops at
+    255 levels, Python's json at about 1000), so the job could not be looked at."""
+    if text is None:
+        return None, True
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return text, False
+    if nesting_depth(value) > MAX_PAYLOAD_DEPTH:
+        return text, False
+    return value, True
+
+
 def encode_payload(payload: Any, limit: int) -> str:
     """The payload as compact JSON text, checked the way PostgreSQL's jsonb will."""
+    check_depth("payload", payload)
     try:
         encoded = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except TypeError as exc:

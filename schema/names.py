@@ -1,5 +1,12 @@
 """The rules for names that end up in the database and in RabbitMQ: job types,
-queue and tenant names, dedup keys. Both the producer and the handler registry check them."""
+queue and tenant names, dedup keys. Both the producer and the handler registry check them.
+
+A name is matched whole (``fullmatch``: ``$`` would let a trailing newline through,
+which PostgreSQL's CHECK then refuses), and no name holds a control character: names
+are printed in logs, terminals and metric labels, where one could forge a line or
+rewrite the screen. Dedup keys are the caller's data, not names: only what
+PostgreSQL's text cannot hold is refused there.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,21 @@ from schema.tables import MAX_DEDUP_KEY_LENGTH, MAX_JOB_TYPE_LENGTH, QUEUE_NAME_
 
 MAX_QUEUE_NAME_LENGTH = 100
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+# What a JSON schema (the HTTP API's document) can say of text(): no control
+# character (C0, DEL, C1), at least one character.
+NO_CONTROLS_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+# Unicode's control characters (category Cc) are exactly these.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def text(name: str, value: object, max_length: int) -> str:
+def _has_control(value: str) -> bool:
+    return _CONTROL.search(value) is not None
+
+
+def text(name: str, value: object, max_length: int, *, controls: bool = False) -> str:
+    """``value`` if it is a non-empty str of at most ``max_length`` characters that
+    PostgreSQL's text can hold (no NUL, no lone surrogate) and, unless ``controls``,
+    has no control character; else TypeError/ValueError naming ``name``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value:
@@ -20,6 +39,12 @@ def text(name: str, value: object, max_length: int) -> str:
         raise ValueError(f"{name} is {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
         raise ValueError(f"{name} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must be valid Unicode (no lone surrogates)") from None
+    if not controls and _has_control(value):
+        raise ValueError(f"{name} must not contain control characters (newlines, tabs, escapes)")
     return value
 
 
@@ -27,26 +52,24 @@ def job_type(value: object) -> str:
     return text("job_type", value, MAX_JOB_TYPE_LENGTH)
 
 
-def queue(value: object) -> str:
-    name = text("queue", value, MAX_QUEUE_NAME_LENGTH)
-    if not _QUEUE_NAME.match(name):
+def _alphabet(name: str, value: object) -> str:
+    found = text(name, value, MAX_QUEUE_NAME_LENGTH)
+    if not _QUEUE_NAME.fullmatch(found):
         raise ValueError(
-            "queue must be 1-100 characters of letters, digits and _ . : - "
+            f"{name} must be 1-100 characters of letters, digits and _ . : - "
             "and start with a letter or digit"
         )
-    return name
+    return found
+
+
+def queue(value: object) -> str:
+    return _alphabet("queue", value)
 
 
 def tenant(value: object) -> str:
     """Tenant names follow queue names: they become metric labels and log fields."""
-    name = text("tenant", value, MAX_QUEUE_NAME_LENGTH)
-    if not _QUEUE_NAME.match(name):
-        raise ValueError(
-            "tenant must be 1-100 characters of letters, digits and _ . : - "
-            "and start with a letter or digit"
-        )
-    return name
+    return _alphabet("tenant", value)
 
 
 def dedup_key(value: object) -> str:
-    return text("dedup_key", value, MAX_DEDUP_KEY_LENGTH)
+    return text("dedup_key", value, MAX_DEDUP_KEY_LENGTH, controls=True)

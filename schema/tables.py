@@ -313,9 +313,12 @@ queues = Table(
     metadata,
     Column("queue", Text, primary_key=True),
     Column("paused", Boolean, nullable=False, server_default=text("false")),
+    # The last pause, kept after a resume; who resumed it since, and when.
     _ts("paused_at"),
     Column("paused_by", Text),
     _ts("updated_at", nullable=False, default=True),
+    _ts("resumed_at"),
+    Column("resumed_by", Text),
     CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queues_name_valid"),
 )
 
@@ -425,23 +428,39 @@ job_replays = Table(
 )
 Index("job_replays_job_id_idx", job_replays.c.job_id)
 
-# The request behind a job enqueued through the HTTP API with an Idempotency-Key
-# (its dedup_key is "api:<key>"): a hash of what was asked, so a repeat of the key
-# with a different request is refused rather than answered with a job it did not
-# describe. The job's own columns cannot tell: max_attempts and run_after move
-# after enqueue. The primary key is also the index the cascade from jobs needs.
+# The request behind a job enqueued through the HTTP API with an Idempotency-Key: the
+# key (its own namespace, not a dedup key) and a hash of what was asked, so a repeat
+# of the key with a different request is refused rather than answered with a job it
+# did not describe. The job's own columns cannot tell: max_attempts and run_after
+# move after enqueue. Several keys may name one job (a dedup key made them meet);
+# the key goes with its job (ON DELETE CASCADE), so it lasts as long as the job.
 job_requests = Table(
     "job_requests",
     metadata,
+    Column("idempotency_key", Text, primary_key=True),
     Column(
         "job_id",
         UUID(as_uuid=True),
         ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_requests_job_id_fkey"),
-        primary_key=True,
+        nullable=False,
     ),
     Column("fingerprint", Text, nullable=False),
     _ts("created_at", nullable=False, default=True),
 )
+Index("job_requests_job_id_idx", job_requests.c.job_id)
+
+# The dashboard's sessions: the cookie holds a random secret, this table its hash,
+# so signing out ends a session for good and a copied cookie stops working. A
+# session also ends when the API token changes (token_digest no longer matches).
+dashboard_sessions = Table(
+    "dashboard_sessions",
+    metadata,
+    Column("session_hash", Text, primary_key=True),
+    Column("token_digest", Text, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+    _ts("expires_at", nullable=False),
+)
+Index("dashboard_sessions_expires_at_idx", dashboard_sessions.c.expires_at)
 
 
 # --------------------------------------------------------------- recurring schedules

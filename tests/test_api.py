@@ -130,15 +130,15 @@ async def test_retry_one_job_then_many(db_url: DatabaseUrl, pg) -> None:
         assert (await client.post(f"/v1/jobs/{uuid.uuid4()}/retry")).status_code == 404
 
         dry = await client.post("/v1/jobs/retry", json={"queue": "mail", "dry_run": True})
-        assert dry.json() == {"matched": 2, "dry_run": True}
+        assert dry.json() == {"matched": 2, "dry_run": True, "jobs": None}
         assert [r[0] for r in pg.execute("SELECT state FROM jobs WHERE state = 'FAILED'")] == [
             "FAILED",
             "FAILED",
         ], "a dry run changes nothing"
         other = await client.post("/v1/jobs/retry", json={"queue": "web"})
-        assert other.json() == {"matched": 0, "dry_run": False}
+        assert other.json() == {"matched": 0, "dry_run": False, "jobs": None}
         many = await client.post("/v1/jobs/retry", json={"queue": "mail", "error_code": "Boom"})
-        assert many.json() == {"matched": 2, "dry_run": False}
+        assert many.json() == {"matched": 2, "dry_run": False, "jobs": None}
         bad = await client.post("/v1/jobs/retry", json={"limit": 0})
         assert bad.status_code == 422 and bad.json()["detail"].startswith("limit")
         shown = (await client.get(f"/v1/jobs/{ids[1]}")).json()
@@ -188,7 +188,7 @@ async def test_a_missing_or_wrong_token_gets_401(db_url: DatabaseUrl, pg) -> Non
     async with api_client(db_url, headers={}) as client:
         missing = await post_job(client)
         assert missing.status_code == 401
-        assert missing.headers["WWW-Authenticate"] == "Bearer"
+        assert missing.headers["WWW-Authenticate"] == 'Bearer realm="hybrid-jobs"'
         assert "bearer token" in missing.json()["detail"]
         wrong = await client.post(
             "/v1/jobs", json={"job_type": "x"}, headers={"Authorization": "Bearer nope"}
@@ -196,9 +196,10 @@ async def test_a_missing_or_wrong_token_gets_401(db_url: DatabaseUrl, pg) -> Non
         assert wrong.status_code == 401 and "wrong" in wrong.json()["detail"]
         # A server with a token wants it for reads too: payloads are not public.
         assert (await client.get("/v1/jobs")).status_code == 401
-        # Probes and the document need none.
-        for path in ("/healthz", "/openapi.json", "/metrics"):
+        # Probes and the document need none; metrics are reads.
+        for path in ("/healthz", "/openapi.json"):
             assert (await client.get(path)).status_code == 200, path
+        assert (await client.get("/metrics")).status_code == 401
         assert count_jobs(pg) == 0
         right = await client.post("/v1/jobs", json={"job_type": "x"}, headers=BEARER)
         assert right.status_code == 202
@@ -276,7 +277,7 @@ async def test_invalid_queries_get_422_naming_the_parameter(db_url: DatabaseUrl)
 async def test_backpressure_is_429_with_retry_after(db_url: DatabaseUrl, pg) -> None:
     async with api_client(db_url) as client:
         limits = await client.put("/v1/tenants/acme", json={"max_queued": 1})
-        assert limits.status_code == 200, limits.text
+        assert limits.status_code == 201, limits.text
         assert (await post_job(client, tenant="acme")).status_code == 202
         refused = await post_job(client, tenant="acme")
         assert refused.status_code == 429
@@ -302,11 +303,11 @@ async def test_the_same_idempotency_key_returns_the_same_job(db_url: DatabaseUrl
         assert again.json()["id"] == first.json()["id"]
         assert again.headers["Idempotent-Replayed"] == "true"
         assert again.headers["Location"] == first.headers["Location"]
-        assert first.json()["dedup_key"] == "api:order-42"
-        # Keys are scoped by job type, as dedup keys are.
+        # The key is the API's own: not a dedup key, and for any job type.
+        assert first.json()["dedup_key"] is None
         other = await client.post("/v1/jobs", json={"job_type": "ship"}, headers=key)
-        assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
-    assert count_jobs(pg) == 2
+        assert other.status_code == 422 and "Idempotency-Key" in other.json()["detail"]
+    assert count_jobs(pg) == 1
 
 
 @pytest.mark.parametrize(
@@ -443,7 +444,7 @@ async def test_queues_schedules_tenants_workers(db_url: DatabaseUrl, engine: Eng
         assert (await client.post("/v1/schedules/nope/trigger")).status_code == 404
 
         put = await client.put("/v1/tenants/acme", json={"max_running": 2, "weight": 3})
-        assert put.status_code == 200
+        assert put.status_code == 201
         (acme,) = (await client.get("/v1/tenants")).json()["tenants"]
         assert (acme["tenant"], acme["max_running"], acme["weight"], acme["max_queued"]) == (
             "acme",

@@ -147,12 +147,12 @@ def test_jobs_retry_by_id_and_by_filter(cli, engine: Engine, pg) -> None:
     assert (dry["matched"], dry["dry_run"]) == (2, True)
     assert pg.execute("SELECT count(*) FROM jobs WHERE state = 'FAILED'").fetchone() == (2,)
     done = cli("jobs", "retry", "--filter", "type=greet", "--filter", "error_code=Boom")
-    assert done.stdout.startswith("retried 2 failed or cancelled job(s) matching job_type=greet")
+    assert done.stdout.startswith("retried 2 failed job(s) matching job_type=greet")
     assert pg.execute("SELECT count(*) FROM jobs WHERE state = 'FAILED'").fetchone() == (0,)
     neither = cli("jobs", "retry", ok=False)
     assert neither.returncode == 2
     assert neither.stderr.splitlines() == [
-        "jobctl jobs retry: give job IDs or --filter KEY=VALUE (one of them)"
+        "jobctl jobs retry: give job IDs, --filter KEY=VALUE, or --all (one of them)"
     ]
     bad = cli("jobs", "retry", "--filter", "colour=red", ok=False)
     assert bad.returncode == 2 and "colour: unknown" in bad.stderr
@@ -167,7 +167,7 @@ def test_queues_pause_and_resume(cli, engine: Engine) -> None:
     why = cli.json("jobs", "show", str(job_id))["why"]
     assert "QUEUE_PAUSED" in [b["code"] for b in why["blockers"]]
     assert "QUEUE_PAUSED" in cli("jobs", "show", str(job_id)).stdout
-    assert cli("queues", "resume", "mail").stdout.strip() == "mail: resumed"
+    assert cli("queues", "resume", "mail", "--by", "bob").stdout.strip() == "mail: resumed by bob"
     assert cli("queues", "resume", "mail").stdout.strip() == "mail: not paused"
     bad = cli("queues", "pause", "no way", ok=False)
     assert bad.returncode == 2 and bad.stderr.startswith("jobctl queues pause: queue must be")

@@ -307,21 +307,23 @@ async def test_explain_a_due_job_without_a_relay_one_without_a_handler_and_no_co
     stranger_id = enqueue(engine, "stranger")
     lonely_id = enqueue(engine, "known", queue="lonely")
     async with consumer_running(*services, registry):
-        # No relay runs: the wake-up waits in the outbox.
+        # No relay runs: the wake-up waits in the outbox, and explain says why.
         why = explain(engine, known_id)
-        assert (why.state, why.codes) == ("QUEUED", ["WAKEUP_PENDING"]), why
+        assert (why.state, why.codes) == ("QUEUED", ["WAKEUP_PENDING", "NO_RELAY"]), why
+        assert why.blocker("NO_RELAY").facts == {"relays_live": 0, "last_seen_at": None}  # type: ignore[union-attr]
+        assert "no relay is running" in why.summary
         facts = why.blockers[0].facts
         assert facts["sent"] is False and facts["outbox_lag_seconds"] >= 0
         assert facts["due_since"] <= why.checked_at
 
         why = explain(engine, future_id)
-        assert why.codes == ["NOT_DUE"], why
+        assert why.codes == ["NOT_DUE", "NO_RELAY"], why
         assert 3500 < why.blockers[0].facts["in_seconds"] <= 3600
         assert why.blockers[0].facts["run_after"] == why.run_after
 
         # Behind the known job in the queue, and nothing drains yet: no estimate.
         why = explain(engine, stranger_id)
-        assert why.codes == ["WAKEUP_PENDING", "BACKLOG", "NO_HANDLER"], why
+        assert why.codes == ["WAKEUP_PENDING", "BACKLOG", "NO_RELAY", "NO_HANDLER"], why
         backlog = why.blocker("BACKLOG").facts  # type: ignore[union-attr]
         assert (backlog["ahead"], backlog["drain_per_s"]) == (1, 0)
         assert backlog["estimated_start_in_seconds"] is None
@@ -332,7 +334,7 @@ async def test_explain_a_due_job_without_a_relay_one_without_a_handler_and_no_co
         }
 
         why = explain(engine, lonely_id)
-        assert why.codes == ["WAKEUP_PENDING", "NO_CONSUMER"], why
+        assert why.codes == ["WAKEUP_PENDING", "NO_RELAY", "NO_CONSUMER"], why
         assert why.blocker("NO_CONSUMER").facts == {"queue": "lonely", "live_workers": 0}  # type: ignore[union-attr]
 
         async with relay_running(*services):
@@ -564,3 +566,82 @@ def test_an_error_line_names_its_code_once() -> None:
     assert error_line("CARD_DECLINED", "insufficient funds") == "CARD_DECLINED: insufficient funds"
     assert error_line("Boom", None) == "Boom"
     assert error_line(None, "no") == "no"
+
+
+def test_explain_says_when_no_relay_can_send_a_wake_up(engine: Engine, pg) -> None:
+    job_id = enqueue(engine, "known")
+    why = explain(engine, job_id)
+    assert why.codes == ["WAKEUP_PENDING", "NO_RELAY", "NO_CONSUMER"], why
+    # A relay that stopped long ago is named as last seen.
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, last_seen_at, broker_connected)"
+        " VALUES ('old', 'box', 1, now() - interval '10 minutes', true)"
+    )
+    gone = explain(engine, job_id).blocker("NO_RELAY")
+    assert gone is not None and gone.facts["last_seen_at"] is not None
+    # Relays run, but none reaches RabbitMQ: another reason, and another fix.
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, last_seen_at, broker_connected)"
+        " VALUES ('a', 'box', 2, now(), false), ('b', 'box', 3, now(), false)"
+    )
+    why = explain(engine, job_id)
+    assert why.codes == ["WAKEUP_PENDING", "RELAY_DISCONNECTED", "NO_CONSUMER"], why
+    assert why.blocker("RELAY_DISCONNECTED").facts == {"relays_live": 2}  # type: ignore[union-attr]
+    assert "none connected to RabbitMQ" in why.summary
+    pg.execute("UPDATE relays SET broker_connected = true WHERE relay_id = 'a'")
+    assert explain(engine, job_id).codes == ["WAKEUP_PENDING", "NO_CONSUMER"]
+    # A wake-up already out needs no relay.
+    pg.execute("DELETE FROM relays")
+    pg.execute("UPDATE outbox SET sent_at = now() WHERE job_id = %s", [job_id])
+    assert "NO_RELAY" not in explain(engine, job_id).codes
+
+
+def test_explain_says_when_a_running_jobs_lease_has_expired(engine: Engine, pg) -> None:
+    running = enqueue(engine, "known", max_attempts=3)
+    asked = enqueue(engine, "known")
+    for job_id, state in ((running, "RUNNING"), (asked, "CANCEL_REQUESTED")):
+        pg.execute(
+            "UPDATE jobs SET state = %s, attempt_count = 1, max_attempts = 3,"
+            " lease_owner = 'w-gone', lease_generation = 1,"
+            " started_at = now() - interval '2 minutes',"
+            " lease_expires_at = now() - interval '42 seconds',"
+            " cancel_requested_at = CASE WHEN %s = 'CANCEL_REQUESTED' THEN now() END"
+            " WHERE job_id = %s",
+            (state, state, job_id),
+        )
+    why = explain(engine, running)
+    assert why.codes == ["LEASE_EXPIRED"], why
+    facts = why.blocker("LEASE_EXPIRED").facts  # type: ignore[union-attr]
+    assert facts["worker"] == "w-gone" and 40 <= facts["expired_seconds_ago"] < 60
+    assert facts["sweeper_moves_to"] == "RETRY_WAIT"
+    assert "its lease expired" in why.summary and "move it to RETRY_WAIT" in why.summary
+    why = explain(engine, asked)
+    assert why.codes == ["CANCEL_REQUESTED", "LEASE_EXPIRED"], why
+    assert why.blocker("LEASE_EXPIRED").facts["sweeper_moves_to"] == "CANCELLED"  # type: ignore[union-attr]
+    # A lease still running is no blocker.
+    pg.execute(
+        "UPDATE jobs SET lease_expires_at = now() + interval '1 minute' WHERE job_id = %s",
+        [running],
+    )
+    assert explain(engine, running).codes == []
+
+
+def test_resuming_a_queue_records_who_resumed_it(engine: Engine, pg) -> None:
+    enqueue(engine, "known", queue="p")
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "p", by="alice")
+        assert outbox.queue_in_use(session, "p") and not outbox.queue_in_use(session, "nope")
+    with Session(engine) as session, session.begin():
+        assert outbox.resume_queue(session, "p", by="bob") is True
+    row = pg.execute(
+        "SELECT paused, paused_by, resumed_by, resumed_at IS NOT NULL FROM queues"
+    ).fetchone()
+    assert row == (False, "alice", "bob", True), "who paused it last stays beside who resumed"
+    with Session(engine) as session, session.begin():
+        assert outbox.resume_queue(session, "p", by="carol") is False
+    assert pg.execute("SELECT resumed_by FROM queues").fetchone() == ("bob",)
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "p")
+        outbox.resume_queue(session, "p")
+    (who,) = pg.execute("SELECT resumed_by FROM queues").fetchone()
+    assert who.startswith("root"), "by default the database role (and application)"

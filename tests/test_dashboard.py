@@ -38,6 +38,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port
+from tests.support.api import served as served_process
 from tests.support.dashboard import (
     CHROMIUM,
     QuietServer,
@@ -48,6 +49,7 @@ from tests.support.dashboard import (
 )
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state
+from tests.support.reverse_proxy import reverse_proxy
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -321,7 +323,7 @@ async def test_pausing_the_refresh_stops_its_requests(db_url: DatabaseUrl) -> No
             while not refreshes:
                 await asyncio.sleep(0.05)
         await page.get_by_test_id("refresh-toggle").click()
-        await expect(page.get_by_test_id("refresh-status")).to_have_text("paused")
+        await expect(page.get_by_test_id("refresh-status")).to_have_text("updates paused")
         # A refresh already on its way when the button was pressed may still land.
         await page.wait_for_load_state("networkidle")
         seen = len(refreshes)
@@ -334,7 +336,7 @@ async def test_pausing_the_refresh_stops_its_requests(db_url: DatabaseUrl) -> No
         assert len(refreshes) == seen
         # The choice is kept: a new page starts paused, and resuming fetches again.
         await page.reload()
-        await expect(page.get_by_test_id("refresh-toggle")).to_have_text("Resume")
+        await expect(page.get_by_test_id("refresh-toggle")).to_have_text("Resume updates")
         await page.get_by_test_id("refresh-toggle").click()
         async with asyncio.timeout(15):
             while len(refreshes) == seen:
@@ -404,8 +406,10 @@ async def test_bulk_retry_of_selected_jobs_and_of_every_match(
         await page.get_by_test_id("retry-matching").click()
         await expect(page.get_by_test_id("matched")).to_have_text("1")
         assert job(pg, ids[2])["state"] == "FAILED", "the count wrote nothing"
+        # No queue or type filter: every failed job, which must be said on purpose.
+        await page.get_by_test_id("confirm-every").check()
         await page.get_by_test_id("confirm-retry-button").click()
-        await expect(page.get_by_test_id("flash")).to_contain_text("Retried 1 jobs")
+        await expect(page.get_by_test_id("flash")).to_contain_text("Retried 1 FAILED jobs")
         await expect(page.get_by_test_id("no-jobs")).to_be_visible()
     assert job(pg, ids[2])["state"] == "QUEUED"
     replays = pg.execute("SELECT count(*) FROM job_replays").fetchone()
@@ -590,3 +594,112 @@ async def test_without_a_token_the_dashboard_is_read_only(
         await page.goto(f"{served.base}/login")
         await expect(page.get_by_test_id("login")).to_contain_text("nothing to sign in to")
     assert job(pg, waiting)["state"] == "QUEUED"
+
+
+# ------------------------------------------------------------------ issue 17
+
+
+async def test_signing_out_ends_the_session_for_a_copied_cookie_too(db_url: DatabaseUrl) -> None:
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then="/jobs")
+        (cookie,) = [c for c in await browser.cookies() if c["name"] == "jobctl_session"]
+        assert TOKEN not in cookie["value"]
+        # The cookie, copied elsewhere (another browser, a stolen backup), works...
+        async with chromium(0) as thief:
+            await thief.add_cookies([cookie])  # type: ignore[list-item]
+            stolen = await thief.new_page()
+            await stolen.goto(f"{served.base}/jobs")
+            await expect(stolen.get_by_test_id("sign-out")).to_be_visible()
+            # ...until its owner signs out: then nowhere.
+            await page.get_by_test_id("sign-out").click()
+            await expect(page).to_have_url(re.compile(r"/login$"))
+            await stolen.goto(f"{served.base}/jobs")
+            await expect(stolen).to_have_url(re.compile(r"/login\?next="))
+        async with httpx.AsyncClient(base_url=served.base) as client:
+            client.cookies.set("jobctl_session", cookie["value"])
+            again = await client.get("/jobs")
+        assert again.status_code == 303 and "/login" in again.headers["location"]
+
+
+async def test_the_dashboard_works_behind_a_proxy_on_its_public_url(
+    db_url: DatabaseUrl, engine: Engine, pg
+) -> None:
+    """The proxy is another host and port than the server, and mounts it at /ops:
+    the buttons' Origin is the proxy's, which the public URL names."""
+    enqueue(engine, "send_email", {}, queue="mail")
+    port = free_port()
+    public = f"http://localhost:{port}/ops"
+    with served_process(db_url, args=("--public-url", public)) as (base, _):
+        async with (
+            reverse_proxy(base, prefix="/ops", port=port) as proxy,
+            chromium(0) as browser,
+        ):
+            page = await browser.new_page()
+            await sign_in(page, proxy + "/ops")
+            mail = page.locator("[data-testid=queue-row][data-queue=mail]")
+            await mail.get_by_test_id("pause-queue").click()
+            await expect(page.get_by_test_id("flash")).to_contain_text("Queue mail paused")
+            await expect(mail.get_by_test_id("paused")).to_be_visible()
+            assert page.url == f"{proxy}/ops/"
+            # Every link stays under the mount point.
+            await page.get_by_role("link", name="Failed").click()
+            await expect(page).to_have_url(f"{proxy}/ops/failed")
+    assert pg.execute("SELECT paused FROM queues WHERE queue = 'mail'").fetchone() == (True,)
+    (by,) = pg.execute("SELECT paused_by FROM queues WHERE queue = 'mail'").fetchone()
+    assert by == "dashboard (127.0.0.1)"
+
+
+async def test_one_pause_button_per_thing_and_each_says_what_it_pauses(
+    db_url: DatabaseUrl, engine: Engine
+) -> None:
+    enqueue(engine, "send_email", {}, queue="mail")
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base)
+        await expect(page.get_by_role("button", name="Pause", exact=True)).to_have_count(0)
+        await expect(page.get_by_role("button", name="Pause updates")).to_have_count(1)
+        await expect(page.get_by_role("button", name="Pause queue mail")).to_have_count(1)
+
+
+async def test_bad_names_and_names_with_a_slash_on_the_dashboard(
+    db_url: DatabaseUrl, engine: Engine, pg
+) -> None:
+    with Session(engine) as session, session.begin():
+        outbox.schedule(session, "reports/nightly", "render", None, every=timedelta(hours=1))
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then="/schedules")
+        row = page.locator("[data-testid=schedule-row][data-schedule='reports/nightly']")
+        await row.get_by_test_id("pause-schedule").click()
+        await expect(page.get_by_test_id("flash")).to_contain_text("paused")
+        await expect(row.get_by_test_id("paused")).to_be_visible()
+        await row.get_by_test_id("resume-schedule").click()
+        await expect(row.get_by_test_id("paused")).to_have_count(0)
+        # A queue name with a newline: refused in words, not a 500.
+        sent = await browser.request.post(
+            f"{served.base}/queues/mail%0A/pause",
+            headers={"Origin": served.base},
+            form={"csrf": await csrf_of(page), "back": "/"},
+            max_redirects=0,
+        )
+        assert sent.status == 303
+        await page.goto(served.base + "/")
+        await expect(page.get_by_test_id("flash")).to_contain_text("control characters")
+    assert pg.execute("SELECT count(*) FROM queues").fetchone() == (0,)
+
+
+async def test_a_job_stored_too_deep_to_decode_has_its_page(
+    db_url: DatabaseUrl, engine: Engine, pg
+) -> None:
+    job_id = enqueue(engine, "send_email", {}, queue="mail")
+    pg.execute(
+        "UPDATE jobs SET payload = %s::jsonb WHERE job_id = %s", ["[" * 3000 + "]" * 3000, job_id]
+    )
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then=f"/jobs/{job_id}")
+        await expect(page.get_by_test_id("as-text")).to_contain_text("deeper than 100 levels")
+        await expect(page.get_by_test_id("payload")).to_contain_text("[[[[")
+        await page.goto(f"{served.base}/jobs")
+        await expect(page.locator(f"[data-testid=job-row][data-job-id='{job_id}']")).to_be_visible()

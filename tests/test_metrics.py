@@ -634,3 +634,43 @@ def test_uuid_keys_are_only_keys() -> None:
     cursor.take([], _at(0))
     assert cursor.take([Seen(False, (key, 1), _at(1), "x")], _at(2)) == ["x"]
     assert cursor.take([Seen(True, (key, 1), _at(1), "x")], _at(2.5)) == []
+
+
+async def test_queue_labels_are_bounded_and_a_queue_that_goes_away_is_forgotten(
+    engine: Engine, pg: psycopg.Connection, pool
+) -> None:
+    """A producer that invents queue names cannot grow the series without bound:
+    past max_queues they add up under queue="_other"; a queue with nothing left in
+    it (a paused typo, resumed, too) is forgotten with its series."""
+    for n, queue in enumerate(("q1", "q2", "q3", "q4", "q5"), start=1):
+        for _ in range(n):
+            enqueue(engine, "ok", queue=queue)
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "typo", by="test")
+    settings = CollectorSettings(max_queues=3, forget_after=1.0)
+    collector = Collector(pool, settings)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    queues = {s.labels["queue"] for s in scrape.families["hybrid_jobs_jobs"].samples}
+    # Names in order: q1, q2, q3 get series; q4, q5 and typo share one.
+    assert queues == {"q1", "q2", "q3", "_other"}
+    assert scrape.value("hybrid_jobs_jobs", queue="q3", state="QUEUED") == 3
+    assert scrape.value("hybrid_jobs_jobs", queue="_other", state="QUEUED") == 4 + 5
+
+    # q1's jobs are cancelled and the typo resumed: nothing uses them any more.
+    with Session(engine) as session, session.begin():
+        for (job_id,) in pg.execute("SELECT job_id FROM jobs WHERE queue = 'q1'").fetchall():
+            outbox.request_cancel(session, job_id)
+        outbox.resume_queue(session, "typo", by="test")
+    assert await collector.collect_once()
+    assert Scrape(collector).value("hybrid_jobs_jobs", queue="q1", state="QUEUED") == 0
+    await asyncio.sleep(settings.forget_after + 0.2)
+    enqueue(engine, "ok", queue="q6")
+    assert await collector.collect_once()
+    later = Scrape(collector)
+    queues = {s.labels["queue"] for s in later.families["hybrid_jobs_jobs"].samples}
+    assert "q1" not in queues and "typo" not in later.label_values()
+    # The slot q1 left goes to the next queue by name: q4 has a series of its own now.
+    assert queues == {"q2", "q3", "q4", "_other"}
+    assert later.value("hybrid_jobs_jobs", queue="q4", state="QUEUED") == 4
+    assert later.value("hybrid_jobs_jobs", queue="_other", state="QUEUED") == 5 + 1

@@ -458,7 +458,12 @@ class JobMachine(RuleBasedStateMachine):
     def an_operator_replays_by_filter(self, limit: int) -> None:
         before = self.rows()
         filters = {"queue": "default", "job_type": None, "error_code": None}
-        params = filters | {"finished_after": None, "limit": limit, "by": "model"}
+        params = filters | {
+            "finished_after": None,
+            "limit": limit,
+            "by": "model",
+            "states": ["CANCELLED", "FAILED"],
+        }
         rows = self.step(Step(q.JOB_REPLAY_MATCHING, params, by_operator=True))
         replayable = sum(1 for r in before.values() if r["state"] in REPLAYABLE)
         assert len(rows) == min(limit, replayable), "the oldest, up to the limit"

@@ -2,6 +2,7 @@
 over jobctl.service. The routes and their documents are in /openapi.json."""
 
 from jobctl.api.app import create_app
-from jobctl.api.settings import ApiSettings, api_token
+from jobctl.api.settings import ApiSettings, PublicUrl
+from jobctl.api.tokens import Tokens, token_from_environment
 
-__all__ = ["ApiSettings", "api_token", "create_app"]
+__all__ = ["ApiSettings", "PublicUrl", "Tokens", "create_app", "token_from_environment"]

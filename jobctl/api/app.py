@@ -12,11 +12,13 @@ from fastapi.openapi.utils import get_openapi
 
 from jobctl import dashboard
 from jobctl.api import problems
-from jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit
+from jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit, FailureLimiter, HostCheck
+from jobctl.api.headers import ResponseHeaders
 from jobctl.api.routes import health, jobs, operate
 from jobctl.api.settings import ApiSettings
 from jobctl.metrics import Collector
 from jobctl.service import Database
+from jobctl.service.health import ReadinessCache
 
 log = logging.getLogger("jobctl")
 
@@ -26,9 +28,12 @@ tenants and consumers. Errors are `application/problem+json` (RFC 9457) whose
 `detail` names the field at fault.
 
 Authentication: `Authorization: Bearer <token>`, the token `jobctl serve` was
-given in `JOBCTL_API_TOKEN` (or `JOBCTL_API_TOKEN_FILE`). A server without one
-refuses every change (403) and serves reads to anyone who can reach it.
-`/healthz`, `/readyz`, `/metrics` and `/openapi.json` need no token.
+given in `JOBCTL_API_TOKEN` (or `JOBCTL_API_TOKEN_FILE`). With a token, every read
+needs it too, `/metrics` included (unless the server runs with `--open-metrics`);
+a client that sends too many wrong tokens is refused for a while (429). A server
+without one refuses every change (403) and serves reads to anyone who can reach it
+and names a host it serves. `/healthz`, `/readyz` (without the details a token
+shows) and `/openapi.json` need no token.
 """
 
 
@@ -36,12 +41,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = Database(settings.database, "jobctl-api", pool_size=settings.pool_size)
-        collector = Collector.for_database(settings.database)
+        collector = Collector.for_database(settings.database, settings.collector)
         app.state.database = database
         app.state.amqp = settings.amqp
         app.state.collector = collector
-        app.state.token = settings.token
-        if settings.token is None:
+        app.state.readiness = ReadinessCache(database, settings.amqp, settings.readiness_seconds)
+        if app.state.tokens is None:
             log.warning("api.read_only", extra={"detail": READ_ONLY})
         if settings.metrics:
             await collector.start()
@@ -60,13 +65,22 @@ def create_app(settings: ApiSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    # Known before the lifespan runs: a request may come first (in tests).
+    app.state.tokens = settings.tokens
+    app.state.failures = FailureLimiter(settings.failures_allowed, settings.failure_window_seconds)
+    app.state.open_metrics = settings.open_metrics
+    app.state.public_url = settings.public_url
     problems.install(app)
     app.include_router(jobs.router)
     app.include_router(operate.router)
     app.include_router(health.router)
     dashboard.install(app)
-    # Outermost first: the access log sees every request, 413s included.
+    # Added innermost first: the access log sees every request, and every answer
+    # gets the headers, 413s and refused hosts included; the Host is checked before
+    # a body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HostCheck, served=settings.served_hosts())
+    app.add_middleware(ResponseHeaders)
     app.add_middleware(AccessLog)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

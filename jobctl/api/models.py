@@ -3,14 +3,21 @@ else it serves is a service-layer dataclass as it is (jobctl.service.models)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from jobctl.service.models import ScheduleView, TenantView, WorkerView
-from outbox.validation import MAX_ATTEMPTS_LIMIT
-from schema.tables import MAX_JOB_TYPE_LENGTH, MAX_SCHEDULE_NAME_LENGTH, QUEUE_NAME_PATTERN
+from outbox.validation import MAX_ATTEMPTS_LIMIT, check_depth
+from schema import names
+from schema.tables import (
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_JOB_TYPE_LENGTH,
+    MAX_SCHEDULE_NAME_LENGTH,
+    QUEUE_NAME_PATTERN,
+)
 
 
 def _text(value: str) -> str:
@@ -21,6 +28,17 @@ def _text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _name(value: str) -> str:
+    # The producer API's rule for names (schema.names), also what is refused there.
+    names.text("value", _text(value), 10_000)
+    return value
+
+
+def _payload(value: Any) -> Any:
+    check_depth("payload", value)
     return value
 
 
@@ -42,13 +60,18 @@ QueueName = Annotated[
 ]
 JobType = Annotated[
     str,
-    Field(min_length=1, max_length=MAX_JOB_TYPE_LENGTH, examples=["send_email"]),
-    AfterValidator(_text),
+    Field(
+        min_length=1,
+        max_length=MAX_JOB_TYPE_LENGTH,
+        pattern=names.NO_CONTROLS_PATTERN,
+        examples=["send_email"],
+    ),
+    AfterValidator(_name),
 ]
 ScheduleName = Annotated[
     str,
-    Field(min_length=1, max_length=MAX_SCHEDULE_NAME_LENGTH),
-    AfterValidator(_text),
+    Field(min_length=1, max_length=MAX_SCHEDULE_NAME_LENGTH, pattern=names.NO_CONTROLS_PATTERN),
+    AfterValidator(_name),
 ]
 Limit = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
@@ -59,8 +82,16 @@ class EnqueueBody(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     job_type: JobType
-    payload: Any = Field(default_factory=dict)
-    """Any JSON value the handler understands (at most MAX_PAYLOAD_BYTES as JSON)."""
+    payload: Annotated[Any, AfterValidator(_payload)] = Field(default_factory=dict)
+    """Any JSON value the handler understands: at most MAX_PAYLOAD_BYTES as JSON, and
+    nested at most MAX_PAYLOAD_DEPTH (100) objects and arrays deep."""
+    dedup_key: (
+        Annotated[str, Field(min_length=1, max_length=MAX_DEDUP_KEY_LENGTH), AfterValidator(_text)]
+        | None
+    ) = None
+    """As outbox.enqueue's: a job of this job_type with this key already enqueued (and
+    not yet deleted by retention) is answered instead (200), and nothing is written.
+    Shared with the producers' dedup keys; the Idempotency-Key header is not."""
     queue: QueueName = "default"
     tenant: QueueName | None = None
     """Whose job it is, for caps, fair share and backpressure."""
@@ -85,22 +116,48 @@ class TenantLimits(BaseModel):
     """Waiting jobs past which enqueue refuses more (429); null: no limit."""
 
 
-class RetryFilter(BaseModel):
-    """Which failed and cancelled jobs to retry: those that match every field given."""
+class RetryRequest(BaseModel):
+    """Which failed (and, if asked, cancelled) jobs to put back in their queue: the
+    jobs named by `ids`, or those matching every filter given, or, with `all`, every
+    one. One of the three is required: an empty body retries nothing."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    ids: list[uuid.UUID] | None = Field(default=None, min_length=1, max_length=1000)
+    """These jobs (each must be FAILED or CANCELLED; the answer says what became of
+    each)."""
     queue: QueueName | None = None
     job_type: JobType | None = None
     error_code: (
-        Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_text)] | None
+        Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_name)] | None
     ) = None
     """The jobs' last_error_code."""
     finished_after: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
+    all: bool = False
+    """Every failed job, in every queue (up to `limit`): no filter, said on purpose."""
+    include_cancelled: bool = False
+    """Retry CANCELLED jobs too; without it a filter (or all) leaves them alone,
+    since someone cancelled them on purpose."""
     limit: int = Field(default=1000, ge=1, le=100_000)
-    """At most this many, oldest finished first."""
+    """At most this many, oldest finished first (not with ids)."""
     dry_run: bool = False
     """Count what would be retried; change nothing."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> RetryRequest:
+        filtered = any(
+            v is not None for v in (self.queue, self.job_type, self.error_code, self.finished_after)
+        )
+        if self.ids is not None and (filtered or self.all):
+            raise ValueError("give ids, or filters, or all: one of them")
+        if self.all and filtered:
+            raise ValueError("all means every failed job: leave the filters out, or all")
+        if self.ids is None and not filtered and not self.all:
+            raise ValueError(
+                "say which jobs: ids, a filter (queue, job_type, error_code, finished_after),"
+                " or all: true for every failed job"
+            )
+        return self
 
 
 class ScheduleList(BaseModel):

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 import outbox
+from jobctl.api.headers import security_headers
 from jobctl.service import IdempotencyMismatch, Invalid, NotFound, WrongState
 
 log = logging.getLogger("jobctl")
@@ -97,6 +98,8 @@ def _short(loc: Sequence[int | str]) -> str:
 
 async def _invalid_request(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    if any(e.get("type") == "json_invalid" for e in exc.errors()):
+        return problem(400, "the body is not valid JSON")
     found = [
         FieldError(field=_where(e.get("loc", ())), message=str(e.get("msg", "invalid")))
         for e in exc.errors()
@@ -163,6 +166,22 @@ async def _database(request: Request, exc: Exception) -> Response:
     return problem(503, detail, headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)})
 
 
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: logged with its traceback, answered with a problem document (never
+    Starlette's text/plain 500), naming nothing of the cause."""
+    log.error(
+        "api.unexpected_error",
+        exc_info=exc,
+        extra={"method": request.method, "path": request.url.path},
+    )
+    detail = "the server failed unexpectedly; its log has the traceback (api.unexpected_error)"
+    response = problem(500, detail)
+    # This answer leaves by the outermost middleware, past the one that adds these.
+    for name, value in security_headers(request.url.scheme, request.url.path, MEDIA_TYPE).items():
+        response.headers.setdefault(name, value)
+    return response
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http)
@@ -172,25 +191,29 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(IdempotencyMismatch, _mismatch)
     app.add_exception_handler(outbox.Backpressure, _backpressure)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _database)
+    app.add_exception_handler(Exception, _unexpected)
 
 
 def responses(*statuses: int, **documented: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
     """The problem responses a route documents (the OpenAPI document then lists
     them under application/problem+json; see jobctl.api.app)."""
     described = {
-        400: "Malformed request.",
+        400: "The body is not well-formed JSON, or the Host is not one this server serves.",
         401: "No bearer token, or the wrong one.",
         403: "This server has no API token configured, so it refuses every change.",
         404: "No such job, schedule or queue.",
         409: "The job is in a state the action does not apply to.",
         413: "The body is larger than the server accepts.",
-        415: "The body is not JSON.",
+        415: "The body is not JSON (Content-Type: application/json).",
         422: "Invalid input; `detail` names the field.",
-        429: "The tenant has its max_queued jobs waiting; see Retry-After.",
+        429: "Too many requests: the tenant has its max_queued jobs waiting (an enqueue),"
+        " or this client sent too many wrong tokens; see Retry-After.",
         503: "The database is not reachable now; see Retry-After.",
     }
+    # Whatever needs the token can be refused for too many wrong ones.
+    wanted = sorted({*statuses, 429} if 401 in statuses else set(statuses))
     found: dict[int | str, dict[str, Any]] = {
-        s: {"model": Problem, "description": described[s]} for s in statuses
+        s: {"model": Problem, "description": described[s]} for s in wanted
     }
     # Success responses' extras (headers), by status: ok_202={...}.
     for key, value in documented.items():

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import click
+import psycopg
 
 from jobctl.check import check as run_check
 from jobctl.check import violations
+from jobctl.commands.common import database, database_failure, database_option
 from jobctl.output import Failure, emit, json_option
-from plumbing.config import database_url as resolve_database_url
 
 
 @click.command()
-@click.option("--database-url", metavar="URL", help="PostgreSQL URL. Default: $DATABASE_URL.")
+@database_option
 @click.option("--expected", type=int, help="How many jobs were enqueued (a missing row is lost).")
 @click.option("--require-success", is_flag=True, help="Every job must have SUCCEEDED.")
 @json_option
@@ -22,8 +23,11 @@ def check(
     a drill, a chaos soak): no job lost or completed twice, no write after a final
     state, history matching the rows, tenants' slots neither leaked nor released
     twice. Exits 1 on a violation. On a live system, `lost` counts jobs in flight."""
-    url = resolve_database_url(database_url)
-    report = run_check(url.conninfo, expected, require_success=require_success)
+    url = database(database_url, click.get_current_context().command_path)
+    try:
+        report = run_check(url.conninfo, expected, require_success=require_success)
+    except psycopg.Error as exc:
+        raise database_failure(exc, url) from None
     width = max(len(k) for k in report)
     emit(report, "\n".join(f"{k:<{width}}  {v}" for k, v in report.items()))
     bad = violations(report)

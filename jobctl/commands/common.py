@@ -14,6 +14,7 @@ import sqlalchemy.exc
 import outbox
 from jobctl.output import Failure, warn
 from jobctl.service import Database, Invalid, ServiceError, parse_job_id
+from jobctl.service.database import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
 from plumbing import diagnose
 from plumbing.cli import event_loop_runner
 from plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
@@ -73,13 +74,34 @@ def run(flag: str | None, action: Callable[[Database], Awaitable[T]]) -> T:
 
 
 def _database_failure(exc: sqlalchemy.exc.DBAPIError, url: DatabaseUrl) -> Exception:
-    cause = exc.orig or exc
-    if isinstance(cause, psycopg.errors.UndefinedTable):
+    return database_failure(exc.orig or exc, url, invalidated=exc.connection_invalidated)
+
+
+def database_failure(
+    cause: BaseException, url: DatabaseUrl, *, invalidated: bool = False
+) -> Exception:
+    """What a failed statement or connection means, as one line: a setting to fix
+    (ConfigError), or a Failure that names what happened. A statement that ran past
+    its time, or waited too long for a lock, reached the database: it is said as such,
+    not as an outage."""
+    if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return ConfigError(
             f'{url.setting}: database "{url.dbname}" is not migrated to this release: '
             "run `jobctl migrate`"
         )
-    if exc.connection_invalidated or isinstance(cause, psycopg.OperationalError):
+    if isinstance(cause, psycopg.errors.LockNotAvailable):
+        return Failure(
+            f"PostgreSQL: a row or table this needs stayed locked by another session for"
+            f" longer than jobctl waits ({LOCK_TIMEOUT_MS // 1000} s lock_timeout); try again,"
+            " or see pg_stat_activity for the session holding it"
+        )
+    if isinstance(cause, psycopg.errors.QueryCanceled):
+        return Failure(
+            f"PostgreSQL cancelled the statement: it ran past jobctl's"
+            f" {STATEMENT_TIMEOUT_MS // 1000} s statement_timeout, or an administrator"
+            " cancelled it (pg_cancel_backend); try again when the database is less busy"
+        )
+    if invalidated or isinstance(cause, psycopg.OperationalError):
         found = diagnose.postgres(cause, url)
         if found.fatal:
             return ConfigError(f"{url.setting}: {found.reason}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import click
 
 from jobctl.commands.common import database_option, parse_ids, run
-from jobctl.output import Failure, duration, emit, json_option, table, when
+from jobctl.output import Failure, duration, emit, json_option, printable, table, when
 from jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -23,9 +24,13 @@ from jobctl.service import (
     retry_jobs,
     retry_matching,
 )
+from jobctl.service.jobs import RETRYABLE
 from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobSummary, JobView
 from outbox.explain import error_line
 from schema.states import JobState
+
+# The traceback `jobs show` prints: the newest attempt's that has one, its last lines.
+TRACEBACK_LINES: Final = 40
 
 
 @click.group()
@@ -126,8 +131,13 @@ def show(job_id: str, database_url: str | None, as_json: bool) -> None:
     emit(jsonable(job), _job_text(job))
 
 
-def _compact(value: Any, limit: int = 400) -> str:
-    text = json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+def _compact(value: Any, limit: int = 400, *, raw: bool = False) -> str:
+    """A JSON value on one line, cut at ``limit``; ``raw``: a value served as its
+    JSON text already (stored nested past MAX_PAYLOAD_DEPTH)."""
+    if raw and isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -161,17 +171,19 @@ def _job_text(job: JobView) -> str:
     if job.why is not None:
         fields.append(("why", job.why.summary))
         fields.extend(("", f"{b.code}: {_compact(b.facts, 200)}") for b in job.why.blockers)
+    deep = set(job.as_text)
+    progress = _compact(job.progress, raw="progress" in deep)
     fields += [
-        (
-            "progress",
-            "-" if job.progress is None else f"{_compact(job.progress)} at {when(job.progress_at)}",
-        ),
-        ("result", "-" if job.result is None else _compact(job.result)),
+        ("progress", "-" if job.progress is None else f"{progress} at {when(job.progress_at)}"),
+        ("result", "-" if job.result is None else _compact(job.result, raw="result" in deep)),
         ("dedup key", job.dedup_key or "-"),
-        ("payload", _compact(job.payload)),
+        ("payload", _compact(job.payload, raw="payload" in deep)),
     ]
+    if deep:
+        fields.append(("note", f"{', '.join(job.as_text)} nest deeper than 100 levels: JSON text"))
     width = max(len(name) for name, _ in fields)
-    lines = [f"{name.ljust(width)}  {value}" for name, value in fields]
+    # Every value escaped: job data must not act on the terminal, nor add a line.
+    lines = [f"{name.ljust(width)}  {printable(value)}" for name, value in fields]
     if job.attempts:
         lines += ["", "attempts:"]
         rows = [
@@ -181,11 +193,20 @@ def _job_text(job: JobView) -> str:
                 when(a.started_at),
                 duration((a.finished_at - a.started_at).total_seconds()),
                 a.outcome,
-                ": ".join(str(p) for p in (a.error_code, a.error_message) if p),
+                error_line(a.error_code, a.error_message),
             ]
             for a in job.attempts
         ]
         lines.append(table(["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "ERROR"], rows))
+    failed = [a for a in job.attempts if a.traceback]
+    if failed:
+        last = failed[-1]
+        tail = last.traceback.rstrip("\n").splitlines() if last.traceback else []
+        cut = len(tail) > TRACEBACK_LINES
+        lines += ["", f"traceback of attempt {last.attempt}:"]
+        if cut:
+            lines.append(f"  ... ({len(tail) - TRACEBACK_LINES} lines before; --json has it all)")
+        lines += [f"  {printable(line)}" for line in tail[-TRACEBACK_LINES:]]
     return "\n".join(lines)
 
 
@@ -242,20 +263,29 @@ def _filters(pairs: tuple[str, ...]) -> dict[str, Any]:
     return found
 
 
+# A span back from now: digits (ASCII only: "²".isdigit() is True), an optional
+# fraction, a unit.
+_SPAN: Final = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhd])", re.ASCII)
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 def _instant(value: str) -> datetime:
     """An ISO 8601 instant with its offset, or a span back from now: 30m, 2h, 1d."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = value[:-1], value[-1:]
-    if unit in units and number.replace(".", "", 1).isdigit():
-        return datetime.now(UTC) - timedelta(seconds=float(number) * units[unit])
+    flag = f"--filter finished_after={value}"
+    span = _SPAN.fullmatch(value)
+    if span is not None:
+        try:
+            return datetime.now(UTC) - timedelta(seconds=float(span[1]) * _UNITS[span[2]])
+        except OverflowError:
+            raise Failure(f"{flag}: that is before the year 1; give a shorter span", 2) from None
     try:
         found = datetime.fromisoformat(value)
     except ValueError:
         raise Failure(
-            f"--filter finished_after={value}: not an ISO 8601 time nor 30m/2h/1d", 2
+            f"{flag}: not an ISO 8601 time (2026-01-31T12:00:00Z) nor a span (30m, 2h, 1d)", 2
         ) from None
     if found.tzinfo is None:
-        raise Failure(f"--filter finished_after={value}: give the time's offset (Z, +02:00)", 2)
+        raise Failure(f"{flag}: give the time's offset (Z, +02:00)", 2)
     return found
 
 
@@ -276,6 +306,19 @@ def _instant(value: str) -> datetime:
     show_default=True,
     help="With --filter: at most this many, oldest finished first.",
 )
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Retry every failed job, in every queue (up to --limit): a bulk retry with no "
+    "filter must say so.",
+)
+@click.option(
+    "--include-cancelled",
+    is_flag=True,
+    help="With --filter or --all: retry CANCELLED jobs too (left alone otherwise: "
+    "someone cancelled them on purpose).",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
 @click.option(
     "--by",
@@ -290,21 +333,27 @@ def retry(
     job_ids: tuple[str, ...],
     pairs: tuple[str, ...],
     limit: int,
+    every: bool,
+    include_cancelled: bool,
     dry_run: bool,
     by: str,
     database_url: str | None,
     as_json: bool,
 ) -> None:
-    """Put FAILED or CANCELLED jobs back in the queue: by ID, or every one that
-    matches --filter. Their history stays, and each gets a fresh attempt budget.
-    With IDs, exits 1 if any was unknown or not failed or cancelled."""
+    """Put failed jobs back in the queue: by ID (FAILED or CANCELLED), every FAILED
+    one that matches --filter, or with --all every FAILED one; --include-cancelled
+    adds the CANCELLED ones to a filter or --all. Their history stays, and each gets
+    a fresh attempt budget. With IDs, exits 1 if any was unknown or not failed or
+    cancelled."""
     del as_json
-    if bool(job_ids) == bool(pairs):
-        raise Failure("give job IDs or --filter KEY=VALUE (one of them)", 2)
+    if sum(map(bool, (job_ids, pairs, every))) != 1:
+        raise Failure("give job IDs, --filter KEY=VALUE, or --all (one of them)", 2)
     if job_ids:
         _retry_ids(parse_ids(job_ids), dry_run, by, database_url)
     else:
-        _retry_matching(_filters(pairs), limit, dry_run, by, database_url)
+        states = RETRYABLE if include_cancelled else frozenset({JobState.FAILED})
+        filters = _filters(pairs) | {"every": every, "states": states}
+        _retry_matching(filters, limit, dry_run, by, database_url)
 
 
 def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None) -> None:
@@ -312,13 +361,7 @@ def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None)
         async with db.writing() as session:
             # A dry run is the real thing in a savepoint rolled back: what it says
             # is what the rule would do.
-            savepoint = await session.begin_nested()
-            done = await retry_jobs(session, ids, by=by)
-            if dry_run:
-                await savepoint.rollback()
-            else:
-                await savepoint.commit()
-            return done
+            return await retry_jobs(session, ids, by=by, dry_run=dry_run)
 
     results = run(database_url, action)
     verb = "would be" if dry_run else "is"
@@ -343,13 +386,18 @@ def _retry_matching(
             return await retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters)
 
     found = run(database_url, action)
+    shown = {k: v for k, v in filters.items() if k not in ("every", "states")}
     what = " ".join(
-        f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in filters.items()
+        f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in shown.items()
     )
-    if dry_run:
-        text = f"would retry {found.matched} failed or cancelled job(s) matching {what}"
-    else:
-        text = f"retried {found.matched} failed or cancelled job(s) matching {what}"
+    kinds = " or ".join(sorted(s.lower() for s in filters["states"]))
+    where = f"matching {what}" if what else "in every queue"
+    verb = "would retry" if dry_run else "retried"
+    text = f"{verb} {found.matched} {kinds} job(s) {where}"
     if found.matched == limit:
         text += " (the --limit; run again for more)"
-    emit(jsonable(found) | {"filter": {k: str(v) for k, v in filters.items()}}, text)
+    document = {k: str(v) for k, v in shown.items()}
+    emit(
+        jsonable(found) | {"filter": document, "states": sorted(filters["states"])},
+        text,
+    )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import getpass
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from jobctl.commands.common import database_option, run
 from jobctl.output import emit, json_option, when
-from jobctl.service import Database, jsonable, pause_queue, resume_queue
+from jobctl.service import Database, Invalid, NotFound, jsonable, pause_queue, resume_queue
 from jobctl.service.models import QueueState
 
 
@@ -17,25 +19,43 @@ def queues() -> None:
     """Pause and resume queues (`jobctl stats` shows them)."""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _by(action: str) -> Callable[[F], F]:
+    option = click.option(
+        "--by",
+        metavar="NAME",
+        default=lambda: f"{getpass.getuser()} (jobctl)",
+        show_default="your user name (jobctl)",
+        help=f"Who is {action} it, as the queue will say.",
+    )
+    return option
+
+
 @queues.command()
 @click.argument("queue")
+@_by("pausing")
 @click.option(
-    "--by",
-    metavar="NAME",
-    default=lambda: f"{getpass.getuser()} (jobctl)",
-    show_default="your user name (jobctl)",
-    help="Who is pausing it, as the queue will say.",
+    "--create",
+    is_flag=True,
+    help="Pause a queue nothing uses yet (no job, consumer or schedule), ahead of its "
+    "first job. Without it, such a name is refused: it is most often a typo.",
 )
 @database_option
 @json_option
-def pause(queue: str, by: str, database_url: str | None, as_json: bool) -> None:
+def pause(queue: str, by: str, create: bool, database_url: str | None, as_json: bool) -> None:
     """Stop starting QUEUE's jobs until it is resumed: none is woken or claimed;
     running ones finish. Enqueueing into it goes on as usual."""
     del as_json
 
     async def action(db: Database) -> QueueState:
         async with db.writing() as session:
-            return await pause_queue(session, queue, by=by)
+            try:
+                return await pause_queue(session, queue, by=by, create=create)
+            except NotFound as exc:
+                # A name to fix (or --create to give): a usage error, exit 2.
+                raise Invalid(str(exc).replace("with create (", "("), "queue") from None
 
     found = run(database_url, action)
     already = "" if found.changed else " already"
@@ -47,18 +67,21 @@ def pause(queue: str, by: str, database_url: str | None, as_json: bool) -> None:
 
 @queues.command()
 @click.argument("queue")
+@_by("resuming")
 @database_option
 @json_option
-def resume(queue: str, database_url: str | None, as_json: bool) -> None:
+def resume(queue: str, by: str, database_url: str | None, as_json: bool) -> None:
     """Start QUEUE's jobs again; its waiting ones are woken at once."""
     del as_json
 
     async def action(db: Database) -> QueueState:
         async with db.writing() as session:
-            return await resume_queue(session, queue)
+            return await resume_queue(session, queue, by=by)
 
     found = run(database_url, action)
     emit(
         jsonable(found),
-        f"{found.queue}: resumed" if found.changed else f"{found.queue}: not paused",
+        f"{found.queue}: resumed by {found.resumed_by}"
+        if found.changed
+        else f"{found.queue}: not paused",
     )

@@ -1,10 +1,13 @@
-"""``jobctl serve``: the HTTP API (/v1), /metrics, /healthz and /readyz."""
+"""``jobctl serve``: the HTTP API (/v1), the dashboard (/), /metrics, /healthz and
+/readyz."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -14,7 +17,9 @@ from typing import Any
 import click
 import uvicorn
 
-from jobctl.api import ApiSettings, api_token, create_app
+from jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
+from jobctl.api.settings import is_loopback
+from jobctl.metrics import CollectorSettings
 from plumbing.cli import (
     connection_options,
     event_loop_runner,
@@ -57,6 +62,41 @@ def _plain(record: logging.LogRecord) -> bool:
     return True
 
 
+def _fail(message: str) -> None:
+    click.echo(f"jobctl serve: {message}", err=True)
+    sys.exit(2)
+
+
+def _hosts(values: tuple[str, ...]) -> tuple[str, ...]:
+    # Repeated flags, or one comma- or space-separated environment variable.
+    return tuple(h for value in values for h in value.replace(",", " ").split() if h)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here (as uvicorn would: SO_REUSEADDR, IPv6 for an
+    address with a colon) so that a port in use, or an address this machine does not
+    have, is one line naming the flag, not uvicorn's log and exit."""
+    sock = socket.socket(family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        sock.bind((host, port))
+    except socket.gaierror:
+        sock.close()
+        _fail(f"--host {host}: no such host name")
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"--port {port}: {where} is in use by another process; choose another --port")
+        if exc.errno == errno.EADDRNOTAVAIL:
+            _fail(f"--host {host}: this machine has no such address")
+        if exc.errno == errno.EACCES:
+            _fail(f"--port {port}: not allowed to listen on {where} (ports below 1024 need root)")
+        _fail(f"cannot listen on {where}: {exc.strerror or exc}")
+    sock.set_inheritable(True)
+    return sock
+
+
 @click.command()
 @connection_options
 @click.option(
@@ -65,7 +105,7 @@ def _plain(record: logging.LogRecord) -> bool:
     show_default=True,
     envvar="JOBCTL_HOST",
     show_envvar=True,
-    help="Address to listen on (0.0.0.0: every interface; set a token first).",
+    help="Address to listen on (0.0.0.0: every interface; needs a token, or --allow-open-reads).",
 )
 @click.option(
     "--port",
@@ -75,49 +115,157 @@ def _plain(record: logging.LogRecord) -> bool:
     envvar="JOBCTL_PORT",
     show_envvar=True,
 )
-def serve(host: str, port: int, **kwargs: Any) -> None:
-    """Serve the HTTP API (/v1, its OpenAPI document at /openapi.json), Prometheus
-    metrics (/metrics), /healthz and /readyz, until SIGTERM or SIGINT.
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST",
+    envvar="JOBCTL_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="A host name (or address) requests may name in their Host header, besides "
+    "localhost, 127.0.0.1, ::1, the --host address and --public-url's host. Repeat it, "
+    "or give several separated by commas. '.example.com' allows a domain and its "
+    "subdomains; '*' allows any (no DNS-rebinding protection).",
+)
+@click.option(
+    "--public-url",
+    metavar="URL",
+    envvar="JOBCTL_PUBLIC_URL",
+    show_envvar=True,
+    help="Where people reach the server, e.g. https://jobs.example.com/ops behind a "
+    "proxy: its origin is the one the dashboard's buttons must come from, https makes "
+    "cookies Secure, and its path is the mount point the proxy strips.",
+)
+@click.option(
+    "--forwarded-allow-ips",
+    metavar="IPS",
+    envvar="JOBCTL_FORWARDED_ALLOW_IPS",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (comma "
+    "separated addresses or networks; '*': any), as uvicorn's --forwarded-allow-ips.",
+)
+@click.option(
+    "--allow-open-reads",
+    is_flag=True,
+    envvar="JOBCTL_ALLOW_OPEN_READS",
+    show_envvar=True,
+    help="Listen on a non-loopback --host without a token: every job's payload, "
+    "result and error is then readable by anyone who reaches the port.",
+)
+@click.option(
+    "--open-metrics",
+    is_flag=True,
+    envvar="JOBCTL_OPEN_METRICS",
+    show_envvar=True,
+    help="Serve /metrics without the token even when one is set (for a network that "
+    "only Prometheus reaches).",
+)
+@click.option(
+    "--metrics-max-queues",
+    type=click.IntRange(1, 100_000),
+    default=100,
+    show_default=True,
+    envvar="JOBCTL_METRICS_MAX_QUEUES",
+    show_envvar=True,
+    help='Queues with series of their own in /metrics; more share queue="_other".',
+)
+@click.option(
+    "--metrics-max-job-types",
+    type=click.IntRange(1, 100_000),
+    default=200,
+    show_default=True,
+    envvar="JOBCTL_METRICS_MAX_JOB_TYPES",
+    show_envvar=True,
+    help='Job types with series of their own in /metrics; more share job_type="_other".',
+)
+def serve(
+    host: str,
+    port: int,
+    allowed_hosts: tuple[str, ...],
+    public_url: str | None,
+    forwarded_allow_ips: str,
+    allow_open_reads: bool,
+    open_metrics: bool,
+    metrics_max_queues: int,
+    metrics_max_job_types: int,
+    **kwargs: Any,
+) -> None:
+    """Serve the HTTP API (/v1, its OpenAPI document at /openapi.json), the
+    dashboard (/), Prometheus metrics (/metrics), /healthz and /readyz, until
+    SIGTERM or SIGINT.
 
-    Changes need `Authorization: Bearer <token>` with the token from
-    $JOBCTL_API_TOKEN (or the file named by $JOBCTL_API_TOKEN_FILE); without one
-    the server is read-only, and says so when it starts. Logs are JSON lines on
-    stderr, one per request.
+    With a token ($JOBCTL_API_TOKEN, or the file named by $JOBCTL_API_TOKEN_FILE,
+    read again when it changes) every request but the probes needs it. Without one
+    the server is read-only and its reads are open, which it says when it starts;
+    it then listens on a loopback address only, unless --allow-open-reads. Logs are
+    JSON lines on stderr, one per request.
     """
     setup_logging(kwargs["log_level"])
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).addFilter(_plain)
     try:
+        tokens = token_from_environment()
         settings = ApiSettings(
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
-            token=api_token(),
+            token=tokens,
+            bind_host=host,
+            allowed_hosts=_hosts(allowed_hosts),
+            public_url=None if not public_url else PublicUrl.parse(public_url),
+            open_metrics=open_metrics,
+            collector=CollectorSettings(
+                max_queues=metrics_max_queues, max_job_types=metrics_max_job_types
+            ),
         )
     except ConfigError as exc:
-        click.echo(f"jobctl serve: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
+        return
+    if tokens is None and not is_loopback(host) and not allow_open_reads:
+        _fail(
+            f"--host {host} is reachable from other machines and there is no API token, so"
+            " anyone who reaches the port could read every job's payload, result and error:"
+            " set JOBCTL_API_TOKEN (or JOBCTL_API_TOKEN_FILE), or pass --allow-open-reads"
+        )
     warn_about_passwords_in_flags(log, settings.database, settings.amqp)
     config = uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
+        root_path=settings.root_path,
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips,
         # Our logging (JSON lines) and our access log, which never shows a header.
         log_config=None,
         access_log=False,
         server_header=False,
         lifespan="on",
     )
+    listening = _bind(host, port)
     server = _Server(config)
+    if tokens is None:
+        reads = "open: anyone who reaches the port can read every job (no token)"
+    else:
+        reads = "need the token"
     log.info(
         "api.serving",
         extra={
             "address": f"http://{host}:{port}",
+            "public_url": public_url or None,
             "database": settings.database.redacted(),
             "amqp": settings.amqp.redacted(),
-            "token": "configured" if settings.token else "none (read-only)",
+            "token": "none (read-only)"
+            if tokens is None
+            else ("from a file, read again when it changes" if tokens.path else "configured"),
+            "reads": reads,
+            "metrics": "open" if open_metrics or tokens is None else "need the token",
+            "allowed_hosts": "any"
+            if settings.served_hosts() is None
+            else sorted(settings.served_hosts() or ()),
         },
     )
-    event_loop_runner()(server.serve())
+    event_loop_runner()(server.serve(sockets=[listening]))
     if not server.started:
-        # The port was taken, or start-up failed: uvicorn logged why.
+        # Start-up failed (the lifespan): uvicorn logged why.
         sys.exit(1)

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 
 from jobctl.dashboard import actions, pages, render
-from jobctl.dashboard.auth import Refused, SignInRequired
+from jobctl.dashboard.auth import Refused, SignInRequired, root
 
 STATIC_PATH = "/static"
 
@@ -42,7 +42,7 @@ def install(app: FastAPI) -> None:
 async def _sign_in(request: Request, _exc: Exception) -> Response:
     query = request.url.query
     here = request.url.path + (f"?{query}" if query else "")
-    return RedirectResponse(f"/login?next={quote(here, safe='')}", status_code=303)
+    return RedirectResponse(f"{root(request)}/login?next={quote(here, safe='')}", status_code=303)
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

@@ -17,16 +17,18 @@ from fastapi import APIRouter, Depends, Form, Request
 from starlette.responses import RedirectResponse, Response
 
 import outbox
+from jobctl.api.guards import token_matches, too_many
+from jobctl.api.tokens import Tokens
 from jobctl.dashboard import render
 from jobctl.dashboard.auth import (
     Refused,
     Viewer,
-    clear_session,
+    end_session,
     local_path,
     may_act,
+    open_session,
+    root,
     same_origin,
-    set_session,
-    token_matches,
 )
 from jobctl.dashboard.flash import Flash
 from jobctl.service import (
@@ -68,9 +70,11 @@ def _by(request: Request) -> str:
     return f"dashboard ({request.client.host})" if request.client else "dashboard"
 
 
-def _done(back: str, flash: Flash, default: str = "/") -> Response:
-    response = RedirectResponse(local_path(back, default), status_code=303)
-    flash.set(response)
+def _done(request: Request, back: str, flash: Flash, default: str = "/") -> Response:
+    response = RedirectResponse(
+        local_path(back, root(request) + default, root(request)), status_code=303
+    )
+    flash.set(response, root(request))
     return response
 
 
@@ -83,7 +87,7 @@ async def _act(
         flash = await action()
     except (ServiceError, outbox.Backpressure) as exc:
         flash = Flash("error", str(exc))
-    return _done(back, flash, default)
+    return _done(request, back, flash, default)
 
 
 # ------------------------------------------------------------------ signing in
@@ -92,12 +96,17 @@ async def _act(
 @router.get("/login")
 async def login_form(request: Request, next: str = "/") -> Response:
     return render.page(
-        request, "login.html", None, next=local_path(next), configured=_has_token(request)
+        request,
+        "login.html",
+        None,
+        next=local_path(next, root(request) + "/", root(request)),
+        configured=_tokens(request) is not None,
     )
 
 
-def _has_token(request: Request) -> bool:
-    return request.app.state.token is not None
+def _tokens(request: Request) -> Tokens | None:
+    tokens: Tokens | None = request.app.state.tokens
+    return tokens
 
 
 @router.post("/login")
@@ -106,29 +115,43 @@ async def login(
     token: Annotated[str, Form(max_length=1000)] = "",
     next: Annotated[str, Form(max_length=2000)] = "/",
 ) -> Response:
-    target = local_path(next)
+    target = local_path(next, root(request) + "/", root(request))
     if not same_origin(request):
         raise Refused("refused: the sign-in did not come from this dashboard's own page")
-    if not token_matches(request, token):
-        problem = "that is not the token" if _has_token(request) else None
+    tokens = _tokens(request)
+
+    def again(problem: str | None, status: int) -> Response:
         return render.page(
             request,
             "login.html",
             None,
-            status=401 if _has_token(request) else 403,
+            status=status,
             next=target,
-            configured=_has_token(request),
+            configured=tokens is not None,
             problem=problem,
         )
+
+    if tokens is None:
+        return again(None, 403)
+    limited = too_many(request)
+    if limited is not None:
+        response = again(str(limited.detail), 429)
+        response.headers.update(limited.headers or {})
+        return response
+    current = tokens.current()
+    if current is None:
+        return again("this server's token file holds no usable token now; see its log", 503)
+    if not token_matches(request, token):
+        return again("that is not the token", 401)
     response = RedirectResponse(target, status_code=303)
-    set_session(request, response, request.app.state.token)
+    await open_session(request, response, current)
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request, _actor: Actor) -> Response:
-    response = RedirectResponse("/login", status_code=303)
-    clear_session(request, response)
+    response = RedirectResponse(root(request) + "/login", status_code=303)
+    await end_session(request, response)
     return response
 
 
@@ -207,51 +230,67 @@ async def retry_all_matching(
     viewer: Actor,
     queue: Annotated[str, Form(max_length=200)] = "",
     job_type: Annotated[str, Form(max_length=200)] = "",
+    state: Annotated[str, Form(max_length=20)] = "FAILED",
     confirm: Annotated[str, Form(max_length=10)] = "",
+    every: Annotated[str, Form(max_length=10)] = "",
     back: Back = "",
 ) -> Response:
     """Without ``confirm``: count what would be retried (a dry run of the same
-    statement) and ask; with it: retry them."""
+    statement) and ask; with it: retry them. The jobs of the list's state only
+    (FAILED, or CANCELLED from the Cancelled tab: a cancel is not retried unless
+    that list is the one shown). With no queue and no type, the confirmation asks
+    for "every" on purpose, and the retry needs it."""
     chosen_queue, chosen_type = queue.strip() or None, job_type.strip() or None
+    cancelled = state == JobState.CANCELLED
+    unfiltered = chosen_queue is None and chosen_type is None
+    kinds = "CANCELLED" if cancelled else "FAILED"
+
+    async def run(dry_run: bool) -> int:
+        async with _database(request).writing() as session:
+            found = await retry_matching(
+                session,
+                queue=chosen_queue,
+                job_type=chosen_type,
+                every=unfiltered,
+                states=(JobState.CANCELLED,) if cancelled else (JobState.FAILED,),
+                limit=BULK_RETRY_LIMIT,
+                dry_run=dry_run,
+                by=_by(request),
+            )
+        return found.matched
+
     if confirm != "yes":
         try:
-            async with _database(request).writing() as session:
-                preview = await retry_matching(
-                    session,
-                    queue=chosen_queue,
-                    job_type=chosen_type,
-                    limit=BULK_RETRY_LIMIT,
-                    dry_run=True,
-                    by=_by(request),
-                )
+            matched = await run(True)
         except ServiceError as exc:
-            return _done(back, Flash("error", str(exc)), "/failed")
+            return _done(request, back, Flash("error", str(exc)), "/failed")
         return render.page(
             request,
             "confirm_retry.html",
             viewer,
-            matched=preview.matched,
+            matched=matched,
             limit=BULK_RETRY_LIMIT,
             queue=chosen_queue,
             job_type=chosen_type,
-            back=local_path(back, "/failed"),
+            state=kinds,
+            every=unfiltered,
+            back=local_path(back, root(request) + "/failed", root(request)),
             # A page that answers a POST: refreshing it would GET another page.
             static=True,
         )
 
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            done = await retry_matching(
-                session,
-                queue=chosen_queue,
-                job_type=chosen_type,
-                limit=BULK_RETRY_LIMIT,
-                by=_by(request),
+        if unfiltered and every != "yes":
+            return Flash(
+                "error",
+                f"not retried: with no queue or type this is every {kinds} job;"
+                " tick \u201cevery one\u201d to confirm",
             )
+        matched = await run(False)
         more = " (the most one press moves: press again for the rest)"
         return Flash(
             "ok",
-            f"Retried {done.matched} jobs{more if done.matched >= BULK_RETRY_LIMIT else ''}.",
+            f"Retried {matched} {kinds} jobs{more if matched >= BULK_RETRY_LIMIT else ''}.",
         )
 
     return await _act(request, back, "/failed", action)
@@ -274,8 +313,9 @@ async def pause(queue: str, request: Request, _actor: Actor, back: Back = "") ->
 async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         async with _database(request).writing() as session:
-            was = await resume_queue(session, queue)
-        return Flash("ok", f"Queue {queue} resumed." if was else f"Queue {queue} was not paused.")
+            was = await resume_queue(session, queue, by=_by(request))
+        text = f"Queue {queue} resumed." if was.changed else f"Queue {queue} was not paused."
+        return Flash("ok", text)
 
     return await _act(request, back, "/", action)
 
@@ -283,7 +323,7 @@ async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -
 # ------------------------------------------------------------------ schedules
 
 
-@router.post("/schedules/{name}/pause")
+@router.post("/schedules/{name:path}/pause")
 async def schedule_pause(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         async with _database(request).writing() as session:
@@ -293,7 +333,7 @@ async def schedule_pause(name: str, request: Request, _actor: Actor, back: Back 
     return await _act(request, back, "/schedules", action)
 
 
-@router.post("/schedules/{name}/resume")
+@router.post("/schedules/{name:path}/resume")
 async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         async with _database(request).writing() as session:
@@ -308,7 +348,7 @@ async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back
     return await _act(request, back, "/schedules", action)
 
 
-@router.post("/schedules/{name}/trigger")
+@router.post("/schedules/{name:path}/trigger")
 async def schedule_trigger(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         async with _database(request).writing() as session:

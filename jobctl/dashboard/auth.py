@@ -5,16 +5,23 @@ page to anyone who can reach it and refuses every change; a server with one want
 it for everything, since pages show payloads and errors. A person proves they have
 the token once, on the sign-in form, and gets a session cookie:
 
-- ``jobctl_session`` = ``issued.nonce.mac``, where ``mac`` is an HMAC of issued
-  and nonce under a key derived from the token. Stateless, so it survives a
-  restart and works across several ``jobctl serve`` processes with one token;
-  changing the token signs everyone out. The cookie never holds the token.
-  HttpOnly (scripts cannot read it), SameSite=Strict (a request started by another
-  site does not carry it), Secure over https, and good for ``SESSION_SECONDS``.
-- Every POST carries a CSRF token, an HMAC of the session's nonce under the same
-  key, in a hidden form field; and its Origin (or, without one, its Referer) must
-  be this server's own. Either check failing refuses the request before anything
-  is read from the database or written to it.
+- ``jobctl_session`` holds a random secret (256 bits). The database keeps only its
+  hash, with the session's expiry and a digest of the token it was opened with
+  (``dashboard_sessions``): signing out deletes the row, so a copied cookie stops
+  working at once; changing the token (its file is read again when it changes)
+  ends every session; several ``jobctl serve`` processes share the sessions, and a
+  restart keeps them. Nothing in the cookie is derived from the token, so a stolen
+  cookie gives no way to guess the token offline. HttpOnly (scripts cannot read
+  it), SameSite=Strict (a request started by another site does not carry it),
+  Secure over https (or when the public URL is https), and good for
+  ``SESSION_SECONDS``.
+- Every POST carries a CSRF token, an HMAC of the session's secret, in a hidden form
+  field; and its Origin (or, without one, its Referer) must be this server's own:
+  the origin the request reached, or the public URL's (behind a proxy). Either check
+  failing refuses the request before anything is read from the database or
+  written to it.
+- Wrong tokens on the sign-in form count against the client, as on the API: past
+  the limit, the client is refused for a while whatever it sends.
 
 The token and the cookie are never logged: the access log records the method,
 the path and the status only.
@@ -26,7 +33,6 @@ import base64
 import hashlib
 import hmac
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -34,10 +40,21 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from starlette.responses import Response
 
+from jobctl.api.settings import PublicUrl
+from jobctl.api.tokens import Tokens
+from jobctl.service import Database
+from jobctl.service.sql import fetch_one
+from schema.queries import (
+    DASHBOARD_SESSION_CREATE,
+    DASHBOARD_SESSION_END,
+    DASHBOARD_SESSION_VALID,
+    DASHBOARD_SESSIONS_EXPIRE,
+)
+
 COOKIE: Final = "jobctl_session"
 SESSION_SECONDS: Final = 12 * 3600
 CSRF_FIELD: Final = "csrf"
-_KEY_CONTEXT: Final = b"hybrid-jobs dashboard session v1"
+_DIGEST_CONTEXT: Final = b"hybrid-jobs dashboard session v2\x00"
 
 
 class SignInRequired(Exception):
@@ -72,129 +89,154 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-def _key(token: str) -> bytes:
-    return hmac.new(token.encode(), _KEY_CONTEXT, hashlib.sha256).digest()
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _mac(key: bytes, *parts: str) -> str:
-    return _b64(hmac.new(key, ".".join(parts).encode(), hashlib.sha256).digest())
+def token_digest(token: str) -> str:
+    """What a session remembers of the token it was opened with: a hash, so that a
+    changed token ends it."""
+    return hashlib.sha256(_DIGEST_CONTEXT + token.encode()).hexdigest()
 
 
-def _token(request: Request) -> str | None:
-    token: str | None = request.app.state.token
-    return token
+def csrf_for(secret: str) -> str:
+    return _b64(hmac.new(secret.encode(), b"csrf", hashlib.sha256).digest())
 
 
-def new_session(token: str, now: float | None = None) -> str:
-    issued = str(int(time.time() if now is None else now))
-    nonce = _b64(secrets.token_bytes(18))
-    return f"{issued}.{nonce}.{_mac(_key(token), 'session', issued, nonce)}"
+def _tokens(request: Request) -> Tokens | None:
+    tokens: Tokens | None = request.app.state.tokens
+    return tokens
 
 
-def session_nonce(token: str, cookie: str | None, now: float | None = None) -> str | None:
-    """The session's nonce when the cookie is genuine and not expired, else None."""
-    if not cookie or cookie.count(".") != 2:
+def _database(request: Request) -> Database:
+    db: Database = request.app.state.database
+    return db
+
+
+def root(request: Request) -> str:
+    """Where the dashboard is mounted, as clients see it ("" at the top)."""
+    found: str = request.scope.get("root_path", "")
+    return found.rstrip("/")
+
+
+async def _session(request: Request) -> str | None:
+    """The cookie's secret when it names a live session opened with the current
+    token, else None."""
+    tokens = _tokens(request)
+    token = None if tokens is None else tokens.current()
+    secret = request.cookies.get(COOKIE)
+    if token is None or not secret or len(secret) > 100:
         return None
-    issued, nonce, mac = cookie.split(".")
-    expected = _mac(_key(token), "session", issued, nonce)
-    if not hmac.compare_digest(mac.encode(), expected.encode()) or not issued.isdigit():
-        return None
-    age = (time.time() if now is None else now) - int(issued)
-    return nonce if 0 <= age <= SESSION_SECONDS else None
+    params = {"hash": _hash(secret), "digest": token_digest(token)}
+    async with _database(request).reading() as session:
+        found = await fetch_one(session, DASHBOARD_SESSION_VALID, params)
+    return secret if found is not None else None
 
 
-def csrf_for(token: str, nonce: str) -> str:
-    return _mac(_key(token), "csrf", nonce)
-
-
-def viewer(request: Request) -> Viewer:
+async def viewer(request: Request) -> Viewer:
     """The page's viewer; raises SignInRequired when the server wants the token."""
-    token = _token(request)
-    if token is None:
+    if _tokens(request) is None:
         return Viewer(read_only=True, signed_in=False, csrf=None)
-    nonce = session_nonce(token, request.cookies.get(COOKIE))
-    if nonce is None:
+    secret = await _session(request)
+    if secret is None:
         raise SignInRequired
-    return Viewer(read_only=False, signed_in=True, csrf=csrf_for(token, nonce))
+    return Viewer(read_only=False, signed_in=True, csrf=csrf_for(secret))
 
 
-def token_matches(request: Request, given: str) -> bool:
-    token = _token(request)
-    if token is None:
-        return False
-    # Constant time: a wrong token must not be found a character at a time.
-    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
-
-
-def own_origin(request: Request) -> str:
-    return f"{request.url.scheme}://{request.url.netloc}"
+def own_origins(request: Request) -> set[str]:
+    """The origins a page of this server has: the one the request reached (its
+    scheme as a trusted proxy says, its Host), and the public URL's."""
+    found = {f"{request.url.scheme}://{request.url.netloc}"}
+    public: PublicUrl | None = request.app.state.public_url
+    if public is not None:
+        found.add(public.origin)
+    return found
 
 
 def same_origin(request: Request) -> bool:
     """The request comes from a page of this server: its Origin says so, or, when a
     browser sent none, its Referer does. Neither: refused (every browser this
     dashboard supports sends Origin with a POST)."""
-    own = own_origin(request)
+    own = own_origins(request)
     origin = request.headers.get("origin")
-    if origin is not None:
-        return hmac.compare_digest(origin.encode(), own.encode())
-    referer = request.headers.get("referer")
-    if not referer:
-        return False
-    parts = urlsplit(referer)
-    return f"{parts.scheme}://{parts.netloc}" == own
+    if origin is None:
+        referer = request.headers.get("referer")
+        if not referer:
+            return False
+        parts = urlsplit(referer)
+        origin = f"{parts.scheme}://{parts.netloc}"
+    return any(hmac.compare_digest(origin.encode(), o.encode()) for o in own)
 
 
 async def may_act(request: Request) -> Viewer:
-    """For every POST but sign-in: the server has a token, the session is genuine,
-    the request comes from this site and carries the session's CSRF token."""
-    token = _token(request)
-    if token is None:
+    """For every POST but sign-in: the server has a token, the request comes from
+    this site, the session is live and the form carries its CSRF token."""
+    if _tokens(request) is None:
         raise Refused(
             "this dashboard is read-only: jobctl serve has no API token "
             "(set JOBCTL_API_TOKEN where it runs)"
         )
     if not same_origin(request):
         raise Refused("refused: the request did not come from this dashboard's own pages")
-    nonce = session_nonce(token, request.cookies.get(COOKIE))
-    if nonce is None:
-        raise Refused("sign in first: your session is missing or has expired", 401)
+    secret = await _session(request)
+    if secret is None:
+        raise Refused("sign in first: your session is missing, has ended or has expired", 401)
     form = await request.form()
     given = form.get(CSRF_FIELD)
-    expected = csrf_for(token, nonce)
+    expected = csrf_for(secret)
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected.encode()):
         raise Refused("refused: the form's CSRF token is missing or wrong; reload the page")
     return Viewer(read_only=False, signed_in=True, csrf=expected)
 
 
-def set_session(request: Request, response: Response, token: str) -> None:
+def _secure(request: Request) -> bool:
+    public: PublicUrl | None = request.app.state.public_url
+    return request.url.scheme == "https" or (public is not None and public.scheme == "https")
+
+
+async def open_session(request: Request, response: Response, token: str) -> None:
+    """A new session for the token just shown, its cookie on ``response``; sessions
+    that expired go at the same time (no other chore needed)."""
+    secret = secrets.token_urlsafe(32)
+    params = {"hash": _hash(secret), "digest": token_digest(token), "seconds": SESSION_SECONDS}
+    async with _database(request).writing() as session:
+        await fetch_one(session, DASHBOARD_SESSIONS_EXPIRE)
+        await fetch_one(session, DASHBOARD_SESSION_CREATE, params)
     response.set_cookie(
         COOKIE,
-        new_session(token),
+        secret,
         max_age=SESSION_SECONDS,
-        path="/",
+        path=root(request) or "/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
 
 
-def clear_session(request: Request, response: Response) -> None:
+async def end_session(request: Request, response: Response) -> None:
+    """The session is gone for good (its cookie, copied or not, no longer works)."""
+    secret = request.cookies.get(COOKIE)
+    if secret:
+        async with _database(request).writing() as session:
+            await fetch_one(session, DASHBOARD_SESSION_END, {"hash": _hash(secret)})
     response.delete_cookie(
         COOKIE,
-        path="/",
+        path=root(request) or "/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
     )
 
 
-def local_path(target: str | None, default: str = "/") -> str:
+def local_path(target: str | None, default: str = "/", root: str = "") -> str:
     """``target`` when it is a path on this server, else ``default``: a redirect
-    after sign-in or an action never leads to another site."""
+    after sign-in or an action never leads to another site. Under a mount point
+    (``root``), a path outside it is taken as relative to it."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
         return default
+    if root and target != root and not target.startswith(root + "/"):
+        return root + target
     return target

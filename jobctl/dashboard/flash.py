@@ -26,17 +26,17 @@ class Flash:
     """A path on this server the message points at (a job it made)."""
     link_text: str | None = None
 
-    def set(self, response: Response) -> None:
+    def set(self, response: Response, root: str = "") -> None:
         document = {"level": self.level, "text": self.text, "link": self.link}
         document["link_text"] = self.link_text
         value = base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
         response.set_cookie(
-            COOKIE, value, max_age=MAX_AGE, path="/", httponly=True, samesite="strict"
+            COOKIE, value, max_age=MAX_AGE, path=root or "/", httponly=True, samesite="strict"
         )
 
     @staticmethod
-    def clear(response: Response) -> None:
-        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    def clear(response: Response, root: str = "") -> None:
+        response.delete_cookie(COOKIE, path=root or "/", httponly=True, samesite="strict")
 
 
 def take_flash(request: Request) -> Flash | None:

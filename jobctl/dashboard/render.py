@@ -14,16 +14,15 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from jobctl.dashboard.auth import Viewer
+from jobctl.api.headers import HTML_POLICY
+from jobctl.dashboard.auth import Viewer, root
 from jobctl.dashboard.flash import Flash, take_flash
 
 # Everything the pages need comes from this server (no inline script or style
-# either), pages cannot be framed (clickjacking), forms post only here.
+# either), pages cannot be framed (clickjacking), forms post only here. (Every
+# answer gets these from jobctl.api.headers; a page says them itself too.)
 SECURITY_HEADERS: Final = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
+    "Content-Security-Policy": HTML_POLICY,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
@@ -124,8 +123,13 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
-def pretty(value: Any) -> str:
-    text = json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+def pretty(value: Any, raw: bool = False) -> str:
+    """A JSON value, indented; ``raw``: a value served as its JSON text already (one
+    nested past what can be decoded, JobView.as_text), shown as it is."""
+    if raw and isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
     if len(text) > SHOWN_JSON:
         return text[:SHOWN_JSON] + f"\n… ({len(text) - SHOWN_JSON:,} more characters)"
     return text
@@ -153,18 +157,20 @@ def page(
     """A whole page. Its flash message (set by the action that led here) is shown
     once; the auto-refresh replaces only the page's #content, so it stays put."""
     flash: Flash | None = take_flash(request)
+    mount = root(request)
     html = env.get_template(template).render(
         request=request,
         viewer=viewer,
         flash=flash,
-        path=request.url.path,
+        root=mount,
+        path=request.url.path.removeprefix(mount) or "/",
         here=_here(request),
         refresh_default=DEFAULT_REFRESH_SECONDS,
         **context,
     )
     response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
     if flash is not None:
-        flash.clear(response)
+        flash.clear(response, mount)
     return response
 
 

@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -60,12 +61,19 @@ class CollectorSettings:
     # New history rows taken per source per round, at most; a backlog of them (after
     # an outage) is caught up over several rounds.
     batch: int = 50_000
+    # The bound on queue and job_type label values (jobctl.metrics.labels): past
+    # these, values share the "_other" series; one unseen this long is forgotten.
+    max_queues: int = 100
+    max_job_types: int = 200
+    forget_after: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0 or not 0 <= self.jitter < 1:
             raise ConfigError("the metrics interval must be positive, its jitter in [0, 1)")
         if self.statement_timeout <= 0 or self.overlap < 0 or self.batch < 1:
             raise ConfigError("metrics statement timeout, overlap and batch must be positive")
+        if self.max_queues < 1 or self.max_job_types < 1 or self.forget_after <= 0:
+            raise ConfigError("the metrics label bounds and forget_after must be positive")
 
 
 class Collector:
@@ -80,7 +88,13 @@ class Collector:
         self.settings = settings or CollectorSettings()
         self._pool = pool
         self._owns_pool = owns_pool
-        self._totals = Totals.new(self.settings.overlap, self.settings.batch)
+        self._totals = Totals.new(
+            self.settings.overlap,
+            self.settings.batch,
+            max_queues=self.settings.max_queues,
+            max_job_types=self.settings.max_job_types,
+            forget_after=timedelta(seconds=self.settings.forget_after),
+        )
         self._snapshot: Snapshot | None = None
         self._status = Status()
         self._round_lock = asyncio.Lock()

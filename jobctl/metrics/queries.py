@@ -99,7 +99,9 @@ FROM workers
 """
 
 # Queues an operator has touched (paused, resumed): known even while idle.
-METRICS_QUEUES: Final = "SELECT queue FROM queues"
+# Paused queues: a row stays after a resume, and would keep an idle queue's
+# series for good.
+METRICS_QUEUES: Final = "SELECT queue FROM queues WHERE paused"
 
 # Attempts: the keys of those inside the overlap (most of them counted already: no
 # lookup of their job for those), then the ones past the mark with their job's queue

@@ -1,9 +1,11 @@
 """What the collector has learnt: this round's gauges, the counters and histograms
 accumulated since it started, and the frozen snapshot the exposition reads.
 
-Labels are queue, job_type, state, outcome and operation, each from a small set the
-operator controls; never a job id, a worker id or error text (the worker id is only
-a key for the increase of its counters).
+Labels are queue, job_type, state, outcome and operation; never a job id, a worker
+id or error text (the worker id is only a key for the increase of its counters).
+Queue names and job types are whatever producers write, so each is bounded
+(:mod:`jobctl.metrics.labels`): past the first so many, values share the ``_other``
+series, and a value unseen for an hour is forgotten with its series.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from jobctl.metrics.histogram import (
     FrozenHistogram,
     Histogram,
 )
+from jobctl.metrics.labels import LabelBudget
 from jobctl.metrics.reading import Attempt, Cursors, Reading, Worker
 from schema.states import CLAIMABLE, LEASED, JobState
 
@@ -83,12 +86,22 @@ class Snapshot:
     cancellation_latency: FrozenHistogram
 
 
+# The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
+MAX_QUEUES: Final = 100
+MAX_JOB_TYPES: Final = 200
+FORGET_AFTER: Final = timedelta(hours=1)
+
+
 @dataclass
 class Totals:
     cursors: Cursors
-    # Queues seen since the collector started: their gauges read 0 when idle rather
-    # than vanish, and their counters exist before the first increase.
-    queues: set[str] = field(default_factory=set)
+    # Queues (and job types) seen lately, each under its label: their gauges read 0
+    # when idle rather than vanish, their counters exist before the first increase,
+    # and one unseen for FORGET_AFTER goes with its series.
+    queue_labels: LabelBudget = field(default_factory=lambda: LabelBudget(MAX_QUEUES, FORGET_AFTER))
+    job_type_labels: LabelBudget = field(
+        default_factory=lambda: LabelBudget(MAX_JOB_TYPES, FORGET_AFTER)
+    )
     attempts_finished: defaultdict[tuple[str, str, str], int] = field(
         default_factory=lambda: defaultdict(int)
     )
@@ -106,53 +119,106 @@ class Totals:
     rounds: int = 0
 
     @classmethod
-    def new(cls, overlap: float, limit: int) -> Totals:
-        return cls(Cursors.new(overlap, limit))
+    def new(
+        cls,
+        overlap: float,
+        limit: int,
+        *,
+        max_queues: int = MAX_QUEUES,
+        max_job_types: int = MAX_JOB_TYPES,
+        forget_after: timedelta = FORGET_AFTER,
+    ) -> Totals:
+        return cls(
+            Cursors.new(overlap, limit),
+            LabelBudget(max_queues, forget_after),
+            LabelBudget(max_job_types, forget_after),
+        )
+
+    @property
+    def queues(self) -> frozenset[str]:
+        """The queue labels with series now."""
+        return self.queue_labels.labels
+
+    def _queue(self, queue: str, now: datetime) -> str:
+        return self.queue_labels.label(queue, now)
 
     def apply(self, reading: Reading) -> Snapshot:
         """Fold a successful round in; returns the snapshot to serve."""
-        self.queues.update(queue for queue, *_ in reading.waiting)
-        self.queues.update(queue for queue, *_ in reading.leased)
-        self.queues.update(reading.queues)
+        now = reading.now
+        present = {queue for queue, *_ in reading.waiting}
+        present.update(queue for queue, *_ in reading.leased)
+        present.update(reading.queues)
         for worker in reading.workers:
-            self.queues.update(worker.queues)
-        self._attempts(_take(self.cursors.attempts, reading.attempts, reading))
+            present.update(worker.queues)
+        attempts = _take(self.cursors.attempts, reading.attempts, reading)
+        # Forgotten first, so a label stays one thing for the whole round.
+        self._forget(
+            now,
+            present | {a.queue for a in attempts if a is not None and a.queue is not None},
+            {a.job_type for a in attempts if a is not None and a.job_type is not None},
+        )
+        # In name order, so which queues get a series of their own when more than
+        # the bound appear at once does not depend on the order rows came in.
+        for queue in sorted(present):
+            self._queue(queue, now)
+        self._attempts(attempts, now)
         for latency in _take(self.cursors.cancellations, reading.cancellations, reading):
             if latency is not None:
                 self.cancellation_latency.observe(latency)
         for delay in _take(self.cursors.fires, reading.fires, reading):
             self.scheduler_delay.observe(delay)
-        self._fences(reading.workers, reading.now)
+        self._fences(reading.workers, now)
         self.rounds += 1
         return self._snapshot(reading)
 
-    def _attempts(self, attempts: list[Attempt | None]) -> None:
+    def _attempts(self, attempts: list[Attempt | None], now: datetime) -> None:
         for a in attempts:
             if a is None or a.queue is None or a.job_type is None:
                 continue  # its job is gone; nothing to label it with
-            self.queues.add(a.queue)
+            queue = self._queue(a.queue, now)
+            job_type = self.job_type_labels.label(a.job_type, now)
             outcome = OUTCOMES.get(a.outcome, a.outcome.lower())
             # Every outcome of a (queue, job_type) exists from its first attempt on,
             # at 0, so a rate of failures is there before the first failure.
             for other in OUTCOMES.values():
-                self.attempts_finished[(a.queue, a.job_type, other)] += 0
-            key = (a.queue, a.job_type, outcome)
+                self.attempts_finished[(queue, job_type, other)] += 0
+            key = (queue, job_type, outcome)
             self.attempts_finished[key] += 1
             self.execution.setdefault(key, Histogram(EXECUTION_BUCKETS)).observe(a.execution_s)
             if a.wait_s is not None:
-                self.queue_wait.setdefault(a.queue, Histogram(WAIT_BUCKETS)).observe(a.wait_s)
+                self.queue_wait.setdefault(queue, Histogram(WAIT_BUCKETS)).observe(a.wait_s)
             if a.outcome == JobState.SUCCEEDED:
-                self.attempts_per_success.setdefault(a.queue, Histogram(ATTEMPT_BUCKETS)).observe(
+                self.attempts_per_success.setdefault(queue, Histogram(ATTEMPT_BUCKETS)).observe(
                     a.attempt
                 )
             if a.lease_expired:
-                self.leases_expired[a.queue] += 1
+                self.leases_expired[queue] += 1
+
+    def _forget(self, now: datetime, queues_seen: set[str], job_types_seen: set[str]) -> None:
+        """Drop the series of queues and job types not seen for FORGET_AFTER (those
+        seen in this round are kept)."""
+        queues = set(self.queue_labels.forget(now, queues_seen))
+        job_types = set(self.job_type_labels.forget(now, job_types_seen))
+        if not queues and not job_types:
+            return
+        for key in [k for k in self.attempts_finished if k[0] in queues or k[1] in job_types]:
+            del self.attempts_finished[key]
+        for key in [k for k in self.execution if k[0] in queues or k[1] in job_types]:
+            del self.execution[key]
+        for queue in queues:
+            self.queue_wait.pop(queue, None)
+            self.attempts_per_success.pop(queue, None)
+            self.leases_expired.pop(queue, None)
+        for fence in [k for k in self.fence_rejections if k[0] in queues]:
+            del self.fence_rejections[fence]
 
     def _fences(self, workers: list[Worker], now: datetime) -> None:
         first = self.rounds == 0
         for worker in workers:
             counts = (worker.stale_outcomes, worker.leases_lost)
             queue = worker_queue(worker)
+            if queue:
+                queue = self._queue(queue, now)
             for operation in FENCE_OPERATIONS.values():
                 self.fence_rejections[(queue, operation)] += 0
             before = self.workers.get(worker.worker_id)
@@ -175,15 +241,19 @@ class Totals:
         self.workers = {w: seen for w, seen in self.workers.items() if seen[1] >= horizon}
 
     def _snapshot(self, reading: Reading) -> Snapshot:
+        now = reading.now
         jobs = {(queue, state): 0 for queue in self.queues for state in GAUGE_STATES}
         oldest = dict.fromkeys(self.queues, 0.0)
         expired = dict.fromkeys(self.queues, 0)
-        for queue, state, count, age in reading.waiting:
-            jobs[(queue, state)] = count
+        # Queues past the bound add up under OTHER: counts summed, ages the largest.
+        for name, state, count, age in reading.waiting:
+            queue = self._queue(name, now)
+            jobs[(queue, state)] += count
             if age is not None:
                 oldest[queue] = max(oldest[queue], age)
-        for queue, state, count, lapsed in reading.leased:
-            jobs[(queue, state)] = count
+        for name, state, count, lapsed in reading.leased:
+            queue = self._queue(name, now)
+            jobs[(queue, state)] += count
             expired[queue] += lapsed
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
         return Snapshot(

@@ -55,7 +55,7 @@ from jobctl.service.schedules import (
     resume_schedule,
     trigger_schedule,
 )
-from jobctl.service.tenants import KEEP, list_tenants, set_tenant
+from jobctl.service.tenants import KEEP, get_tenant, has_limits, list_tenants, set_tenant
 from jobctl.service.workers import list_workers
 
 __all__ = [
@@ -74,6 +74,8 @@ __all__ = [
     "enqueue_job",
     "get_job",
     "get_schedule",
+    "get_tenant",
+    "has_limits",
     "jsonable",
     "list_jobs",
     "list_schedules",

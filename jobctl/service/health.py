@@ -1,9 +1,13 @@
 """Is the service's world there? PostgreSQL and RabbitMQ, each asked once with a
-short timeout, for ``GET /readyz``."""
+short timeout, for ``GET /readyz``; and the cache that answers /readyz, so a probe
+every few milliseconds costs one check (one connection to RabbitMQ, one statement)
+per second or two, however many ask."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -19,6 +23,8 @@ from plumbing import diagnose
 from plumbing.config import AmqpUrl
 
 TIMEOUT: Final = 2.0
+
+log = logging.getLogger("jobctl")
 
 
 async def readiness(database: Database, amqp: AmqpUrl, limit: float = TIMEOUT) -> Readiness:
@@ -47,7 +53,7 @@ async def readiness(database: Database, amqp: AmqpUrl, limit: float = TIMEOUT) -
             limit,
         ),
     )
-    return Readiness(all(c.ok for c in checks), tuple(checks))
+    return Readiness(all(c.ok for c in checks), tuple(checks), round(time.time(), 3))
 
 
 async def _check(
@@ -68,3 +74,46 @@ async def _check(
     else:
         detail = ""
     return Check(service, not detail, address, detail, round(time.perf_counter() - started, 3))
+
+
+class ReadinessCache:
+    """The last answer, kept ``ttl`` seconds; one check at a time (callers that come
+    while one runs wait for it and share it). A check that finds a service away is
+    logged with its details when that changes, for the operator; callers without the
+    token see only which service answered (:meth:`Readiness.public`)."""
+
+    def __init__(self, database: Database, amqp: AmqpUrl, ttl: float) -> None:
+        self.database = database
+        self.amqp = amqp
+        self.ttl = ttl
+        self._found: Readiness | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+        self.checks = 0
+
+    async def get(self) -> Readiness:
+        if self._found is not None and time.monotonic() - self._at < self.ttl:
+            return self._found
+        async with self._lock:
+            if self._found is not None and time.monotonic() - self._at < self.ttl:
+                return self._found
+            found = await readiness(self.database, self.amqp)
+            self.checks += 1
+            self._log(self._found, found)
+            self._found, self._at = found, time.monotonic()
+            return found
+
+    @staticmethod
+    def _log(before: Readiness | None, now: Readiness) -> None:
+        said = None if before is None else [(c.service, c.detail) for c in before.checks]
+        if now.ready:
+            if before is not None and not before.ready:
+                log.info("api.ready")
+            return
+        if said != [(c.service, c.detail) for c in now.checks]:
+            log.warning(
+                "api.not_ready",
+                extra={
+                    "checks": [dataclasses.asdict(c) for c in now.checks if not c.ok],
+                },
+            )

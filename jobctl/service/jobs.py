@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -31,10 +31,11 @@ from jobctl.service.models import (
     Why,
 )
 from jobctl.service.sql import fetch_all, fetch_one
+from outbox.validation import read_json as readable
 from schema import names
 from schema.queries import (
     JOB_FIND_BY_DEDUP_MANY,
-    JOB_REQUEST_FINGERPRINT,
+    JOB_REQUEST_BY_KEY,
     JOB_REQUEST_RECORD,
     JOB_STATE,
 )
@@ -49,8 +50,6 @@ MAX_LIMIT: Final = 500
 # 20 ms at most); past it the page ends early, with a token to read on.
 SCAN_LIMIT: Final = 10_000
 ATTEMPTS_SHOWN: Final = 100
-# Idempotency keys become dedup keys "api:<key>"; dedup keys hold up to 500.
-IDEMPOTENCY_PREFIX: Final = "api:"
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 
 
@@ -87,6 +86,7 @@ class NewJobRequest:
     priority: int = 0
     run_after: datetime | None = None
     max_attempts: int | None = None
+    dedup_key: str | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -100,6 +100,10 @@ class NewJobRequest:
             "run_after": None if self.run_after is None else self.run_after.astimezone(UTC),
             "max_attempts": self.max_attempts,
         }
+        if self.dedup_key is not None:
+            # Absent rather than null: fingerprints stored before the field existed
+            # still match their requests.
+            document["dedup_key"] = self.dedup_key
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -199,14 +203,14 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         session, queries.JOB_ATTEMPTS, {"job_id": job_id, "limit": ATTEMPTS_SHOWN}
     )
     (
-        payload,
+        payload_text,
         dedup_key,
         updated_at,
         cancel_requested_at,
         last_error_message,
-        progress,
+        progress_text,
         progress_at,
-        result,
+        result_text,
         delay_since,
         lease_owner,
         lease_generation,
@@ -214,6 +218,10 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         checked_at,
     ) = row[14:]
     summary = _summary(row)
+    as_text: list[str] = []
+    payload = _read("payload", payload_text, as_text)
+    progress = _read("progress", progress_text, as_text)
+    result = _read("result", result_text, as_text)
     last_error = None
     if summary.last_error_code is not None or last_error_message is not None:
         last_error = LastError(summary.last_error_code, last_error_message)
@@ -247,7 +255,15 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         attempts=tuple(Attempt(*a) for a in reversed(attempts)),
         why=why,
         checked_at=checked_at,
+        as_text=tuple(as_text),
     )
+
+
+def _read(name: str, text: str | None, as_text: list[str]) -> Any:
+    value, whole = readable(text)
+    if not whole:
+        as_text.append(name)
+    return value
 
 
 # --------------------------------------------------------------------- actions
@@ -258,29 +274,57 @@ async def enqueue_job(
 ) -> Enqueued:
     """Enqueue one job (outbox.enqueue_async), and return it as stored.
 
-    With an ``idempotency_key`` the job's dedup key is ``api:<key>`` (for its job
-    type): a repeat of the request returns the job the first one made; a repeat
-    with any other job setting raises :class:`IdempotencyMismatch`, having
-    written nothing. Raises :class:`Invalid` for an unacceptable argument and
-    :class:`outbox.Backpressure` when the tenant has its max_queued waiting.
-    Never commits.
+    ``request.dedup_key`` means what outbox.enqueue's does: a job of the type with
+    that key is returned instead, and nothing is written (``created`` False).
+
+    An ``idempotency_key`` names this request, in a namespace of its own (not the
+    producers' dedup keys), for any job type: a repeat of the request returns what
+    the first one returned (``replayed``); a repeat with anything else in it raises
+    :class:`IdempotencyMismatch`, having written nothing. A concurrent repeat waits
+    for the first and is answered the same way. Raises :class:`Invalid` for an
+    unacceptable argument and :class:`outbox.Backpressure` when the tenant has its
+    max_queued waiting. Never commits.
     """
-    dedup_key = None
-    if idempotency_key is not None:
-        dedup_key = IDEMPOTENCY_PREFIX + _idempotency_key(idempotency_key)
-        earlier = await _find_by_dedup(session, request.job_type, dedup_key)
+    key = None if idempotency_key is None else _idempotency_key(idempotency_key)
+    if key is not None:
+        earlier = await fetch_one(session, JOB_REQUEST_BY_KEY, {"key": key})
         if earlier is not None:
             # Before the enqueue, so a repeat is answered even when the tenant is at
             # its max_queued now.
-            await _check_fingerprint(session, earlier, request)
-            return Enqueued(await _must_get(session, earlier), created=False)
+            return await _replay(session, earlier, request)
+    # The enqueue and the key's record together, or neither: a request that loses
+    # the key to a concurrent one leaves no job of its own behind.
+    savepoint = await session.begin_nested()
+    try:
+        job_id, created = await _enqueue(session, request)
+        if key is not None:
+            params = {"key": key, "job_id": job_id, "fingerprint": request.fingerprint()}
+            if await fetch_one(session, JOB_REQUEST_RECORD, params) is None:
+                await savepoint.rollback()
+                earlier = await fetch_one(session, JOB_REQUEST_BY_KEY, {"key": key})
+                assert earlier is not None, "the key's row committed before ours was refused"
+                return await _replay(session, earlier, request)
+    except BaseException:
+        if savepoint.is_active:
+            await savepoint.rollback()
+        raise
+    await savepoint.commit()
+    return Enqueued(await _must_get(session, job_id), created)
+
+
+async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.UUID, bool]:
+    """The job's id, and whether this call wrote it (False: its dedup key found it)."""
+    if request.dedup_key is not None:
+        found = await _find_by_dedup(session, request.job_type, request.dedup_key)
+        if found is not None:
+            return found, False
     try:
         job_id = await outbox.enqueue_async(
             session,
             request.job_type,
             request.payload,
             queue=request.queue,
-            dedup_key=dedup_key,
+            dedup_key=request.dedup_key,
             run_after=request.run_after,
             max_attempts=request.max_attempts,
             priority=request.priority,
@@ -288,15 +332,19 @@ async def enqueue_job(
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None
-    created = True
-    if dedup_key is not None:
-        params = {"job_id": job_id, "fingerprint": request.fingerprint()}
-        if await fetch_one(session, JOB_REQUEST_RECORD, params) is None:
-            # A concurrent request with the same key won the race; its job and its
-            # fingerprint committed together, before our enqueue found its key.
-            await _check_fingerprint(session, job_id, request)
-            created = False
-    return Enqueued(await _must_get(session, job_id), created)
+    return job_id, True
+
+
+async def _replay(
+    session: AsyncSession, earlier: tuple[Any, ...], request: NewJobRequest
+) -> Enqueued:
+    job_id, fingerprint, made = earlier
+    if fingerprint != request.fingerprint():
+        raise IdempotencyMismatch(
+            f"Idempotency-Key was used for job {job_id} with a different request; "
+            "use a new key for a new request"
+        )
+    return Enqueued(await _must_get(session, job_id), created=bool(made), replayed=True)
 
 
 def _idempotency_key(key: str) -> str:
@@ -312,25 +360,12 @@ def _idempotency_key(key: str) -> str:
 async def _find_by_dedup(session: AsyncSession, job_type: str, dedup_key: str) -> uuid.UUID | None:
     try:
         job_type = names.job_type(job_type)
+        dedup_key = names.dedup_key(dedup_key)
     except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc, "job_type") from None
+        raise invalid_argument(exc) from None
     keys = json.dumps([{"job_type": job_type, "dedup_key": dedup_key}])
     row = await fetch_one(session, JOB_FIND_BY_DEDUP_MANY, {"keys": keys})
     return None if row is None else uuid.UUID(str(row[2]))
-
-
-async def _check_fingerprint(
-    session: AsyncSession, job_id: uuid.UUID, request: NewJobRequest
-) -> None:
-    row = await fetch_one(session, JOB_REQUEST_FINGERPRINT, {"job_id": job_id})
-    stored = None if row is None else row[0]
-    # A job that has the key's dedup key but no fingerprint was enqueued by other
-    # means; it is the key's job all the same.
-    if stored is not None and stored != request.fingerprint():
-        raise IdempotencyMismatch(
-            f"Idempotency-Key was used for job {job_id} with a different request; "
-            "use a new key for a new job"
-        )
 
 
 async def _must_get(session: AsyncSession, job_id: uuid.UUID) -> JobView:
@@ -353,21 +388,36 @@ async def cancel_jobs(session: AsyncSession, job_ids: Iterable[uuid.UUID]) -> li
 
 
 async def retry_jobs(
-    session: AsyncSession, job_ids: Iterable[uuid.UUID], *, by: str | None = None
+    session: AsyncSession,
+    job_ids: Iterable[uuid.UUID],
+    *,
+    by: str | None = None,
+    dry_run: bool = False,
 ) -> list[JobStateChange]:
     """Put each FAILED or CANCELLED job back in the queue (outbox.retry_job_async),
     its history kept and a fresh attempt budget given. ``applied`` is False for a
     job in any other state (left as it was) and for an unknown id (state None).
-    ``by`` names who asked, for job_replays. Never commits."""
+    ``by`` names who asked, for job_replays. ``dry_run``: the same, in a savepoint
+    rolled back, so the answer is what the rule would do. Never commits."""
+    savepoint = await session.begin_nested()
     done: list[JobStateChange] = []
-    for job_id in job_ids:
-        row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
-        before = None if row is None else JobState(row[0])
-        try:
-            state = await outbox.retry_job_async(session, job_id, by=by)
-        except (ValueError, TypeError) as exc:
-            raise invalid_argument(exc, "by") from None
-        done.append(JobStateChange(job_id, state, before in RETRYABLE and state == JobState.QUEUED))
+    try:
+        for job_id in job_ids:
+            row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
+            before = None if row is None else JobState(row[0])
+            try:
+                state = await outbox.retry_job_async(session, job_id, by=by)
+            except (ValueError, TypeError) as exc:
+                raise invalid_argument(exc, "by") from None
+            applied = before in RETRYABLE and state == JobState.QUEUED
+            done.append(JobStateChange(job_id, before if dry_run else state, applied))
+    except BaseException:
+        await savepoint.rollback()
+        raise
+    if dry_run:
+        await savepoint.rollback()
+    else:
+        await savepoint.commit()
     return done
 
 
@@ -378,14 +428,28 @@ async def retry_matching(
     job_type: str | None = None,
     error_code: str | None = None,
     finished_after: datetime | None = None,
+    every: bool = False,
+    states: Collection[JobState] = (JobState.FAILED,),
     limit: int = 1000,
     by: str | None = None,
     dry_run: bool = False,
 ) -> BulkRetry:
-    """Retry the FAILED and CANCELLED jobs that match every filter given, oldest
-    finished first, at most ``limit`` (outbox.retry_jobs_async). ``dry_run``: the
-    same statement in a savepoint rolled back, so the count is exactly what the
-    rule would retry, and nothing changes. Never commits."""
+    """Retry the jobs in ``states`` (FAILED by default; CANCELLED ones only when
+    asked: a cancel is a person's decision, not a failure) that match every filter given,
+    oldest finished first, at most ``limit`` (outbox.retry_jobs_async). With no
+    filter, ``every`` must say so: a bulk retry of everything is never the result
+    of a forgotten filter. ``dry_run``: the same statement in a savepoint rolled
+    back, so the count is exactly what the rule would retry, and nothing changes.
+    Never commits."""
+    filtered = any(v is not None for v in (queue, job_type, error_code, finished_after))
+    if filtered and every:
+        raise Invalid("all means every failed job: give filters or all, not both", "all")
+    if not filtered and not every:
+        raise Invalid(
+            "say which jobs to retry: a filter (queue, job_type, error_code,"
+            " finished_after), or all for every failed job",
+            "all",
+        )
     savepoint = await session.begin_nested()
     try:
         matched = await outbox.retry_jobs_async(
@@ -396,6 +460,7 @@ async def retry_matching(
             finished_after=finished_after,
             limit=limit,
             by=by,
+            states=states,
         )
     except (ValueError, TypeError) as exc:
         await savepoint.rollback()

@@ -102,7 +102,8 @@ class Blocker:
 
     code: str
     """NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
-    NO_CONSUMER, NO_HANDLER or CANCEL_REQUESTED."""
+    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, CANCEL_REQUESTED or
+    LEASE_EXPIRED."""
     facts: dict[str, Any]
     """The figures behind it (see outbox.explain)."""
 
@@ -142,6 +143,10 @@ class JobView(JobSummary):
     """Why it waits (or runs, or ended)."""
     checked_at: datetime
     """The database's clock when this was read."""
+    as_text: tuple[str, ...] = ()
+    """The fields (payload, progress, result) whose stored JSON nests deeper than
+    MAX_PAYLOAD_DEPTH (100), served as their JSON text, a string, so that the job
+    can be read at all (written before enqueue bounded nesting, or by hand)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,9 @@ class ScheduleView:
     updated_at: datetime
     last_fire: LastFire | None
     """The newest occurrence the relay decided, fired or skipped."""
+    as_text: tuple[str, ...] = ()
+    """["payload"] when the stored payload nests deeper than MAX_PAYLOAD_DEPTH and is
+    served as its JSON text (see JobView.as_text)."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +316,9 @@ class Enqueued:
 
     job: JobView
     created: bool
-    """False when an Idempotency-Key named a job enqueued before."""
+    """False when the job was there already: its dedup_key found it."""
+    replayed: bool = False
+    """True when the Idempotency-Key named an earlier request, answered again."""
 
 
 @dataclass(frozen=True)
@@ -334,11 +344,15 @@ class QueueState:
     queue: str
     paused: bool
     paused_at: datetime | None
+    """When the last pause began (kept after a resume)."""
     paused_by: str | None
-    """Who paused it (``by``, else the database role and application)."""
+    """Who paused it last (``by``, else the database role and application)."""
     changed: bool
     """Whether this request changed it (pausing a paused queue, or resuming a running
     one, changes nothing)."""
+    resumed_at: datetime | None = None
+    resumed_by: str | None = None
+    """Who resumed it last, and when; null while it never was."""
 
 
 @dataclass(frozen=True)
@@ -346,9 +360,12 @@ class BulkRetry:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 
     matched: int
-    """FAILED and CANCELLED jobs the filter selected (at most the limit)."""
+    """Jobs retried (or, with dry_run, that would be): those the filter selected, at
+    most the limit, or those of the ids that were FAILED or CANCELLED."""
     dry_run: bool
     """True: nothing was retried, `matched` is what would have been."""
+    jobs: tuple[JobStateChange, ...] | None = None
+    """For a retry by ids: what became of each (null for a retry by filter)."""
 
 
 @dataclass(frozen=True)
@@ -358,11 +375,12 @@ class Check:
     service: str
     """postgresql or rabbitmq."""
     ok: bool
-    address: str
-    """host:port, never a credential."""
-    detail: str
-    """Why it failed; empty when it answered."""
-    seconds: float
+    address: str | None = None
+    """host:port, never a credential; only for a caller with the token."""
+    detail: str | None = None
+    """Why it failed, empty when it answered; only for a caller with the token (the
+    server's log has it too)."""
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -371,6 +389,13 @@ class Readiness:
 
     ready: bool
     checks: tuple[Check, ...]
+    checked_at: float | None = None
+    """Unix time of the check this answer comes from (answers are cached a second or
+    two); only for a caller with the token."""
+
+    def public(self) -> Readiness:
+        """What anyone may see: which service answered, nothing of where or why."""
+        return Readiness(self.ready, tuple(Check(c.service, c.ok) for c in self.checks))
 
 
 def jsonable(value: Any) -> Any:

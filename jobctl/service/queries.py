@@ -41,11 +41,13 @@ SUMMARY_COLUMNS: Final = (
     " created_at, started_at, finished_at, last_error_code, delay_reason"
 )
 
+# JSON columns as text: a value nested past what psycopg's json.loads takes would
+# fail the whole read (jobctl.service.stored reads them).
 JOB_GET: Final = f"""
 SELECT {SUMMARY_COLUMNS},
-       payload, dedup_key, updated_at, cancel_requested_at, last_error_message, progress,
-       progress_at, result, delay_since, lease_owner, lease_generation, lease_expires_at,
-       now()
+       payload::text, dedup_key, updated_at, cancel_requested_at, last_error_message,
+       progress::text, progress_at, result::text, delay_since, lease_owner,
+       lease_generation, lease_expires_at, now()
 FROM jobs
 WHERE job_id = %(job_id)s
 """
@@ -213,7 +215,14 @@ FROM (SELECT queue, state, finished_at FROM jobs
 GROUP BY queue, state
 """
 
-STATS_QUEUES: Final = "SELECT queue, paused, paused_at, paused_by FROM queues"
+# Paused queues only: a row stays after a resume (who resumed it), and a queue
+# with nothing in it that is not paused is not one to show.
+STATS_QUEUES: Final = "SELECT queue, paused, paused_at, paused_by FROM queues WHERE paused"
+
+QUEUE_GET: Final = """
+SELECT queue, paused, paused_at, paused_by, resumed_at, resumed_by
+FROM queues WHERE queue = %(queue)s
+"""
 
 # Live consumers per queue they serve.
 STATS_WORKERS: Final = """
@@ -232,7 +241,7 @@ STATS_RELAYS: Final = RELAYS_LIVE
 
 # Each schedule with its newest ledger row (schedule_fires' primary key, backwards).
 _SCHEDULES: Final = """
-SELECT s.name, s.job_type, s.payload, s.cron, s.every_seconds, s.timezone, s.queue, s.tenant,
+SELECT s.name, s.job_type, s.payload::text, s.cron, s.every_seconds, s.timezone, s.queue, s.tenant,
        s.priority, s.max_attempts, s.catchup, s.paused, s.next_fire_at, s.last_fire_at,
        s.created_at, s.updated_at,
        f.scheduled_for, f.fired_at, f.outcome, f.skip_reason, f.job_id

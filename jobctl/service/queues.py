@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 import outbox
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
-from jobctl.service.errors import invalid_argument
+from jobctl.service.errors import NotFound, invalid_argument
 from jobctl.service.models import QueueState, QueueStats, Stats
-from jobctl.service.sql import fetch_all
+from jobctl.service.sql import fetch_all, fetch_one
 from schema.states import JobState
 
 # A consumer heard from within this many seconds is live (relay --worker-ttl).
@@ -94,25 +94,49 @@ def _queue(name: str, f: dict[str, Any], window: float) -> QueueStats:
     )
 
 
-async def pause_queue(session: AsyncSession, queue: str, *, by: str | None = None) -> QueueState:
+async def pause_queue(
+    session: AsyncSession, queue: str, *, by: str | None = None, create: bool = False
+) -> QueueState:
     """Stop starting the queue's jobs (outbox.pause_queue_async): none is woken or
-    claimed until it is resumed; running ones finish. Never commits."""
+    claimed until it is resumed; running ones finish. A queue nothing uses (no job
+    waiting, running, failed or cancelled in it, no wake-up, consumer, schedule or
+    pause: most often a typo) is refused with :class:`NotFound`, unless ``create``
+    says to pause it before its first job. Never commits."""
+    try:
+        in_use = await outbox.queue_in_use_async(session, queue)
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "queue") from None
+    if not in_use and not create:
+        raise NotFound(
+            f"no queue {queue!r}: no job waits, runs or failed in it, and no consumer or"
+            " schedule uses it; check the name, or pause it ahead of its first job"
+            " with create (jobctl queues pause --create)"
+        )
     before = await _paused(session, queue)
     try:
         paused = await outbox.pause_queue_async(session, queue, by=by)
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc, "queue") from None
-    return QueueState(paused.queue, True, paused.paused_at, paused.paused_by, before is None)
+    return await _state(session, paused.queue, changed=before is None)
 
 
-async def resume_queue(session: AsyncSession, queue: str) -> QueueState:
-    """Start the queue's jobs again (outbox.resume_queue_async); its waiting
-    wake-ups go out when the caller commits. Never commits."""
+async def resume_queue(session: AsyncSession, queue: str, *, by: str | None = None) -> QueueState:
+    """Start the queue's jobs again (outbox.resume_queue_async), recording ``by`` as
+    who resumed it; its waiting wake-ups go out when the caller commits. Never
+    commits."""
     try:
-        was_paused = await outbox.resume_queue_async(session, queue)
+        was_paused = await outbox.resume_queue_async(session, queue, by=by)
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc, "queue") from None
-    return QueueState(queue, False, None, None, was_paused)
+    return await _state(session, queue, changed=was_paused)
+
+
+async def _state(session: AsyncSession, queue: str, *, changed: bool) -> QueueState:
+    row = await fetch_one(session, queries.QUEUE_GET, {"queue": queue})
+    if row is None:
+        return QueueState(queue, False, None, None, changed)
+    name, paused, paused_at, paused_by, resumed_at, resumed_by = row
+    return QueueState(name, paused, paused_at, paused_by, changed, resumed_at, resumed_by)
 
 
 async def _paused(session: AsyncSession, queue: str) -> outbox.PausedQueue | None:

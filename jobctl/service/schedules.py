@@ -12,11 +12,13 @@ from jobctl.service.errors import NotFound, invalid_argument
 from jobctl.service.jobs import get_job
 from jobctl.service.models import JobView, LastFire, ScheduleView
 from jobctl.service.sql import fetch_all, fetch_one
+from outbox.validation import read_json as readable
 
 
 def _view(row: tuple[Any, ...]) -> ScheduleView:
     # queries.SCHEDULE_GET's columns: the schedule's, then its newest fire's.
-    (name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority) = row[:9]
+    (name, job_type, payload_text, cron, every_seconds, timezone, queue, tenant, priority) = row[:9]
+    payload, whole = readable(payload_text)
     (max_attempts, catchup, paused, next_fire_at, last_fire_at, created_at, updated_at) = row[9:16]
     scheduled_for, fired_at, outcome, skip_reason, job_id = row[16:]
     last = None
@@ -40,6 +42,7 @@ def _view(row: tuple[Any, ...]) -> ScheduleView:
         created_at,
         updated_at,
         last,
+        () if whole else ("payload",),
     )
 
 

@@ -48,6 +48,17 @@ async def list_tenants(session: AsyncSession) -> list[TenantView]:
     return [views[name] for name in sorted(views)]
 
 
+async def get_tenant(session: AsyncSession, tenant: str) -> TenantView | None:
+    """The tenant, if it has limits or the relay holds it back. Reads only."""
+    return next((t for t in await list_tenants(session) if t.tenant == tenant), None)
+
+
+async def has_limits(session: AsyncSession, tenant: str) -> bool:
+    """Whether the tenant has a row of limits (a PUT of it replaces rather than
+    creates). Reads only."""
+    return any(t.tenant == tenant for t in await outbox.tenant_limits_async(session))
+
+
 async def set_tenant(
     session: AsyncSession,
     tenant: str,

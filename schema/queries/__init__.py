@@ -26,9 +26,16 @@ from schema.queries.control import (
     JOB_REPLAY,
     JOB_REPLAY_MATCHING,
     JOB_RETENTION_DELETE,
+    QUEUE_IN_USE,
     QUEUE_PAUSE,
     QUEUE_RESUME,
     QUEUES_PAUSED,
+)
+from schema.queries.dashboard import (
+    DASHBOARD_SESSION_CREATE,
+    DASHBOARD_SESSION_END,
+    DASHBOARD_SESSION_VALID,
+    DASHBOARD_SESSIONS_EXPIRE,
 )
 from schema.queries.fragments import (
     FENCE,
@@ -39,8 +46,8 @@ from schema.queries.job import (
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_PROGRESS,
+    JOB_REQUEST_BY_KEY,
     JOB_REQUEST_CANCEL,
-    JOB_REQUEST_FINGERPRINT,
     JOB_REQUEST_RECORD,
     JOB_RETRIES_DUE_NOW,
     JOB_STATE,
@@ -101,6 +108,10 @@ from schema.queries.worker import (
 )
 
 __all__ = [
+    "DASHBOARD_SESSIONS_EXPIRE",
+    "DASHBOARD_SESSION_CREATE",
+    "DASHBOARD_SESSION_END",
+    "DASHBOARD_SESSION_VALID",
     "FENCE",
     "JOB_ATTEMPTS_RECORDED",
     "JOB_CLAIM_MANY",
@@ -117,8 +128,8 @@ __all__ = [
     "JOB_PROGRESS",
     "JOB_REPLAY",
     "JOB_REPLAY_MATCHING",
+    "JOB_REQUEST_BY_KEY",
     "JOB_REQUEST_CANCEL",
-    "JOB_REQUEST_FINGERPRINT",
     "JOB_REQUEST_RECORD",
     "JOB_RETENTION_DELETE",
     "JOB_RETRIES_DUE_NOW",
@@ -134,6 +145,7 @@ __all__ = [
     "OUTBOX_SETTLE",
     "OUTBOX_WAKE_QUEUE",
     "QUEUES_PAUSED",
+    "QUEUE_IN_USE",
     "QUEUE_PAUSE",
     "QUEUE_RESUME",
     "RELAYS_EXPIRE",

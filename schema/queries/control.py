@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Final
 
 from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
-from schema.tables import OUTBOX_CHANNEL, TERMINAL_SQL
+from schema.queries.worker import RELAY_LIVE_SECONDS
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, OUTBOX_CHANNEL, TERMINAL_SQL
 
 # Who acted, when the caller does not say: the database role, and the client's
 # application_name when it set one ("app (jobctl)").
@@ -76,14 +77,15 @@ JOB_REPLAY: Final = _replay(f"""
     WHERE j.job_id = %(job_id)s AND j.state IN ({_REPLAYABLE})
     FOR NO KEY UPDATE""")
 
-# Failed and cancelled jobs matching the filters (NULL: any), oldest finished first,
-# at most `limit`. Everything is read from jobs_unsuccessful_idx (queue,
-# finished_at), whose predicate is exactly this state list: the given queue, or the
-# queues that have such jobs by a loose index scan; then each queue's oldest
-# `limit` from its range of the index (finished_after narrows the range), merged.
-# PostgreSQL may instead walk jobs_finished_idx in time order when failures are
-# common enough that it meets `limit` of them soon (bench/control_plans.py shows
-# both). Rows another transaction holds are skipped: the next call gets them.
+# Failed and cancelled jobs matching the filters (NULL: any; `states` picks FAILED,
+# CANCELLED or both), oldest finished first, at most `limit`. Everything is read from
+# jobs_unsuccessful_idx (queue, finished_at), whose predicate is exactly this state
+# list: the given queue, or the queues that have such jobs by a loose index scan; then
+# each queue's oldest `limit` from its range of the index (finished_after narrows the
+# range), merged. PostgreSQL may instead walk jobs_finished_idx in time order when
+# failures are common enough that it meets `limit` of them soon
+# (bench/control_plans.py shows both). Rows another transaction holds are skipped: the
+# next call gets them.
 _UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({_REPLAYABLE})"
 
 JOB_REPLAY_MATCHING: Final = _replay(
@@ -108,6 +110,7 @@ JOB_REPLAY_MATCHING: Final = _replay(
         SELECT j.job_id, j.finished_at
         FROM jobs AS j
         WHERE j.state IN ({_REPLAYABLE}) AND j.queue = q.queue
+          AND j.state = ANY(%(states)s::text[])
           AND (%(finished_after)s::timestamptz IS NULL
                OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
@@ -136,17 +139,39 @@ RETURNING q.queue, q.paused_at, q.paused_by
 
 # Returns the queue if it was paused. The notification reaches the relay when the
 # caller commits, so the queue's waiting wake-ups go out at once, not at a poll.
+# The last pause (paused_at, paused_by) stays on the row beside who resumed it.
 QUEUE_RESUME: Final = f"""
 WITH resumed AS (
-    UPDATE queues SET paused = false, paused_at = NULL, paused_by = NULL, updated_at = now()
+    UPDATE queues
+    SET paused = false, resumed_at = now(), resumed_by = COALESCE(%(by)s::text, {_WHO}),
+        updated_at = now()
     WHERE queue = %(queue)s AND paused
-    RETURNING queue
+    RETURNING queue, paused_at, paused_by, resumed_at, resumed_by
 )
-SELECT r.queue, (SELECT pg_notify('{OUTBOX_CHANNEL}', '')) IS NULL FROM resumed AS r
+SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
+       (SELECT pg_notify('{OUTBOX_CHANNEL}', '')) IS NULL
+FROM resumed AS r
 """
 
 QUEUES_PAUSED: Final = """
 SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue
+"""
+
+# Whether anything uses a queue: a job waiting, running, failed or cancelled in it
+# (each through the partial index of its states), a wake-up for it, a consumer
+# that serves it (live or not), a schedule that enqueues into it, or a pause. Each
+# probe is one index lookup or a scan of a small table; a queue whose only jobs
+# succeeded long ago counts as unused (no index leads with their queue).
+QUEUE_IN_USE: Final = f"""
+SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({CLAIMABLE_SQL}))
+    OR EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({LEASED_SQL}))
+    OR EXISTS (SELECT 1 FROM jobs
+               WHERE queue = %(queue)s AND state IN ('CANCELLED', 'FAILED'))
+    OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NULL)
+    OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM workers WHERE %(queue)s = ANY(queues))
+    OR EXISTS (SELECT 1 FROM schedules WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s)
 """
 
 # Everything "why is my job waiting?" needs about one job, by key lookups: the row;
@@ -154,12 +179,15 @@ SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue
 # tenant's wake-ups back in that queue; its wake-up (one in flight that was not
 # taken up yet, else the pending one); how many live consumers serve its queue and
 # how many of them have its handler (the workers table holds one row per consumer
-# process); when its lease holder last heartbeat. statement_timestamp(), not now():
-# the caller's transaction may have begun long ago.
+# process); when its lease holder last heartbeat; how many relays are live and
+# connected to RabbitMQ (the relays table: a row per relay process), and when one
+# was last seen. statement_timestamp(), not now(): the caller's transaction may have
+# begun long ago.
 JOB_EXPLAIN: Final = f"""
 SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_count,
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
-       j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at, j.progress,
+       j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
+       j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
@@ -171,7 +199,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND {LIVE_WORKER})::int AS handlers_on_queue,
-       (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at
+       (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
+       r.relays_live, r.relays_publishing, r.relay_seen_at
 FROM jobs AS j
 LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
@@ -184,6 +213,15 @@ LEFT JOIN LATERAL (
     ORDER BY o.sent_at IS NULL, o.available_at
     LIMIT 1
 ) AS o ON true
+CROSS JOIN LATERAL (
+    SELECT (count(*) FILTER (WHERE live))::int AS relays_live,
+           (count(*) FILTER (WHERE live AND broker_connected))::int AS relays_publishing,
+           max(last_seen_at) AS relay_seen_at
+    FROM (SELECT last_seen_at, broker_connected,
+                 last_seen_at > statement_timestamp()
+                                - make_interval(secs => {RELAY_LIVE_SECONDS}) AS live
+          FROM relays) AS rs
+) AS r
 WHERE j.job_id = %(job_id)s
 """
 

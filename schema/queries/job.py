@@ -92,19 +92,24 @@ RETURNING j.job_id
 """
 
 
-# The fingerprint of the API request that created a job (Idempotency-Key). Inserted
-# after the enqueue, in its transaction: a row that comes back means this request
-# made the job (or adopted one enqueued with its key by other means); none means the
-# job had a fingerprint already, and JOB_REQUEST_FINGERPRINT reads it.
+# An API request's Idempotency-Key, the job it made and a hash of what it asked
+# for. Inserted after the enqueue, in its transaction: a row that comes back means
+# this request holds the key; none means a concurrent request with the key
+# committed first (the insert waited for it), and JOB_REQUEST_BY_KEY reads its job.
 JOB_REQUEST_RECORD: Final = """
-INSERT INTO job_requests (job_id, fingerprint)
-VALUES (%(job_id)s, %(fingerprint)s)
-ON CONFLICT (job_id) DO NOTHING
+INSERT INTO job_requests (idempotency_key, job_id, fingerprint)
+VALUES (%(key)s, %(job_id)s, %(fingerprint)s)
+ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING true
 """
 
-JOB_REQUEST_FINGERPRINT: Final = """
-SELECT fingerprint FROM job_requests WHERE job_id = %(job_id)s
+# The request an Idempotency-Key names: its job, its fingerprint, and whether that
+# request made the job (the two rows were written in one transaction, so they share
+# now()) or found it by its dedup key.
+JOB_REQUEST_BY_KEY: Final = """
+SELECT r.job_id, r.fingerprint, r.created_at = j.created_at AS made
+FROM job_requests AS r JOIN jobs AS j ON j.job_id = r.job_id
+WHERE r.idempotency_key = %(key)s
 """
 
 # The test runner's run_until_idle(retries=True) (consumers.testing): every retry

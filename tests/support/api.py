@@ -16,7 +16,8 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from tests.support.processes import Daemon, service_env
 from tests.support.services import AMQP_URL
 
-TOKEN = "test-token-0123456789abcdef"
+# As secrets.token_urlsafe(32) makes them: jobctl serve refuses weak ones.
+TOKEN = "t3st-Zq8vN1xWc4Lr7Kp0Hs2Gd5Fy9Bj6Mu3Ae8Xo1Ri4Tw"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -38,7 +39,7 @@ async def api_client(
     sent = BEARER if headers is None and token is not None else (headers or {})
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://api", headers=sent) as client,
+        httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=sent) as client,
     ):
         yield client
 
@@ -52,18 +53,28 @@ def free_port() -> int:
 
 @contextmanager
 def served(
-    db: DatabaseUrl, *, token: str | None = TOKEN, **env: str
+    db: DatabaseUrl,
+    *,
+    token: str | None = TOKEN,
+    args: tuple[str, ...] = (),
+    amqp: str = AMQP_URL,
+    **env: str,
 ) -> Iterator[tuple[str, Daemon]]:
-    """`jobctl serve` on a free port; yields its base URL once /healthz answers, and
-    stops it (SIGTERM) afterwards."""
+    """`jobctl serve` on a free port (with ``args`` too); yields its base URL once
+    /healthz answers, and stops it (SIGTERM) afterwards. ``token=None`` and no
+    JOBCTL_API_TOKEN_FILE in ``env``: a server without a token."""
     from schema.topology import Topology
 
     port = free_port()
-    environment = service_env(db, AMQP_URL, Topology(prefix="unused"), **env)
+    environment = service_env(db, amqp, Topology(prefix="unused"), **env)
     environment.pop("JOBCTL_API_TOKEN", None)
+    if "JOBCTL_API_TOKEN_FILE" not in env:
+        environment.pop("JOBCTL_API_TOKEN_FILE", None)
     if token is not None:
         environment["JOBCTL_API_TOKEN"] = token
-    daemon = Daemon("jobctl", ["serve", "--host", "127.0.0.1", "--port", str(port)], environment)
+    daemon = Daemon(
+        "jobctl", ["serve", "--host", "127.0.0.1", "--port", str(port), *args], environment
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

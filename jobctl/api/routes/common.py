@@ -17,3 +17,10 @@ def actor(request: Request) -> str:
     address (one token is shared by every client)."""
     client = request.client
     return f"api ({client.host})" if client else "api"
+
+
+def url(request: Request, path: str) -> str:
+    """``path`` as a client reaches it: under the mount point a proxy strips
+    (--public-url's path, the ASGI root_path)."""
+    root: str = request.scope.get("root_path", "")
+    return root.rstrip("/") + path

@@ -9,10 +9,10 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
-from jobctl.api.guards import may_read, may_write
-from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryFilter
+from jobctl.api.guards import GuardedRoute, may_read, may_write
+from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryRequest
 from jobctl.api.problems import responses
-from jobctl.api.routes.common import actor, database
+from jobctl.api.routes.common import actor, database, url
 from jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -28,11 +28,11 @@ from jobctl.service import (
     retry_jobs,
     retry_matching,
 )
-from jobctl.service.jobs import MAX_IDEMPOTENCY_KEY_LENGTH
+from jobctl.service.jobs import MAX_IDEMPOTENCY_KEY_LENGTH, RETRYABLE
 from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from schema.states import LEASED, JobState
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 
 # Retry-After on a job that is not done: about when to look again.
 RUNNING_POLL: Final = 2
@@ -57,8 +57,8 @@ def retry_after(job: JobView) -> int | None:
     return max(1, min(MAX_POLL, math.ceil(due)))
 
 
-def _location(job: JobView) -> str:
-    return f"/v1/jobs/{job.id}"
+def location(request: Request, job: JobView) -> str:
+    return url(request, f"/v1/jobs/{job.id}")
 
 
 def _parse(job_id: str) -> uuid.UUID:
@@ -73,7 +73,23 @@ def _parse(job_id: str) -> uuid.UUID:
     status_code=202,
     response_model=JobView,
     dependencies=[Depends(may_write)],
-    responses=responses(400, 401, 403, 413, 415, 422, 429, 503, ok_202={"headers": _HEADERS}),
+    responses=responses(
+        400,
+        401,
+        403,
+        413,
+        415,
+        422,
+        429,
+        503,
+        ok_202={"headers": _HEADERS, "description": "Enqueued."},
+        ok_200={
+            "model": JobView,
+            "headers": _HEADERS,
+            "description": "Nothing enqueued: a job of this job_type with this dedup_key"
+            " was there already, and here it is.",
+        },
+    ),
     summary="Enqueue a job",
 )
 async def enqueue(
@@ -86,13 +102,17 @@ async def enqueue(
             alias="Idempotency-Key",
             min_length=1,
             max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
-            description="Makes the request safe to repeat: the same key (for the same "
-            "job_type) returns the job the first request made; a different request "
-            "with it is refused (422). A key lasts as long as its job.",
+            description="Makes the request safe to repeat (IETF "
+            "draft-ietf-httpapi-idempotency-key-header): a repeat with the same key and "
+            "body is answered as the first was (Idempotent-Replayed: true), a different "
+            "body with it is refused (422). A key is this API's own, for any job_type, "
+            "apart from dedup keys, and lasts as long as its job (retention deletes "
+            "both: relay --keep-finished).",
         ),
     ] = None,
 ) -> JobView:
-    """Enqueue one job; 202 with the job, and its URL in Location."""
+    """Enqueue one job; 202 with the job, and its URL in Location (200 when its
+    dedup_key found a job enqueued before)."""
     wanted = NewJobRequest(
         body.job_type,
         body.payload,
@@ -101,15 +121,18 @@ async def enqueue(
         body.priority,
         body.run_after,
         body.max_attempts,
+        body.dedup_key,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
-    response.headers["Location"] = _location(done.job)
+    response.headers["Location"] = location(request, done.job)
     wait = retry_after(done.job)
     if wait is not None:
         response.headers["Retry-After"] = str(wait)
-    if not done.created:
+    if done.replayed:
         response.headers["Idempotent-Replayed"] = "true"
+    if not done.created:
+        response.status_code = 200
     return done.job
 
 
@@ -149,16 +172,25 @@ async def jobs(
     responses=responses(400, 401, 403, 413, 415, 422, 503),
     summary="Retry failed jobs in bulk",
 )
-async def retry_many(body: RetryFilter, request: Request) -> BulkRetry:
-    """Put the FAILED and CANCELLED jobs that match every field given back in the
-    queue, oldest finished first, at most `limit`; with `dry_run`, only count them."""
+async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
+    """Put failed jobs back in the queue: those named by `ids`; or the FAILED ones
+    that match every filter given (and the CANCELLED ones with
+    `include_cancelled`), oldest finished first, at most `limit`; or, with
+    `all: true`, every failed one. An empty body is refused (422): a retry of
+    everything is said on purpose. With `dry_run`, only count them."""
     async with database(request).writing() as session:
+        if body.ids is not None:
+            changes = await retry_jobs(session, body.ids, by=actor(request), dry_run=body.dry_run)
+            applied = sum(c.applied for c in changes)
+            return BulkRetry(applied, body.dry_run, tuple(changes))
         return await retry_matching(
             session,
             queue=body.queue,
             job_type=body.job_type,
             error_code=body.error_code,
             finished_after=body.finished_after,
+            every=body.all,
+            states=RETRYABLE if body.include_cancelled else (JobState.FAILED,),
             limit=body.limit,
             by=actor(request),
             dry_run=body.dry_run,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from jobctl.api.guards import may_read, may_write
+from jobctl.api.guards import GuardedRoute, may_read, may_write
 from jobctl.api.models import (
     QueueName,
     ScheduleList,
@@ -17,8 +17,9 @@ from jobctl.api.models import (
 )
 from jobctl.api.problems import responses
 from jobctl.api.routes.common import actor, database
-from jobctl.api.routes.jobs import retry_after
+from jobctl.api.routes.jobs import location, retry_after
 from jobctl.service import (
+    has_limits,
     list_schedules,
     list_tenants,
     list_workers,
@@ -32,8 +33,10 @@ from jobctl.service import (
 )
 from jobctl.service.models import JobView, QueueState, ScheduleView, Stats, TenantView
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=GuardedRoute)
 
+# A schedule's name may hold "/" ("reports/nightly"): the path converter takes it
+# whole, encoded (%2F) or not, up to the action that ends the URL.
 ScheduleInPath = Annotated[ScheduleName, Path()]
 QueueInPath = Annotated[QueueName, Path()]
 
@@ -58,15 +61,26 @@ async def queues(request: Request) -> Stats:
     "/queues/{queue}/pause",
     response_model=QueueState,
     dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 422, 503),
+    responses=responses(401, 403, 404, 422, 503),
     tags=["queues"],
     summary="Pause a queue",
 )
-async def pause(queue: QueueInPath, request: Request) -> QueueState:
+async def pause(
+    queue: QueueInPath,
+    request: Request,
+    create: Annotated[
+        bool,
+        Query(
+            description="Pause a queue nothing uses yet (no job, consumer or schedule), "
+            "ahead of its first job; without it such a name is refused (404), since it "
+            "is most often a typo."
+        ),
+    ] = False,
+) -> QueueState:
     """None of its jobs is woken or claimed until it is resumed; running ones
     finish, and enqueueing goes on. Pausing a paused queue keeps who paused it."""
     async with database(request).writing() as session:
-        return await pause_queue(session, queue, by=actor(request))
+        return await pause_queue(session, queue, by=actor(request), create=create)
 
 
 @router.post(
@@ -78,9 +92,9 @@ async def pause(queue: QueueInPath, request: Request) -> QueueState:
     summary="Resume a queue",
 )
 async def resume(queue: QueueInPath, request: Request) -> QueueState:
-    """Its waiting jobs are woken at once."""
+    """Its waiting jobs are woken at once; who resumed it is recorded."""
     async with database(request).writing() as session:
-        return await resume_queue(session, queue)
+        return await resume_queue(session, queue, by=actor(request))
 
 
 @router.get(
@@ -97,7 +111,7 @@ async def schedules(request: Request) -> ScheduleList:
 
 
 @router.post(
-    "/schedules/{name}/pause",
+    "/schedules/{name:path}/pause",
     response_model=ScheduleView,
     dependencies=[Depends(may_write)],
     responses=responses(401, 403, 404, 422, 503),
@@ -110,7 +124,7 @@ async def pause_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleVi
 
 
 @router.post(
-    "/schedules/{name}/resume",
+    "/schedules/{name:path}/resume",
     response_model=ScheduleView,
     dependencies=[Depends(may_write)],
     responses=responses(401, 403, 404, 422, 503),
@@ -124,7 +138,7 @@ async def resume_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleV
 
 
 @router.post(
-    "/schedules/{name}/trigger",
+    "/schedules/{name:path}/trigger",
     status_code=202,
     response_model=JobView,
     dependencies=[Depends(may_write)],
@@ -136,7 +150,7 @@ async def trigger(name: ScheduleInPath, request: Request, response: Response) ->
     """One job from the schedule's template, now; its timetable stays as it is."""
     async with database(request).writing() as session:
         job = await trigger_schedule(session, name)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = location(request, job)
     wait = retry_after(job)
     if wait is not None:
         response.headers["Retry-After"] = str(wait)
@@ -160,22 +174,38 @@ async def tenants(request: Request) -> TenantList:
     "/tenants/{tenant}",
     response_model=TenantView,
     dependencies=[Depends(may_write)],
-    responses=responses(400, 401, 403, 413, 415, 422, 503),
+    responses=responses(
+        400,
+        401,
+        403,
+        413,
+        415,
+        422,
+        503,
+        ok_201={"model": TenantView, "description": "The tenant had no limits: created."},
+    ),
     tags=["tenants"],
     summary="Set a tenant's limits",
 )
 async def put_tenant(
-    tenant: Annotated[QueueName, Path()], limits: TenantLimits, request: Request
+    tenant: Annotated[QueueName, Path()],
+    limits: TenantLimits,
+    request: Request,
+    response: Response,
 ) -> TenantView:
-    """Replaces all of the tenant's limits (creating it if new)."""
+    """Replaces all of the tenant's limits: 200, or 201 when it had none."""
     async with database(request).writing() as session:
-        return await set_tenant(
+        existed = await has_limits(session, tenant)
+        found = await set_tenant(
             session,
             tenant,
             max_running=limits.max_running,
             weight=limits.weight,
             max_queued=limits.max_queued,
         )
+    if not existed:
+        response.status_code = 201
+    return found
 
 
 @router.get(

@@ -36,11 +36,12 @@
 
   function show() {
     if (!toggle) return;
-    toggle.textContent = paused ? "Resume" : "Pause";
+    // "updates", not a bare "Pause": the overview has Pause buttons for queues too.
+    toggle.textContent = paused ? "Resume updates" : "Pause updates";
     toggle.setAttribute("aria-pressed", paused ? "true" : "false");
     if (select) select.value = String(seconds);
     if (seconds === 0) say("auto-refresh off", "off");
-    else if (paused) say("paused", "paused");
+    else if (paused) say("updates paused", "paused");
     else say("live", "live");
   }
 

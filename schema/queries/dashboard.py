@@ -1,0 +1,34 @@
+"""The dashboard's sessions (``dashboard_sessions``): opened at sign-in, checked on
+every page and button, ended at sign-out. Run by ``jobctl serve``."""
+
+from __future__ import annotations
+
+from typing import Final
+
+DASHBOARD_SESSION_CREATE: Final = """
+INSERT INTO dashboard_sessions (session_hash, token_digest, expires_at)
+VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(seconds)s))
+RETURNING expires_at
+"""
+
+# A live session opened with the current token: one primary-key lookup.
+DASHBOARD_SESSION_VALID: Final = """
+SELECT expires_at FROM dashboard_sessions
+WHERE session_hash = %(hash)s AND token_digest = %(digest)s AND expires_at > now()
+"""
+
+DASHBOARD_SESSION_END: Final = """
+DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true
+"""
+
+# Run at each sign-in (dashboard_sessions_expires_at_idx), a bounded batch: the
+# table holds about as many rows as people signed in over the last 12 hours.
+DASHBOARD_SESSIONS_EXPIRE: Final = """
+WITH gone AS (
+    DELETE FROM dashboard_sessions
+    WHERE session_hash IN (SELECT session_hash FROM dashboard_sessions
+                           WHERE expires_at < now() LIMIT 1000)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
