@@ -67,7 +67,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
     "JOB_REQUEST_RECORD": "record the API request (Idempotency-Key) that made a job",
-    "JOB_REQUEST_FINGERPRINT": "read the fingerprint of the API request that made a job",
+    "JOB_REQUEST_BY_KEY": "find the job an Idempotency-Key made, and its request's fingerprint",
     "JOB_RETRIES_DUE_NOW": "make every waiting retry due at once (run_until_idle(retries=True))",
     # lease
     "JOB_HELD_BY": "find the named jobs this worker holds, after an ambiguous claim commit",
@@ -114,10 +114,16 @@ NOTES: Final[dict[str, str]] = {
     "SCHEDULE_TEMPLATE": "read a schedule's job template, for a manual trigger",
     # control
     "QUEUE_PAUSE": "pause a queue",
+    "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",
     "QUEUES_PAUSED": "list the paused queues",
     "JOB_EXPLAIN": "read everything 'why is my job waiting?' needs about one job",
     "JOB_EXPLAIN_BACKLOG": "estimate the queue in front of a waiting job",
+    # dashboard
+    "DASHBOARD_SESSION_CREATE": "open a dashboard session at sign-in (its secret's hash only)",
+    "DASHBOARD_SESSION_VALID": "check a session is live and was opened with the current token",
+    "DASHBOARD_SESSION_END": "revoke a dashboard session at sign-out",
+    "DASHBOARD_SESSIONS_EXPIRE": "delete a bounded batch of expired dashboard sessions",
 }
 
 

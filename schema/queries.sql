@@ -112,17 +112,19 @@ RETURNING j.job_id;
 -- name: JOB_REQUEST_RECORD
 -- Run by jobctl.service.jobs:enqueue_job to record the API request (Idempotency-Key)
 -- that made a job.
--- Parameters: fingerprint, job_id.
-INSERT INTO job_requests (job_id, fingerprint)
-VALUES (%(job_id)s, %(fingerprint)s)
-ON CONFLICT (job_id) DO NOTHING
+-- Parameters: fingerprint, job_id, key.
+INSERT INTO job_requests (idempotency_key, job_id, fingerprint)
+VALUES (%(key)s, %(job_id)s, %(fingerprint)s)
+ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING true;
 
--- name: JOB_REQUEST_FINGERPRINT
--- Run by jobctl.service.jobs:_check_fingerprint to read the fingerprint of the API
--- request that made a job.
--- Parameters: job_id.
-SELECT fingerprint FROM job_requests WHERE job_id = %(job_id)s;
+-- name: JOB_REQUEST_BY_KEY
+-- Run by jobctl.service.jobs:enqueue_job to find the job an Idempotency-Key made, and
+-- its request's fingerprint.
+-- Parameters: key.
+SELECT r.job_id, r.fingerprint, r.created_at = j.created_at AS made
+FROM job_requests AS r JOIN jobs AS j ON j.job_id = r.job_id
+WHERE r.idempotency_key = %(key)s;
 
 -- name: JOB_RETRIES_DUE_NOW
 -- Run by consumers.testing:JobRunner.run_until_idle to make every waiting retry due at
@@ -1175,7 +1177,7 @@ SELECT job_id FROM replayed;
 -- Run by outbox.replay:retry_jobs.
 -- Makes FAILED -> QUEUED: an operator replays the oldest that match a filter.
 -- Makes CANCELLED -> QUEUED: an operator replays the oldest that match a filter.
--- Parameters: by, error_code, finished_after, job_type, limit, queue.
+-- Parameters: by, error_code, finished_after, job_type, limit, queue, states.
 WITH RECURSIVE found AS (
     (SELECT j.queue FROM jobs AS j WHERE j.state IN ('CANCELLED', 'FAILED') AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
     UNION ALL
@@ -1192,6 +1194,7 @@ WITH RECURSIVE found AS (
         SELECT j.job_id, j.finished_at
         FROM jobs AS j
         WHERE j.state IN ('CANCELLED', 'FAILED') AND j.queue = q.queue
+          AND j.state = ANY(%(states)s::text[])
           AND (%(finished_after)s::timestamptz IS NULL
                OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
@@ -1251,17 +1254,35 @@ RETURNING q.queue, q.paused_at, q.paused_by;
 
 -- name: QUEUE_RESUME
 -- Run by outbox.queues:resume_queue(_async) to resume a queue, and notify the relay.
--- Parameters: queue.
+-- Parameters: by, queue.
 WITH resumed AS (
-    UPDATE queues SET paused = false, paused_at = NULL, paused_by = NULL, updated_at = now()
+    UPDATE queues
+    SET paused = false, resumed_at = now(), resumed_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
+        updated_at = now()
     WHERE queue = %(queue)s AND paused
-    RETURNING queue
+    RETURNING queue, paused_at, paused_by, resumed_at, resumed_by
 )
-SELECT r.queue, (SELECT pg_notify('outbox', '')) IS NULL FROM resumed AS r;
+SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
+       (SELECT pg_notify('outbox', '')) IS NULL
+FROM resumed AS r;
 
 -- name: QUEUES_PAUSED
 -- Run by outbox.queues:paused_queues(_async) to list the paused queues.
 SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue;
+
+-- name: QUEUE_IN_USE
+-- Run by outbox.queues:queue_in_use(_async) to tell a queue something uses from a typo,
+-- before pausing it.
+-- Parameters: queue.
+SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ('QUEUED', 'RETRY_WAIT'))
+    OR EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ('CANCEL_REQUESTED', 'RUNNING'))
+    OR EXISTS (SELECT 1 FROM jobs
+               WHERE queue = %(queue)s AND state IN ('CANCELLED', 'FAILED'))
+    OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NULL)
+    OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM workers WHERE %(queue)s = ANY(queues))
+    OR EXISTS (SELECT 1 FROM schedules WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s);
 
 -- name: JOB_EXPLAIN
 -- Run by outbox.explain:explain(_async) to read everything 'why is my job waiting?'
@@ -1270,7 +1291,8 @@ SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue;
 -- Parameters: job_id, worker_ttl.
 SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_count,
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
-       j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at, j.progress,
+       j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
+       j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
@@ -1282,7 +1304,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS handlers_on_queue,
-       (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at
+       (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
+       r.relays_live, r.relays_publishing, r.relay_seen_at
 FROM jobs AS j
 LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
@@ -1295,6 +1318,15 @@ LEFT JOIN LATERAL (
     ORDER BY o.sent_at IS NULL, o.available_at
     LIMIT 1
 ) AS o ON true
+CROSS JOIN LATERAL (
+    SELECT (count(*) FILTER (WHERE live))::int AS relays_live,
+           (count(*) FILTER (WHERE live AND broker_connected))::int AS relays_publishing,
+           max(last_seen_at) AS relay_seen_at
+    FROM (SELECT last_seen_at, broker_connected,
+                 last_seen_at > statement_timestamp()
+                                - make_interval(secs => 30) AS live
+          FROM relays) AS rs
+) AS r
 WHERE j.job_id = %(job_id)s;
 
 -- name: JOB_EXPLAIN_BACKLOG
@@ -1382,3 +1414,41 @@ WITH doomed AS (
     RETURNING j.job_id
 )
 SELECT count(*) FROM deleted;
+
+
+-- ======================================================================================
+-- schema/queries/dashboard.py: The dashboard's sessions (``dashboard_sessions``): opened
+-- at sign-in, checked on every page and button, ended at sign-out. Run by ``jobctl
+-- serve``.
+-- ======================================================================================
+
+-- name: DASHBOARD_SESSION_CREATE
+-- Run by jobctl.dashboard.auth:open_session to open a dashboard session at sign-in (its
+-- secret's hash only).
+-- Parameters: digest, hash, seconds.
+INSERT INTO dashboard_sessions (session_hash, token_digest, expires_at)
+VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(seconds)s))
+RETURNING expires_at;
+
+-- name: DASHBOARD_SESSION_VALID
+-- Run by jobctl.dashboard.auth:_session to check a session is live and was opened with
+-- the current token.
+-- Parameters: digest, hash.
+SELECT expires_at FROM dashboard_sessions
+WHERE session_hash = %(hash)s AND token_digest = %(digest)s AND expires_at > now();
+
+-- name: DASHBOARD_SESSION_END
+-- Run by jobctl.dashboard.auth:end_session to revoke a dashboard session at sign-out.
+-- Parameters: hash.
+DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true;
+
+-- name: DASHBOARD_SESSIONS_EXPIRE
+-- Run by jobctl.dashboard.auth:open_session to delete a bounded batch of expired
+-- dashboard sessions.
+WITH gone AS (
+    DELETE FROM dashboard_sessions
+    WHERE session_hash IN (SELECT session_hash FROM dashboard_sessions
+                           WHERE expires_at < now() LIMIT 1000)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
