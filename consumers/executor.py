@@ -40,6 +40,9 @@ class Threads:
         self.busy = 0
         # Threads whose handler ran past its time limit and has not returned yet.
         self.overdue = 0
+        # Set by a graceful stop: a handler that runs past its time limit now is
+        # abandoned (its lease lapses) rather than reported as timed out.
+        self.stopping = False
         self.executor = ThreadPoolExecutor(size, thread_name_prefix="handler")
 
     @property
@@ -166,6 +169,21 @@ async def _attempt(
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})
         return None
     except _TimedOut:
+        if reservation is not None and threads.stopping:
+            # The stop waited for this thread up to the time limit. Reporting the
+            # timeout would let another worker retry the job while the thread still
+            # runs here; leave the lease to lapse instead (the process exits, and
+            # the thread with it, well before the sweeper retries the job).
+            log.warning(
+                "consumer.thread_abandoned",
+                extra={
+                    "job_id": str(job.id),
+                    "limit_s": limit,
+                    "action": "the stop does not wait past the time limit: the lease "
+                    "lapses and the sweeper retries the job",
+                },
+            )
+            return None
         # A plain handler's thread cannot be stopped; it runs on, and its own
         # transaction (if any) is fenced like every other write.
         return Outcome.retry(

@@ -34,29 +34,25 @@ class Reporter:
         self.store = store
         self.ledger = ledger
         self.counts: Counter[str] = Counter()
-        self.idle = asyncio.Event()
+        self.closing = False
 
     async def run(self) -> None:
+        """Record outcomes as they come; once :meth:`close` was called, return when
+        none is left to record (never in the middle of a write)."""
         ready = self.ledger.outcomes_ready
         while True:
+            while batch := self.ledger.take_outcomes(self.settings.report_batch):
+                await self.record(batch)
+            if self.closing and not self.ledger.pending_outcomes():
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), self.ledger.next_outcome_retry())
             ready.clear()
-            self.idle.clear()
-            while batch := self.ledger.take_outcomes(self.settings.report_batch):
-                await self.record(batch)
-            self.idle.set()
 
-    async def flush(self, within: float) -> int:
-        """Record what is pending (shutting down); how many could not be."""
-        try:
-            async with asyncio.timeout(within):
-                while self.ledger.pending_outcomes():
-                    self.ledger.outcomes_ready.set()
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            pass
-        return self.ledger.pending_outcomes()
+    def close(self) -> None:
+        """Shutting down: record what is left, then stop."""
+        self.closing = True
+        self.ledger.outcomes_ready.set()
 
     async def record(self, batch: list[Held]) -> None:
         triples = [(h.job.id, h.job.generation, h.outcome) for h in batch if h.outcome]
