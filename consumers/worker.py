@@ -46,6 +46,8 @@ log = logging.getLogger("consumer")
 
 # On shutdown, how long to keep trying to record finished outcomes.
 OUTCOME_FLUSH_SECONDS = 10.0
+# At a stop, how long a cancelled async handler may take to end.
+CANCEL_GRACE_SECONDS = 5.0
 # Claims given back at a stop, at most this many a statement.
 GIVE_BACK_BATCH = 500
 
@@ -200,10 +202,22 @@ class Consumer:
     async def _give_back_async(self, running: list[Held]) -> None:
         """Cancel these async handlers; give back the claims of those that did not
         end meanwhile with an outcome of their own."""
-        for held in running:
-            assert held.task is not None
-            held.task.cancel()
-        await asyncio.gather(*(h.task for h in running if h.task), return_exceptions=True)
+        tasks = [h.task for h in running if h.task]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=CANCEL_GRACE_SECONDS)
+            if stuck:
+                # Still running: never give such a claim back. Its lease lapses once
+                # the process is gone, and the sweeper retries the job.
+                ids = [str(h.job.id) for h in running if h.task in stuck]
+                log.error(
+                    "consumer.handler_ignored_cancel",
+                    extra={"jobs": ids, "action": "left to lapse; the sweeper retries them"},
+                )
+                for held in running:
+                    if held.task in stuck:
+                        self.ledger.forget(held.job)
         unfinished = [
             h.job
             for h in running
