@@ -150,14 +150,17 @@ def test_sigint_and_sigterm_together_are_one_graceful_stop(
     """What a terminal's Ctrl-C plus a script's forwarded SIGTERM deliver: one stop,
     with the drain, not "stop now"."""
     env = service_env(db_url, amqp_url, topology)
-    with running("relay", [], env, "relay.started"):
-        with running("consumer", [*APP, "--drain-seconds", "10"], env, "consumer.started") as c:
-            job_id = enqueue(engine, "sleep", {"seconds": 2})
-            asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
-            c.signal(signal.SIGINT)
-            time.sleep(0.01)  # two deliveries, not one pending signal
-            c.signal(signal.SIGTERM)
-            assert c.proc.wait(30) == 0
+    args = [*APP, "--drain-seconds", "10"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started") as c,
+    ):
+        job_id = enqueue(engine, "sleep", {"seconds": 2})
+        asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+        c.signal(signal.SIGINT)
+        time.sleep(0.01)  # two deliveries, not one pending signal
+        c.signal(signal.SIGTERM)
+        assert c.proc.wait(30) == 0
     assert job(pg, job_id)["state"] == "SUCCEEDED"
     assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
     actions = [e["action"] for e in c.events() if e["event"] == "consumer.signal"]
