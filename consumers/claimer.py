@@ -145,8 +145,7 @@ class Claimer:
                 await asyncio.wait_for(self.wake.wait(), timeout)
             self.wake.clear()
             while not self.stopping and not self.paused:
-                free = self.settings.concurrency - self.ledger.running
-                batch = self._ready(min(free, self.settings.claim_batch))
+                batch = self._ready(min(self._free(), self.settings.claim_batch))
                 if not batch:
                     break  # a finishing job, a new delivery or a due retry wakes us
                 async with self.lock:
@@ -155,10 +154,16 @@ class Claimer:
                     await self._pause_until_database_answers(failure)
 
     def _next_retry(self) -> float | None:
-        if not self.waiting:
+        """How long to sleep before a waiting id can be tried: None (until woken)
+        when none can, because none waits or no slot is free (a freeing slot, a new
+        delivery or the stop wakes the loop)."""
+        if not self.waiting or self.stopping or self.paused or self._free() <= 0:
             return None
         now = time.monotonic()
         return max(0.0, min(w.retry_at for w in self.waiting.values()) - now)
+
+    def _free(self) -> int:
+        return self.settings.concurrency - self.ledger.running
 
     def _ready(self, limit: int) -> list[uuid.UUID]:
         if limit <= 0:
