@@ -93,7 +93,10 @@ async def test_a_result_that_cannot_be_stored_is_replaced_by_a_note_and_succeeds
     ):
         # (Had an outcome been dropped, its lease would lapse and the job run again,
         # until FAILED with LEASE_EXPIRED.)
-        rows = {t: await wait_for_state(pg, i, "SUCCEEDED", "FAILED") for t, i in zip(types, ids)}
+        rows = {
+            t: await wait_for_state(pg, i, "SUCCEEDED", "FAILED")
+            for t, i in zip(types, ids, strict=True)
+        }
     for (job_type, row), job_id in zip(rows.items(), ids, strict=True):
         assert row["state"] == "SUCCEEDED", (job_type, row["last_error_code"])
         assert row["attempt_count"] == 1, job_type
