@@ -281,32 +281,43 @@ def _connection_sync(resources: Resources) -> Iterator[Connection]:
 @asynccontextmanager
 async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[AsyncTx]:
     async with resources.pool.connection() as conn:
-        async with conn.transaction():
-            tx = AsyncTx(conn, job)
-            yield tx
-            job.committing = True
-            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
-            success = [(job.id, job.generation, done)]
-            if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
-                job.committing = False
-                raise _lost(job)
-        job.recorded = True
+        try:
+            async with conn.transaction():
+                tx = AsyncTx(conn, job)
+                yield tx
+                job.committing = True
+                done = Outcome(
+                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
+                )
+                success = [(job.id, job.generation, done)]
+                if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
+                    raise _lost(job)
+            job.recorded = True
+        finally:
+            # However the completion or its commit failed, the job is not "writing"
+            # any more: its lease is kept (or lost, or given back) like any other.
+            job.committing = False
 
 
 @contextmanager
 def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
     with resources.sync_pool().connection() as conn:
-        with conn.transaction():
-            tx = SyncTx(conn, job)
-            yield tx
-            job.committing = True
-            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
-            success = [(job.id, job.generation, done)]
-            rows = conn.execute(q.JOB_FINISH_IN_TX, finish_params(job.worker, success)).fetchall()
-            if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
-                job.committing = False
-                raise _lost(job)
-        job.recorded = True
+        try:
+            with conn.transaction():
+                tx = SyncTx(conn, job)
+                yield tx
+                job.committing = True
+                done = Outcome(
+                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
+                )
+                success = [(job.id, job.generation, done)]
+                params = finish_params(job.worker, success)
+                rows = conn.execute(q.JOB_FINISH_IN_TX, params).fetchall()
+                if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
+                    raise _lost(job)
+            job.recorded = True
+        finally:
+            job.committing = False
 
 
 class _Result:
