@@ -218,3 +218,41 @@ def test_a_second_signal_ends_a_consumer_whose_handler_ignores_cancellation(
                 consumer.kill()
     (forced,) = [e for e in consumer.events() if e["event"] == "consumer.exit_forced"]
     assert f"job {job_id}" in forced["still_running"]
+
+
+def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """A consumer of 2,000 slots stopped with no drain: every claim goes back
+    (QUEUED, attempt refunded), a bounded batch per statement rather than one
+    statement of any size (whose failure or timeout would cost every attempt)."""
+    from consumers.worker import GIVE_BACK_BATCH
+    from outbox import NewJob
+    from tests.support.jobs import enqueue_many
+
+    n = 2000
+    env = service_env(db_url, amqp_url, topology)
+    args = [*APP, "--concurrency", str(n), "--drain-seconds", "0"]
+    with running("relay", [], env, "relay.started"):
+        enqueue_many(engine, [NewJob("sleep", {"seconds": 600}) for _ in range(n)])
+        with running("consumer", args, env, "consumer.started") as consumer:
+            deadline = time.monotonic() + 120
+            while pg.execute("SELECT count(*) FROM jobs WHERE state = 'RUNNING'").fetchone()[0] < n:
+                assert time.monotonic() < deadline, "not all claimed"
+                time.sleep(0.2)
+            consumer.signal(signal.SIGTERM)
+            assert consumer.proc.wait(120) == 0
+    batches = [e["jobs"] for e in consumer.events() if e["event"] == "consumer.gave_back"]
+    assert sum(batches) == n and max(batches) <= GIVE_BACK_BATCH, batches
+    states = dict(
+        pg.execute("SELECT state, max(attempt_count) FROM jobs GROUP BY state").fetchall()
+    )
+    assert states == {"QUEUED": 0}
+    given_back = pg.execute(
+        "SELECT count(*) FROM job_attempts WHERE outcome = 'QUEUED' AND error_code = 'SHUTDOWN'"
+    ).fetchone()[0]
+    assert given_back == n
