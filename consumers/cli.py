@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ from consumers.settings import ConsumerSettings
 from consumers.worker import Consumer
 from plumbing.cli import Daemon, connection_options, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
+from plumbing.logfmt import describe_error
 from schema import names
 
 
@@ -24,7 +26,21 @@ def load_app(module: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigError(f"--app {module}: cannot import it ({exc})") from None
+        if exc.name is None or module == exc.name or module.startswith(f"{exc.name}."):
+            raise ConfigError(f"--app {module}: cannot import it ({exc})") from None
+        # The module is there; something it imports is not.
+        raise ConfigError(f"--app {module}: importing it failed: {_where(exc)}") from None
+    except Exception as exc:  # a code error in the module: say where, in one line
+        raise ConfigError(f"--app {module}: importing it failed: {_where(exc)}") from None
+
+
+def _where(exc: Exception) -> str:
+    """The error and the place in the user's code it came from."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{describe_error(exc)}{place}"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -81,6 +81,8 @@ class Job:
     # Set while the job's own transaction commits its completion, and once it has.
     committing: bool = field(default=False, repr=False)
     recorded: bool = field(default=False, repr=False)
+    # How long the handler ran, once it has returned or raised.
+    ran_seconds: float | None = field(default=None, repr=False)
     _resources: Resources | None = field(default=None, repr=False)
     _progress: dict[str, Any] | None = field(default=None, repr=False)
     _progress_written: float = field(default=0.0, repr=False)

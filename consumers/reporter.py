@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections import Counter
 
+from consumers.journal import Journal
 from consumers.ledger import Held, Ledger
 from consumers.settings import ConsumerSettings
 from consumers.store import Finished, JobStore
@@ -31,10 +32,13 @@ LOCKED_RETRY = 0.2
 
 
 class Reporter:
-    def __init__(self, settings: ConsumerSettings, store: JobStore, ledger: Ledger) -> None:
+    def __init__(
+        self, settings: ConsumerSettings, store: JobStore, ledger: Ledger, journal: Journal
+    ) -> None:
         self.settings = settings
         self.store = store
         self.ledger = ledger
+        self.journal = journal
         self.counts: Counter[str] = Counter()
         self.closing = False
 
@@ -138,6 +142,8 @@ class Reporter:
     def _tell(self, held: Held, state: JobState) -> None:
         self.counts[state] += 1
         outcome = held.outcome
+        if state == JobState.SUCCEEDED:
+            self.journal.succeeded(held.job)
         if outcome is None or outcome.kind == "succeeded":
             return
         job = held.job

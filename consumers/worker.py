@@ -31,6 +31,7 @@ from consumers.claimer import Claimer
 from consumers.executor import Reservation, Threads, execute
 from consumers.inbox import Delivery, Inbox
 from consumers.job import Job, Resources
+from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
 from consumers.ledger import Held, Ledger, Phase
 from consumers.outcome import Outcome
@@ -84,7 +85,8 @@ class Consumer:
         self.claimer = Claimer(
             settings, self.store, registry, self.ledger, self.threads, self.inbox, self._start_job
         )
-        self.reporter = Reporter(settings, self.store, self.ledger)
+        self.journal = Journal()
+        self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
         self.lease_keeper = LeaseKeeper(
             settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
         )
@@ -114,6 +116,7 @@ class Consumer:
                 "default_timeout_s": s.default_timeout,
             },
         )
+        self._warn_about_queues()
         self.resources = Resources(
             self.worker, self.handler_pool, self._get_sync_pool, asyncio.get_running_loop()
         )
@@ -143,6 +146,23 @@ class Consumer:
                 log.error("consumer.task_crashed", exc_info=task.exception())
         stopped.cancel()
         await self._shutdown(background)
+
+    def _warn_about_queues(self) -> None:
+        """A queue no registered handler names is often a typo: say so (it is not
+        an error, since a producer may put any job type on any queue)."""
+        mine = set(self.registry.queues())
+        unnamed = [q for q in self.settings.queues if q not in mine]
+        if unnamed:
+            log.warning(
+                "consumer.queue_without_handlers",
+                extra={
+                    "queues": unnamed,
+                    "handlers_queues": sorted(mine),
+                    "not_consumed": sorted(mine - set(self.settings.queues)),
+                    "why": "no registered handler names these queues (a typo?); this "
+                    "consumer claims only jobs of its handlers' types from them",
+                },
+            )
 
     async def _connect(self) -> None:
         async for attempt in retry_forever(log, "consumer.broker_connect_failed"):
@@ -197,6 +217,7 @@ class Consumer:
         except Exception as exc:  # the relay expires the row in time
             log.debug("consumer.worker_row_left", extra={"error": describe_error(exc)})
         await self._close()
+        self.journal.tell_untold()
         log.info("consumer.stopped", extra={"worker": self.worker, **self.counts})
 
     async def _give_back_async(self, running: list[Held]) -> None:
@@ -307,6 +328,8 @@ class Consumer:
             if reservation is not None:
                 reservation.release_if_unused()
             self._slot_freed()
+        if outcome is None and job.recorded:
+            self.journal.succeeded(job)  # its own transaction recorded it
         self.ledger.handler_done(job, outcome)
 
     async def _report_stats(self) -> None:

@@ -76,3 +76,11 @@ async def stubborn(job: consumers.Job) -> None:
             await asyncio.sleep(600)
         except asyncio.CancelledError:
             continue
+
+
+@consumers.handler("tx_returns")
+async def tx_returns(job: consumers.Job) -> dict[str, str]:
+    """Returns a value after its transaction committed: too late to store it."""
+    async with job.transaction() as tx:
+        tx.set_result({"stored": "yes"})
+    return {"stored": "no"}
