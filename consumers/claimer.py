@@ -7,6 +7,9 @@ from then on the table owns the job, so a long job never trips RabbitMQ's delive
 timeout, and a consumer that dies holding a half-claimed message loses nothing (its
 redelivery is claimed or explained).
 
+A delivery brings no more ids than there is room for soon (free slots plus the
+prefetch); those beyond it are handed back for other consumers (consumers/intake.py).
+
 What comes back unclaimed is handled by why:
 
 - explained (running elsewhere, finished, not due, unknown, or turned down and
@@ -36,6 +39,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from consumers.executor import Reservation, Threads
 from consumers.inbox import Delivery, Inbox, give_back, settle
+from consumers.intake import Intake
 from consumers.ledger import Ledger
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
@@ -88,6 +92,7 @@ class Claimer:
         ledger: Ledger,
         threads: Threads,
         inbox: Inbox,
+        intake: Intake,
         start_job: StartJob,
     ) -> None:
         self.settings = settings
@@ -96,6 +101,7 @@ class Claimer:
         self.ledger = ledger
         self.threads = threads
         self.inbox = inbox
+        self.intake = intake
         self.start_job = start_job
         self.waiting: dict[uuid.UUID, _Waiting] = {}
         self.wake = asyncio.Event()
@@ -111,23 +117,52 @@ class Claimer:
     # ----------------------------------------------------------------- intake
 
     async def deliver(self, delivery: Delivery) -> None:
-        """The inbox's callback: buffer every id the message names."""
+        """The inbox's callback: buffer the ids the message names that there is
+        room for (consumers/intake.py), hand the rest back."""
         if self.stopping or self.paused:
             await give_back(delivery)
             return
+        room = self.intake.room(self.held)
+        excess: dict[uuid.UUID, None] = {}
         for job_id in delivery.job_ids:
             waiting = self.waiting.get(job_id)
             if waiting is None:
+                if room <= 0:
+                    excess[job_id] = None
+                    continue
+                room -= 1
                 waiting = self.waiting[job_id] = _Waiting()
             elif waiting.deliveries:
                 self.counts["wakeup_duplicate"] += 1
             waiting.deliveries.append(delivery)
         self.counts["wakeups"] += len(delivery.job_ids)
         self.wake.set()
+        if excess:
+            await self._hand_back(delivery, list(excess))
+
+    async def _hand_back(self, delivery: Delivery, job_ids: list[uuid.UUID]) -> None:
+        self.counts["wakeup_handed_back"] += len(job_ids)
+        if len(job_ids) == len(delivery.open):
+            await self.intake.stop_while_full()  # none of it fitted
+        if not await self.intake.hand_back(job_ids):
+            delivery.declined = True
+        for job_id in job_ids:
+            delivery.open.discard(job_id)
+        if not delivery.open:
+            await settle(delivery)
+
+    @property
+    def held(self) -> int:
+        """Job ids this worker holds: running, or waiting here for a slot."""
+        return self.ledger.running + len(self.waiting)
 
     @property
     def buffered(self) -> int:
         return len(self.waiting)
+
+    def held_ids(self) -> list[uuid.UUID]:
+        """The ids delivered here and not claimed yet."""
+        return list(self.waiting)
 
     async def give_back_all(self) -> None:
         """Hand every unsettled message back to the queue (pausing, or stopping)."""
@@ -152,6 +187,7 @@ class Claimer:
                     failure = await self._claim(batch)
                 if failure is not None:
                     await self._pause_until_database_answers(failure)
+            await self.intake.resume_if_room(self.held, not self.stopping and not self.paused)
 
     def _next_retry(self) -> float | None:
         """How long to sleep before a waiting id can be tried: None (until woken)
@@ -357,6 +393,7 @@ class Claimer:
             with attempt:
                 await self.store.ping()
         self.paused = False
+        self.intake.full = False  # nothing is held any more
         if not self.stopping:
             await self.inbox.start()
             log.info("consumer.database_available", extra={"action": "consuming resumed"})

@@ -4,8 +4,12 @@
 - the claimer claims them as slots free up and starts the jobs (claimer.py);
 - each claimed job runs as its own task and ends in one Outcome (executor.py);
 - the reporter records outcomes in batches, each row through its fence (reporter.py);
+- the intake bounds what the worker holds, handing back what it has no room for
+  (intake.py);
 - the lease keeper extends every held lease, passes cancel requests on, gives up
   leases that are gone, and keeps the worker's row fresh (lease_keeper.py);
+- the held wake-ups' marks are kept fresh, so the re-waker leaves them alone
+  (held_wakeups.py);
 - the ledger is the one record of which jobs this worker holds and what each is
   waiting for (ledger.py).
 
@@ -29,7 +33,9 @@ from psycopg_pool import ConnectionPool
 
 from consumers.claimer import Claimer
 from consumers.executor import Reservation, Threads, execute
+from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from consumers.inbox import Delivery, Inbox
+from consumers.intake import Intake
 from consumers.job import Job, Resources
 from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
@@ -77,13 +83,24 @@ class Consumer:
             settings.amqp,
             settings.topology,
             settings.queues,
-            settings.effective_prefetch,
+            settings.messages_ahead,
             self._deliver,
             self.worker,
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
+        self.intake = Intake(settings, self.store, self.inbox)
         self.claimer = Claimer(
-            settings, self.store, registry, self.ledger, self.threads, self.inbox, self._start_job
+            settings,
+            self.store,
+            registry,
+            self.ledger,
+            self.threads,
+            self.inbox,
+            self.intake,
+            self._start_job,
+        )
+        self.held_wakeups = HeldWakeups(
+            self.store, self.claimer.held_ids, min(REFRESH_SECONDS, settings.effective_heartbeat)
         )
         self.journal = Journal()
         self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
@@ -111,6 +128,7 @@ class Consumer:
                 "job_types": self.registry.job_types(),
                 "concurrency": s.concurrency,
                 "prefetch": s.effective_prefetch,
+                "holds_at_most": s.capacity,
                 "lease_s": s.lease_seconds,
                 "heartbeat_s": round(s.effective_heartbeat, 2),
                 "default_timeout_s": s.default_timeout,
@@ -132,6 +150,7 @@ class Consumer:
                 ("claimer", self.claimer.run()),
                 ("reporter", self.reporter.run()),
                 ("lease keeper", self.lease_keeper.run()),
+                ("held wake-ups", self.held_wakeups.run()),
                 ("stats", self._report_stats()),
             ]
         }
