@@ -64,7 +64,9 @@ def _where(exc: Exception) -> str:
     type=int,
     default=0,
     show_default=True,
-    help="RabbitMQ QoS prefetch. 0 means twice the concurrency.",
+    help="Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
+    "A consumer holds at most concurrency + prefetch ids; ids beyond that are handed back at "
+    "once, for other consumers. RabbitMQ pushes at most two messages ahead.",
 )
 @click.option(
     "--lease-seconds",
@@ -94,7 +96,9 @@ def _where(exc: Exception) -> str:
     type=float,
     default=30.0,
     show_default=True,
-    help="On SIGTERM, time for running jobs to finish before their claims go back.",
+    help="On SIGTERM, time for running jobs to finish before the claims of async handlers go "
+    "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "
+    "for it, up to its time limit, keeping its lease. A second signal stops at once.",
 )
 @connection_options
 def main(**kwargs: Any) -> None:

@@ -13,9 +13,10 @@
 - the ledger is the one record of which jobs this worker holds and what each is
   waiting for (ledger.py).
 
-On SIGTERM: stop consuming (unclaimed wake-ups go back to the queue), let running
-jobs finish for ``drain_seconds``, give the rest back (RUNNING to QUEUED, attempt
-refunded), record the outcomes still pending, and leave.
+On SIGTERM (see ``Consumer._shutdown``): stop consuming (unclaimed wake-ups go back
+to the queue), let running jobs finish for ``drain_seconds``, give back the claims of
+async handlers still running (RUNNING to QUEUED, attempt refunded), wait for plain
+functions on their threads (which cannot be stopped), record every outcome, leave.
 """
 
 from __future__ import annotations
