@@ -14,9 +14,11 @@ What comes back unclaimed is handled by why:
 
 - explained (running elsewhere, finished, not due, unknown, or turned down and
   recorded on the row: paused queue, tenant cap, no handler here): done;
-- locked by another transaction: tried again alone, after a short wait;
-- no free thread for a plain-function handler: held a moment in case a thread
-  frees up, then handed back to the queue for another consumer.
+- locked by another transaction: tried again alone, after a short wait, then
+  handed back to the outbox's backlog if that goes on;
+- no free thread for a plain-function handler (every thread held by a handler
+  past its time limit): its wake-up goes back to the outbox's backlog, due a little
+  later, for this consumer or another with a free thread.
 
 A database that cannot be reached pauses consuming (deliveries go back) until it
 answers; a lock or statement timeout is contention, not an outage, and only defers
@@ -50,13 +52,16 @@ from plumbing.transient import is_transient_db_error, retry_forever
 log = logging.getLogger("consumer")
 
 # A row another transaction holds is tried again after this long, doubling, up to
-# the cap; after LOCKED_GIVE_UP seconds its message goes back to the queue.
+# the cap; after LOCKED_HOLD seconds its wake-up goes back to the outbox's backlog,
+# due LOCKED_RETRY_CAP later (held here longer, its message would keep RabbitMQ,
+# which sends two messages ahead, from sending this worker anything else).
 LOCKED_RETRY = 0.05
 LOCKED_RETRY_CAP = 2.0
-LOCKED_GIVE_UP = 60.0
-# A plain-function job with no free thread waits this long for one, then its
-# message goes back to the queue, for a consumer with a free thread.
-NO_THREAD_HOLD = 5.0
+LOCKED_HOLD = 5.0
+# A plain-function job with no free thread (every thread is held by a handler past
+# its time limit) goes back to the outbox's backlog, due this much later, for this
+# consumer or one with a free thread.
+NO_THREAD_WAIT = 2.0
 
 StartJob = Callable[[Claimed, float, Reservation | None], None]
 
@@ -277,17 +282,22 @@ class Claimer:
             self.start_job(row, sent_at, reservation)
             await self._done(row.job_id)
         self.counts["claimed"] += len(claimed)
-        declined = False
+        no_thread = []
         for job_id, why in missed.items():
             self.counts[f"wakeup_{why.lower()}"] += 1
             if why == LOCKED:
                 await self._defer(job_id)
             elif why == NO_THREAD:
-                declined = True
-                await self._hold_for_thread(job_id)
+                no_thread.append(job_id)
             else:
                 await self._done(job_id)
-        self._note_threads(declined)
+        self._note_threads(bool(no_thread))
+        if no_thread:
+            # Held here, they would keep their messages unacknowledged and so stop
+            # RabbitMQ from sending this worker anything else (it sends two messages
+            # ahead): back to the outbox's backlog, due a little later, for this
+            # worker or another with a free thread.
+            await self._return_to_backlog(no_thread, NO_THREAD_WAIT)
         unknown = sum(1 for why in missed.values() if why == "missing")
         if unknown:
             log.warning(
@@ -308,35 +318,37 @@ class Claimer:
 
     async def _defer(self, job_id: uuid.UUID) -> None:
         """Its row was locked elsewhere (or the claim waited too long): try it again
-        alone, after a short wait; give its message back if that goes on."""
+        alone, after a short wait; hand it back to the backlog if that goes on."""
         waiting = self.waiting.get(job_id)
         if waiting is None:
             return
-        if self._waited(waiting) > LOCKED_GIVE_UP:
+        if self._waited(waiting) > LOCKED_HOLD:
             log.warning(
                 "consumer.wakeup_returned",
                 extra={
                     "job_id": str(job_id),
                     "why": "its row stayed locked by another transaction",
+                    "action": f"back to the outbox's backlog, due in {LOCKED_RETRY_CAP:g} s",
                 },
             )
-            await self._decline(job_id)
+            self.counts["wakeup_returned"] += 1
+            await self._return_to_backlog([job_id], LOCKED_RETRY_CAP)
             return
         waiting.retry_at = time.monotonic() + min(
             LOCKED_RETRY * 2**waiting.retries, LOCKED_RETRY_CAP
         )
         waiting.retries += 1
 
-    async def _hold_for_thread(self, job_id: uuid.UUID) -> None:
-        """No thread is free for its plain-function handler: wait a moment for one
-        (a returning thread wakes the claimer), then let another consumer have it."""
-        waiting = self.waiting.get(job_id)
-        if waiting is None:
-            return
-        if self._waited(waiting) > NO_THREAD_HOLD:
-            await self._decline(job_id)
-            return
-        waiting.retry_at = time.monotonic() + 0.5
+    async def _return_to_backlog(self, job_ids: list[uuid.UUID], delay: float) -> None:
+        """Hand these buffered ids back to the outbox (due in ``delay`` seconds)
+        and settle their messages; if that fails, decline them (their messages go
+        back to RabbitMQ)."""
+        handed = await self.intake.hand_back(job_ids, delay)
+        for job_id in job_ids:
+            if handed:
+                await self._done(job_id)
+            else:
+                await self._decline(job_id)
 
     @staticmethod
     def _waited(waiting: _Waiting) -> float:

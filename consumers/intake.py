@@ -52,11 +52,12 @@ class Intake:
         """How many more ids this worker may take, holding ``held``."""
         return max(0, self.capacity - held)
 
-    async def hand_back(self, job_ids: Sequence[uuid.UUID]) -> bool:
-        """Return these wake-ups to the outbox's backlog; False if that failed."""
+    async def hand_back(self, job_ids: Sequence[uuid.UUID], delay: float = 0.0) -> bool:
+        """Return these wake-ups to the outbox's backlog, due in ``delay`` seconds;
+        False if that failed."""
         try:
             async with asyncio.timeout(HAND_BACK_TIMEOUT):
-                await self.store.hand_back(job_ids)
+                await self.store.hand_back(job_ids, delay)
         except Exception as exc:
             log.warning(
                 "consumer.hand_back_failed",

@@ -170,11 +170,14 @@ class JobStore:
             )
             return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
 
-    async def hand_back(self, job_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        """Put these wake-ups back in the outbox's backlog, for the relay to send
-        to a consumer with room; the jobs that still wanted one."""
+    async def hand_back(self, job_ids: Sequence[uuid.UUID], delay: float = 0.0) -> set[uuid.UUID]:
+        """Put these wake-ups back in the outbox's backlog, due in ``delay``
+        seconds, for the relay to send to a consumer with room; the jobs that still
+        wanted one."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(q.OUTBOX_HAND_BACK, {"job_ids": list(job_ids)})
+            cur = await conn.execute(
+                q.OUTBOX_HAND_BACK, {"job_ids": list(job_ids), "delay_seconds": delay}
+            )
             return {row[0] for row in await cur.fetchall()}
 
     async def refresh_held(self, job_ids: Sequence[uuid.UUID]) -> int:

@@ -242,14 +242,15 @@ GROUP BY queue
 ORDER BY queue
 """
 
-# A consumer hands back wake-ups it will not hold (it has no room for them soon):
-# for each named job that still waits to run and is due, its wake-ups become one
-# pending wake-up, due now, for the relay to decide on again (priority, fair share,
-# the window) and send to a consumer with room. Its rows are deleted without
-# looking at sent_at first, so a relay marking one sent right now (its publish can
-# reach the consumer before its commit) is waited for rather than missed: no mark
-# lands after the hand-back. The insert notifies the relay (outbox_notify). Returns
-# the jobs handed back; the others need no wake-up (running, finished, not due).
+# A consumer hands back wake-ups it will not hold (it has no room for them soon, or
+# no thread for them): for each named job that still waits to run and is due, its
+# wake-ups become one pending wake-up, due in delay_seconds (0: now), for the relay
+# to decide on again (priority, fair share, the window) and send to a consumer with
+# room. Its rows are deleted without looking at sent_at first, so a relay marking one
+# sent right now (its publish can reach the consumer before its commit) is waited for
+# rather than missed: no mark lands after the hand-back. The insert notifies the
+# relay (outbox_notify). Returns the jobs handed back; the others need no wake-up
+# (running, finished, not due).
 OUTBOX_HAND_BACK: Final = f"""
 WITH named AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority
@@ -261,7 +262,8 @@ WITH named AS (
     WHERE o.job_id = n.job_id
 )
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT job_id, queue, COALESCE(tenant, ''), priority, now()
+SELECT job_id, queue, COALESCE(tenant, ''), priority,
+       now() + make_interval(secs => %(delay_seconds)s)
 FROM named
 RETURNING job_id
 """
