@@ -48,6 +48,7 @@ from consumers.settings import ConsumerSettings
 from consumers.store import Claimed, JobStore
 from plumbing.db import connection_kwargs, make_pool
 from plumbing.logfmt import describe_error
+from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
 
 log = logging.getLogger("consumer")
@@ -211,7 +212,7 @@ class Consumer:
         await self.claimer.give_back_all()
         async with self.claimer.lock:
             pass  # a claim in flight finishes, and its jobs join the ones below
-        background["claimer"].cancel()
+        await cancel_and_wait([background["claimer"]])
         tasks = self.ledger.tasks()
         if tasks:
             log.info("consumer.draining", extra={"running": len(tasks), "drain_s": s.drain_seconds})
@@ -228,9 +229,11 @@ class Consumer:
         if left:
             # Their leases run out and the sweeper retries them: nothing is lost.
             log.error("consumer.outcomes_unrecorded", extra={"jobs": left})
-        for task in background.values():
-            task.cancel()
-        await asyncio.gather(*background.values(), return_exceptions=True)
+        stuck = await cancel_and_wait(background.values())
+        if stuck:
+            log.error(
+                "consumer.task_ignored_cancel", extra={"tasks": [t.get_name() for t in stuck]}
+            )
         try:
             async with asyncio.timeout(5):
                 await self.store.gone()
@@ -244,10 +247,8 @@ class Consumer:
         """Cancel these async handlers; give back the claims of those that did not
         end meanwhile with an outcome of their own."""
         tasks = [h.task for h in running if h.task]
-        for task in tasks:
-            task.cancel()
         if tasks:
-            _, stuck = await asyncio.wait(tasks, timeout=CANCEL_GRACE_SECONDS)
+            stuck = await cancel_and_wait(tasks, within=CANCEL_GRACE_SECONDS)
             if stuck:
                 # Still running: never give such a claim back. Its lease lapses once
                 # the process is gone, and the sweeper retries the job.

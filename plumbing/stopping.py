@@ -24,8 +24,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # A signal of the other kind this soon after the first is the same stop request.
 SAME_STOP_SECONDS = 1.0
@@ -144,7 +145,6 @@ class Stopper:
         )
         _exit(1)
 
-
     def leave(self, code: int) -> NoReturn:
         """Exit: without waiting for threads that outlived the event loop, and
         with nothing left that a late signal could interrupt (at finalization
@@ -155,6 +155,26 @@ class Stopper:
             signal.signal(signum, signal.SIG_IGN)
         self.arm(CLOSE_SECONDS, "the interpreter did not finish exiting")
         sys.exit(code)
+
+
+async def cancel_and_wait(
+    tasks: Collection[asyncio.Task[Any]], *, within: float = 3.0, tries: int = 3
+) -> set[asyncio.Task[Any]]:
+    """Cancel the tasks and wait for them, cancelling again the ones still running
+    a moment later: a library that catches CancelledError (psycopg_pool, while it
+    hands out or opens a connection) can swallow one cancel, and the task then runs
+    on as if never asked. Returns the tasks still running after ``within`` seconds."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(tries):
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=within / tries)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: ended tasks are the caller's to report
+    return pending
 
 
 def exit_without_waiting_for_threads(log: logging.Logger, name: str, code: int) -> None:
