@@ -11,7 +11,8 @@
 - the held wake-ups' marks are kept fresh, so the re-waker leaves them alone
   (held_wakeups.py);
 - the ledger is the one record of which jobs this worker holds and what each is
-  waiting for (ledger.py).
+  waiting for (ledger.py);
+- the journal logs a line per job that succeeded (journal.py).
 
 On SIGTERM (see ``Consumer._shutdown``): stop consuming (unclaimed wake-ups go back
 to the queue), let running jobs finish for ``drain_seconds``, give back the claims of
