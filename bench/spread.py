@@ -26,7 +26,9 @@ from bench.common import argument_parser, machine, wait_all_done
 from bench.fleet import fleet
 
 
-def one_round(db_conninfo: str, sqlalchemy_url: str, jobs: int, seconds: float) -> dict[str, object]:
+def one_round(
+    db_conninfo: str, sqlalchemy_url: str, jobs: int, seconds: float
+) -> dict[str, object]:
     engine = create_engine(sqlalchemy_url)
     try:
         with Session(engine) as session, session.begin():
@@ -47,9 +49,9 @@ def one_round(db_conninfo: str, sqlalchemy_url: str, jobs: int, seconds: float) 
             )
         ]
         attempts = conn.execute("SELECT count(*) FROM job_attempts").fetchone()[0]  # type: ignore[index]
-        succeeded = conn.execute(
-            "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'"
-        ).fetchone()[0]  # type: ignore[index]
+        succeeded = conn.execute("SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'").fetchone()[
+            0
+        ]  # type: ignore[index]
         conn.execute("DELETE FROM job_attempts")
         conn.execute("DELETE FROM jobs")
     return {
@@ -100,7 +102,8 @@ def main() -> None:
                 "ideal_s": round(ideal, 2),
                 "rounds": rounds,
                 "median_ratio_to_ideal": statistics.median(
-                    float(r["ratio_to_ideal"]) for r in rounds  # type: ignore[arg-type]
+                    float(r["ratio_to_ideal"])
+                    for r in rounds  # type: ignore[arg-type]
                 ),
                 "machine": machine(),
             },
