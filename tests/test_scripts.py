@@ -87,9 +87,12 @@ class Terminal:
     def events(self, name: str) -> list[dict[str, Any]]:
         found = []
         for line in self.output.splitlines():
-            if name in line and line.startswith("{"):
+            # The terminal echoes a Ctrl-C as "^C" wherever the output is, which can
+            # be the start of a log line.
+            start = line.find("{")
+            if name in line and start >= 0:
                 try:
-                    found.append(json.loads(line))
+                    found.append(json.loads(line[start:]))
                 except ValueError:
                     continue
         return [e for e in found if e.get("event") == name]
