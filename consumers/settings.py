@@ -24,8 +24,8 @@ class ConsumerSettings:
     lease_seconds: float = 60.0
     # 0 means a third of the lease, which tolerates one lost heartbeat.
     heartbeat_seconds: float = 0.0
-    # On SIGTERM, how long running jobs may take to finish before their claims are
-    # given back.
+    # On SIGTERM, how long running jobs may take to finish before the claims of async
+    # handlers are given back (plain functions are waited for: consumers/worker.py).
     drain_seconds: float = 30.0
     # The time limit of an attempt whose handler sets none (see DEFAULT_TIMEOUT);
     # None for no limit.
