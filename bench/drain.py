@@ -3,6 +3,7 @@ LOCKED loop as the baseline, in one run against one database.
 
     python -m bench.drain [--jobs 20000] [--consumers 2] [--concurrency 50]
                           [--rate 200] [--seconds 10] [--no-baseline]
+                          [--pack 50] [--prefetch 0]
 
 1. drain: N no-op jobs committed at once with enqueue_many, one relay and K
    `consumer` processes; jobs/s from the commit until the last is SUCCEEDED;
@@ -123,6 +124,9 @@ def main() -> None:
     parser.add_argument(
         "--pack", type=int, default=50, help="the relay's --pack: job ids per message"
     )
+    parser.add_argument(
+        "--prefetch", type=int, default=0, help="the consumers' --prefetch (0: their default)"
+    )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
     signal.signal(signal.SIGTERM, _terminated)
@@ -139,6 +143,8 @@ def main() -> None:
                     "bench.apps",
                     "--concurrency",
                     str(args.concurrency),
+                    "--prefetch",
+                    str(args.prefetch),
                 ],
                 env=env,
             )
@@ -162,6 +168,7 @@ def main() -> None:
         "consumer_processes": args.consumers,
         "concurrency_per_process": args.concurrency,
         "pack": args.pack,
+        "prefetch": args.prefetch or "default",
         "drain_jobs_per_s": round(drain_rate),
         "commit_to_handler_start": lat,
     }

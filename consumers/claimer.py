@@ -7,13 +7,18 @@ from then on the table owns the job, so a long job never trips RabbitMQ's delive
 timeout, and a consumer that dies holding a half-claimed message loses nothing (its
 redelivery is claimed or explained).
 
+A delivery brings no more ids than there is room for soon (free slots plus the
+prefetch); those beyond it are handed back for other consumers (consumers/intake.py).
+
 What comes back unclaimed is handled by why:
 
 - explained (running elsewhere, finished, not due, unknown, or turned down and
   recorded on the row: paused queue, tenant cap, no handler here): done;
-- locked by another transaction: tried again alone, after a short wait;
-- no free thread for a plain-function handler: held a moment in case a thread
-  frees up, then handed back to the queue for another consumer.
+- locked by another transaction: tried again alone, after a short wait, then
+  handed back to the outbox's backlog if that goes on;
+- no free thread for a plain-function handler (every thread held by a handler
+  past its time limit): its wake-up goes back to the outbox's backlog, due a little
+  later, for this consumer or another with a free thread.
 
 A database that cannot be reached pauses consuming (deliveries go back) until it
 answers; a lock or statement timeout is contention, not an outage, and only defers
@@ -36,6 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from consumers.executor import Reservation, Threads
 from consumers.inbox import Delivery, Inbox, give_back, settle
+from consumers.intake import Intake
 from consumers.ledger import Ledger
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
@@ -46,13 +52,16 @@ from plumbing.transient import is_transient_db_error, retry_forever
 log = logging.getLogger("consumer")
 
 # A row another transaction holds is tried again after this long, doubling, up to
-# the cap; after LOCKED_GIVE_UP seconds its message goes back to the queue.
+# the cap; after LOCKED_HOLD seconds its wake-up goes back to the outbox's backlog,
+# due LOCKED_RETRY_CAP later (held here longer, its message would keep RabbitMQ,
+# which sends two messages ahead, from sending this worker anything else).
 LOCKED_RETRY = 0.05
 LOCKED_RETRY_CAP = 2.0
-LOCKED_GIVE_UP = 60.0
-# A plain-function job with no free thread waits this long for one, then its
-# message goes back to the queue, for a consumer with a free thread.
-NO_THREAD_HOLD = 5.0
+LOCKED_HOLD = 5.0
+# A plain-function job with no free thread (every thread is held by a handler past
+# its time limit) goes back to the outbox's backlog, due this much later, for this
+# consumer or one with a free thread.
+NO_THREAD_WAIT = 2.0
 
 StartJob = Callable[[Claimed, float, Reservation | None], None]
 
@@ -88,6 +97,7 @@ class Claimer:
         ledger: Ledger,
         threads: Threads,
         inbox: Inbox,
+        intake: Intake,
         start_job: StartJob,
     ) -> None:
         self.settings = settings
@@ -96,6 +106,7 @@ class Claimer:
         self.ledger = ledger
         self.threads = threads
         self.inbox = inbox
+        self.intake = intake
         self.start_job = start_job
         self.waiting: dict[uuid.UUID, _Waiting] = {}
         self.wake = asyncio.Event()
@@ -111,23 +122,52 @@ class Claimer:
     # ----------------------------------------------------------------- intake
 
     async def deliver(self, delivery: Delivery) -> None:
-        """The inbox's callback: buffer every id the message names."""
+        """The inbox's callback: buffer the ids the message names that there is
+        room for (consumers/intake.py), hand the rest back."""
         if self.stopping or self.paused:
             await give_back(delivery)
             return
+        room = self.intake.room(self.held)
+        excess: dict[uuid.UUID, None] = {}
         for job_id in delivery.job_ids:
             waiting = self.waiting.get(job_id)
             if waiting is None:
+                if room <= 0:
+                    excess[job_id] = None
+                    continue
+                room -= 1
                 waiting = self.waiting[job_id] = _Waiting()
             elif waiting.deliveries:
                 self.counts["wakeup_duplicate"] += 1
             waiting.deliveries.append(delivery)
         self.counts["wakeups"] += len(delivery.job_ids)
         self.wake.set()
+        if excess:
+            await self._hand_back(delivery, list(excess))
+
+    async def _hand_back(self, delivery: Delivery, job_ids: list[uuid.UUID]) -> None:
+        self.counts["wakeup_handed_back"] += len(job_ids)
+        if len(job_ids) == len(delivery.open):
+            await self.intake.stop_while_full()  # none of it fitted
+        if not await self.intake.hand_back(job_ids):
+            delivery.declined = True
+        for job_id in job_ids:
+            delivery.open.discard(job_id)
+        if not delivery.open:
+            await settle(delivery)
+
+    @property
+    def held(self) -> int:
+        """Job ids this worker holds: running, or waiting here for a slot."""
+        return self.ledger.running + len(self.waiting)
 
     @property
     def buffered(self) -> int:
         return len(self.waiting)
+
+    def held_ids(self) -> list[uuid.UUID]:
+        """The ids delivered here and not claimed yet."""
+        return list(self.waiting)
 
     async def give_back_all(self) -> None:
         """Hand every unsettled message back to the queue (pausing, or stopping)."""
@@ -145,20 +185,26 @@ class Claimer:
                 await asyncio.wait_for(self.wake.wait(), timeout)
             self.wake.clear()
             while not self.stopping and not self.paused:
-                free = self.settings.concurrency - self.ledger.running
-                batch = self._ready(min(free, self.settings.claim_batch))
+                batch = self._ready(min(self._free(), self.settings.claim_batch))
                 if not batch:
                     break  # a finishing job, a new delivery or a due retry wakes us
                 async with self.lock:
                     failure = await self._claim(batch)
                 if failure is not None:
                     await self._pause_until_database_answers(failure)
+            await self.intake.resume_if_room(self.held, not self.stopping and not self.paused)
 
     def _next_retry(self) -> float | None:
-        if not self.waiting:
+        """How long to sleep before a waiting id can be tried: None (until woken)
+        when none can, because none waits or no slot is free (a freeing slot, a new
+        delivery or the stop wakes the loop)."""
+        if not self.waiting or self.stopping or self.paused or self._free() <= 0:
             return None
         now = time.monotonic()
         return max(0.0, min(w.retry_at for w in self.waiting.values()) - now)
+
+    def _free(self) -> int:
+        return self.settings.concurrency - self.ledger.running
 
     def _ready(self, limit: int) -> list[uuid.UUID]:
         if limit <= 0:
@@ -236,17 +282,22 @@ class Claimer:
             self.start_job(row, sent_at, reservation)
             await self._done(row.job_id)
         self.counts["claimed"] += len(claimed)
-        declined = False
+        no_thread = []
         for job_id, why in missed.items():
             self.counts[f"wakeup_{why.lower()}"] += 1
             if why == LOCKED:
                 await self._defer(job_id)
             elif why == NO_THREAD:
-                declined = True
-                await self._hold_for_thread(job_id)
+                no_thread.append(job_id)
             else:
                 await self._done(job_id)
-        self._note_threads(declined)
+        self._note_threads(bool(no_thread))
+        if no_thread:
+            # Held here, they would keep their messages unacknowledged and so stop
+            # RabbitMQ from sending this worker anything else (it sends two messages
+            # ahead): back to the outbox's backlog, due a little later, for this
+            # worker or another with a free thread.
+            await self._return_to_backlog(no_thread, NO_THREAD_WAIT)
         unknown = sum(1 for why in missed.values() if why == "missing")
         if unknown:
             log.warning(
@@ -267,35 +318,37 @@ class Claimer:
 
     async def _defer(self, job_id: uuid.UUID) -> None:
         """Its row was locked elsewhere (or the claim waited too long): try it again
-        alone, after a short wait; give its message back if that goes on."""
+        alone, after a short wait; hand it back to the backlog if that goes on."""
         waiting = self.waiting.get(job_id)
         if waiting is None:
             return
-        if self._waited(waiting) > LOCKED_GIVE_UP:
+        if self._waited(waiting) > LOCKED_HOLD:
             log.warning(
                 "consumer.wakeup_returned",
                 extra={
                     "job_id": str(job_id),
                     "why": "its row stayed locked by another transaction",
+                    "action": f"back to the outbox's backlog, due in {LOCKED_RETRY_CAP:g} s",
                 },
             )
-            await self._decline(job_id)
+            self.counts["wakeup_returned"] += 1
+            await self._return_to_backlog([job_id], LOCKED_RETRY_CAP)
             return
         waiting.retry_at = time.monotonic() + min(
             LOCKED_RETRY * 2**waiting.retries, LOCKED_RETRY_CAP
         )
         waiting.retries += 1
 
-    async def _hold_for_thread(self, job_id: uuid.UUID) -> None:
-        """No thread is free for its plain-function handler: wait a moment for one
-        (a returning thread wakes the claimer), then let another consumer have it."""
-        waiting = self.waiting.get(job_id)
-        if waiting is None:
-            return
-        if self._waited(waiting) > NO_THREAD_HOLD:
-            await self._decline(job_id)
-            return
-        waiting.retry_at = time.monotonic() + 0.5
+    async def _return_to_backlog(self, job_ids: list[uuid.UUID], delay: float) -> None:
+        """Hand these buffered ids back to the outbox (due in ``delay`` seconds)
+        and settle their messages; if that fails, decline them (their messages go
+        back to RabbitMQ)."""
+        handed = await self.intake.hand_back(job_ids, delay)
+        for job_id in job_ids:
+            if handed:
+                await self._done(job_id)
+            else:
+                await self._decline(job_id)
 
     @staticmethod
     def _waited(waiting: _Waiting) -> float:
@@ -352,6 +405,7 @@ class Claimer:
             with attempt:
                 await self.store.ping()
         self.paused = False
+        self.intake.full = False  # nothing is held any more
         if not self.stopping:
             await self.inbox.start()
             log.info("consumer.database_available", extra={"action": "consuming resumed"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ from consumers.settings import ConsumerSettings
 from consumers.worker import Consumer
 from plumbing.cli import Daemon, connection_options, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
+from plumbing.logfmt import describe_error
 from schema import names
 
 
@@ -24,7 +26,21 @@ def load_app(module: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ConfigError(f"--app {module}: cannot import it ({exc})") from None
+        if exc.name is None or module == exc.name or module.startswith(f"{exc.name}."):
+            raise ConfigError(f"--app {module}: cannot import it ({exc})") from None
+        # The module is there; something it imports is not.
+        raise ConfigError(f"--app {module}: importing it failed: {_where(exc)}") from None
+    except Exception as exc:  # a code error in the module: say where, in one line
+        raise ConfigError(f"--app {module}: importing it failed: {_where(exc)}") from None
+
+
+def _where(exc: Exception) -> str:
+    """The error and the place in the user's code it came from."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{describe_error(exc)}{place}"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,7 +64,9 @@ def load_app(module: str) -> None:
     type=int,
     default=0,
     show_default=True,
-    help="RabbitMQ QoS prefetch. 0 means twice the concurrency.",
+    help="Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
+    "A consumer holds at most concurrency + prefetch ids; ids beyond that are handed back at "
+    "once, for other consumers. RabbitMQ pushes at most two messages ahead.",
 )
 @click.option(
     "--lease-seconds",
@@ -78,7 +96,9 @@ def load_app(module: str) -> None:
     type=float,
     default=30.0,
     show_default=True,
-    help="On SIGTERM, time for running jobs to finish before their claims go back.",
+    help="On SIGTERM, time for running jobs to finish before the claims of async handlers go "
+    "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "
+    "for it, up to its time limit, keeping its lease. A second signal stops at once.",
 )
 @connection_options
 def main(**kwargs: Any) -> None:

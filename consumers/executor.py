@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,9 @@ class Threads:
         self.busy = 0
         # Threads whose handler ran past its time limit and has not returned yet.
         self.overdue = 0
+        # Set by a graceful stop: a handler that runs past its time limit now is
+        # abandoned (its lease lapses) rather than reported as timed out.
+        self.stopping = False
         self.executor = ThreadPoolExecutor(size, thread_name_prefix="handler")
 
     @property
@@ -143,7 +147,11 @@ async def execute(
     """Run one attempt; None means there is nothing to report (the job's own
     transaction recorded it, or the lease was lost). A plain-function handler runs
     on the thread ``reservation`` holds for it."""
-    outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+    began = time.monotonic()
+    try:
+        outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+    finally:
+        job.ran_seconds = time.monotonic() - began
     if outcome is not None and job.unwritten_progress() is not None:
         outcome = replace(outcome, progress=job.unwritten_progress())
     return outcome
@@ -166,6 +174,21 @@ async def _attempt(
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})
         return None
     except _TimedOut:
+        if reservation is not None and threads.stopping:
+            # The stop waited for this thread up to the time limit. Reporting the
+            # timeout would let another worker retry the job while the thread still
+            # runs here; leave the lease to lapse instead (the process exits, and
+            # the thread with it, well before the sweeper retries the job).
+            log.warning(
+                "consumer.thread_abandoned",
+                extra={
+                    "job_id": str(job.id),
+                    "limit_s": limit,
+                    "action": "the stop does not wait past the time limit: the lease "
+                    "lapses and the sweeper retries the job",
+                },
+            )
+            return None
         # A plain handler's thread cannot be stopped; it runs on, and its own
         # transaction (if any) is fenced like every other write.
         return Outcome.retry(
@@ -185,8 +208,31 @@ async def _attempt(
         # the job's attempt failed, the worker goes on.
         return _failure(job, handler, exc)
     if job.recorded:
+        if value is not None:
+            _result_ignored(job)
         return None
     return Outcome.succeeded(_result(job, value))
+
+
+_ignored_results: set[str] = set()
+
+
+def _result_ignored(job: Job) -> None:
+    """The handler returned a value after its job.transaction() had committed the
+    job's SUCCEEDED: too late to store it (said once per job type and process)."""
+    if job.job_type in _ignored_results:
+        return
+    _ignored_results.add(job.job_type)
+    log.warning(
+        "consumer.result_ignored",
+        extra={
+            "job_id": str(job.id),
+            "job_type": job.job_type,
+            "why": "the handler returned a value after job.transaction() had recorded "
+            "the job as SUCCEEDED, so it is not stored (said once per job type)",
+            "action": "call tx.set_result(value) inside the transaction block",
+        },
+    )
 
 
 def _result(job: Job, value: Any) -> str | None:

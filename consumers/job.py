@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import math
 import time
 import uuid
@@ -24,15 +25,20 @@ from psycopg.abc import Params
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from consumers.errors import LeaseLost
-from consumers.outcome import Outcome, encode_result
+from consumers.outcome import Outcome, encode_result, json_problem
 from consumers.store import Claimed, finish_on, finish_params
+from plumbing.logfmt import describe_error
 from schema import queries as q
 from schema.states import JobState
+
+log = logging.getLogger("consumer")
 
 # Progress is written at most this often per job; reports in between are folded into
 # the next write (the latest wins).
 PROGRESS_INTERVAL = 1.0
 MAX_STAGE_LENGTH = 200
+# Larger counts are a mistake, and lose precision as JSON numbers anyway.
+MAX_PROGRESS_NUMBER = 1e15
 
 A = TypeVar("A")
 S = TypeVar("S")
@@ -75,6 +81,8 @@ class Job:
     # Set while the job's own transaction commits its completion, and once it has.
     committing: bool = field(default=False, repr=False)
     recorded: bool = field(default=False, repr=False)
+    # How long the handler ran, once it has returned or raised.
+    ran_seconds: float | None = field(default=None, repr=False)
     _resources: Resources | None = field(default=None, repr=False)
     _progress: dict[str, Any] | None = field(default=None, repr=False)
     _progress_written: float = field(default=0.0, repr=False)
@@ -113,20 +121,9 @@ class Job:
         total=100, stage="importing")`` in an async handler, ``job.progress(...)``
         (no await) in a plain one. Written through the fence at most about once a
         second; a report in between replaces the one waiting to be written."""
-        for name, value in (("done", done), ("total", total)):
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-            ):
-                raise TypeError(f"progress {name} must be a finite number")
-        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LENGTH):
-            raise ValueError(
-                f"progress stage must be a str of at most {MAX_STAGE_LENGTH} characters"
-            )
+        report = _progress_report(done, total, stage)
         assert self._resources is not None, "a job from a consumer has its resources"
         loop = self._resources.loop
-        report = {"done": done, "total": total, "stage": stage}
         if _running_loop() is loop:
             return self._schedule_progress(report)
         return asyncio.run_coroutine_threadsafe(self._from_thread(report), loop)
@@ -159,15 +156,26 @@ class Job:
             return
         assert self._resources is not None
         self._progress_written = time.monotonic()
-        async with self._resources.pool.connection() as conn:
-            await conn.execute(
-                q.JOB_PROGRESS,
-                {
-                    "job_id": self.id,
-                    "generation": self.generation,
-                    "worker": self.worker,
-                    "progress": json.dumps(report),
-                },
+        try:
+            async with self._resources.pool.connection() as conn:
+                await conn.execute(
+                    q.JOB_PROGRESS,
+                    {
+                        "job_id": self.id,
+                        "generation": self.generation,
+                        "worker": self.worker,
+                        "progress": json.dumps(report),
+                    },
+                )
+        except Exception as exc:
+            # Progress is for status pages: a write that fails (the database away)
+            # must not fail the job. The report goes with the outcome instead,
+            # unless a newer one replaced it meanwhile.
+            if self._progress is None:
+                self._progress = report
+            log.warning(
+                "consumer.progress_unwritten",
+                extra={"job_id": str(self.id), "error": describe_error(exc)},
             )
 
     def connection(self) -> Dual[AsyncConnection, Connection]:
@@ -194,6 +202,27 @@ class Job:
         return Dual(
             lambda: _transaction_async(self, resources), lambda: _transaction_sync(self, resources)
         )
+
+
+def _progress_report(done: float, total: float | None, stage: str | None) -> dict[str, Any]:
+    """The report as it will be stored, or a TypeError / ValueError saying what in
+    it could not be (at the call, not later in a write the handler never sees)."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"progress {name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value) or abs(value) > MAX_PROGRESS_NUMBER:
+            raise ValueError(f"progress {name} must be a finite number of at most 1e15")
+    if stage is not None:
+        if not isinstance(stage, str):
+            raise TypeError(f"progress stage must be a str, not {type(stage).__name__}")
+        if len(stage) > MAX_STAGE_LENGTH:
+            raise ValueError(f"progress stage must be at most {MAX_STAGE_LENGTH} characters")
+        problem = json_problem(json.dumps(stage, ensure_ascii=False))
+        if problem is not None:
+            raise ValueError(f"progress stage cannot be stored: {problem}")
+    return {"done": done, "total": total, "stage": stage}
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -254,40 +283,57 @@ def _connection_sync(resources: Resources) -> Iterator[Connection]:
 @asynccontextmanager
 async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[AsyncTx]:
     async with resources.pool.connection() as conn:
-        async with conn.transaction():
-            tx = AsyncTx(conn, job)
-            yield tx
-            job.committing = True
-            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
-            success = [(job.id, job.generation, done)]
-            if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
-                job.committing = False
-                raise _lost(job)
-        job.recorded = True
+        try:
+            async with conn.transaction():
+                tx = AsyncTx(conn, job)
+                yield tx
+                job.committing = True
+                done = Outcome(
+                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
+                )
+                success = [(job.id, job.generation, done)]
+                if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
+                    raise _lost(job)
+            job.recorded = True
+        finally:
+            # However the completion or its commit failed, the job is not "writing"
+            # any more: its lease is kept (or lost, or given back) like any other.
+            job.committing = False
 
 
 @contextmanager
 def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
     with resources.sync_pool().connection() as conn:
-        with conn.transaction():
-            tx = SyncTx(conn, job)
-            yield tx
-            job.committing = True
-            done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
-            success = [(job.id, job.generation, done)]
-            rows = conn.execute(q.JOB_FINISH_IN_TX, finish_params(job.worker, success)).fetchall()
-            if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
-                job.committing = False
-                raise _lost(job)
-        job.recorded = True
+        try:
+            with conn.transaction():
+                tx = SyncTx(conn, job)
+                yield tx
+                job.committing = True
+                done = Outcome(
+                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
+                )
+                success = [(job.id, job.generation, done)]
+                params = finish_params(job.worker, success)
+                rows = conn.execute(q.JOB_FINISH_IN_TX, params).fetchall()
+                if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
+                    raise _lost(job)
+            job.recorded = True
+        finally:
+            job.committing = False
 
 
 class _Result:
+    job: Job
     encoded_result: str | None = None
 
     def set_result(self, value: Any) -> None:
-        """Keep ``value`` (JSON) as the job's result, recorded with its completion."""
-        self.encoded_result, _ = encode_result(value)
+        """Keep ``value`` (JSON) as the job's result, recorded with its completion
+        (a value that cannot be stored is replaced by a note saying why)."""
+        self.encoded_result, dropped = encode_result(value)
+        if dropped is not None:
+            log.warning(
+                "consumer.result_dropped", extra={"job_id": str(self.job.id), "why": dropped}
+            )
 
 
 class AsyncTx(_Result):

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
+from consumers.executor import Reservation
 from consumers.job import Job
 from consumers.outcome import Outcome
 
@@ -41,6 +42,8 @@ class Held:
     job: Job
     phase: Phase
     task: asyncio.Task[None] | None = None
+    # The thread a plain-function handler runs on (None for an async handler).
+    thread: Reservation | None = None
     outcome: Outcome | None = None
     # An outcome whose row was locked elsewhere waits until then before it is retried.
     retry_at: float = 0.0
@@ -81,12 +84,13 @@ class Ledger:
         return list(self.held.values())
 
     def pending_outcomes(self) -> int:
-        return sum(1 for h in self.held.values() if h.phase is Phase.OUTCOME_PENDING)
+        """Outcomes not recorded yet: waiting for the reporter, or being written."""
+        return sum(1 for h in self.held.values() if h.phase is not Phase.RUNNING)
 
     # ----------------------------------------------------------------- transitions
 
-    def start(self, job: Job, task: asyncio.Task[None]) -> None:
-        self.held[job.id] = Held(job, Phase.RUNNING, task)
+    def start(self, job: Job, task: asyncio.Task[None], thread: Reservation | None) -> None:
+        self.held[job.id] = Held(job, Phase.RUNNING, task, thread)
         self.emptied.clear()
 
     def handler_done(self, job: Job, outcome: Outcome | None) -> None:

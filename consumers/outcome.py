@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Kind = Literal["succeeded", "retry", "failed", "cancelled"]
@@ -18,8 +19,12 @@ MAX_TRACEBACK = 8000
 MAX_RETRY_DELAY = 365 * 24 * 3600.0
 
 TIMEOUT = "TIMEOUT"
-# A handler's return value is kept as the job's result up to this size, as JSON.
+# A handler's return value is kept as the job's result up to this size, as JSON,
+# nested at most this deep (every surface that shows a result must be able to).
 MAX_RESULT_BYTES = 64 * 1024
+MAX_RESULT_DEPTH = 64
+# An escaped NUL in JSON text: \u0000 preceded by an even number of backslashes.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 @dataclass(frozen=True)
@@ -65,12 +70,35 @@ class Outcome:
     def cancelled(cls, message: str) -> Outcome:
         return cls("cancelled", "CANCELLED", _clean(message, MAX_ERROR_MESSAGE))
 
+    def storable(self, refused: str) -> Outcome:
+        """This outcome without the handler's data (its result and progress), for
+        when the database refused it: a note saying why stands in for the result."""
+        note = _note(f"the database refused it: {refused}") if self.kind == "succeeded" else None
+        return replace(self, result=note, progress=None)
+
+    def bare(self, refused: str) -> Outcome:
+        """This outcome reduced to what it decides (its kind and retry delay), with
+        plain ASCII texts: the last resort when the database refused it again."""
+        code = None if self.error_code is None else _ascii(self.error_code, MAX_ERROR_CODE)
+        message = None
+        if self.error_message is not None:
+            message = _ascii(
+                f"the database refused this attempt's error text ({refused})", MAX_ERROR_MESSAGE
+            )
+        plain = self.storable(refused)
+        return replace(plain, error_code=code, error_message=message, traceback=None)
+
 
 def _clean(text: str, limit: int) -> str:
     """Text PostgreSQL will store whatever a handler put in its exception: no NUL,
     no lone surrogates, bounded."""
     text = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ascii(text: str, limit: int) -> str:
+    text = text.replace("\x00", "").encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _tail(traceback: str | None) -> str | None:
@@ -81,21 +109,75 @@ def _tail(traceback: str | None) -> str | None:
     return text if len(text) <= MAX_TRACEBACK else "…" + text[-(MAX_TRACEBACK - 1) :]
 
 
+def json_problem(encoded: str) -> str | None:
+    """Why PostgreSQL's jsonb would refuse this JSON text, or None: a lone surrogate
+    (not valid UTF-8; common in file names decoded with ``surrogateescape``) or an
+    escaped NUL character."""
+    try:
+        encoded.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = encoded[exc.start]
+        return f"it contains a lone surrogate (U+{ord(char):04X}), which is not valid UTF-8"
+    if _ESCAPED_NUL.search(encoded):
+        return "it contains a NUL character (U+0000), which jsonb cannot store"
+    return None
+
+
 def encode_result(value: Any) -> tuple[str | None, str | None]:
     """A handler's return value as JSON text for ``jobs.result``, or, when it cannot
-    be kept, a small note saying why (and the reason, for the log)."""
+    be kept, a small note saying why (and the reason, for the log): not JSON, NaN or
+    infinite numbers, nested deeper than ``MAX_RESULT_DEPTH``, a lone surrogate, a NUL
+    character, or more than ``MAX_RESULT_BYTES``. Whatever a handler returns, the
+    job's outcome can be recorded."""
     if value is None:
         return None, None
     try:
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         reason = f"not JSON-serialisable ({type(exc).__name__}: {exc})"
     else:
-        size = len(encoded.encode("utf-8", "replace"))
-        if size > MAX_RESULT_BYTES:
-            reason = f"{size} bytes as JSON; the limit is {MAX_RESULT_BYTES}"
-        elif "\\u0000" in encoded:
-            reason = "it contains a NUL character, which jsonb cannot store"
+        problem = json_problem(encoded)
+        if problem is not None:
+            reason = problem
         else:
-            return encoded, None
-    return json.dumps({"result_dropped": reason}), reason
+            size = len(encoded.encode("utf-8"))
+            depth = _depth(encoded) if _may_nest(encoded) else 0
+            if size > MAX_RESULT_BYTES:
+                reason = f"{size} bytes as JSON; the limit is {MAX_RESULT_BYTES}"
+            elif depth > MAX_RESULT_DEPTH:
+                reason = f"nested {depth} levels deep; the limit is {MAX_RESULT_DEPTH}"
+            else:
+                return encoded, None
+    reason = _clean(reason, MAX_ERROR_MESSAGE)
+    return _note(reason), reason
+
+
+def _note(reason: str) -> str:
+    return json.dumps({"result_dropped": _clean(reason, MAX_ERROR_MESSAGE)})
+
+
+def _may_nest(encoded: str) -> bool:
+    return encoded.count("[") + encoded.count("{") > MAX_RESULT_DEPTH
+
+
+def _depth(encoded: str) -> int:
+    """How deep the containers of compact JSON text nest (brackets inside strings
+    are skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in encoded:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest

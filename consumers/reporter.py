@@ -4,9 +4,11 @@ Outcomes wait in the ledger until the reporter takes a batch and records it in o
 statement, each row through its own fence. What comes back per job: its new state
 (recorded), LOCKED (another transaction holds its row: it waits a moment and goes
 with a later batch, delaying nobody else), or nothing (the fence turned it away: the
-job moved on without us, and we say so). Through an outage it keeps retrying; an
-outcome the database refuses for good is isolated and dropped, its lease lapses and
-the sweeper retries the job, while every other outcome is still recorded.
+job moved on without us, and we say so). Through an outage it keeps retrying. An
+outcome the database refuses for good is isolated from its batch (every other one is
+still recorded) and recorded without the handler's data (result, progress), else
+reduced to its kind: a job that succeeded is never run again for want of a storable
+result.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import contextlib
 import logging
 from collections import Counter
 
+from consumers.journal import Journal
 from consumers.ledger import Held, Ledger
 from consumers.settings import ConsumerSettings
-from consumers.store import JobStore
+from consumers.store import Finished, JobStore
 from plumbing.logfmt import describe_error
 from plumbing.transient import retry_forever
 from schema.states import JobState
@@ -29,58 +32,93 @@ LOCKED_RETRY = 0.2
 
 
 class Reporter:
-    def __init__(self, settings: ConsumerSettings, store: JobStore, ledger: Ledger) -> None:
+    def __init__(
+        self, settings: ConsumerSettings, store: JobStore, ledger: Ledger, journal: Journal
+    ) -> None:
         self.settings = settings
         self.store = store
         self.ledger = ledger
+        self.journal = journal
         self.counts: Counter[str] = Counter()
-        self.idle = asyncio.Event()
+        self.closing = False
 
     async def run(self) -> None:
+        """Record outcomes as they come; once :meth:`close` was called, return when
+        none is left to record (never in the middle of a write)."""
         ready = self.ledger.outcomes_ready
         while True:
+            while batch := self.ledger.take_outcomes(self.settings.report_batch):
+                await self.record(batch)
+            if self.closing and not self.ledger.pending_outcomes():
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), self.ledger.next_outcome_retry())
             ready.clear()
-            self.idle.clear()
-            while batch := self.ledger.take_outcomes(self.settings.report_batch):
-                await self.record(batch)
-            self.idle.set()
 
-    async def flush(self, within: float) -> int:
-        """Record what is pending (shutting down); how many could not be."""
-        try:
-            async with asyncio.timeout(within):
-                while self.ledger.pending_outcomes():
-                    self.ledger.outcomes_ready.set()
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            pass
-        return self.ledger.pending_outcomes()
+    def close(self) -> None:
+        """Shutting down: record what is left, then stop."""
+        self.closing = True
+        self.ledger.outcomes_ready.set()
 
     async def record(self, batch: list[Held]) -> None:
-        triples = [(h.job.id, h.job.generation, h.outcome) for h in batch if h.outcome]
         try:
-            async for attempt in retry_forever(log, "consumer.report_failed", only_transient=True):
-                with attempt:
-                    finished = await self.store.finish(triples)
+            finished = await self._finish(batch)
         except Exception as exc:
             if len(batch) > 1:
                 for held in batch:
                     await self.record([held])
                 return
-            held = batch[0]
-            self.ledger.forget(held.job)
-            log.error(
-                "consumer.outcome_unrecordable",
-                extra={
-                    "job_id": str(held.job.id),
-                    "outcome": held.outcome.kind if held.outcome else None,
-                    "error": describe_error(exc),
-                    "action": "dropped; the lease lapses and the sweeper retries the job",
-                },
-            )
+            await self._record_replaced(batch[0], exc)
             return
+        self._settle(batch, finished)
+
+    async def _finish(self, batch: list[Held]) -> Finished:
+        """Record the batch, through any outage; what the database refuses raises."""
+        triples = [(h.job.id, h.job.generation, h.outcome) for h in batch if h.outcome]
+        async for attempt in retry_forever(log, "consumer.report_failed", only_transient=True):
+            with attempt:
+                return await self.store.finish(triples)
+        raise AssertionError("retry_forever ends by returning or raising")  # pragma: no cover
+
+    async def _record_replaced(self, held: Held, exc: Exception) -> None:
+        """The database refused this outcome: record it without the handler's data
+        (result and progress), else reduced to its kind with plain texts, rather than
+        drop it and let the job run again after its lease."""
+        original = held.outcome
+        refused = describe_error(exc)
+        if original is not None:
+            for replacement in (original.storable(refused), original.bare(refused)):
+                if replacement == held.outcome:
+                    continue
+                held.outcome = replacement
+                try:
+                    finished = await self._finish([held])
+                except Exception as again:
+                    refused = describe_error(again)
+                    continue
+                log.warning(
+                    "consumer.outcome_replaced",
+                    extra={
+                        "job_id": str(held.job.id),
+                        "outcome": original.kind,
+                        "error": describe_error(exc),
+                        "action": "recorded without what the database refused",
+                    },
+                )
+                self._settle([held], finished)
+                return
+        self.ledger.forget(held.job)
+        log.error(
+            "consumer.outcome_unrecordable",
+            extra={
+                "job_id": str(held.job.id),
+                "outcome": original.kind if original else None,
+                "error": refused,
+                "action": "dropped; the lease lapses and the sweeper retries the job",
+            },
+        )
+
+    def _settle(self, batch: list[Held], finished: Finished) -> None:
         for held in batch:
             job_id = held.job.id
             if job_id in finished.locked:
@@ -104,6 +142,8 @@ class Reporter:
     def _tell(self, held: Held, state: JobState) -> None:
         self.counts[state] += 1
         outcome = held.outcome
+        if state == JobState.SUCCEEDED:
+            self.journal.succeeded(held.job)
         if outcome is None or outcome.kind == "succeeded":
             return
         job = held.job

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from schema.topology import Topology
 
+MESSAGES_AHEAD = 2
+
 
 @dataclass(frozen=True)
 class ConsumerSettings:
@@ -16,13 +18,14 @@ class ConsumerSettings:
     topology: Topology = field(default_factory=Topology)
     # Jobs running at once in this process.
     concurrency: int = 10
-    # Unacknowledged deliveries RabbitMQ may push ahead (QoS); 0 means 2 x concurrency.
+    # Job ids held beyond the free slots (delivered, waiting for a slot); 0 means as
+    # many as the concurrency. Ids past that are handed back for other consumers.
     prefetch: int = 0
     lease_seconds: float = 60.0
     # 0 means a third of the lease, which tolerates one lost heartbeat.
     heartbeat_seconds: float = 0.0
-    # On SIGTERM, how long running jobs may take to finish before their claims are
-    # given back.
+    # On SIGTERM, how long running jobs may take to finish before the claims of async
+    # handlers are given back (plain functions are waited for: consumers/worker.py).
     drain_seconds: float = 30.0
     # The time limit of an attempt whose handler sets none (see DEFAULT_TIMEOUT);
     # None for no limit.
@@ -55,7 +58,20 @@ class ConsumerSettings:
 
     @property
     def effective_prefetch(self) -> int:
-        return self.prefetch or 2 * self.concurrency
+        return self.prefetch or self.concurrency
+
+    @property
+    def capacity(self) -> int:
+        """The most job ids this worker holds at once: running, or waiting for a slot."""
+        return self.concurrency + self.effective_prefetch
+
+    @property
+    def messages_ahead(self) -> int:
+        """RabbitMQ's QoS: unacknowledged messages it may push to this worker. Two,
+        so the next message is here as the last ids of one are claimed; the relay
+        packs at most half a prefetch of ids into a message (WORKERS_PACK_LIMIT), so
+        two fit in the prefetch."""
+        return min(MESSAGES_AHEAD, self.effective_prefetch)
 
     @property
     def effective_heartbeat(self) -> float:

@@ -170,6 +170,22 @@ class JobStore:
             )
             return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
 
+    async def hand_back(self, job_ids: Sequence[uuid.UUID], delay: float = 0.0) -> set[uuid.UUID]:
+        """Put these wake-ups back in the outbox's backlog, due in ``delay``
+        seconds, for the relay to send to a consumer with room; the jobs that still
+        wanted one."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.OUTBOX_HAND_BACK, {"job_ids": list(job_ids), "delay_seconds": delay}
+            )
+            return {row[0] for row in await cur.fetchall()}
+
+    async def refresh_held(self, job_ids: Sequence[uuid.UUID]) -> int:
+        """Mark the wake-ups this worker holds as sent now (see OUTBOX_HELD_REFRESH)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(q.OUTBOX_HELD_REFRESH, {"job_ids": list(job_ids)})
+            return cur.rowcount
+
     async def seen(self, params: dict[str, Any]) -> None:
         """The worker's row: who it is, what it runs, its counters."""
         async with self.pool.connection() as conn:

@@ -4,14 +4,20 @@
 - the claimer claims them as slots free up and starts the jobs (claimer.py);
 - each claimed job runs as its own task and ends in one Outcome (executor.py);
 - the reporter records outcomes in batches, each row through its fence (reporter.py);
+- the intake bounds what the worker holds, handing back what it has no room for
+  (intake.py);
 - the lease keeper extends every held lease, passes cancel requests on, gives up
   leases that are gone, and keeps the worker's row fresh (lease_keeper.py);
+- the held wake-ups' marks are kept fresh, so the re-waker leaves them alone
+  (held_wakeups.py);
 - the ledger is the one record of which jobs this worker holds and what each is
-  waiting for (ledger.py).
+  waiting for (ledger.py);
+- the journal logs a line per job that succeeded (journal.py).
 
-On SIGTERM: stop consuming (unclaimed wake-ups go back to the queue), let running
-jobs finish for ``drain_seconds``, give the rest back (RUNNING to QUEUED, attempt
-refunded), record the outcomes still pending, and leave.
+On SIGTERM (see ``Consumer._shutdown``): stop consuming (unclaimed wake-ups go back
+to the queue), let running jobs finish for ``drain_seconds``, give back the claims of
+async handlers still running (RUNNING to QUEUED, attempt refunded), wait for plain
+functions on their threads (which cannot be stopped), record every outcome, leave.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from psycopg_pool import ConnectionPool
 
 from consumers.claimer import Claimer
 from consumers.executor import Reservation, Threads, execute
+from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from consumers.inbox import Delivery, Inbox
+from consumers.intake import Intake
 from consumers.job import Job, Resources
+from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
-from consumers.ledger import Ledger, Phase
+from consumers.ledger import Held, Ledger, Phase
 from consumers.outcome import Outcome
 from consumers.registry import Registry
 from consumers.reporter import Reporter
@@ -40,12 +49,17 @@ from consumers.settings import ConsumerSettings
 from consumers.store import Claimed, JobStore
 from plumbing.db import connection_kwargs, make_pool
 from plumbing.logfmt import describe_error
+from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
 
 log = logging.getLogger("consumer")
 
 # On shutdown, how long to keep trying to record finished outcomes.
 OUTCOME_FLUSH_SECONDS = 10.0
+# At a stop, how long a cancelled async handler may take to end.
+CANCEL_GRACE_SECONDS = 5.0
+# Claims given back at a stop, at most this many a statement.
+GIVE_BACK_BATCH = 500
 
 
 def make_worker_id() -> str:
@@ -72,15 +86,27 @@ class Consumer:
             settings.amqp,
             settings.topology,
             settings.queues,
-            settings.effective_prefetch,
+            settings.messages_ahead,
             self._deliver,
             self.worker,
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
+        self.intake = Intake(settings, self.store, self.inbox)
         self.claimer = Claimer(
-            settings, self.store, registry, self.ledger, self.threads, self.inbox, self._start_job
+            settings,
+            self.store,
+            registry,
+            self.ledger,
+            self.threads,
+            self.inbox,
+            self.intake,
+            self._start_job,
         )
-        self.reporter = Reporter(settings, self.store, self.ledger)
+        self.held_wakeups = HeldWakeups(
+            self.store, self.claimer.held_ids, min(REFRESH_SECONDS, settings.effective_heartbeat)
+        )
+        self.journal = Journal()
+        self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
         self.lease_keeper = LeaseKeeper(
             settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
         )
@@ -105,11 +131,13 @@ class Consumer:
                 "job_types": self.registry.job_types(),
                 "concurrency": s.concurrency,
                 "prefetch": s.effective_prefetch,
+                "holds_at_most": s.capacity,
                 "lease_s": s.lease_seconds,
                 "heartbeat_s": round(s.effective_heartbeat, 2),
                 "default_timeout_s": s.default_timeout,
             },
         )
+        self._warn_about_queues()
         self.resources = Resources(
             self.worker, self.handler_pool, self._get_sync_pool, asyncio.get_running_loop()
         )
@@ -119,20 +147,44 @@ class Consumer:
             await self._close()
             log.info("consumer.stopped", extra={"worker": self.worker})
             return
-        background = [
-            asyncio.create_task(self.claimer.run(), name="claimer"),
-            asyncio.create_task(self.reporter.run(), name="reporter"),
-            asyncio.create_task(self.lease_keeper.run(), name="lease keeper"),
-            asyncio.create_task(self._report_stats(), name="stats"),
-        ]
+        background = {
+            name: asyncio.create_task(work, name=name)
+            for name, work in [
+                ("claimer", self.claimer.run()),
+                ("reporter", self.reporter.run()),
+                ("lease keeper", self.lease_keeper.run()),
+                ("held wake-ups", self.held_wakeups.run()),
+                ("stats", self._report_stats()),
+            ]
+        }
         await self.inbox.start()
         log.info("consumer.started", extra={"worker": self.worker})
         stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopped, *background], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            [stopped, *background.values()], return_when=asyncio.FIRST_COMPLETED
+        )
         for task in done:
             if task is not stopped and task.exception() is not None:
                 log.error("consumer.task_crashed", exc_info=task.exception())
+        stopped.cancel()
         await self._shutdown(background)
+
+    def _warn_about_queues(self) -> None:
+        """A queue no registered handler names is often a typo: say so (it is not
+        an error, since a producer may put any job type on any queue)."""
+        mine = set(self.registry.queues())
+        unnamed = [q for q in self.settings.queues if q not in mine]
+        if unnamed:
+            log.warning(
+                "consumer.queue_without_handlers",
+                extra={
+                    "queues": unnamed,
+                    "handlers_queues": sorted(mine),
+                    "not_consumed": sorted(mine - set(self.settings.queues)),
+                    "why": "no registered handler names these queues (a typo?); this "
+                    "consumer claims only jobs of its handlers' types from them",
+                },
+            )
 
     async def _connect(self) -> None:
         async for attempt in retry_forever(log, "consumer.broker_connect_failed"):
@@ -142,39 +194,103 @@ class Consumer:
             with attempt:
                 await self.lease_keeper.announce()
 
-    async def _shutdown(self, background: list[asyncio.Task[None]]) -> None:
+    async def _shutdown(self, background: dict[str, asyncio.Task[None]]) -> None:
+        """Stop taking work, let running jobs end, record every outcome, leave.
+
+        1. consuming stops; unclaimed wake-ups go back to the queue;
+        2. running jobs get ``drain_seconds`` to finish;
+        3. async handlers still running are cancelled and their claims given back
+           (QUEUED, attempt refunded); plain functions cannot be stopped, so the stop
+           waits for their threads instead, keeping their leases alive, up to each
+           handler's time limit (past it, the lease is left to lapse);
+        4. the reporter records every outcome, including one it is writing now;
+        5. the side tasks stop, and the worker's row goes.
+        """
         s = self.settings
-        self.claimer.stopping = self.lease_keeper.stopping = True
+        self.claimer.stopping = self.lease_keeper.stopping = self.threads.stopping = True
         log.info("consumer.stopping", extra={"running": self.ledger.running})
         await self.inbox.pause()
         await self.claimer.give_back_all()
         async with self.claimer.lock:
             pass  # a claim in flight finishes, and its jobs join the ones below
+        await cancel_and_wait([background["claimer"]])
         tasks = self.ledger.tasks()
         if tasks:
             log.info("consumer.draining", extra={"running": len(tasks), "drain_s": s.drain_seconds})
             await asyncio.wait(tasks, timeout=s.drain_seconds)
-        unfinished = [
-            h.job for h in self.ledger.leases() if h.phase is Phase.RUNNING and not h.writing
-        ]
-        for task in self.ledger.tasks():
-            task.cancel()
-        await asyncio.gather(*self.ledger.tasks(), return_exceptions=True)
-        await self._give_back(unfinished)
-        left = await self.reporter.flush(OUTCOME_FLUSH_SECONDS)
+        running = [h for h in self.ledger.leases() if h.phase is Phase.RUNNING and h.task]
+        # A plain function on its thread cannot be stopped, and a job committing its
+        # own transaction is about to know its fate: both are waited for.
+        waited = [h for h in running if h.writing or (h.thread is not None and h.thread.taken)]
+        await self._give_back_async([h for h in running if h not in waited])
+        await self._wait_for(waited)
+        self.reporter.close()
+        await asyncio.wait([background["reporter"]], timeout=OUTCOME_FLUSH_SECONDS)
+        left = self.ledger.pending_outcomes()
         if left:
             # Their leases run out and the sweeper retries them: nothing is lost.
             log.error("consumer.outcomes_unrecorded", extra={"jobs": left})
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        stuck = await cancel_and_wait(background.values())
+        if stuck:
+            log.error(
+                "consumer.task_ignored_cancel", extra={"tasks": [t.get_name() for t in stuck]}
+            )
         try:
             async with asyncio.timeout(5):
                 await self.store.gone()
         except Exception as exc:  # the relay expires the row in time
             log.debug("consumer.worker_row_left", extra={"error": describe_error(exc)})
         await self._close()
+        self.journal.tell_untold()
         log.info("consumer.stopped", extra={"worker": self.worker, **self.counts})
+
+    async def _give_back_async(self, running: list[Held]) -> None:
+        """Cancel these async handlers; give back the claims of those that did not
+        end meanwhile with an outcome of their own."""
+        tasks = [h.task for h in running if h.task]
+        if tasks:
+            stuck = await cancel_and_wait(tasks, within=CANCEL_GRACE_SECONDS)
+            if stuck:
+                # Still running: never give such a claim back. Its lease lapses once
+                # the process is gone, and the sweeper retries the job.
+                ids = [str(h.job.id) for h in running if h.task in stuck]
+                log.error(
+                    "consumer.handler_ignored_cancel",
+                    extra={"jobs": ids, "action": "left to lapse; the sweeper retries them"},
+                )
+                for held in running:
+                    if held.task in stuck:
+                        self.ledger.forget(held.job)
+        unfinished = [
+            h.job
+            for h in running
+            if self.ledger.held.get(h.job.id) is h and h.phase is Phase.RUNNING and not h.writing
+        ]
+        await self._give_back(unfinished)
+
+    async def _wait_for(self, waited: list[Held]) -> None:
+        """Wait for handlers the stop cannot interrupt: their leases stay alive
+        meanwhile, and their outcomes are recorded as usual."""
+        tasks = [h.task for h in waited if h.task]
+        if not tasks:
+            return
+        threads = {str(h.job.id): self._time_limit(h.job) for h in waited if h.thread}
+        if threads:
+            log.warning(
+                "consumer.waiting_for_threads",
+                extra={
+                    "jobs": threads,
+                    "why": "a plain function cannot be stopped; giving its claim back "
+                    "would let another worker run the job while this thread still does",
+                    "action": "waiting for each, up to its time limit in seconds (null: "
+                    "none); a second signal exits at once and lets their leases lapse",
+                },
+            )
+        await asyncio.wait(tasks)
+
+    def _time_limit(self, job: Job) -> float | None:
+        handler = self.registry.get(job.job_type)
+        return None if handler is None else handler.time_limit(self.settings.default_timeout)
 
     async def _close(self) -> None:
         await self.inbox.close()
@@ -185,21 +301,23 @@ class Consumer:
         self.threads.shutdown()
 
     async def _give_back(self, jobs: list[Job]) -> None:
-        if not jobs:
-            return
-        try:
-            async with asyncio.timeout(10):
-                returned = await self.store.give_back([j.fence for j in jobs])
-        except Exception as exc:
-            # The sweeper will find these leases expired; nothing is lost, an attempt is.
-            log.error(
-                "consumer.give_back_failed", extra={"jobs": len(jobs), "error": describe_error(exc)}
-            )
-            return
-        for job in jobs:
-            self.ledger.forget(job)
-        states = Counter(str(state) for state in returned.values())
-        log.info("consumer.gave_back", extra={"jobs": len(jobs), "states": dict(states)})
+        """Give back claims, in bounded statements: a failure costs only its batch
+        (whose leases lapse: the sweeper retries those jobs, spending an attempt)."""
+        for start in range(0, len(jobs), GIVE_BACK_BATCH):
+            batch = jobs[start : start + GIVE_BACK_BATCH]
+            try:
+                async with asyncio.timeout(10):
+                    returned = await self.store.give_back([j.fence for j in batch])
+            except Exception as exc:
+                log.error(
+                    "consumer.give_back_failed",
+                    extra={"jobs": len(batch), "error": describe_error(exc)},
+                )
+                continue
+            for job in batch:
+                self.ledger.forget(job)
+            states = Counter(str(state) for state in returned.values())
+            log.info("consumer.gave_back", extra={"jobs": len(batch), "states": dict(states)})
 
     # ------------------------------------------------------------------ jobs
 
@@ -215,7 +333,7 @@ class Consumer:
         assert self.resources is not None
         job = Job.from_claim(row, self.resources, claim_sent_at, self.settings.lease_seconds)
         task = asyncio.create_task(self._run_job(job, reservation), name=f"job {job.id}")
-        self.ledger.start(job, task)
+        self.ledger.start(job, task, reservation)
 
     async def _run_job(self, job: Job, reservation: Reservation | None) -> None:
         handler = self.registry.get(job.job_type)
@@ -232,6 +350,8 @@ class Consumer:
             if reservation is not None:
                 reservation.release_if_unused()
             self._slot_freed()
+        if outcome is None and job.recorded:
+            self.journal.succeeded(job)  # its own transaction recorded it
         self.ledger.handler_done(job, outcome)
 
     async def _report_stats(self) -> None:

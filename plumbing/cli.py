@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
@@ -15,6 +14,7 @@ import click
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl, password_in_flag
 from plumbing.logfmt import setup_logging
 from plumbing.preflight import preflight
+from plumbing.stopping import CLOSE_SECONDS, Stopper
 from schema.topology import QueueType, Topology
 
 F = Callable[..., Any]
@@ -92,43 +92,46 @@ def run_daemon(name: str, log_level: str, build: Callable[[], Daemon]) -> None:
     A ConfigError, from ``build`` or from the start-up check (a refused login, a
     missing database, an unmigrated schema), ends the process with one line naming
     the setting, and exit status 2. While a service is merely down, the check waits
-    for it. The first signal sets ``stop`` for a graceful stop (also while waiting),
-    a second one cancels everything at once.
+    for it. The first signal sets ``stop`` for a graceful stop (also while waiting);
+    a second one cancels everything at once, and the process exits within seconds
+    whatever still runs (``plumbing.stopping``).
     """
+    log = logging.getLogger(name)
+    stopper = Stopper(name, log)
+    stopper.catch_early()
     setup_logging(log_level)
     try:
         daemon = build()
     except ConfigError as exc:
         click.echo(f"{name}: {exc}", err=True)
         sys.exit(2)
-    log = logging.getLogger(name)
     warn_about_passwords_in_flags(log, daemon.database, daemon.amqp)
 
     async def main() -> None:
         stop = asyncio.Event()
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
+        stopper.install(stop)
+        try:
+            if not await preflight(daemon.database, daemon.amqp, name=name, stop=stop):
+                log.info(f"{name}.stopped", extra={"before_start": True})
+                return
+            await daemon.run(stop)
+        finally:
+            # Closing the loop cancels what is left; a task that ignores it must
+            # not keep the process alive.
+            stopper.uninstall()
+            stopper.arm(CLOSE_SECONDS, "the event loop did not close")
 
-        def on_signal(signum: int) -> None:
-            if stop.is_set() and task is not None:
-                task.cancel()
-            log.info(f"{name}.signal", extra={"signal": signal.Signals(signum).name})
-            stop.set()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
-        if not await preflight(daemon.database, daemon.amqp, name=name, stop=stop):
-            log.info(f"{name}.stopped", extra={"before_start": True})
-            return
-        await daemon.run(stop)
-
+    code = 0
     try:
         event_loop_runner()(main())
     except ConfigError as exc:
         click.echo(f"{name}: {exc}", err=True)
-        sys.exit(2)
+        code = 2
     except asyncio.CancelledError:
-        sys.exit(1)
+        code = 1
+    finally:
+        stopper.disarm()
+    stopper.leave(code)
 
 
 def warn_about_passwords_in_flags(

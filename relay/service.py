@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
+from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
 from relay.maintenance import (
@@ -185,9 +186,11 @@ class Relay:
         # A drainer mid-batch finishes it (publish and commit); one stuck retrying an
         # outage is cancelled, and its uncommitted batch simply stays unsent.
         _, pending = await asyncio.wait(drainers, timeout=self.settings.publish_timeout + 2)
-        for task in [*pending, *chores]:
-            task.cancel()
-        await asyncio.gather(*drainers, *chores, return_exceptions=True)
+        # Cancelled again if need be: psycopg_pool can swallow a cancel, and a chore
+        # would then sleep out its interval before the relay could stop.
+        stuck = await cancel_and_wait([*pending, *chores])
+        if stuck:
+            log.error("relay.task_ignored_cancel", extra={"tasks": [t.get_name() for t in stuck]})
         try:
             async with asyncio.timeout(2):
                 await forget(self.pool, self.relay_id)

@@ -25,6 +25,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from relay.broker import Publisher, pack
+from relay.spread import pack_limit
 from schema.queries import OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
 log = logging.getLogger("relay")
@@ -75,6 +76,7 @@ async def wake_queue(
     # Not in pipeline mode: it would save the round trip of BEGIN, but measured at
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
     await publisher.wait_connected(limits.publish_timeout)
+    most = await pack_limit(pool, queue, limits.pack, limits.worker_ttl)
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             OUTBOX_WAKE_QUEUE,
@@ -92,7 +94,7 @@ async def wake_queue(
             for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
         ]
         summary = next(r for r in rows if r[0] is None)
-        messages = pack(queue, sent, limits.pack)
+        messages = pack(queue, sent, most)
         if messages:
             await publisher.publish(messages, limits.publish_timeout)
             if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work

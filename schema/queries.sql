@@ -829,6 +829,37 @@ FROM outbox
 GROUP BY queue
 ORDER BY queue;
 
+-- name: OUTBOX_HAND_BACK
+-- Run by consumers.store:JobStore.hand_back to hand the wake-ups a consumer has no room
+-- for back to the backlog.
+-- Parameters: delay_seconds, job_ids.
+WITH named AS (
+    SELECT j.job_id, j.queue, j.tenant, j.priority
+    FROM jobs AS j
+    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
+      AND j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= now()
+), dropped AS (
+    DELETE FROM outbox AS o USING named AS n
+    WHERE o.job_id = n.job_id
+)
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT job_id, queue, COALESCE(tenant, ''), priority,
+       now() + make_interval(secs => %(delay_seconds)s)
+FROM named
+RETURNING job_id;
+
+-- name: OUTBOX_HELD_REFRESH
+-- Run by consumers.store:JobStore.refresh_held to refresh the marks of wake-ups a live
+-- consumer holds: none looks lost.
+-- Built with UNTAKEN.
+-- Parameters: job_ids.
+UPDATE outbox AS o SET sent_at = now()
+FROM jobs AS j
+WHERE o.id IN (SELECT i.id FROM outbox AS i
+               WHERE i.job_id = ANY(%(job_ids)s::uuid[]) AND i.sent_at IS NOT NULL
+               FOR UPDATE SKIP LOCKED)
+  AND j.job_id = o.job_id AND j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at);
+
 
 -- ======================================================================================
 -- schema/queries/tenant.py: Tenants: their limits, the backpressure check at enqueue,
@@ -942,6 +973,15 @@ DELETE FROM workers WHERE worker_id = %(worker)s;
 DELETE FROM workers
 WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
 RETURNING worker_id;
+
+-- name: WORKERS_PACK_LIMIT
+-- Run by relay.spread:pack_limit to say how many ids one message to a queue may carry
+-- (its consumers' room).
+-- Built with LIVE_WORKER.
+-- Parameters: queue, worker_ttl.
+SELECT min(GREATEST(1, w.prefetch / 2))::int
+FROM workers AS w
+WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s);
 
 -- name: RELAY_SEEN
 -- Run by relay.presence:announce to announce a relay, at start and at every heartbeat.

@@ -744,3 +744,74 @@ async def test_a_claim_whose_commit_was_lost_still_runs_its_jobs(
             row = await wait_for_state(pg, job_id, "SUCCEEDED", timeout=20)
     assert calls == 2
     assert (row["attempt_count"], row["lease_generation"]) == (1, 1)
+
+
+@pytest.mark.parametrize("kind", ["async", "plain"])
+async def test_a_failed_completion_leaves_the_job_held_like_any_other(
+    services, engine: Engine, pg, kind: str
+) -> None:
+    """The job's own transaction fails while completing (here a trigger of the
+    test's refuses it) and the handler goes on: the job must not look "writing" for
+    ever, so a lost lease still stops its handler."""
+    pg.execute(
+        "CREATE FUNCTION refuse_completion() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF NEW.state = 'SUCCEEDED' THEN RAISE EXCEPTION 'refused by the test';"
+        " END IF; RETURN NEW; END $$"
+    )
+    pg.execute(
+        "CREATE TRIGGER refuse_completion BEFORE UPDATE ON jobs"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_completion()"
+    )
+    registry = Registry()
+    refused, stopped = threading.Event(), threading.Event()
+
+    @registry.handler("completes_async")
+    async def completes_async(j: consumers.Job) -> None:
+        try:
+            async with j.transaction():
+                pass
+        except Exception:
+            refused.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    @registry.handler("completes_plain", queue="sync")
+    def completes_plain(j: consumers.Job) -> None:
+        try:
+            with j.transaction():
+                pass
+        except Exception:
+            refused.set()
+        for _ in range(300):  # a plain function stops at its own safe points
+            if j.lease_surely_expired() or stopped.is_set():
+                break
+            time.sleep(0.1)
+
+    job_id = enqueue(engine, f"completes_{kind}", queue="default" if kind == "async" else "sync")
+    async with (
+        relay_running(*services),
+        consumer_running(
+            *services, registry, queues=("default", "sync"), lease_seconds=2, heartbeat_seconds=0.3
+        ) as consumer,
+    ):
+        await asyncio.to_thread(refused.wait, 20)
+        assert refused.is_set()
+        held = consumer.ledger.held[job_id]
+        assert not held.writing, "nothing is being written for this job any more"
+        pg.execute(
+            "UPDATE jobs SET lease_generation = lease_generation + 1, lease_owner = 'thief'"
+            " WHERE job_id = %s",
+            [job_id],
+        )
+        for _ in range(200):
+            if job_id not in consumer.ledger:
+                break
+            await asyncio.sleep(0.05)
+        assert job_id not in consumer.ledger, "the lost lease was given up"
+        if kind == "async":
+            await asyncio.to_thread(stopped.wait, 10)
+            assert stopped.is_set(), "and its handler stopped"
+        stopped.set()

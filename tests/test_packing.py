@@ -55,7 +55,11 @@ async def test_a_packed_message_is_claimed_as_slots_free_and_acked_when_all_are(
 
     ids = silent_jobs(pg, "gated", 10)
     await publish_raw(amqp_url.url, topology, "default", body(ids))
-    async with consumer_running(db_url, amqp_url, topology, registry, concurrency=2) as consumer:
+    # Room for all ten: two slots and a prefetch of eight ids (a smaller prefetch
+    # hands the rest back: tests/test_intake.py).
+    async with consumer_running(
+        db_url, amqp_url, topology, registry, concurrency=2, prefetch=8
+    ) as consumer:
         for _ in range(200):
             if consumer.claimer.buffered == 8:
                 break

@@ -281,7 +281,11 @@ async def test_one_channel_never_acks_what_was_not_claimed_or_explained(
     ids = enqueue_many(engine, [NewJob("mixed", {"i": i}) for i in range(60)])
     garbage = [b"nope", b"", f"{ids[0]}\nnot-an-id".encode()]
     try:
-        async with consumer_running(via_proxy, amqp, topology, registry, concurrency=5) as consumer:
+        # Room for every id (no relay runs here to send back what a consumer hands
+        # back: tests/test_intake.py covers that).
+        async with consumer_running(
+            via_proxy, amqp, topology, registry, concurrency=5, prefetch=60
+        ) as consumer:
             real_claim = consumer.store.claim
 
             async def claim(job_ids, terms, **kw):  # type: ignore[no-untyped-def]

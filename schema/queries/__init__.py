@@ -67,6 +67,8 @@ from schema.queries.outbox import (
     JOB_WAKE_PARKED,
     OUTBOX_BACKLOG,
     OUTBOX_DUE_QUEUES,
+    OUTBOX_HAND_BACK,
+    OUTBOX_HELD_REFRESH,
     OUTBOX_LOST_QUEUES,
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
@@ -105,6 +107,7 @@ from schema.queries.worker import (
     WORKER_GONE,
     WORKER_SEEN,
     WORKERS_EXPIRE,
+    WORKERS_PACK_LIMIT,
 )
 
 __all__ = [
@@ -140,6 +143,8 @@ __all__ = [
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
     "OUTBOX_DUE_QUEUES",
+    "OUTBOX_HAND_BACK",
+    "OUTBOX_HELD_REFRESH",
     "OUTBOX_LOST_QUEUES",
     "OUTBOX_REWAKE_LOST",
     "OUTBOX_SETTLE",
@@ -174,6 +179,7 @@ __all__ = [
     "TENANT_USAGE_REFRESH",
     "UNTAKEN",
     "WORKERS_EXPIRE",
+    "WORKERS_PACK_LIMIT",
     "WORKER_GONE",
     "WORKER_SEEN",
 ]

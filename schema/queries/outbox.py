@@ -241,3 +241,44 @@ FROM outbox
 GROUP BY queue
 ORDER BY queue
 """
+
+# A consumer hands back wake-ups it will not hold (it has no room for them soon, or
+# no thread for them): for each named job that still waits to run and is due, its
+# wake-ups become one pending wake-up, due in delay_seconds (0: now), for the relay
+# to decide on again (priority, fair share, the window) and send to a consumer with
+# room. Its rows are deleted without looking at sent_at first, so a relay marking one
+# sent right now (its publish can reach the consumer before its commit) is waited for
+# rather than missed: no mark lands after the hand-back. The insert notifies the
+# relay (outbox_notify). Returns the jobs handed back; the others need no wake-up
+# (running, finished, not due).
+OUTBOX_HAND_BACK: Final = f"""
+WITH named AS (
+    SELECT j.job_id, j.queue, j.tenant, j.priority
+    FROM jobs AS j
+    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
+      AND j.state IN ({CLAIMABLE_SQL}) AND j.run_after <= now()
+), dropped AS (
+    DELETE FROM outbox AS o USING named AS n
+    WHERE o.job_id = n.job_id
+)
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT job_id, queue, COALESCE(tenant, ''), priority,
+       now() + make_interval(secs => %(delay_seconds)s)
+FROM named
+RETURNING job_id
+"""
+
+# The wake-ups a live consumer holds (delivered, not claimed yet: no slot is free
+# yet) are refreshed as sent now, at least every few seconds, so the re-waker does
+# not take them for lost and send them again (OUTBOX_LOST_QUEUES: sent longer ago
+# than its grace and untaken). Once the consumer is gone its channel's messages go
+# back to the queue, and its marks age like any other. Only wake-ups still untaken
+# are touched (judged by the old mark); rows another transaction holds are skipped.
+OUTBOX_HELD_REFRESH: Final = f"""
+UPDATE outbox AS o SET sent_at = now()
+FROM jobs AS j
+WHERE o.id IN (SELECT i.id FROM outbox AS i
+               WHERE i.job_id = ANY(%(job_ids)s::uuid[]) AND i.sent_at IS NOT NULL
+               FOR UPDATE SKIP LOCKED)
+  AND j.job_id = o.job_id AND {UNTAKEN}
+"""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.queries.fragments import LIVE_WORKER
+
 # A consumer announces itself at start and at every heartbeat: which queues and job
 # types it serves, with what capacity, and its counters. Upsert, so a worker whose
 # row expired while it was frozen comes back.
@@ -25,6 +27,16 @@ WORKERS_EXPIRE: Final = """
 DELETE FROM workers
 WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
 RETURNING worker_id
+"""
+
+# The most job ids the relay should pack into one message to a queue: half the
+# smallest prefetch (in ids) among the queue's live consumers, since each consumer
+# takes two messages at a time (consumers/settings.py); NULL when none is live. So
+# a burst spreads over every consumer, rather than piling up at the first ones.
+WORKERS_PACK_LIMIT: Final = f"""
+SELECT min(GREATEST(1, w.prefetch / 2))::int
+FROM workers AS w
+WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}
 """
 
 # ------------------------------------------------------------------------- relays

@@ -1,0 +1,258 @@
+"""Stopping real `relay` and `consumer` processes: a graceful stop records every
+outcome its handlers produced, never runs a plain-function job twice at once, and one
+Ctrl-C means one graceful stop; a second signal always ends the process soon."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+
+from plumbing.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+from tests.support.jobs import attempts, enqueue, job, wait_for_state
+from tests.support.processes import Daemon, running, service_env
+
+pytestmark = pytest.mark.timeout(180)
+
+APP = ["--app", "tests.apps.basic"]
+
+
+def test_a_graceful_stop_records_the_outcome_of_a_job_that_ends_in_the_drain(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """SIGTERM while a 1 s job runs: the job ends in the drain and its outcome is
+    recorded before the process exits (it used to be cancelled mid-write, leaving the
+    job RUNNING until its lease ran out). Async and plain handlers alike."""
+    env = service_env(db_url, amqp_url, topology)
+    args = [*APP, "--drain-seconds", "10", "--lease-seconds", "300"]
+    with running("relay", [], env, "relay.started"):
+        for job_type in ["sleep", "sleep", "sleep", "sync_sleep", "sync_sleep"]:
+            queue = "sync" if job_type == "sync_sleep" else "default"
+            with running("consumer", args, env, "consumer.started") as consumer:
+                job_id = enqueue(engine, job_type, {"seconds": 1}, queue=queue)
+                asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+                consumer.signal(signal.SIGTERM)
+                assert consumer.proc.wait(30) == 0
+            row = job(pg, job_id)
+            assert row["state"] == "SUCCEEDED", (row, consumer.text()[-3000:])
+            assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+            assert not consumer.has_event("consumer.outcomes_unrecorded")
+
+
+SPANS = (
+    "CREATE TABLE spans (job_id uuid, generation int, pid int,"
+    " started_at timestamptz DEFAULT clock_timestamp(), ended_at timestamptz)"
+)
+
+
+def spans(pg: psycopg.Connection, job_id: object) -> list[tuple[int, object, object]]:
+    return pg.execute(
+        "SELECT generation, started_at, ended_at FROM spans WHERE job_id = %s ORDER BY started_at",
+        [job_id],
+    ).fetchall()
+
+
+async def until_span(pg: psycopg.Connection, job_id: object, generation: int) -> None:
+    for _ in range(600):
+        if any(g == generation for g, _, _ in spans(pg, job_id)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"generation {generation} of {job_id} never started")
+
+
+def test_a_stop_never_runs_a_plain_function_job_twice_at_once(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """The drain runs out while a plain handler's thread still runs: the claim is
+    not given back (the thread cannot be stopped); its lease is kept alive until the
+    function returns, its outcome is recorded, and a second consumer never starts the
+    job meanwhile."""
+    pg.execute(SPANS)
+    env = service_env(db_url, amqp_url, topology)
+    with running("relay", [], env, "relay.started"):
+        first = Daemon("consumer", [*APP, "--drain-seconds", "1", "--lease-seconds", "3"], env)
+        try:
+            first.wait_for_event("consumer.started")
+            job_id = enqueue(engine, "span", {"seconds": 8}, queue="sync")
+            asyncio.run(until_span(pg, job_id, 1))
+            with running("consumer", APP, env, "consumer.started"):
+                first.signal(signal.SIGTERM)
+                assert first.proc.wait(60) == 0
+                row = asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED", timeout=30))
+        finally:
+            if first.proc.poll() is None:
+                first.kill()
+    runs = spans(pg, job_id)
+    assert [g for g, _, _ in runs] == [1], runs
+    assert runs[0][2] is not None, "the first thread ran to its end"
+    assert row["lease_generation"] == 1 and row["attempt_count"] == 1
+    assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+    (waited,) = [e for e in first.events() if e["event"] == "consumer.waiting_for_threads"]
+    assert waited["jobs"] == {str(job_id): 900.0}
+    assert not first.has_event("consumer.gave_back")
+
+
+def test_a_plain_function_past_its_limit_at_a_stop_is_left_to_lapse(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """The stop waits for a plain handler only up to its time limit; then its lease
+    is left to lapse and the process exits without waiting for the thread (which dies
+    with it), so the job's next attempt never overlaps this one."""
+    pg.execute(SPANS)
+    env = service_env(db_url, amqp_url, topology)
+    args = [*APP, "--drain-seconds", "0.5", "--lease-seconds", "3"]
+    with running("relay", ["--sweep-interval", "0.2"], env, "relay.started"):
+        with running("consumer", args, env, "consumer.started") as first:
+            job_id = enqueue(engine, "span_limited", {"seconds": 8}, queue="sync")
+            asyncio.run(until_span(pg, job_id, 1))
+            first.signal(signal.SIGTERM)
+            assert first.proc.wait(60) == 0
+        exited_at = pg.execute("SELECT clock_timestamp()").fetchone()[0]
+        assert spans(pg, job_id)[0][2] is None, "the process did not wait for the thread"
+        assert first.has_event("consumer.thread_abandoned")
+        assert first.has_event("consumer.threads_abandoned")
+        assert not first.has_event("consumer.gave_back")
+        pg.execute("UPDATE jobs SET payload = '{\"seconds\": 0}' WHERE job_id = %s", [job_id])
+        with running("consumer", APP, env, "consumer.started"):
+            asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED", timeout=60))
+    (one, two) = spans(pg, job_id)
+    assert (one[0], two[0]) == (1, 2)
+    assert two[1] > exited_at, "the next attempt began after the first process was gone"
+    history = [(a["lease_generation"], a["outcome"], a["error_code"]) for a in attempts(pg, job_id)]
+    assert history == [(1, "RETRY_WAIT", "LEASE_EXPIRED"), (2, "SUCCEEDED", None)]
+
+
+def test_sigint_and_sigterm_together_are_one_graceful_stop(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """What a terminal's Ctrl-C plus a script's forwarded SIGTERM deliver: one stop,
+    with the drain, not "stop now"."""
+    env = service_env(db_url, amqp_url, topology)
+    args = [*APP, "--drain-seconds", "10"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started") as c,
+    ):
+        job_id = enqueue(engine, "sleep", {"seconds": 2})
+        asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+        c.signal(signal.SIGINT)
+        time.sleep(0.01)  # two deliveries, not one pending signal
+        c.signal(signal.SIGTERM)
+        assert c.proc.wait(30) == 0
+    assert job(pg, job_id)["state"] == "SUCCEEDED"
+    assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+    actions = [e["action"] for e in c.events() if e["event"] == "consumer.signal"]
+    assert actions == ["stopping", "already stopping"]
+
+
+@pytest.mark.parametrize("command", ["relay", "consumer"])
+def test_two_signals_right_after_start_end_the_daemon(
+    command: str, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    """Stop, then stop now, as soon as the daemon is up: it exits every time
+    (the relay used to hang for ever about one time in three: the cancel reached
+    psycopg_pool's maintenance task while it opened a connection, which swallows
+    the cancellation, so the event loop never closed)."""
+    env = service_env(db_url, amqp_url, topology)
+    args = APP if command == "consumer" else []
+    for attempt in range(6):
+        daemon = Daemon(command, args, env)
+        try:
+            daemon.wait_for_event(f"{command}.started")
+            daemon.signal(signal.SIGTERM)
+            time.sleep(0.005 * (attempt + 1))  # two deliveries, not one pending signal
+            daemon.signal(signal.SIGTERM)
+            code = daemon.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{command} still runs:\n{daemon.text()[-3000:]}") from None
+        finally:
+            if daemon.proc.poll() is None:
+                daemon.kill()
+        assert code in (0, 1), daemon.text()[-3000:]
+
+
+def test_a_second_signal_ends_a_consumer_whose_handler_ignores_cancellation(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """Stop now while an async handler swallows every cancellation: the process
+    exits a few seconds later anyway, naming what would not stop."""
+    env = service_env(db_url, amqp_url, topology)
+    with running("relay", [], env, "relay.started"):
+        consumer = Daemon("consumer", [*APP, "--drain-seconds", "30"], env)
+        try:
+            consumer.wait_for_event("consumer.started")
+            job_id = enqueue(engine, "stubborn")
+            asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+            consumer.signal(signal.SIGTERM)
+            consumer.wait_for_event("consumer.draining")
+            consumer.signal(signal.SIGTERM)
+            assert consumer.proc.wait(30) == 1
+        finally:
+            if consumer.proc.poll() is None:
+                consumer.kill()
+    (forced,) = [e for e in consumer.events() if e["event"] == "consumer.exit_forced"]
+    assert f"job {job_id}" in forced["still_running"]
+
+
+def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """A consumer of 2,000 slots stopped with no drain: every claim goes back
+    (QUEUED, attempt refunded), a bounded batch per statement rather than one
+    statement of any size (whose failure or timeout would cost every attempt)."""
+    from consumers.worker import GIVE_BACK_BATCH
+    from outbox import NewJob
+    from tests.support.jobs import enqueue_many
+
+    n = 2000
+    env = service_env(db_url, amqp_url, topology)
+    args = [*APP, "--concurrency", str(n), "--drain-seconds", "0"]
+    with running("relay", [], env, "relay.started"):
+        enqueue_many(engine, [NewJob("sleep", {"seconds": 600}) for _ in range(n)])
+        with running("consumer", args, env, "consumer.started") as consumer:
+            deadline = time.monotonic() + 120
+            while pg.execute("SELECT count(*) FROM jobs WHERE state = 'RUNNING'").fetchone()[0] < n:
+                assert time.monotonic() < deadline, "not all claimed"
+                time.sleep(0.2)
+            consumer.signal(signal.SIGTERM)
+            assert consumer.proc.wait(120) == 0
+    batches = [e["jobs"] for e in consumer.events() if e["event"] == "consumer.gave_back"]
+    assert sum(batches) == n and max(batches) <= GIVE_BACK_BATCH, batches
+    states = dict(
+        pg.execute("SELECT state, max(attempt_count) FROM jobs GROUP BY state").fetchall()
+    )
+    assert states == {"QUEUED": 0}
+    given_back = pg.execute(
+        "SELECT count(*) FROM job_attempts WHERE outcome = 'QUEUED' AND error_code = 'SHUTDOWN'"
+    ).fetchone()[0]
+    assert given_back == n
