@@ -1,5 +1,6 @@
-"""The relay's side of RabbitMQ: a robust connection, and batches of wake-ups
-published with their confirms awaited together."""
+"""The relay's side of RabbitMQ: a robust connection (to the next node of a cluster
+when it loses one), and batches of wake-ups published with their confirms awaited
+together."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import aio_pika
 import aiormq
 import aiormq.exceptions
-from aio_pika.abc import AbstractRobustConnection
 
+from plumbing.amqp import FailoverConnection, connect_failover
 from plumbing.config import AmqpUrl
 from schema.topology import MAX_PRIORITY, Declared, Topology
 
@@ -61,34 +62,44 @@ class Publisher:
     def __init__(self, amqp: AmqpUrl, topology: Topology) -> None:
         self.amqp = amqp
         self.topology = topology
-        self.connection: AbstractRobustConnection | None = None
+        self.connection: FailoverConnection | None = None
         self.declared: Declared | None = None
         self.closing = False
 
     async def connect(self) -> None:
-        self.connection = await aio_pika.connect_robust(
-            self.amqp.url,
-            client_properties={"connection_name": f"relay {socket.gethostname()}:{os.getpid()}"},
+        connection = await connect_failover(
+            self.amqp, name=f"relay {socket.gethostname()}:{os.getpid()}"
         )
-        self.connection.reconnect_callbacks.add(self._on_reconnect)
-        self.connection.close_callbacks.add(self._on_close)
-        # on_return_raises: an unroutable wake-up fails its publish instead of being
-        # dropped by the broker.
-        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-        self.declared = Declared(channel, self.topology)
-        await self.declared.base()
-        log.info("relay.broker_connected", extra={"amqp": self.amqp.redacted()})
+        try:
+            # on_return_raises: an unroutable wake-up fails its publish instead of
+            # being dropped by the broker.
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            self.declared = Declared(channel, self.topology)
+            await self.declared.base()
+        except BaseException:
+            # Retried from scratch: a robust connection left open would go on
+            # reconnecting beside its successor.
+            await connection.close()
+            raise
+        self.connection = connection
+        connection.reconnect_callbacks.add(self._on_reconnect)
+        connection.close_callbacks.add(self._on_close)
+        log.info(
+            "relay.broker_connected", extra={"node": connection.node, "amqp": self.amqp.redacted()}
+        )
 
     @property
     def connected(self) -> bool:
         return self.connection is not None and self.connection.connected.is_set()
 
     def _on_reconnect(self, *_: object) -> None:
-        log.info("relay.broker_reconnected", extra={"amqp": self.amqp.redacted()})
+        node = self.connection.node if self.connection else None
+        log.info("relay.broker_reconnected", extra={"node": node, "amqp": self.amqp.redacted()})
 
     def _on_close(self, _connection: object, exc: BaseException | None = None) -> None:
         if exc is not None and not self.closing:
-            log.warning("relay.broker_connection_lost", extra={"error": str(exc)})
+            node = self.connection.node if self.connection else None
+            log.warning("relay.broker_connection_lost", extra={"node": node, "error": str(exc)})
 
     async def publish(self, wakeups: Sequence[WakeUp], confirm_timeout: float) -> None:
         """Publish every message and wait for all the broker's confirms.
