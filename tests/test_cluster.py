@@ -177,9 +177,7 @@ def assert_every_job_ran_once(db_url: DatabaseUrl, found: Drill, daemons: list[D
 
 
 @pytest.fixture
-def env(
-    cluster: RabbitCluster, db_url: DatabaseUrl, pg: psycopg.Connection
-) -> dict[str, str]:
+def env(cluster: RabbitCluster, db_url: DatabaseUrl, pg: psycopg.Connection) -> dict[str, str]:
     pg.execute(EFFECTS_TABLE)
     topology = Topology(prefix=f"t{uuid.uuid4().hex[:10]}", queue_type=QueueType.QUORUM)
     return service_env(db_url, cluster.amqp_url, topology)

@@ -156,9 +156,11 @@ class RabbitCluster:
             try:
                 self.ctl(node, "await_startup", timeout=30)
                 return
-            except (RuntimeError, subprocess.TimeoutExpired):
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{node.node} did not start:\n{self.log_tail(node)}")
+                    raise RuntimeError(
+                        f"{node.node} did not start:\n{self.log_tail(node)}"
+                    ) from exc
                 time.sleep(0.5)
 
     def start(self) -> None:
