@@ -33,7 +33,7 @@ APP = ["--app", "tests.apps.processes", "--concurrency", "4"]
 LEASE = ["--lease-seconds", "2", "--heartbeat-seconds", "0.5"]
 # Each job its own message, which RabbitMQ hands to the workers in turn.
 ONE_ID_A_MESSAGE = ["--pack", "1"]
-KINDS = {"async": ("run_async", "default"), "plain": ("run_plain", "plain")}
+KINDS = {"async": ("run_async", "default"), "plain": ("run_plain", "sync")}
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_two_processes_share_the_jobs_and_stop_together(
         wait_for(lambda: len(consuming(sup)) == 2, "two workers consuming")
         workers = {e["pid"] for e in started(sup)}
         ids = enqueue(engine, "run_async", 150, seconds=0.02)
-        ids += enqueue(engine, "run_plain", 150, queue="plain", seconds=0.02)
+        ids += enqueue(engine, "run_plain", 150, queue="sync", seconds=0.02)
         asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids)))
         assert sup.stop() == 0
     assert {pid for (pid,) in pg.execute("SELECT DISTINCT pid FROM runs")} == workers
@@ -188,7 +188,7 @@ def resident_mib(pid: int) -> float:
 def test_recycling_by_memory_replaces_a_worker_that_grows(
     kind: str, env: dict[str, str], engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
 ) -> None:
-    job_type, queue = ("hog", "default") if kind == "async" else ("hog_plain", "plain")
+    job_type, queue = ("hog", "default") if kind == "async" else ("hog_plain", "sync")
     with running("consumer", APP, env, "consumer.started") as plain_worker:
         baseline = resident_mib(plain_worker.pid)
     limit = round(baseline + 64)

@@ -35,7 +35,7 @@ async def run_async(job: consumers.Job) -> None:
     await asyncio.sleep(float(job.payload.get("seconds", 0.05)))
 
 
-@consumers.handler("run_plain", queue="plain")
+@consumers.handler("run_plain", queue="sync")
 def run_plain(job: consumers.Job) -> None:
     with job.connection() as conn:
         conn.execute(_INSERT, [job.id, job.worker, os.getpid(), "plain"])
@@ -53,7 +53,7 @@ async def hog(job: consumers.Job) -> None:
     await asyncio.sleep(float(job.payload.get("seconds", 0)))
 
 
-@consumers.handler("hog_plain", queue="plain")
+@consumers.handler("hog_plain", queue="sync")
 def hog_plain(job: consumers.Job) -> None:
     with job.connection() as conn:
         conn.execute(_INSERT, [job.id, job.worker, os.getpid(), "hog"])
