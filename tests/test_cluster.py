@@ -6,7 +6,8 @@ and the killed node, restarted, rejoins.
 The cluster is private to this module (``tests/support/rabbitmq_cluster.py``),
 started once and stopped at the end, however the tests end. The short drill runs
 with every test run; the issue's full drill (100 jobs/s for 30 s, the kill after
-10 s) is a soak test: ``pytest -m soak tests/test_cluster.py``.
+10 s) is a soak test: ``pytest -m soak tests/test_cluster.py`` (or ``./scripts/test -m
+soak``, with the chaos soak).
 """
 
 from __future__ import annotations
