@@ -43,3 +43,12 @@ async def effect(job: consumers.Job) -> None:
 async def fails(job: consumers.Job) -> None:
     """Ends FAILED at once (bench.retention: failed jobs leave too)."""
     raise consumers.Permanent("bench: this job always fails", code="BENCH")
+
+
+@consumers.handler("cpu")
+def cpu(job: consumers.Job) -> None:
+    """A plain function that holds the GIL for its whole run: ``work`` rounds of
+    arithmetic in Python (bench.processes: what a second process buys)."""
+    total = 0
+    for i in range(int(job.payload["work"])):
+        total += i * i % 7

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import click
 
+from consumers.recycle import RecycleLimits, parse_size, recycle_when_due
 from consumers.registry import default_registry
 from consumers.settings import ConsumerSettings
+from consumers.supervisor import Supervisor, SupervisorLink
 from consumers.worker import Consumer
 from plumbing.cli import Daemon, connection_options, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
@@ -100,12 +104,49 @@ def _where(exc: Exception) -> str:
     "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "
     "for it, up to its time limit, keeping its lease. A second signal stops at once.",
 )
+@click.option(
+    "--processes",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes, each with --concurrency slots, under one supervisor that "
+    "restarts any that crashes (plain-function handlers then use every core).",
+)
+@click.option(
+    "--max-jobs-per-process",
+    type=int,
+    metavar="N",
+    help="Replace a worker process after it has started about N jobs: it finishes what "
+    "it holds, exits, and a fresh one takes its place.",
+)
+@click.option(
+    "--max-memory-per-process",
+    metavar="SIZE",
+    help="Replace a worker process once its resident memory passes SIZE after a job "
+    "(512MiB, 2GiB; a bare number is MiB), the same way.",
+)
 @connection_options
 def main(**kwargs: Any) -> None:
     """Consume wake-ups from RabbitMQ, claim the jobs they name in PostgreSQL, run
     their handlers, record the outcomes. Stops cleanly on SIGTERM or SIGINT."""
+    link = SupervisorLink.from_environment()
+    if link is not None:
+        link.tag_log_lines()
 
     def build() -> Daemon:
+        limits = recycle_limits(kwargs)
+        settings = build_settings()
+        if link is None and (kwargs["processes"] > 1 or limits):
+            # The supervisor checks every setting (and the services) once, then
+            # starts workers that run this same command line.
+            supervisor = Supervisor(kwargs["processes"], sys.argv[1:])
+            return Daemon(supervisor.run, settings.database, settings.amqp)
+        consumer = Consumer(settings, default_registry)
+        if link is None:
+            return Daemon(consumer.run, settings.database, settings.amqp)
+        return Daemon(supervised(consumer, link, limits), settings.database, settings.amqp)
+
+    def build_settings() -> ConsumerSettings:
         load_app(kwargs["app"])
         try:
             queues = tuple(names.queue(q) for q in kwargs["queues"]) or tuple(
@@ -115,7 +156,7 @@ def main(**kwargs: Any) -> None:
             raise ConfigError(f"--queue: {exc}") from None
         if not len(default_registry):
             raise ConfigError(f"--app {kwargs['app']} registered no handlers")
-        settings = ConsumerSettings(
+        return ConsumerSettings(
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
@@ -127,6 +168,48 @@ def main(**kwargs: Any) -> None:
             drain_seconds=kwargs["drain_seconds"],
             default_timeout=kwargs["default_timeout"] or None,
         )
-        return Daemon(Consumer(settings, default_registry).run, settings.database, settings.amqp)
 
     run_daemon("consumer", kwargs["log_level"], build)
+
+
+def recycle_limits(kwargs: dict[str, Any]) -> RecycleLimits:
+    if kwargs["processes"] < 1:
+        raise ConfigError("--processes must be at least 1")
+    max_jobs = kwargs["max_jobs_per_process"]
+    if max_jobs is not None and max_jobs < 1:
+        raise ConfigError("--max-jobs-per-process must be at least 1")
+    memory = kwargs["max_memory_per_process"]
+    try:
+        max_memory = parse_size(memory) if memory is not None else None
+    except ValueError as exc:
+        raise ConfigError(f"--max-memory-per-process: {exc}") from None
+    return RecycleLimits(max_jobs, max_memory)
+
+
+def supervised(
+    consumer: Consumer, link: SupervisorLink, limits: RecycleLimits
+) -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+    """A worker under ``consumer --processes``: stops when its supervisor goes, and
+    recycles itself at its limits."""
+
+    async def run(stop: asyncio.Event) -> None:
+        link.stop_when_asked(stop)
+        watcher = None
+        if limits:
+            watcher = asyncio.create_task(
+                recycle_when_due(
+                    limits,
+                    lambda: consumer.claimer.counts["claimed"],
+                    stop,
+                    link.announce_recycling,
+                    consumer.worker,
+                ),
+                name="recycler",
+            )
+        try:
+            await consumer.run(stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    return run

@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aio_pika
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from plumbing.amqp import FailoverConnection, connect_failover
 from plumbing.config import AmqpUrl
 from schema.topology import Declared, Topology
 
@@ -113,33 +113,44 @@ class Inbox:
         self.prefetch = prefetch
         self.on_delivery = on_delivery
         self.worker = worker
-        self.connection: AbstractRobustConnection | None = None
+        self.connection: FailoverConnection | None = None
         self.queues: list[AbstractQueue] = []
         self.tags: dict[str, str] = {}
         self.garbage = 0
         self.closing = False
 
     async def connect(self) -> None:
-        self.connection = await aio_pika.connect_robust(
-            self.amqp.url, client_properties={"connection_name": f"consumer {self.worker}"}
-        )
-        self.connection.reconnect_callbacks.add(self._on_reconnect)
-        self.connection.close_callbacks.add(self._on_close)
-        channel = await self.connection.channel()
-        await channel.set_qos(prefetch_count=self.prefetch)
-        declared = Declared(channel, self.topology)
-        self.queues = [await declared.queue(name) for name in self.queue_names]
+        connection = await connect_failover(self.amqp, name=f"consumer {self.worker}")
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=self.prefetch)
+            declared = Declared(channel, self.topology)
+            self.queues = [await declared.queue(name) for name in self.queue_names]
+        except BaseException:
+            # Retried from scratch: a robust connection left open would go on
+            # reconnecting beside its successor.
+            await connection.close()
+            raise
+        self.connection = connection
+        connection.reconnect_callbacks.add(self._on_reconnect)
+        connection.close_callbacks.add(self._on_close)
         log.info(
             "consumer.broker_connected",
-            extra={"amqp": self.amqp.redacted(), "queues": [q.name for q in self.queues]},
+            extra={
+                "node": connection.node,
+                "amqp": self.amqp.redacted(),
+                "queues": [q.name for q in self.queues],
+            },
         )
 
     def _on_reconnect(self, *_: object) -> None:
-        log.info("consumer.broker_reconnected", extra={"amqp": self.amqp.redacted()})
+        node = self.connection.node if self.connection else None
+        log.info("consumer.broker_reconnected", extra={"node": node, "amqp": self.amqp.redacted()})
 
     def _on_close(self, _connection: object, exc: BaseException | None = None) -> None:
         if exc is not None and not self.closing:
-            log.warning("consumer.broker_connection_lost", extra={"error": str(exc)})
+            node = self.connection.node if self.connection else None
+            log.warning("consumer.broker_connection_lost", extra={"node": node, "error": str(exc)})
 
     @property
     def consuming(self) -> bool:

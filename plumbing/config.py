@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -132,64 +133,106 @@ class DatabaseUrl:
         return f"DatabaseUrl({self.redacted()!r})"
 
 
+# Where one node's URL ends and the next begins in a multi-node AMQP_URL: a comma
+# before a scheme (or at the end), so a comma inside a password (allowed unencoded
+# in a URL's user information) does not split it.
+_NODE_SEPARATOR = re.compile(r"\s*,\s*(?=[a-z][a-z0-9+.-]*://|$)", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class AmqpUrl:
-    url: str
+    """A validated RabbitMQ URL, or one per node of a cluster, comma-separated
+    (``amqp://u:p@h1:5672/v,amqp://u:p@h2:5672/v``): clients connect to the first
+    node that answers and, when they lose it, to the next one that does
+    (``plumbing.amqp``). ``nodes`` are the URLs one by one; the properties that
+    describe one node (``host``, ``user``, ``vhost``) describe the first."""
+
+    urls: tuple[str, ...]
     # AMQP_URL, AMQP_URL_FILE or --amqp-url.
     setting: str = field(default="AMQP_URL", compare=False)
 
     @classmethod
     def parse(cls, raw: str, *, variable: str = "AMQP_URL") -> AmqpUrl:
-        bad_port = f"{variable} has an invalid port (must be a number 1-65535)"
-        try:
-            parsed = yarl.URL(raw)
-        except (ValueError, TypeError) as exc:
-            # Newer yarl checks the port range while parsing; older only when read.
-            if "port" in str(exc).lower():
-                raise ConfigError(bad_port) from None
-            raise ConfigError(f"{variable} is not a valid URL") from None
-        if parsed.scheme not in _AMQP_SCHEMES:
-            raise ConfigError(f"{variable} must be an amqp:// or amqps:// URL")
-        if not parsed.host:
-            raise ConfigError(f"{variable} must name a host")
-        try:
-            port = parsed.port
-        except ValueError:
-            raise ConfigError(bad_port) from None
-        if port is not None and not 1 <= port <= 65535:
-            raise ConfigError(bad_port)
-        return cls(raw, variable)
+        parts = _NODE_SEPARATOR.split(raw.strip())
+        urls = tuple(
+            _check_amqp_node(part, variable if len(parts) == 1 else f"{variable} (URL {i})")
+            for i, part in enumerate(parts, 1)
+        )
+        parsed = cls(urls, variable)
+        if len({node.vhost for node in parsed.nodes}) > 1:
+            # One cluster, one namespace: nodes that disagree would split the queues.
+            raise ConfigError(f"{variable}: every URL must name the same virtual host")
+        return parsed
+
+    @property
+    def url(self) -> str:
+        """The setting's value (every node's URL, comma-separated), to hand on to
+        another process; a client library takes one of ``nodes`` at a time."""
+        return ",".join(self.urls)
+
+    @property
+    def nodes(self) -> tuple[AmqpUrl, ...]:
+        return tuple(AmqpUrl((url,), self.setting) for url in self.urls)
 
     @property
     def has_password(self) -> bool:
-        return bool(yarl.URL(self.url).password)
+        return any(yarl.URL(url).password for url in self.urls)
 
     @property
     def host(self) -> str:
-        return yarl.URL(self.url).host or ""
+        return yarl.URL(self.urls[0]).host or ""
 
     @property
     def address(self) -> str:
-        parsed = yarl.URL(self.url)
-        return f"{parsed.host}:{parsed.port or (5671 if parsed.scheme == 'amqps' else 5672)}"
+        """``host:port`` of each node, comma-separated."""
+        return ",".join(_amqp_address(yarl.URL(url)) for url in self.urls)
 
     @property
     def user(self) -> str:
         # aiormq logs in as guest when the URL names no user.
-        return yarl.URL(self.url).user or "guest"
+        return yarl.URL(self.urls[0]).user or "guest"
 
     @property
     def vhost(self) -> str:
         # As aiormq reads it: the path after its first slash, "/" when empty.
-        path = yarl.URL(self.url).path
+        path = yarl.URL(self.urls[0]).path
         return path[1:].replace("%2F", "/") if path not in ("", "/") else "/"
 
     def redacted(self) -> str:
-        parsed = yarl.URL(self.url)
-        return str(parsed.with_user(None).with_password(None))
+        """Every node's URL without user or password, comma-separated, for logs."""
+        return ",".join(str(yarl.URL(url).with_user(None).with_password(None)) for url in self.urls)
 
     def __repr__(self) -> str:
         return f"AmqpUrl({self.redacted()!r})"
+
+
+def _check_amqp_node(raw: str, variable: str) -> str:
+    """One node's URL, checked; the messages name ``variable`` (which URL of a list)."""
+    bad_port = f"{variable} has an invalid port (must be a number 1-65535)"
+    if not raw:
+        raise ConfigError(f"{variable} is empty")
+    try:
+        parsed = yarl.URL(raw)
+    except (ValueError, TypeError) as exc:
+        # Newer yarl checks the port range while parsing; older only when read.
+        if "port" in str(exc).lower():
+            raise ConfigError(bad_port) from None
+        raise ConfigError(f"{variable} is not a valid URL") from None
+    if parsed.scheme not in _AMQP_SCHEMES:
+        raise ConfigError(f"{variable} must be an amqp:// or amqps:// URL")
+    if not parsed.host:
+        raise ConfigError(f"{variable} must name a host")
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ConfigError(bad_port) from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(bad_port)
+    return raw
+
+
+def _amqp_address(parsed: yarl.URL) -> str:
+    return f"{parsed.host}:{parsed.port or (5671 if parsed.scheme == 'amqps' else 5672)}"
 
 
 def database_url(override: str | None = None) -> DatabaseUrl:
@@ -210,8 +253,8 @@ def database_url(override: str | None = None) -> DatabaseUrl:
 
 
 def amqp_url(override: str | None = None) -> AmqpUrl:
-    """The RabbitMQ URL: ``override`` (the ``--amqp-url`` flag), else the environment,
-    else the default."""
+    """The RabbitMQ URL, or one per node: ``override`` (the ``--amqp-url`` flag),
+    else the environment, else the default."""
     if override:
         return AmqpUrl.parse(override, variable="--amqp-url")
     raw, setting = read_setting_from("AMQP_URL", DEFAULT_AMQP_URL)

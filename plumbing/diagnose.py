@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import aiormq.exceptions
 import psycopg
 
+from plumbing.amqp import NoNodeAnswered
 from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.logfmt import describe_error
 
@@ -109,6 +110,8 @@ def postgres(exc: BaseException, url: DatabaseUrl) -> Diagnosis:
 
 def rabbitmq(exc: BaseException, url: AmqpUrl) -> Diagnosis:
     """What a failed RabbitMQ connection means."""
+    if isinstance(exc, NoNodeAnswered):
+        return _no_node_answered(exc)
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
         # RabbitMQ answers a bad user name and a bad password alike (ACCESS_REFUSED),
         # and also refuses guest from anywhere but localhost.
@@ -139,6 +142,21 @@ def rabbitmq(exc: BaseException, url: AmqpUrl) -> Diagnosis:
             False, "the server closed the connection during the handshake", "is it RabbitMQ?"
         )
     return Diagnosis(False, describe_error(exc), "")
+
+
+def _no_node_answered(exc: NoNodeAnswered) -> Diagnosis:
+    """Every node of a cluster failed: fatal only when each one's failure is (a
+    node that is merely down may be back in a moment, and may let us in)."""
+    found = [(node, rabbitmq(cause, node)) for node, cause in exc.failures]
+    if all(d.fatal for _, d in found):
+        reasons = list(dict.fromkeys(d.reason for _, d in found))
+        return Diagnosis(True, reasons[0] if len(reasons) == 1 else "; ".join(reasons))
+    reasons = list(dict.fromkeys(d.reason for _, d in found))
+    if len(reasons) == 1:
+        return Diagnosis(False, f"no node answered ({reasons[0]})", found[0][1].hint)
+    return Diagnosis(
+        False, "no node answered: " + "; ".join(f"{n.address}: {d.reason}" for n, d in found)
+    )
 
 
 def _vhost_refused(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ import psycopg
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from plumbing import diagnose
+from plumbing.amqp import first_answering
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from plumbing.diagnose import Diagnosis
 from plumbing.transient import reconnect_wait, unless_stopped
@@ -207,11 +208,17 @@ class _RabbitMQ(_Service):
         return diagnose.rabbitmq(exc, self.url)
 
     async def attempt(self) -> None:
-        connection = await aio_pika.connect(
-            self.url.url,
-            timeout=CONNECT_TIMEOUT_S,
-            client_properties={
-                "connection_name": f"{self.name} {socket.gethostname()}:{os.getpid()} preflight"
-            },
-        )
-        await connection.close()
+        async def one(_index: int, node: AmqpUrl) -> str:
+            connection = await aio_pika.connect(
+                node.url,
+                timeout=CONNECT_TIMEOUT_S,
+                client_properties={
+                    "connection_name": f"{self.name} {socket.gethostname()}:{os.getpid()} preflight"
+                },
+            )
+            await connection.close()
+            return node.address
+
+        answered = await first_answering(self.url, one)
+        if len(self.url.urls) > 1:
+            self.summary = f"{self.url.redacted()} ({answered} answered first)"

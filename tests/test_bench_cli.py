@@ -28,6 +28,7 @@ from tests.conftest import ROOT
         "bench.latency",
         "bench.scheduler_delay",
         "bench.cpu_split",
+        "bench.processes",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:

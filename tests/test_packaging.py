@@ -28,7 +28,7 @@ def test_compose_services_wait_for_what_they_need() -> None:
     assert services["migrate"]["command"] == ["jobctl", "migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name, service in services.items():
-        if name in ("postgres", "rabbitmq", "migrate"):
+        if name in ("postgres", "rabbitmq", "migrate") or "profiles" in service:
             continue
         assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
@@ -36,6 +36,28 @@ def test_compose_services_wait_for_what_they_need() -> None:
         assert env["DATABASE_URL"].startswith("postgresql://")
         assert "@postgres:5432/" in env["DATABASE_URL"]
         assert "@rabbitmq:5672/" in env["AMQP_URL"]
+
+
+def test_compose_cluster_profile_runs_three_nodes_and_points_clients_at_all() -> None:
+    services = compose()["services"]
+    nodes = [f"rabbitmq-{i}" for i in (1, 2, 3)]
+    for node in nodes:
+        service = services[node]
+        assert service["profiles"] == ["cluster"] and service["hostname"] == node
+        assert service["healthcheck"]
+        assert any("rabbitmq-cluster.conf" in v for v in service["volumes"])
+    conf = (ROOT / "compose" / "rabbitmq-cluster.conf").read_text()
+    assert all(f"= rabbit@{node}" in conf for node in nodes)
+    for name in ("relay-cluster", "consumer-cluster"):
+        service = services[name]
+        assert service["profiles"] == ["cluster"]
+        env = service["environment"]
+        assert env["AMQP_QUEUE_TYPE"] == "quorum"
+        assert [u.split("@")[1] for u in env["AMQP_URL"].split(",")] == [
+            f"{node}:5672/" for node in nodes
+        ]
+        for node in nodes:
+            assert service["depends_on"][node]["condition"] == "service_healthy"
 
 
 def test_compose_serves_the_api_with_its_port_published() -> None:
@@ -72,5 +94,8 @@ def test_compose_file_parses(client: list[str]) -> None:
     probe = subprocess.run([*client, "version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"{' '.join(client)} is not available here")
-    done = subprocess.run([*client, "config", "-q"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    for profile in ([], ["--profile", "cluster"]):
+        done = subprocess.run(
+            [*client, *profile, "config", "-q"], cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr

@@ -20,6 +20,7 @@ from jobctl.service.database import Database
 from jobctl.service.models import Check, Readiness
 from jobctl.service.sql import fetch_one
 from plumbing import diagnose
+from plumbing.amqp import first_answering
 from plumbing.config import AmqpUrl
 
 TIMEOUT: Final = 2.0
@@ -35,8 +36,11 @@ async def readiness(database: Database, amqp: AmqpUrl, limit: float = TIMEOUT) -
             await fetch_one(session, queries.READY_CHECK)
 
     async def rabbitmq() -> None:
-        connection = await aio_pika.connect(amqp.url, timeout=limit)
-        await connection.close()
+        async def one(_index: int, node: AmqpUrl) -> None:
+            connection = await aio_pika.connect(node.url, timeout=limit)
+            await connection.close()
+
+        await first_answering(amqp, one)  # a cluster is there while any node answers
 
     def why_postgres(exc: BaseException) -> str:
         if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
