@@ -14,8 +14,9 @@ Tasks, all in one event loop:
   else those that had more last time, and looks at every queue with due wake-ups
   when it knows of none, when asked, and at least once per poll interval;
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
-  jobs whose lease expired on; the re-waker sends lost wake-ups again; the
-  reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
+  jobs whose lease expired on; the re-waker sends lost wake-ups again; the orphan
+  walk gives a wake-up to any due job that has none, a slice of the jobs table at a
+  time; the reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
   backpressure; stale consumers and relays are forgotten; retention deletes finished
   jobs older than --keep-finished (relay/retention.py);
 - a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
@@ -39,11 +40,13 @@ from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from plumbing.transient import retry_forever, unless_stopped
 from relay.broker import Publisher
 from relay.maintenance import (
+    OrphanWalk,
     expire_workers,
     reconcile_tenant_slots,
     refresh_tenant_usage,
     rewake_lost,
     sweep_expired,
+    wake_orphans,
 )
 from relay.presence import announce, forget, make_relay_id
 from relay.retention import delete_finished
@@ -99,6 +102,8 @@ class Relay:
         self.stopping = False
         self.published = 0
         self.turn = 0
+        # The orphan backstop's place in its walk of the jobs table.
+        self.orphans = OrphanWalk()
         # Rounds each chore completed, by name: a test waits on these, not on time.
         self.rounds: Counter[str] = Counter()
 
@@ -158,6 +163,7 @@ class Relay:
             asyncio.create_task(self._listen()),
             asyncio.create_task(self._every("sweep", s.sweep_interval, self._sweep)),
             asyncio.create_task(self._every("rewake", s.rewake_interval, self._rewake)),
+            asyncio.create_task(self._every("orphans", s.orphan_interval, self._orphans)),
             asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
@@ -299,14 +305,22 @@ class Relay:
     async def _rewake(self) -> None:
         s = self.settings
         woken = await rewake_lost(
-            self.pool,
-            self.publisher,
-            grace=s.rewake_interval,
-            batch=s.rewake_batch,
-            worker_ttl=s.worker_ttl,
+            self.pool, self.publisher, grace=s.rewake_interval, worker_ttl=s.worker_ttl
         )
         if woken:
             self.nudge()  # any queue
+
+    async def _orphans(self) -> None:
+        s = self.settings
+        woken = await wake_orphans(
+            self.pool,
+            self.orphans,
+            grace=s.rewake_interval,
+            size=s.orphan_slice,
+            worker_ttl=s.worker_ttl,
+        )
+        if woken:
+            self.nudge(",".join(sorted({queue for _, queue in woken})))
 
     async def _reconcile(self) -> None:
         await reconcile_tenant_slots(self.pool)

@@ -43,7 +43,11 @@ class RelaySettings:
     default_backoff: float = 5.0
     # A wake-up sent this long ago and never taken up is sent again.
     rewake_interval: float = 30.0
-    rewake_batch: int = 5000
+    # The backstop for jobs with no wake-up at all reads this many jobs (by primary
+    # key, whatever their state) this often: its cost per round is fixed, however
+    # long the backlog; a lap of a million jobs takes about 200 rounds.
+    orphan_interval: float = 1.0
+    orphan_slice: int = 5000
     # Tenants' held slots are checked against the leases that hold them this often.
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
@@ -77,7 +81,8 @@ class RelaySettings:
             "sweep_interval": self.sweep_interval,
             "sweep_batch": self.sweep_batch,
             "rewake_interval": self.rewake_interval,
-            "rewake_batch": self.rewake_batch,
+            "orphan_interval": self.orphan_interval,
+            "orphan_slice": self.orphan_slice,
             "reconcile_interval": self.reconcile_interval,
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,

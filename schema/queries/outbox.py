@@ -188,7 +188,9 @@ WHERE o.id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL
 """
 
 # Wake-ups in flight longer than the grace whose job still waits untaken, per queue:
-# their message may have been lost. Read under the re-waker's lock.
+# their message may have been lost. Read under the re-waker's lock. (What counts as
+# lost is this WHERE clause and OUTBOX_REWAKE_LOST's, kept the same: a condition
+# that excludes ids some live consumer still holds belongs in both.)
 OUTBOX_LOST_QUEUES: Final = f"""
 SELECT o.queue, count(*)
 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
@@ -199,7 +201,9 @@ GROUP BY o.queue
 """
 
 # The re-waker: such wake-ups in the given queues (those the broker holds no ready
-# message for, so none is on its way) go back to the backlog, to be sent again.
+# message for, so none is on its way) go back to the backlog, to be sent again. In
+# a transaction of its own: it touches at most the queues' windows, and nothing
+# slow may roll it back.
 OUTBOX_REWAKE_LOST: Final = f"""
 UPDATE outbox AS o SET sent_at = NULL, available_at = now()
 FROM jobs AS j
@@ -210,23 +214,45 @@ WHERE o.queue = ANY(%(queues)s::text[])
 RETURNING o.job_id
 """
 
-# A backstop under the re-waker's lock: a due job that waits to run and has no
+# A backstop, run by the relay's orphan walk: a due job that waits to run and has no
 # wake-up at all (none pending, none in flight) gets one. Nothing in this project
 # leaves a job so; a row edited by hand might. Jobs parked for a handler nobody runs
 # are left parked until someone can run them.
+#
+# One bounded slice per call: the next %(slice)s jobs by primary key after
+# %(after)s, whatever their state, so a call costs the same with ten waiting jobs or
+# ten million (a scan of every waiting job outgrew the statement timeout under a
+# large backlog). The relay keeps the cursor and starts over when a slice comes back
+# short. No index of its own: the primary key orders the walk, and writers pay
+# nothing for it.
+#
+# Returns ('woken', job_id, queue) per wake-up written, then ('slice', the slice's
+# last job id (NULL if it was empty), NULL, the jobs it read).
 JOB_WAKE_ORPHANS: Final = f"""
-INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.state IN ({CLAIMABLE_SQL})
-  AND j.run_after <= now() - make_interval(secs => %(grace_seconds)s)
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
-  AND (j.delay_reason IS DISTINCT FROM 'NO_HANDLER'
-       OR EXISTS (SELECT 1 FROM workers AS w
-                  WHERE {LIVE_WORKER} AND j.queue = ANY(w.queues)
-                    AND j.job_type = ANY(w.job_types)))
-LIMIT %(limit)s
-RETURNING job_id, queue
+WITH slice AS MATERIALIZED (
+    SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
+           j.delay_reason
+    FROM jobs AS j
+    WHERE j.job_id > %(after)s::uuid
+    ORDER BY j.job_id
+    LIMIT %(slice)s
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT s.job_id, s.queue, COALESCE(s.tenant, ''), s.priority, now()
+    FROM slice AS s
+    WHERE s.state IN ({CLAIMABLE_SQL})
+      AND s.run_after <= now() - make_interval(secs => %(grace_seconds)s)
+      AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
+      AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types)))
+    RETURNING job_id, queue
+)
+SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
+UNION ALL
+SELECT 'slice', (SELECT job_id FROM slice ORDER BY job_id DESC LIMIT 1), NULL,
+       (SELECT count(*) FROM slice)::int
 """
 
 # The backlog per queue, for the relay's stats line: wake-ups waiting (due or
