@@ -7,20 +7,23 @@ Tasks, all in one event loop:
   in case it missed some);
 - ``publishers`` drainers each loop over the queues with due wake-ups and wake each
   (relay/wake.py): within the queue's window, in priority and fair-share order,
-  published and committed together. One that sent a full batch goes again at once
-  and wakes another to help; one held back by a full window looks again soon (a
-  consumer's claim frees room, and tells nobody); otherwise it waits for a
-  notification or the poll interval. A pass takes the queues a notification named,
-  else those that had more last time, and looks at every queue with due wake-ups
-  when it knows of none, when asked, and at least once per poll interval;
+  published and committed together; a queue whose own publishes fail (RabbitMQ
+  refuses them, say) is backed off alone (relay/backoff.py). One that sent a full
+  batch goes again at once and wakes another to help; one held back by a full
+  window looks again soon (a consumer's claim frees room, and tells nobody);
+  otherwise it waits for a notification or the poll interval. A pass takes the
+  queues a notification named, else those that had more last time, and looks at
+  every queue with due wake-ups when it knows of none, when asked, and at least
+  once per poll interval;
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the orphan
   walk gives a wake-up to any due job that has none, a slice of the jobs table at a
-  time; the reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
-  backpressure; stale consumers and relays are forgotten; retention deletes finished
-  jobs older than --keep-finished (relay/retention.py);
+  time; the reconciler repairs tenants' slot counts; the usage counter counts
+  waiting jobs for backpressure; stale consumers and relays are forgotten;
+  retention deletes finished jobs older than --keep-finished (relay/retention.py);
 - a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
-  RabbitMQ or not, how much it published (relay/presence.py);
+  RabbitMQ or not, how much it published, which queues it cannot publish to
+  (relay/presence.py);
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
   database arbitrates: relay/schedules.py), and sleeps until the next one is due;
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
@@ -38,7 +41,8 @@ from dataclasses import dataclass
 
 from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from plumbing.transient import retry_forever, unless_stopped
-from relay.broker import Publisher
+from relay.backoff import QueueBackoff
+from relay.broker import Publisher, QueueFailure
 from relay.maintenance import (
     OrphanWalk,
     expire_workers,
@@ -99,6 +103,9 @@ class Relay:
         # least every poll interval (wake-ups of delayed jobs come due silently).
         self.backlogged: set[str] = set()
         self.scanned_at = 0.0
+        # Queues whose own failure (RabbitMQ refused them, their decision timed out)
+        # keeps them backed off; every other queue carries on.
+        self.backoff = QueueBackoff(s.queue_backoff, s.queue_backoff_cap)
         self.stopping = False
         self.published = 0
         self.turn = 0
@@ -232,6 +239,10 @@ class Relay:
                 refill = s.refill_interval if done.sent else min(refill * 2, s.refill_interval_cap)
             else:
                 wait, refill = s.poll_interval, s.refill_interval
+            retry = self.backoff.next_retry()
+            if retry is not None and retry < wait:
+                # A failing queue's backoff ends first: look everywhere then.
+                wait, polling = retry, True
             wake.clear()
             self.idle.append(wake)
             try:
@@ -254,6 +265,8 @@ class Relay:
             queues, self.hinted = sorted(self.hinted), set()
         else:
             queues = sorted(self.backlogged)
+        # A queue backed off for its own failure waits its turn out.
+        queues = [queue for queue in queues if self.backoff.ready(queue)]
         if not queues:
             return _Pass(0, False, False)
         # Drainers start at different queues, so each queue's turn comes round.
@@ -261,7 +274,15 @@ class Relay:
         start = self.turn % len(queues)
         sent, full, held = 0, False, False
         for queue in queues[start:] + queues[:start]:
-            woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
+            try:
+                woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
+            except QueueFailure as failure:
+                # Its batch rolled back; the rest of the pass goes on.
+                self.backoff.failed(failure)
+                self.backlogged.discard(queue)
+                continue
+            if not woken.busy:
+                self.backoff.succeeded(queue)
             sent += woken.sent
             more = woken.sent >= self.settings.batch_size
             full = full or more
@@ -337,6 +358,7 @@ class Relay:
             self.relay_id,
             connected=self.publisher.connected,
             published=self.published,
+            failing=self.backoff.snapshot(),
         )
 
     async def _scheduler(self) -> None:

@@ -36,6 +36,11 @@ class RelaySettings:
     # The publish inside the claim transaction is the one network call allowed
     # there; it must not hold row locks for long.
     publish_timeout: float = 5.0
+    # A queue whose own publishes fail (RabbitMQ refuses them or their declaration,
+    # confirms none in time, its decision times out) is tried again after this
+    # long, doubling up to the cap, while every other queue carries on.
+    queue_backoff: float = 0.5
+    queue_backoff_cap: float = 15.0
     # Leases that expired without a report are swept this often.
     sweep_interval: float = 5.0
     sweep_batch: int = 1000
@@ -77,6 +82,8 @@ class RelaySettings:
             "refill_interval_cap": self.refill_interval_cap,
             "publishers": self.publishers,
             "publish_timeout": self.publish_timeout,
+            "queue_backoff": self.queue_backoff,
+            "queue_backoff_cap": self.queue_backoff_cap,
             "stats_interval": self.stats_interval,
             "sweep_interval": self.sweep_interval,
             "sweep_batch": self.sweep_batch,
