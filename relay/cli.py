@@ -41,7 +41,7 @@ from relay.settings import RelaySettings
 @click.option(
     "--queue-backoff-cap",
     type=float,
-    default=15.0,
+    default=5.0,
     show_default=True,
     help="A queue whose own publishes fail (RabbitMQ refuses them, its decision times out) "
     "is retried after 0.5 s, doubling up to this many seconds; the other queues carry on.",

@@ -40,7 +40,7 @@ class RelaySettings:
     # confirms none in time, its decision times out) is tried again after this
     # long, doubling up to the cap, while every other queue carries on.
     queue_backoff: float = 0.5
-    queue_backoff_cap: float = 15.0
+    queue_backoff_cap: float = 5.0
     # Leases that expired without a report are swept this often.
     sweep_interval: float = 5.0
     sweep_batch: int = 1000
