@@ -7,6 +7,8 @@ wake-ups wait in the outbox, and once the cause is gone its jobs run."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 from typing import Any
 
@@ -18,9 +20,10 @@ from sqlalchemy import Engine
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
+from tests.support.api import api_client
 from tests.support.broker import queue_depth, queue_policy
 from tests.support.jobs import enqueue_many, until
-from tests.support.processes import Daemon, running, service_env
+from tests.support.processes import BIN, Daemon, running, service_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -72,8 +75,22 @@ def wait(check: Any, what: str, timeout: float = 30) -> Any:
     return asyncio.run(until(check, what, timeout))
 
 
+def jobctl_stats(db: DatabaseUrl, *flags: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "jobctl"), "stats", "--database-url", db.conninfo, *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
 def test_a_queue_rabbitmq_refuses_is_backed_off_alone_and_loses_nothing(
-    env: dict[str, str], engine: Engine, pg: psycopg.Connection, topology: Topology
+    env: dict[str, str],
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    topology: Topology,
 ) -> None:
     """A policy on one queue (max-length 0, reject-publish) makes RabbitMQ nack
     every publish to it. Before, the relay's whole pass failed and it backed off
@@ -95,6 +112,7 @@ def test_a_queue_rabbitmq_refuses_is_backed_off_alone_and_loses_nothing(
         assert unsent(pg, "refused") == 20, "their wake-ups wait in the outbox"
         wait(lambda: "refused" in failing(pg), "the relay's row says which queue fails")
         assert failing(pg)["refused"]["reason"] == "refused"
+        assert "publish failing: refused (refused, 1 relay(s), since" in jobctl_stats(db_url)
         lift()
         wait(lambda: states(pg, "refused") == {"SUCCEEDED": 20}, "the refused queue's jobs ran")
         wait(lambda: failing(pg) == {}, "and the relay's row no longer lists it")
@@ -172,3 +190,40 @@ def test_a_queue_whose_decision_times_out_fails_alone(
         holder.rollback()
         wait(lambda: states(pg, "stuck") == {"SUCCEEDED": 5}, "the stuck queue's jobs ran")
     assert not events(relay, "relay.drain_failed")
+
+
+async def test_jobctl_stats_and_the_dashboard_name_a_queue_a_relay_cannot_publish_to(
+    pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """What a relay's heartbeat writes when a queue fails, read by `jobctl stats`
+    (text and JSON) and the dashboard's overview; a stale relay's row counts not."""
+    failing_queues = {
+        "mail": {
+            "reason": "refused",
+            "detail": "RabbitMQ refused 3 of 3 messages (nacked: ...)",
+            "since": "2026-01-01T00:00:00+00:00",
+            "failures": 7,
+        }
+    }
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, broker_connected, last_seen_at, failing_queues)"
+        " VALUES ('r:1:a', 'r', 1, true, now(), %(f)s),"
+        " ('r:2:b', 'r', 2, true, now() - interval '10 minutes', %(f)s)",
+        {"f": json.dumps(failing_queues)},
+    )
+    text = jobctl_stats(db_url)
+    assert (
+        "publish failing: mail (refused, 1 relay(s), since 2026-01-01 00:00:00Z):"
+        " RabbitMQ refused 3 of 3 messages (nacked: ...)"
+    ) in text.splitlines()
+    (found,) = json.loads(jobctl_stats(db_url, "--json"))["publish_failing"]
+    assert (found["queue"], found["reason"], found["relays"], found["failures"]) == (
+        "mail",
+        "refused",
+        1,
+        7,
+    )
+    async with api_client(db_url, token=None) as client:
+        page = (await client.get("/")).text
+    assert 'data-testid="publish-failing"' in page
+    assert "RabbitMQ refused 3 of 3 messages" in page
