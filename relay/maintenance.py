@@ -23,6 +23,7 @@ from schema.queries import (
     OUTBOX_LOST_QUEUES,
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
+    OUTBOX_WAKE_REFUSED,
     RELAYS_EXPIRE,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
@@ -39,6 +40,7 @@ RECONCILE_LOCK = 0x6A6F6204
 USAGE_LOCK = 0x6A6F6205
 WORKERS_LOCK = 0x6A6F6206
 ORPHANS_LOCK = 0x6A6F6207
+REFUSED_LOCK = 0x6A6F6208
 
 # The orphan walk starts below every job id.
 _FIRST = uuid.UUID(int=0)
@@ -176,6 +178,18 @@ async def wake_orphans(
             },
         )
     return woken
+
+
+async def wake_refused(pool: Pool, *, worker_ttl: float) -> tuple[list[str], bool]:
+    """Bring forward the wake-ups turned down for want of a handler, as many as
+    live consumers with the handler have free slots: the queue of each, and
+    whether any job refused so waits at all."""
+    async with _chore(pool, REFUSED_LOCK) as conn:
+        if conn is None:
+            return [], False
+        cur = await conn.execute(OUTBOX_WAKE_REFUSED, {"worker_ttl": worker_ttl})
+        rows = await cur.fetchall()
+    return [queue for (queue,) in rows if queue is not None], any(q is None for (q,) in rows)
 
 
 async def reconcile_tenant_slots(pool: Pool) -> int:

@@ -18,9 +18,11 @@ Tasks, all in one event loop:
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
   jobs whose lease expired on; the re-waker sends lost wake-ups again; the orphan
   walk gives a wake-up to any due job that has none, a slice of the jobs table at a
-  time; the reconciler repairs tenants' slot counts; the usage counter counts
-  waiting jobs for backpressure; stale consumers and relays are forgotten;
-  retention deletes finished jobs older than --keep-finished (relay/retention.py);
+  time; wake-ups turned down for want of a handler are brought forward once a
+  consumer with the handler has a free slot; the reconciler repairs tenants' slot
+  counts; the usage counter counts waiting jobs for backpressure; stale consumers
+  and relays are forgotten; retention deletes finished jobs older than
+  --keep-finished (relay/retention.py);
 - a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
   RabbitMQ or not, how much it published, which queues it cannot publish to
   (relay/presence.py);
@@ -51,6 +53,7 @@ from relay.maintenance import (
     rewake_lost,
     sweep_expired,
     wake_orphans,
+    wake_refused,
 )
 from relay.presence import announce, forget, make_relay_id
 from relay.retention import delete_finished
@@ -171,6 +174,7 @@ class Relay:
             asyncio.create_task(self._every("sweep", s.sweep_interval, self._sweep)),
             asyncio.create_task(self._every("rewake", s.rewake_interval, self._rewake)),
             asyncio.create_task(self._every("orphans", s.orphan_interval, self._orphans)),
+            asyncio.create_task(self._refusals()),
             asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
@@ -342,6 +346,21 @@ class Relay:
         )
         if woken:
             self.nudge(",".join(sorted({queue for _, queue in woken})))
+
+    async def _refusals(self) -> None:
+        """Wake-ups refused for want of a handler wait until a consumer with it has a
+        free slot: looked for every refusal_interval while some wait (a job's start
+        after the slot frees waits for it), every poll interval otherwise."""
+        s = self.settings
+        while True:
+            waiting = False
+            async for attempt in retry_forever(log, "relay.chore_failed"):
+                with attempt:
+                    queues, waiting = await wake_refused(self.pool, worker_ttl=s.worker_ttl)
+                    if queues:
+                        self.nudge(",".join(sorted(set(queues))))
+            self.rounds["refused"] += 1
+            await asyncio.sleep(s.refusal_interval if waiting else s.poll_interval)
 
     async def _reconcile(self) -> None:
         await reconcile_tenant_slots(self.pool)

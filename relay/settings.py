@@ -53,6 +53,10 @@ class RelaySettings:
     # long the backlog; a lap of a million jobs takes about 200 rounds.
     orphan_interval: float = 1.0
     orphan_slice: int = 5000
+    # A wake-up turned down for want of a handler waits (a backstop of 10 s) until a
+    # live consumer with the handler has a free slot: looked for this often while
+    # some wait (and every poll interval otherwise).
+    refusal_interval: float = 0.05
     # Tenants' held slots are checked against the leases that hold them this often.
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
@@ -90,6 +94,7 @@ class RelaySettings:
             "rewake_interval": self.rewake_interval,
             "orphan_interval": self.orphan_interval,
             "orphan_slice": self.orphan_slice,
+            "refusal_interval": self.refusal_interval,
             "reconcile_interval": self.reconcile_interval,
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,

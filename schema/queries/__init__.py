@@ -63,6 +63,7 @@ from schema.queries.outbox import (
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
     OUTBOX_WAKE_QUEUE,
+    OUTBOX_WAKE_REFUSED,
 )
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
@@ -132,6 +133,7 @@ __all__ = [
     "OUTBOX_REWAKE_LOST",
     "OUTBOX_SETTLE",
     "OUTBOX_WAKE_QUEUE",
+    "OUTBOX_WAKE_REFUSED",
     "QUEUES_PAUSED",
     "QUEUE_PAUSE",
     "QUEUE_RESUME",

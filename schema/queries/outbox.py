@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
-from schema.tables import CLAIMABLE_SQL, CLOCK_ROW
+from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type: woken when one announces it
 # (and by the re-waker, as a backstop), without waiting for the periodic re-wake.
@@ -18,6 +18,72 @@ WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
   AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
   AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
 RETURNING job_id
+"""
+
+# Wake-ups a consumer turned down for want of a handler wait the backstop
+# (REFUSAL_BACKSTOP_SECONDS, see JOB_CLAIM_MANY): run by the relay every
+# --refusal-interval, this brings them forward once a live consumer that has the
+# handler has a free slot (its concurrency, less the leases it holds), at most as
+# many as there are such slots, in one statement. What changes the answer is room
+# at a consumer that can run the job; until then nothing is sent, and a wake-up
+# sent because of it goes, like any, to whichever consumer RabbitMQ picks.
+#
+# Bounded by what waits: the kinds (queue, job type) of refused jobs come from a
+# skip scan of jobs_no_handler_idx (empty, one probe, when nothing waits), the room
+# from the leased jobs (at most the fleet's concurrency) and the workers, and the
+# rows per kind stop at its room. Returns the queue of each wake-up moved, then a
+# row with a NULL queue if any refused job waits at all (the relay looks more often
+# while some do).
+OUTBOX_WAKE_REFUSED: Final = f"""
+WITH RECURSIVE kinds AS (
+    (SELECT j.queue, j.job_type FROM jobs AS j
+     WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+     ORDER BY j.queue, j.job_type LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.job_type
+    FROM kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.job_type FROM jobs AS j
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+          AND (j.queue, j.job_type) > (k.queue, k.job_type)
+        ORDER BY j.queue, j.job_type LIMIT 1
+    ) AS n
+), held AS (
+    SELECT j.lease_owner AS worker_id, count(*)::int AS n
+    FROM jobs AS j
+    WHERE j.state IN ({LEASED_SQL}) AND EXISTS (SELECT 1 FROM kinds)
+    GROUP BY j.lease_owner
+), room AS (
+    SELECT k.queue, k.job_type,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE {LIVE_WORKER} AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM kinds AS k
+), chosen AS (
+    SELECT c.id
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+          AND j.queue = r.queue AND j.job_type = r.job_type
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.queue, j.job_type  -- the index's order: a walk that stops at the room
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
+), moved AS (
+    SELECT o.id FROM outbox AS o
+    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    FOR UPDATE SKIP LOCKED
+), brought AS (
+    UPDATE outbox AS o SET available_at = now()
+    FROM moved WHERE o.id = moved.id
+    RETURNING o.queue
+)
+SELECT queue FROM brought
+UNION ALL
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds)
 """
 
 # The queues that have wake-ups due, by a loose index scan of the backlog (a few
