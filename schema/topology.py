@@ -145,9 +145,6 @@ class Declared:
                 await probe.close()
         return True
 
-    def forget_queues(self) -> None:
-        self.queues.clear()
-
 
 def _dead_letter_arguments(topology: Topology) -> dict[str, Any]:
     if topology.queue_type is QueueType.QUORUM:
