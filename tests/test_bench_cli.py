@@ -28,6 +28,9 @@ from tests.conftest import ROOT
         "bench.latency",
         "bench.scheduler_delay",
         "bench.cpu_split",
+        "bench.refused_queue",
+        "bench.refusals",
+        "bench.rewake_backlog",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:
