@@ -95,6 +95,20 @@ class QueueBackoff:
                 },
             )
 
+    def keep_only(self, due: set[str]) -> None:
+        """Forget failing queues that have no wake-up due any more (their jobs were
+        cancelled, say): nothing is waiting on them, so nothing fails."""
+        for queue in [q for q in self.failing if q not in due]:
+            f = self.failing.pop(queue)
+            log.info(
+                "relay.queue_publish_failing_ended",
+                extra={
+                    "queue": queue,
+                    "reason": f.reason,
+                    "why": "no wake-up of the queue is due any more",
+                },
+            )
+
     def next_retry(self) -> float | None:
         """Seconds until the first failing queue may be tried again; None if none
         is failing."""

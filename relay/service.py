@@ -265,6 +265,7 @@ class Relay:
             self.hinted.clear()
             self.scanned_at = time.monotonic()
             queues = await due_queues(self.pool)
+            self.backoff.keep_only(set(queues))
         elif self.hinted:
             queues, self.hinted = sorted(self.hinted), set()
         else:
