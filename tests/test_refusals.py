@@ -84,31 +84,74 @@ def test_a_job_type_only_a_busy_consumer_knows_waits_without_a_storm_of_wakeups(
         assert not relay.has_event("relay.chore_failed")
 
 
-def test_refusals_for_a_paused_queue_or_a_full_tenant_do_not_loop(
+def test_refusals_for_a_paused_queue_do_not_loop(
     env: dict[str, str], engine: Engine, pg: psycopg.Connection
 ) -> None:
-    """The relay's decision already holds these back until the answer can change
-    (a resume, a freed slot): a consumer's refusal puts the wake-up back once."""
-    with Session(engine) as session, session.begin():
-        outbox.set_tenant_limit(session, "acme", max_running=1)
+    def pause() -> None:
+        with Session(engine) as session, session.begin():
+            outbox.pause_queue(session, "default", by="test")
+
     with (
-        running("relay", RELAY, env, "relay.started"),
-        running("consumer", [*OTHER, "--concurrency", "5"], env, "consumer.started"),
+        running("relay", RELAY, env, "relay.started") as relay,
+        running("consumer", [*OTHER, "--concurrency", "1"], env, "consumer.started"),
     ):
-        capped = enqueue_many(
-            engine, [NewJob("sleep", {"seconds": 1}, tenant="acme") for _ in range(4)]
-        )
+        jobs, blocker = _busy_then(engine, pg, NewJob("noop", {}), pause)
+        assert states(pg, jobs) == {"QUEUED": 4}
         with Session(engine) as session, session.begin():
-            outbox.pause_queue(session, "sync", by="test")
-        paused = enqueue_many(engine, [NewJob("noop", {}, queue="sync") for _ in range(5)])
-        before = written(pg)
-        time.sleep(WINDOW)
-        during = written(pg) - before
-        assert during <= 2 * (len(capped) + len(paused)), f"{during} wake-ups written"
-        assert states(pg, paused) == {"QUEUED": 5}
+            outbox.resume_queue(session, "default")
+        wait(lambda: states(pg, [*jobs, blocker]) == {"SUCCEEDED": 5}, "all ran", 60)
+        assert not relay.has_event("relay.chore_failed")
+
+
+def test_refusals_for_a_full_tenant_do_not_loop(
+    env: dict[str, str], engine: Engine, pg: psycopg.Connection
+) -> None:
+    def cap() -> None:
         with Session(engine) as session, session.begin():
-            outbox.resume_queue(session, "sync")
-        wait(lambda: states(pg, [*capped, *paused]) == {"SUCCEEDED": 9}, "all ran", 60)
+            outbox.set_tenant_limit(session, "acme", max_running=0)
+
+    with (
+        running("relay", RELAY, env, "relay.started") as relay,
+        running("consumer", [*OTHER, "--concurrency", "1"], env, "consumer.started"),
+    ):
+        jobs, blocker = _busy_then(engine, pg, NewJob("noop", {}, tenant="acme"), cap)
+        assert states(pg, jobs) == {"QUEUED": 4}
+        with Session(engine) as session, session.begin():
+            outbox.set_tenant_limit(session, "acme", max_running=1)
+        wait(lambda: states(pg, [*jobs, blocker]) == {"SUCCEEDED": 5}, "all ran", 60)
+        assert not relay.has_event("relay.chore_failed")
+
+
+def _busy_then(
+    engine: Engine, pg: psycopg.Connection, job: NewJob, turn_down: Any
+) -> tuple[list[uuid.UUID], uuid.UUID]:
+    """Wake-ups for four jobs reach the consumer while its one slot is busy;
+    meanwhile the answer changes (``turn_down``), so once the slot frees the
+    consumer turns them down. Each refusal puts its wake-up back once, and the
+    relay's decision holds it back until the answer changes again: no loop."""
+    blocker = enqueue(engine, "sleep", {"seconds": 3})
+    asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
+    jobs = [enqueue_many(engine, [job])[0] for _ in range(4)]
+    wait(lambda: sent(pg, jobs) == 4, "their wake-ups went out")
+    turn_down()
+    before = written(pg)
+    wait(lambda: reasons(pg, jobs) != {None}, "the consumer turned them down", 30)
+    time.sleep(WINDOW)
+    during = written(pg) - before
+    assert during <= 2 * len(jobs), f"{during} wake-ups written for {len(jobs)} jobs"
+    return jobs, blocker
+
+
+def sent(pg: psycopg.Connection, ids: list[uuid.UUID]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL AND job_id = ANY(%s)", [ids]
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def reasons(pg: psycopg.Connection, ids: list[uuid.UUID]) -> set[str | None]:
+    rows = pg.execute("SELECT delay_reason FROM jobs WHERE job_id = ANY(%s)", [ids])
+    return {r[0] for r in rows.fetchall()}
 
 
 WORKER = (
