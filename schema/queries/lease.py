@@ -105,18 +105,23 @@ WITH types AS (
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
+), held AS (
+    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- something was turned down for want of a handler
+    SELECT x.lease_owner, count(*) AS n
+    FROM jobs AS x
+    WHERE x.state IN ({LEASED_SQL})
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+    GROUP BY x.lease_owner
 ), capable AS (
     -- per job turned down for want of a handler: whether another live consumer has
-    -- it, and whether one of those has a free slot now (leases counted: at most the
-    -- fleet's concurrency)
-    SELECT r.job_id,
-           bool_or(w.concurrency > (SELECT count(*) FROM jobs AS x
-                                    WHERE x.state IN ({LEASED_SQL})
-                                      AND x.lease_owner = w.worker_id)) AS has_room
+    -- it, and whether one of those has a free slot now
+    SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
     JOIN workers AS w
       ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+    LEFT JOIN held AS h ON h.lease_owner = w.worker_id
     WHERE r.reason = 'NO_HANDLER'
     GROUP BY r.job_id
 ), requeued AS (
