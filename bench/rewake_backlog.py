@@ -158,7 +158,7 @@ def repair(
                 time.sleep(0.2)
             asyncio.run(purge(AMQP.url, topology, QUEUE))
             purged = time.perf_counter()
-            print(f"purged {window} wake-ups from the queue", flush=True)
+            print(f"purged {window} wake-ups from the queue at {time.time():.3f}", flush=True)
             while asyncio.run(queue_depth(AMQP.url, topology, QUEUE)) == 0:
                 if time.monotonic() > deadline + 120:
                     raise RuntimeError(f"lost wake-ups were not repaired:\n{_tail(log_path)}")
