@@ -39,6 +39,14 @@ from relay.settings import RelaySettings
     help="Seconds to wait for a batch's confirms before rolling it back.",
 )
 @click.option(
+    "--queue-backoff-cap",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="A queue whose own publishes fail (RabbitMQ refuses them, its decision times out) "
+    "is retried after 0.5 s, doubling up to this many seconds; the other queues carry on.",
+)
+@click.option(
     "--window",
     type=int,
     default=0,
@@ -83,6 +91,14 @@ from relay.settings import RelaySettings
     help="A due job whose wake-up was lost is woken again within about this long.",
 )
 @click.option(
+    "--heartbeat-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between refreshes of this relay's row in `relays` (live, connected, "
+    "failing queues); at most 10.",
+)
+@click.option(
     "--schedule-interval",
     type=float,
     default=1.0,
@@ -111,12 +127,14 @@ def main(**kwargs: Any) -> None:
             batch_size=kwargs["batch_size"],
             publishers=kwargs["publishers"],
             publish_timeout=kwargs["publish_timeout"],
+            queue_backoff_cap=kwargs["queue_backoff_cap"],
             window=kwargs["window"] or None,
             min_window=kwargs["min_window"],
             pack=kwargs["pack"],
             sweep_interval=kwargs["sweep_interval"],
             worker_ttl=kwargs["worker_ttl"],
             rewake_interval=kwargs["rewake_interval"],
+            heartbeat_interval=kwargs["heartbeat_interval"],
             schedule_interval=kwargs["schedule_interval"],
             keep_finished=kwargs["keep_finished"],
         )

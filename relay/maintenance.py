@@ -7,8 +7,10 @@ and a long one never makes another skip its round.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -21,6 +23,7 @@ from schema.queries import (
     OUTBOX_LOST_QUEUES,
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
+    OUTBOX_WAKE_REFUSED,
     RELAYS_EXPIRE,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
@@ -36,6 +39,11 @@ REWAKE_LOCK = 0x6A6F6203
 RECONCILE_LOCK = 0x6A6F6204
 USAGE_LOCK = 0x6A6F6205
 WORKERS_LOCK = 0x6A6F6206
+ORPHANS_LOCK = 0x6A6F6207
+REFUSED_LOCK = 0x6A6F6208
+
+# The orphan walk starts below every job id.
+_FIRST = uuid.UUID(int=0)
 
 Pool = AsyncConnectionPool[AsyncConnection]
 
@@ -82,11 +90,8 @@ async def sweep_expired(pool: Pool, *, batch: int, default_backoff: float) -> in
     return total
 
 
-async def rewake_lost(
-    pool: Pool, publisher: Publisher, *, grace: float, batch: int, worker_ttl: float
-) -> int:
-    """Send again the wake-ups that seem lost, and give a wake-up to any due job
-    that has none.
+async def rewake_lost(pool: Pool, publisher: Publisher, *, grace: float, worker_ttl: float) -> int:
+    """Send again the wake-ups that seem lost; how many.
 
     A wake-up seems lost when it was sent more than ``grace`` seconds ago, its job
     still waits untaken, and its queue holds no ready message in RabbitMQ. The last
@@ -94,46 +99,97 @@ async def rewake_lost(
     loss; since the relay keeps at most a window of wake-ups in a queue, lost ones
     eventually leave it with none ready, so they are always found.
 
-    The scan runs under the chore's lock, and so does the repair; RabbitMQ is asked
-    in between, with no transaction open. (Transaction-scoped locks, twice, rather
-    than one session lock across: a transaction pooler such as PgBouncer carries no
-    session from one transaction to the next.)
+    The scan runs under the chore's lock, and so does the repair, each in a short
+    transaction of its own (it touches at most the queues' windows); RabbitMQ is
+    asked in between, with no transaction open. (Transaction-scoped locks, twice,
+    rather than one session lock across: a transaction pooler such as PgBouncer
+    carries no session from one transaction to the next.)
     """
-    params = {"grace_seconds": grace}
+    params = {"grace_seconds": grace, "worker_ttl": worker_ttl}
     async with _chore(pool, REWAKE_LOCK) as conn:
         if conn is None:
             return 0
         candidates = await (await conn.execute(OUTBOX_LOST_QUEUES, params)).fetchall()
-    woken = 0
-    empty: list[str] = []
-    if candidates:
-        ready = await publisher.ready_counts([queue for queue, _ in candidates])
-        empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
+    if not candidates:
+        return 0
+    ready = await publisher.ready_counts([queue for queue, _ in candidates])
+    empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
+    if not empty:
+        return 0
     async with _chore(pool, REWAKE_LOCK) as conn:
         if conn is None:
             return 0
-        if empty:
-            cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
-            woken = cur.rowcount
-        cur = await conn.execute(
-            JOB_WAKE_ORPHANS, params | {"limit": batch, "worker_ttl": worker_ttl}
-        )
-        orphans = await cur.fetchall()
+        cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
+        woken = cur.rowcount
     if woken:
         log.warning(
             "relay.rewoke_lost_wakeups",
             extra={"count": woken, "queues": empty, "why": "sent, never taken"},
         )
-    if orphans:
+    return woken
+
+
+@dataclass
+class OrphanWalk:
+    """Where the orphan backstop is in its walk of the jobs table by primary key:
+    kept by the relay between rounds (a restarted relay starts over, which costs a
+    lap, nothing else)."""
+
+    after: uuid.UUID | None = None
+    # Times the walk reached the end of the table and started over.
+    laps: int = 0
+
+
+async def wake_orphans(
+    pool: Pool, walk: OrphanWalk, *, grace: float, size: int, worker_ttl: float
+) -> list[tuple[uuid.UUID, str]]:
+    """Read the next ``size`` jobs of the walk and give a wake-up to each one that
+    is due, waiting, and has none at all; the (job id, queue) of each woken.
+
+    A bounded slice per call, in its own transaction, so the backstop costs the same
+    however many jobs wait, and nothing else waits for it or rolls back with it.
+    """
+    async with _chore(pool, ORPHANS_LOCK) as conn:
+        if conn is None:
+            return []
+        cur = await conn.execute(
+            JOB_WAKE_ORPHANS,
+            {
+                "after": walk.after or _FIRST,
+                "slice": size,
+                "grace_seconds": grace,
+                "worker_ttl": worker_ttl,
+            },
+        )
+        rows = await cur.fetchall()
+    woken = [(job_id, queue) for kind, job_id, queue, _ in rows if kind == "woken"]
+    ((_, last, _, read),) = [row for row in rows if row[0] == "slice"]
+    if read < size:
+        walk.after, walk.laps = None, walk.laps + 1
+    else:
+        walk.after = last
+    if woken:
         log.warning(
             "relay.woke_jobs_without_wakeup",
             extra={
-                "count": len(orphans),
-                "queues": sorted({q for _, q in orphans}),
+                "count": len(woken),
+                "queues": sorted({q for _, q in woken}),
                 "why": "due, waiting, and no wake-up at all",
             },
         )
-    return woken + len(orphans)
+    return woken
+
+
+async def wake_refused(pool: Pool, *, worker_ttl: float) -> tuple[list[str], bool]:
+    """Bring forward the wake-ups turned down for want of a handler, as many as
+    live consumers with the handler have free slots: the queue of each, and
+    whether any job refused so waits at all."""
+    async with _chore(pool, REFUSED_LOCK) as conn:
+        if conn is None:
+            return [], False
+        cur = await conn.execute(OUTBOX_WAKE_REFUSED, {"worker_ttl": worker_ttl})
+        rows = await cur.fetchall()
+    return [queue for (queue,) in rows if queue is not None], any(q is None for (q,) in rows)
 
 
 async def reconcile_tenant_slots(pool: Pool) -> int:

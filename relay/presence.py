@@ -3,7 +3,10 @@ stop, expired by the workers chore when a relay dies without one.
 
 Operators and alerts read it to tell "no relay is publishing" from "the backlog is
 long", which the outbox alone cannot: it holds every queue's work beyond its
-window by design.
+window by design. It also carries the queues this relay cannot publish to right
+now and why (``failing_queues``): the state is the relay's own (each relay backs
+its failing queues off on its own) and lives and dies with the process, so it goes
+where the process's heartbeat already writes, at no extra write.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from schema.queries import RELAY_GONE, RELAY_SEEN
@@ -25,7 +31,16 @@ def make_relay_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-async def announce(pool: Pool, relay_id: str, *, connected: bool, published: int) -> None:
+async def announce(
+    pool: Pool,
+    relay_id: str,
+    *,
+    connected: bool,
+    published: int,
+    failing: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """``failing``: the queues this relay cannot publish to now, each with why
+    (relay/backoff.py), for jobctl to show."""
     async with pool.connection() as conn:
         await conn.execute(
             RELAY_SEEN,
@@ -35,6 +50,7 @@ async def announce(pool: Pool, relay_id: str, *, connected: bool, published: int
                 "pid": os.getpid(),
                 "connected": connected,
                 "published": published,
+                "failing": Jsonb(dict(failing or {})),
             },
         )
 

@@ -7,19 +7,25 @@ Tasks, all in one event loop:
   in case it missed some);
 - ``publishers`` drainers each loop over the queues with due wake-ups and wake each
   (relay/wake.py): within the queue's window, in priority and fair-share order,
-  published and committed together. One that sent a full batch goes again at once
-  and wakes another to help; one held back by a full window looks again soon (a
-  consumer's claim frees room, and tells nobody); otherwise it waits for a
-  notification or the poll interval. A pass takes the queues a notification named,
-  else those that had more last time, and looks at every queue with due wake-ups
-  when it knows of none, when asked, and at least once per poll interval;
+  published and committed together; a queue whose own publishes fail (RabbitMQ
+  refuses them, say) is backed off alone (relay/backoff.py). One that sent a full
+  batch goes again at once and wakes another to help; one held back by a full
+  window looks again soon (a consumer's claim frees room, and tells nobody);
+  otherwise it waits for a notification or the poll interval. A pass takes the
+  queues a notification named, else those that had more last time, and looks at
+  every queue with due wake-ups when it knows of none, when asked, and at least
+  once per poll interval;
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
-  jobs whose lease expired on; the re-waker sends lost wake-ups again; the
-  reconciler repairs tenants' slot counts; the usage counter counts waiting jobs for
-  backpressure; stale consumers and relays are forgotten; retention deletes finished
-  jobs older than --keep-finished (relay/retention.py);
+  jobs whose lease expired on; the re-waker sends lost wake-ups again; the orphan
+  walk gives a wake-up to any due job that has none, a slice of the jobs table at a
+  time; wake-ups turned down for want of a handler are brought forward once a
+  consumer with the handler has a free slot; the reconciler repairs tenants' slot
+  counts; the usage counter counts waiting jobs for backpressure; stale consumers
+  and relays are forgotten; retention deletes finished jobs older than
+  --keep-finished (relay/retention.py);
 - a heartbeat keeps this relay's row in ``relays`` fresh: live, connected to
-  RabbitMQ or not, how much it published (relay/presence.py);
+  RabbitMQ or not, how much it published, which queues it cannot publish to
+  (relay/presence.py);
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
   database arbitrates: relay/schedules.py), and sleeps until the next one is due;
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
@@ -38,13 +44,17 @@ from dataclasses import dataclass
 from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
-from relay.broker import Publisher
+from relay.backoff import QueueBackoff
+from relay.broker import Publisher, QueueFailure
 from relay.maintenance import (
+    OrphanWalk,
     expire_workers,
     reconcile_tenant_slots,
     refresh_tenant_usage,
     rewake_lost,
     sweep_expired,
+    wake_orphans,
+    wake_refused,
 )
 from relay.presence import announce, forget, make_relay_id
 from relay.retention import delete_finished
@@ -97,9 +107,14 @@ class Relay:
         # least every poll interval (wake-ups of delayed jobs come due silently).
         self.backlogged: set[str] = set()
         self.scanned_at = 0.0
+        # Queues whose own failure (RabbitMQ refused them, their decision timed out)
+        # keeps them backed off; every other queue carries on.
+        self.backoff = QueueBackoff(s.queue_backoff, s.queue_backoff_cap)
         self.stopping = False
         self.published = 0
         self.turn = 0
+        # The orphan backstop's place in its walk of the jobs table.
+        self.orphans = OrphanWalk()
         # Rounds each chore completed, by name: a test waits on these, not on time.
         self.rounds: Counter[str] = Counter()
 
@@ -159,6 +174,8 @@ class Relay:
             asyncio.create_task(self._listen()),
             asyncio.create_task(self._every("sweep", s.sweep_interval, self._sweep)),
             asyncio.create_task(self._every("rewake", s.rewake_interval, self._rewake)),
+            asyncio.create_task(self._every("orphans", s.orphan_interval, self._orphans)),
+            asyncio.create_task(self._refusals()),
             asyncio.create_task(self._every("reconcile", s.reconcile_interval, self._reconcile)),
             asyncio.create_task(self._every("usage", s.usage_interval, self._usage)),
             asyncio.create_task(self._every("workers", s.worker_ttl / 3, self._workers)),
@@ -229,6 +246,10 @@ class Relay:
                 refill = s.refill_interval if done.sent else min(refill * 2, s.refill_interval_cap)
             else:
                 wait, refill = s.poll_interval, s.refill_interval
+            retry = self.backoff.next_retry()
+            if retry is not None and retry < wait:
+                # A failing queue's backoff ends first: look everywhere then.
+                wait, polling = retry, True
             wake.clear()
             self.idle.append(wake)
             try:
@@ -247,10 +268,13 @@ class Relay:
             self.hinted.clear()
             self.scanned_at = time.monotonic()
             queues = await due_queues(self.pool)
+            self.backoff.keep_only(set(queues))
         elif self.hinted:
             queues, self.hinted = sorted(self.hinted), set()
         else:
             queues = sorted(self.backlogged)
+        # A queue backed off for its own failure waits its turn out.
+        queues = [queue for queue in queues if self.backoff.ready(queue)]
         if not queues:
             return _Pass(0, False, False)
         # Drainers start at different queues, so each queue's turn comes round.
@@ -258,7 +282,15 @@ class Relay:
         start = self.turn % len(queues)
         sent, full, held = 0, False, False
         for queue in queues[start:] + queues[:start]:
-            woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
+            try:
+                woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
+            except QueueFailure as failure:
+                # Its batch rolled back; the rest of the pass goes on.
+                self.backoff.failed(failure)
+                self.backlogged.discard(queue)
+                continue
+            if not woken.busy:
+                self.backoff.succeeded(queue)
             sent += woken.sent
             more = woken.sent >= self.settings.batch_size
             full = full or more
@@ -302,14 +334,37 @@ class Relay:
     async def _rewake(self) -> None:
         s = self.settings
         woken = await rewake_lost(
-            self.pool,
-            self.publisher,
-            grace=s.rewake_interval,
-            batch=s.rewake_batch,
-            worker_ttl=s.worker_ttl,
+            self.pool, self.publisher, grace=s.rewake_interval, worker_ttl=s.worker_ttl
         )
         if woken:
             self.nudge()  # any queue
+
+    async def _orphans(self) -> None:
+        s = self.settings
+        woken = await wake_orphans(
+            self.pool,
+            self.orphans,
+            grace=s.rewake_interval,
+            size=s.orphan_slice,
+            worker_ttl=s.worker_ttl,
+        )
+        if woken:
+            self.nudge(",".join(sorted({queue for _, queue in woken})))
+
+    async def _refusals(self) -> None:
+        """Wake-ups refused for want of a handler wait until a consumer with it has a
+        free slot: looked for every refusal_interval while some wait (a job's start
+        after the slot frees waits for it), every poll interval otherwise."""
+        s = self.settings
+        while True:
+            waiting = False
+            async for attempt in retry_forever(log, "relay.chore_failed"):
+                with attempt:
+                    queues, waiting = await wake_refused(self.pool, worker_ttl=s.worker_ttl)
+                    if queues:
+                        self.nudge(",".join(sorted(set(queues))))
+            self.rounds["refused"] += 1
+            await asyncio.sleep(s.refusal_interval if waiting else s.poll_interval)
 
     async def _reconcile(self) -> None:
         await reconcile_tenant_slots(self.pool)
@@ -326,6 +381,7 @@ class Relay:
             self.relay_id,
             connected=self.publisher.connected,
             published=self.published,
+            failing=self.backoff.snapshot(),
         )
 
     async def _scheduler(self) -> None:

@@ -36,6 +36,11 @@ class RelaySettings:
     # The publish inside the claim transaction is the one network call allowed
     # there; it must not hold row locks for long.
     publish_timeout: float = 5.0
+    # A queue whose own publishes fail (RabbitMQ refuses them or their declaration,
+    # confirms none in time, its decision times out) is tried again after this
+    # long, doubling up to the cap, while every other queue carries on.
+    queue_backoff: float = 0.5
+    queue_backoff_cap: float = 5.0
     # Leases that expired without a report are swept this often.
     sweep_interval: float = 5.0
     sweep_batch: int = 1000
@@ -43,7 +48,15 @@ class RelaySettings:
     default_backoff: float = 5.0
     # A wake-up sent this long ago and never taken up is sent again.
     rewake_interval: float = 30.0
-    rewake_batch: int = 5000
+    # The backstop for jobs with no wake-up at all reads this many jobs (by primary
+    # key, whatever their state) this often: its cost per round is fixed, however
+    # long the backlog; a lap of a million jobs takes about 200 rounds.
+    orphan_interval: float = 1.0
+    orphan_slice: int = 5000
+    # A wake-up turned down for want of a handler waits (a backstop of 10 s) until a
+    # live consumer with the handler has a free slot: looked for this often while
+    # some wait (and every poll interval otherwise).
+    refusal_interval: float = 0.05
     # Tenants' held slots are checked against the leases that hold them this often.
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
@@ -73,11 +86,15 @@ class RelaySettings:
             "refill_interval_cap": self.refill_interval_cap,
             "publishers": self.publishers,
             "publish_timeout": self.publish_timeout,
+            "queue_backoff": self.queue_backoff,
+            "queue_backoff_cap": self.queue_backoff_cap,
             "stats_interval": self.stats_interval,
             "sweep_interval": self.sweep_interval,
             "sweep_batch": self.sweep_batch,
             "rewake_interval": self.rewake_interval,
-            "rewake_batch": self.rewake_batch,
+            "orphan_interval": self.orphan_interval,
+            "orphan_slice": self.orphan_slice,
+            "refusal_interval": self.refusal_interval,
             "reconcile_interval": self.reconcile_interval,
             "usage_interval": self.usage_interval,
             "worker_ttl": self.worker_ttl,

@@ -5,7 +5,8 @@ wake-ups to send now (within the queue's window, highest priority first, fair
 between tenants, oldest first) and marks them sent; the relay publishes them,
 packed several ids to a message when there are several, waits for the broker's
 confirms, and commits. A failure anywhere rolls the marks back and the rows go out
-again: a wake-up can be published twice, never lost.
+again: a wake-up can be published twice, never lost. A failure that is the queue's
+own (QueueFailure) backs off that queue alone (relay/backoff.py).
 
 The commit is asynchronous (the relay's connections run with synchronous_commit
 off, see plumbing/db.py): if the database crashed before flushing it, the marks
@@ -21,10 +22,12 @@ import signal
 import time
 from dataclasses import dataclass
 
+import psycopg.errors
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from relay.broker import Publisher, pack
+from plumbing.logfmt import describe_error
+from relay.broker import Publisher, QueueFailure, pack
 from relay.spread import pack_limit
 from schema.queries import OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
@@ -73,21 +76,28 @@ async def wake_queue(
     queue: str,
     limits: WakeLimits,
 ) -> Woken:
+    """Raises QueueFailure for a failure of this queue alone (RabbitMQ refused its
+    wake-ups, or its decision timed out), anything else for one of the relay's."""
     # Not in pipeline mode: it would save the round trip of BEGIN, but measured at
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
     await publisher.wait_connected(limits.publish_timeout)
     most = await pack_limit(pool, queue, limits.pack, limits.worker_ttl)
     async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute(
-            OUTBOX_WAKE_QUEUE,
-            {
-                "queue": queue,
-                "limit": limits.batch,
-                "window": limits.window,
-                "min_window": limits.min_window,
-                "worker_ttl": limits.worker_ttl,
-            },
-        )
+        try:
+            cur = await conn.execute(
+                OUTBOX_WAKE_QUEUE,
+                {
+                    "queue": queue,
+                    "limit": limits.batch,
+                    "window": limits.window,
+                    "min_window": limits.min_window,
+                    "worker_ttl": limits.worker_ttl,
+                },
+            )
+        except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+            # The statement or lock timeout: something holds or bloats this queue's
+            # rows; the other queues' decisions need not wait for it.
+            raise QueueFailure(queue, "decision_timeout", describe_error(exc)) from exc
         rows = await cur.fetchall()
         sent = [
             (r[0], r[1], r[2])
@@ -96,7 +106,7 @@ async def wake_queue(
         summary = next(r for r in rows if r[0] is None)
         messages = pack(queue, sent, most)
         if messages:
-            await publisher.publish(messages, limits.publish_timeout)
+            await publisher.publish(queue, messages, limits.publish_timeout)
             if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
                 log.debug(
                     "relay.sent",

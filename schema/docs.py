@@ -83,6 +83,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_WAKE_ORPHANS": "give a wake-up to any due job that has none",
     "OUTBOX_HAND_BACK": "hand the wake-ups a consumer has no room for back to the backlog",
     "OUTBOX_HELD_REFRESH": "refresh the marks of wake-ups a live consumer holds: none looks lost",
+    "OUTBOX_WAKE_REFUSED": "bring refused wake-ups forward once a consumer with the handler frees",
     "OUTBOX_BACKLOG": "count each queue's wake-ups due and in flight, for the stats line",
     # tenant
     "TENANT_BACKPRESSURE": "count the waiting jobs of an enqueue's tenants that have a max_queued",
@@ -100,6 +101,7 @@ NOTES: Final[dict[str, str]] = {
     "RELAYS_EXPIRE": "forget the relays that stopped heartbeating",
     "RELAYS_LIVE": "count the live relays, and those connected to RabbitMQ",
     "WORKERS_PACK_LIMIT": "say how many ids one message to a queue may carry (its consumers' room)",
+    "RELAYS_FAILING_QUEUES": "list the queues live relays cannot publish to, and why",
     "MAINTENANCE_TRY_LOCK": "take a chore's lock for this transaction, or skip the round",
     # schedule
     "SCHEDULE_CLOCK": "read the database clock a new or changed rule counts from",

@@ -152,7 +152,7 @@ WITH types AS (
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
-    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority,
+    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
@@ -193,7 +193,10 @@ WITH types AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
-                ELSE 'TENANT_CAP' END AS reason
+                ELSE 'TENANT_CAP' END AS reason,
+           -- turned down for want of a handler less than a second ago already
+           COALESCE(l.delay_reason = 'NO_HANDLER'
+                    AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
@@ -207,14 +210,36 @@ WITH types AS (
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
-), requeued AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority, now()
+), held AS (
+    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- something was turned down for want of a handler
+    SELECT x.lease_owner, count(*) AS n
+    FROM jobs AS x
+    WHERE x.state IN ('CANCEL_REQUESTED', 'RUNNING')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+    GROUP BY x.lease_owner
+), capable AS (
+    -- per job turned down for want of a handler: whether another live consumer has
+    -- it, and whether one of those has a free slot now
+    SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
-    WHERE r.reason <> 'NO_HANDLER'
-       OR EXISTS (SELECT 1 FROM workers AS w
-                  WHERE w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
-                    AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types))
+    JOIN workers AS w
+      ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
+     AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+    LEFT JOIN held AS h ON h.lease_owner = w.worker_id
+    WHERE r.reason = 'NO_HANDLER'
+    GROUP BY r.job_id
+), requeued AS (
+    -- Due now, but for want of a handler: then only straight to a free slot, and
+    -- not twice in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED).
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
+           CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+                THEN now()
+                ELSE now() + make_interval(secs => 10) END
+    FROM refused AS r LEFT JOIN capable AS c USING (job_id)
+    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',
@@ -621,6 +646,61 @@ WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
   AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
 RETURNING job_id;
 
+-- name: OUTBOX_WAKE_REFUSED
+-- Run by relay.maintenance:wake_refused to bring refused wake-ups forward once a
+-- consumer with the handler frees.
+-- Built with LIVE_WORKER.
+-- Parameters: worker_ttl.
+WITH RECURSIVE kinds AS (
+    (SELECT j.queue, j.job_type FROM jobs AS j
+     WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+     ORDER BY j.queue, j.job_type LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.job_type
+    FROM kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.job_type FROM jobs AS j
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND (j.queue, j.job_type) > (k.queue, k.job_type)
+        ORDER BY j.queue, j.job_type LIMIT 1
+    ) AS n
+), held AS (
+    SELECT j.lease_owner AS worker_id, count(*)::int AS n
+    FROM jobs AS j
+    WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND EXISTS (SELECT 1 FROM kinds)
+    GROUP BY j.lease_owner
+), room AS (
+    SELECT k.queue, k.job_type,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM kinds AS k
+), chosen AS (
+    SELECT c.id
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND j.queue = r.queue AND j.job_type = r.job_type
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.queue, j.job_type  -- the index's order: a walk that stops at the room
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
+), moved AS (
+    SELECT o.id FROM outbox AS o
+    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    FOR UPDATE SKIP LOCKED
+), brought AS (
+    UPDATE outbox AS o SET available_at = now()
+    FROM moved WHERE o.id = moved.id
+    RETURNING o.queue
+)
+SELECT queue FROM brought
+UNION ALL
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds);
+
 -- name: OUTBOX_DUE_QUEUES
 -- Run by relay.wake:due_queues to list the queues with wake-ups due.
 WITH RECURSIVE q AS (
@@ -801,21 +881,33 @@ WHERE o.queue = ANY(%(queues)s::text[])
 RETURNING o.job_id;
 
 -- name: JOB_WAKE_ORPHANS
--- Run by relay.maintenance:rewake_lost to give a wake-up to any due job that has none.
+-- Run by relay.maintenance:wake_orphans to give a wake-up to any due job that has none.
 -- Built with LIVE_WORKER.
--- Parameters: grace_seconds, limit, worker_ttl.
-INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.state IN ('QUEUED', 'RETRY_WAIT')
-  AND j.run_after <= now() - make_interval(secs => %(grace_seconds)s)
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
-  AND (j.delay_reason IS DISTINCT FROM 'NO_HANDLER'
-       OR EXISTS (SELECT 1 FROM workers AS w
-                  WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND j.queue = ANY(w.queues)
-                    AND j.job_type = ANY(w.job_types)))
-LIMIT %(limit)s
-RETURNING job_id, queue;
+-- Parameters: after, grace_seconds, slice, worker_ttl.
+WITH slice AS MATERIALIZED (
+    SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
+           j.delay_reason
+    FROM jobs AS j
+    WHERE j.job_id > %(after)s::uuid
+    ORDER BY j.job_id
+    LIMIT %(slice)s
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT s.job_id, s.queue, COALESCE(s.tenant, ''), s.priority, now()
+    FROM slice AS s
+    WHERE s.state IN ('QUEUED', 'RETRY_WAIT')
+      AND s.run_after <= now() - make_interval(secs => %(grace_seconds)s)
+      AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
+      AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types)))
+    RETURNING job_id, queue
+)
+SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
+UNION ALL
+SELECT 'slice', (SELECT job_id FROM slice ORDER BY job_id DESC LIMIT 1), NULL,
+       (SELECT count(*) FROM slice)::int;
 
 -- name: OUTBOX_BACKLOG
 -- Run by relay.service:Relay._report to count each queue's wake-ups due and in flight,
@@ -985,12 +1077,12 @@ WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - 
 
 -- name: RELAY_SEEN
 -- Run by relay.presence:announce to announce a relay, at start and at every heartbeat.
--- Parameters: connected, host, pid, published, relay.
-INSERT INTO relays AS r (relay_id, host, pid, broker_connected, published)
-VALUES (%(relay)s, %(host)s, %(pid)s, %(connected)s, %(published)s)
+-- Parameters: connected, failing, host, pid, published, relay.
+INSERT INTO relays AS r (relay_id, host, pid, broker_connected, published, failing_queues)
+VALUES (%(relay)s, %(host)s, %(pid)s, %(connected)s, %(published)s, %(failing)s)
 ON CONFLICT (relay_id) DO UPDATE
 SET last_seen_at = now(), broker_connected = EXCLUDED.broker_connected,
-    published = EXCLUDED.published;
+    published = EXCLUDED.published, failing_queues = EXCLUDED.failing_queues;
 
 -- name: RELAY_GONE
 -- Run by relay.presence:forget to forget a relay that stopped cleanly.
@@ -1011,6 +1103,19 @@ RETURNING relay_id;
 SELECT count(*)::int, (count(*) FILTER (WHERE broker_connected))::int
 FROM relays
 WHERE last_seen_at > now() - make_interval(secs => 30);
+
+-- name: RELAYS_FAILING_QUEUES
+-- Run by jobctl.metrics.queries:METRICS_PUBLISH_FAILING,
+-- jobctl.service.queries:STATS_PUBLISH_FAILING to list the queues live relays cannot
+-- publish to, and why.
+SELECT f.key AS queue, f.value->>'reason' AS reason, count(*)::int AS relays,
+       min((f.value->>'since')::timestamptz) AS since,
+       sum((f.value->>'failures')::bigint)::bigint AS failures,
+       min(f.value->>'detail') AS detail
+FROM relays AS r CROSS JOIN LATERAL jsonb_each(r.failing_queues) AS f
+WHERE r.last_seen_at > now() - make_interval(secs => 30)
+GROUP BY f.key, f.value->>'reason'
+ORDER BY f.key, f.value->>'reason';
 
 -- name: MAINTENANCE_TRY_LOCK
 -- Run by relay.maintenance:_try_lock to take a chore's lock for this transaction, or

@@ -408,6 +408,9 @@ relays = Table(
     _ts("last_seen_at", nullable=False, default=True),
     Column("broker_connected", Boolean, nullable=False, server_default=text("false")),
     Column("published", BigInteger, nullable=False, server_default=text("0")),
+    # The queues this relay cannot publish to right now (each backed off alone),
+    # {queue: {reason, detail, since, failures}}: written by its heartbeat.
+    Column("failing_queues", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
 )
 
 # Who put a failed or cancelled job back in the queue, and when.

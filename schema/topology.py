@@ -15,10 +15,18 @@ queue that does not exist yet; the relay also publishes with ``mandatory`` so an
 unroutable message is an error, not a silent drop. Declaring with arguments that
 differ from an existing queue's (say, switching to quorum) is refused by RabbitMQ;
 :func:`explain_declare_error` turns that refusal into an instruction.
+
+Quorum queues count how often a message was handed back and dead-letter it past a
+delivery limit: none by default in RabbitMQ 3.x, 20 since 4.0. A wake-up is never
+poison (the table decides what it means, and a consumer hands one back only because
+it cannot start the job now), so job queues are declared with a limit no wake-up
+reaches. Not -1, which 4.x reads as "no limit" but 3.x as 0: the first hand-back
+dead-letters (measured on 3.10).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -27,9 +35,16 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
+log = logging.getLogger("topology")
+
 # Wake-ups carry the job's priority, clamped to this range (RabbitMQ's advice is to
 # keep priority queues to a handful of levels).
 MAX_PRIORITY = 9
+
+# A quorum job queue's x-delivery-limit: hand-backs a wake-up may take before the
+# queue dead-letters it. Out of reach on purpose (see above), and valid on 3.x and
+# 4.x alike.
+QUORUM_DELIVERY_LIMIT = 1_000_000_000
 
 
 class QueueType(StrEnum):
@@ -61,6 +76,7 @@ class Topology:
         args: dict[str, Any] = {"x-dead-letter-exchange": self.dead_letter_exchange_name}
         if self.queue_type is QueueType.QUORUM:
             args["x-queue-type"] = "quorum"
+            args["x-delivery-limit"] = QUORUM_DELIVERY_LIMIT
         else:
             # Quorum queues in RabbitMQ 3.x ignore priorities; classic ones honour them.
             args["x-max-priority"] = MAX_PRIORITY
@@ -98,23 +114,63 @@ class Declared:
         declared = self.queues.get(queue)
         if declared is None:
             exchange = await self.base()
-            declared = await self.channel.declare_queue(
-                self.topology.queue_name(queue),
-                durable=True,
-                arguments=self.topology.queue_arguments(),
-            )
+            name = self.topology.queue_name(queue)
+            arguments = self.topology.queue_arguments()
+            if await self._probe(name, arguments):
+                declared = await self.channel.declare_queue(name, durable=True, arguments=arguments)
+            else:
+                # A quorum queue declared before job queues had a delivery limit:
+                # use it as it is, and say how to fix it.
+                warn_no_delivery_limit(name)
+                declared = await self.channel.declare_queue(name, passive=True)
             await declared.bind(exchange, routing_key=queue)
             self.queues[queue] = declared
         return declared
 
-    def forget_queues(self) -> None:
-        self.queues.clear()
+    async def _probe(self, name: str, arguments: dict[str, Any]) -> bool:
+        """Declare the queue on a channel of its own first: RabbitMQ answers a
+        refused declaration by closing the channel, and this one (its consumers,
+        its publishes) must not go with it. False if the queue exists and was
+        refused only for lacking the delivery limit; any other refusal raises."""
+        underlay = await self.channel.get_underlay_channel()
+        probe = await underlay.connection.channel(publisher_confirms=False)
+        try:
+            await probe.queue_declare(name, durable=True, arguments=arguments)
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            if lacks_delivery_limit(exc):
+                return False
+            raise
+        finally:
+            if not probe.is_closed:
+                await probe.close()
+        return True
 
 
 def _dead_letter_arguments(topology: Topology) -> dict[str, Any]:
     if topology.queue_type is QueueType.QUORUM:
         return {"x-queue-type": "quorum"}
     return {}
+
+
+def lacks_delivery_limit(exc: BaseException) -> bool:
+    """Whether a refused declaration was refused only for the delivery limit: the
+    queue exists, as a quorum queue declared without one (by an earlier release)."""
+    return isinstance(
+        exc, aiormq.exceptions.ChannelPreconditionFailed
+    ) and "inequivalent arg 'x-delivery-limit'" in str(exc)
+
+
+def warn_no_delivery_limit(queue_name: str) -> None:
+    log.warning(
+        "topology.queue_without_delivery_limit",
+        extra={
+            "queue": queue_name,
+            "detail": "this quorum queue was declared by an earlier release, without "
+            "x-delivery-limit: on RabbitMQ 4.x it dead-letters a wake-up handed back 20 "
+            "times (the job then waits for the re-waker). Raise its limit with a policy "
+            "(README, Past one machine), or delete the queue while it is empty",
+        },
+    )
 
 
 def explain_declare_error(exc: BaseException) -> str | None:

@@ -29,6 +29,10 @@ from tests.conftest import ROOT
         "bench.scheduler_delay",
         "bench.cpu_split",
         "bench.processes",
+        "bench.refused_queue",
+        "bench.refusals",
+        "bench.rewake_backlog",
+        "bench.spread",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:

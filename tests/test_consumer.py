@@ -254,8 +254,13 @@ async def test_a_job_no_consumer_knows_waits_and_runs_when_its_handler_arrives(
     # bring the job back in time.
     async with relay_running(*services, rewake_interval=300):
         async with consumer_running(*services, old) as consumer:
+            # The claim's commit is visible before the consumer has read its answer
+            # and counted it: wait for both.
             for _ in range(200):
-                if job(pg, job_id)["delay_reason"] == "NO_HANDLER":
+                if (
+                    job(pg, job_id)["delay_reason"] == "NO_HANDLER"
+                    and consumer.counts["wakeup_no_handler"]
+                ):
                     break
                 await asyncio.sleep(0.05)
             assert consumer.counts["wakeup_no_handler"] == 1

@@ -47,6 +47,7 @@ EXPECTED_TYPES = {
     "hybrid_jobs_relays_live": "gauge",
     "hybrid_jobs_relays_publishing": "gauge",
     "hybrid_jobs_running_lease_expired_jobs": "gauge",
+    "hybrid_jobs_queue_publish_failing": "gauge",
     "hybrid_jobs_queue_wait_seconds": "histogram",
     "hybrid_jobs_execution_seconds": "histogram",
     "hybrid_jobs_attempts_finished": "counter",
@@ -59,7 +60,7 @@ EXPECTED_TYPES = {
     "hybrid_jobs_collector_duration_seconds": "gauge",
     "hybrid_jobs_collector_rounds": "counter",
 }
-LABEL_NAMES = {"queue", "state", "job_type", "outcome", "operation", "result", "le"}
+LABEL_NAMES = {"queue", "state", "job_type", "outcome", "operation", "result", "reason", "le"}
 
 
 class Scrape:
@@ -408,6 +409,29 @@ async def test_relays_and_a_paused_queues_backlog(
     again = Scrape(collector)
     assert again.value("hybrid_jobs_relays_publishing") == 0
     assert again.value("hybrid_jobs_outbox_unsent_rows") == 3
+
+
+async def test_queues_a_relay_cannot_publish_to(pg: psycopg.Connection, pool) -> None:
+    """Live relays' failing queues, counted per queue and reason; a stale relay's
+    are not, and a queue that recovers has no series."""
+    failing = (
+        '{"mail": {"reason": "refused", "detail": "nacked", "since": "2026-01-01T00:00:00+00:00",'
+        ' "failures": 3}}'
+    )
+    pg.execute(
+        "INSERT INTO relays (relay_id, host, pid, last_seen_at, failing_queues) VALUES"
+        " ('a:1:x', 'a', 1, now(), %(f)s), ('b:2:y', 'b', 2, now(), %(f)s),"
+        " ('c:3:z', 'c', 3, now() - interval '5 minutes', %(f)s)",
+        {"f": failing},
+    )
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    assert scrape.value("hybrid_jobs_queue_publish_failing", queue="mail", reason="refused") == 2
+    pg.execute("UPDATE relays SET failing_queues = '{}'")
+    assert await collector.collect_once()
+    samples = Scrape(collector).families["hybrid_jobs_queue_publish_failing"].samples
+    assert samples == []
 
 
 async def _lease_runs_out(pg: psycopg.Connection, job_id: uuid.UUID) -> None:

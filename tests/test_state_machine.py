@@ -504,6 +504,11 @@ class JobMachine(RuleBasedStateMachine):
     def the_rewaker_resends_lost_wakeups(self) -> None:
         self.step(Step(q.OUTBOX_REWAKE_LOST, {"queues": ["default"], "grace_seconds": 0}))
 
+    @rule()
+    def the_relay_brings_refused_wakeups_forward(self) -> None:
+        """For a consumer with the handler and a free slot, if any is live."""
+        self.step(Step(q.OUTBOX_WAKE_REFUSED, {"worker_ttl": 60}))
+
     @precondition(lambda self: self.handles)
     @rule(data=st.data(), thief=st.sampled_from(WORKERS))
     def a_frozen_worker_is_overtaken(self, data: st.DataObject, thief: str) -> None:

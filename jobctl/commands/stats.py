@@ -18,7 +18,8 @@ def stats(database_url: str | None, as_json: bool) -> None:
     """Per queue: jobs by state, the age of the oldest runnable job, the relay's
     lag (due wake-ups not sent yet, and the oldest one's age), wake-ups in flight,
     jobs finished in the last minute and per second, live consumers; then how
-    many relays are live and connected to RabbitMQ.
+    many relays are live and connected to RabbitMQ, and any queue a relay cannot
+    publish to (RabbitMQ refuses it, say) with why.
 
     Counts what is waiting and running, never the history: finished jobs are
     counted only for the last minute.
@@ -65,5 +66,10 @@ def stats(database_url: str | None, as_json: bool) -> None:
     relays = f"relays: {found.relays_live} live, {found.relays_publishing} connected to RabbitMQ"
     if not found.relays_publishing:
         relays += " (no wake-up goes out: start a relay, or see its log)"
+    for f in found.publish_failing:
+        relays += (
+            f"\npublish failing: {f.queue} ({f.reason}, {f.relays} relay(s), since"
+            f" {when(f.since)}): {f.detail}"
+        )
     note = f"as of {when(found.checked_at)}; finished: last {duration(found.window_seconds)}"
     emit(jsonable(found), f"{text}\n{relays}\n{note}")

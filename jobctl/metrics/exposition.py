@@ -117,6 +117,15 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         {(): s.relays_publishing},
     )
     yield _gauge(
+        "queue_publish_failing",
+        "Live relays that cannot publish the queue's wake-ups right now, by reason:"
+        " refused (RabbitMQ nacked them), unroutable, declare_refused, unconfirmed (no"
+        " confirm in time), decision_timeout. Each relay backs such a queue off alone;"
+        " its jobs wait, the other queues' go out. A series exists only while it fails.",
+        ["queue", "reason"],
+        s.publish_failing,
+    )
+    yield _gauge(
         "running_lease_expired_jobs",
         "Leased jobs (RUNNING or CANCEL_REQUESTED) whose lease has expired and that the"
         " sweeper has not moved on yet: stuck RUNNING if it lasts.",

@@ -64,6 +64,8 @@ class Reading:
     outbox_oldest_age: float | None
     # relays live, and of those connected to RabbitMQ
     relays: tuple[int, int]
+    # (queue, reason, relays that cannot publish to it)
+    publish_failing: list[tuple[str, str, int]]
     workers: list[Worker]
     queues: list[str]
     # None: a late attempt counted already, read as its key only
@@ -134,6 +136,10 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         ]
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
+        publish_failing = [
+            (queue, reason, int(relays))
+            for queue, reason, relays, *_ in await _rows(conn, q.METRICS_PUBLISH_FAILING)
+        ]
         workers = [
             Worker(w, tuple(queues), int(stale), int(lost))
             for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
@@ -159,6 +165,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         outbox_due=int(due),
         outbox_oldest_age=oldest,
         relays=(int(relays_live), int(relays_connected)),
+        publish_failing=publish_failing,
         workers=workers,
         queues=queues,
         attempts=attempts,

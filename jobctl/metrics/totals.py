@@ -76,6 +76,7 @@ class Snapshot:
     outbox_oldest_unsent_age: float
     relays_live: int
     relays_publishing: int
+    publish_failing: Mapping[tuple[str, str], int]
     attempts_finished: Mapping[tuple[str, str, str], int]
     leases_expired: Mapping[str, int]
     fence_rejections: Mapping[tuple[str, str], int]
@@ -264,6 +265,9 @@ class Totals:
             outbox_oldest_unsent_age=max(0.0, reading.outbox_oldest_age or 0.0),
             relays_live=reading.relays[0],
             relays_publishing=reading.relays[1],
+            publish_failing=MappingProxyType(
+                {(queue, reason): n for queue, reason, n in reading.publish_failing}
+            ),
             attempts_finished=MappingProxyType(dict(self.attempts_finished)),
             leases_expired=MappingProxyType(leases),
             fence_rejections=MappingProxyType(dict(self.fence_rejections)),

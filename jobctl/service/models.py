@@ -204,6 +204,25 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class PublishFailure:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    reason: str
+    """Why the relay cannot publish the queue's wake-ups: refused (RabbitMQ nacked
+    them), unroutable, declare_refused, unconfirmed (no confirm in time), or
+    decision_timeout. The relay backs that queue off alone; its wake-ups wait."""
+    relays: int
+    """Live relays that say so."""
+    since: datetime
+    """When the first of them started failing."""
+    failures: int
+    """Attempts that failed since then, over those relays."""
+    detail: str
+    """One relay's description of the failure."""
+
+
+@dataclass(frozen=True)
 class Stats:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 
@@ -216,6 +235,9 @@ class Stats:
     """Relay processes whose heartbeat was seen in the last 30 seconds."""
     relays_publishing: int
     """Of those, the ones connected to RabbitMQ: 0 means no wake-up goes out."""
+    publish_failing: tuple[PublishFailure, ...] = ()
+    """Queues a live relay cannot publish to right now, and why: each is backed off
+    alone while the others' wake-ups go out."""
 
 
 @dataclass(frozen=True)

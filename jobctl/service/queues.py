@@ -13,7 +13,7 @@ import outbox
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
 from jobctl.service.errors import NotFound, invalid_argument
-from jobctl.service.models import QueueState, QueueStats, Stats
+from jobctl.service.models import PublishFailure, QueueState, QueueStats, Stats
 from jobctl.service.sql import fetch_all, fetch_one
 from schema.states import JobState
 
@@ -49,6 +49,7 @@ async def stats(session: AsyncSession) -> Stats:
     )
     (clock,) = (await fetch_all(session, queries.STATS_CLOCK))[0]
     ((relays_live, relays_publishing),) = await fetch_all(session, queries.STATS_RELAYS)
+    failing = await fetch_all(session, queries.STATS_PUBLISH_FAILING)
     window = _span(finished, clock)
     for queue, state, count, _oldest, _now in finished:
         found[queue][state] = count
@@ -58,6 +59,7 @@ async def stats(session: AsyncSession) -> Stats:
         queues=tuple(_queue(name, found[name], window) for name in sorted(found)),
         relays_live=relays_live,
         relays_publishing=relays_publishing,
+        publish_failing=tuple(PublishFailure(*row) for row in failing),
     )
 
 

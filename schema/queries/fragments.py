@@ -29,6 +29,13 @@ UNTAKEN: Final = (
     " AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)"
 )
 
+# A wake-up a consumer turned down for want of a handler, while another live
+# consumer has it, comes due again after this many seconds at the latest: the
+# backstop. The relay brings it forward as soon as such a consumer has a free slot
+# (OUTBOX_WAKE_REFUSED); sent back at once, it met a consumer that could not run it
+# either, round and round (about 870 wake-ups per job in 10 s).
+REFUSAL_BACKSTOP_SECONDS: Final = 10
+
 # A live consumer: heartbeating within the given number of seconds, not stopping.
 LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
 

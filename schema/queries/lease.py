@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import BUDGET, FENCE, LIVE_WORKER, lease_ended
+from schema.queries.fragments import (
+    BUDGET,
+    FENCE,
+    LIVE_WORKER,
+    REFUSAL_BACKSTOP_SECONDS,
+    lease_ended,
+)
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
@@ -20,9 +26,16 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 #
 # A job turned down for its queue, its type or its tenant's cap records why
 # (delay_reason, written when the reason changes) and its used-up wake-up goes back
-# to the backlog, where the relay wakes it again once it can run. A job of a type
-# no live consumer knows waits without a wake-up, until one announces it
-# (JOB_WAKE_PARKED); nothing about it spends an attempt.
+# to the backlog, to wait until something can change the answer: for a paused queue
+# or a full tenant, due now, since the relay's decision holds it back until the
+# queue resumes or a slot frees (which notifies the relay). For want of a handler
+# another live consumer has: due now if one of those has a free slot (the wake-up
+# met the wrong consumer), at most once a second; else due only after
+# REFUSAL_BACKSTOP_SECONDS, and brought forward by the relay once such a consumer
+# has a free slot (OUTBOX_WAKE_REFUSED). Sent straight back, it met consumers that
+# could not run it either, round and round. A job of a type no other live consumer
+# knows waits without a wake-up, until one announces it (JOB_WAKE_PARKED). Nothing
+# about it spends an attempt.
 #
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
@@ -34,7 +47,7 @@ WITH types AS (
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
-    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority,
+    SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
@@ -75,7 +88,10 @@ WITH types AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
-                ELSE 'TENANT_CAP' END AS reason
+                ELSE 'TENANT_CAP' END AS reason,
+           -- turned down for want of a handler less than a second ago already
+           COALESCE(l.delay_reason = 'NO_HANDLER'
+                    AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
@@ -89,14 +105,36 @@ WITH types AS (
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
-), requeued AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority, now()
+), held AS (
+    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- something was turned down for want of a handler
+    SELECT x.lease_owner, count(*) AS n
+    FROM jobs AS x
+    WHERE x.state IN ({LEASED_SQL})
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+    GROUP BY x.lease_owner
+), capable AS (
+    -- per job turned down for want of a handler: whether another live consumer has
+    -- it, and whether one of those has a free slot now
+    SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
-    WHERE r.reason <> 'NO_HANDLER'
-       OR EXISTS (SELECT 1 FROM workers AS w
-                  WHERE w.worker_id <> %(worker)s AND {LIVE_WORKER}
-                    AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types))
+    JOIN workers AS w
+      ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
+     AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+    LEFT JOIN held AS h ON h.lease_owner = w.worker_id
+    WHERE r.reason = 'NO_HANDLER'
+    GROUP BY r.job_id
+), requeued AS (
+    -- Due now, but for want of a handler: then only straight to a free slot, and
+    -- not twice in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED).
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
+           CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+                THEN now()
+                ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
+    FROM refused AS r LEFT JOIN capable AS c USING (job_id)
+    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
-from schema.tables import CLAIMABLE_SQL, CLOCK_ROW
+from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type: woken when one announces it
 # (and by the re-waker, as a backstop), without waiting for the periodic re-wake.
@@ -18,6 +18,72 @@ WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
   AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
   AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
 RETURNING job_id
+"""
+
+# Wake-ups a consumer turned down for want of a handler wait the backstop
+# (REFUSAL_BACKSTOP_SECONDS, see JOB_CLAIM_MANY): run by the relay every
+# --refusal-interval, this brings them forward once a live consumer that has the
+# handler has a free slot (its concurrency, less the leases it holds), at most as
+# many as there are such slots, in one statement. What changes the answer is room
+# at a consumer that can run the job; until then nothing is sent, and a wake-up
+# sent because of it goes, like any, to whichever consumer RabbitMQ picks.
+#
+# Bounded by what waits: the kinds (queue, job type) of refused jobs come from a
+# skip scan of jobs_no_handler_idx (empty, one probe, when nothing waits), the room
+# from the leased jobs (at most the fleet's concurrency) and the workers, and the
+# rows per kind stop at its room. Returns the queue of each wake-up moved, then a
+# row with a NULL queue if any refused job waits at all (the relay looks more often
+# while some do).
+OUTBOX_WAKE_REFUSED: Final = f"""
+WITH RECURSIVE kinds AS (
+    (SELECT j.queue, j.job_type FROM jobs AS j
+     WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+     ORDER BY j.queue, j.job_type LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.job_type
+    FROM kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.job_type FROM jobs AS j
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+          AND (j.queue, j.job_type) > (k.queue, k.job_type)
+        ORDER BY j.queue, j.job_type LIMIT 1
+    ) AS n
+), held AS (
+    SELECT j.lease_owner AS worker_id, count(*)::int AS n
+    FROM jobs AS j
+    WHERE j.state IN ({LEASED_SQL}) AND EXISTS (SELECT 1 FROM kinds)
+    GROUP BY j.lease_owner
+), room AS (
+    SELECT k.queue, k.job_type,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE {LIVE_WORKER} AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM kinds AS k
+), chosen AS (
+    SELECT c.id
+    FROM room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+          AND j.queue = r.queue AND j.job_type = r.job_type
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.queue, j.job_type  -- the index's order: a walk that stops at the room
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
+), moved AS (
+    SELECT o.id FROM outbox AS o
+    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    FOR UPDATE SKIP LOCKED
+), brought AS (
+    UPDATE outbox AS o SET available_at = now()
+    FROM moved WHERE o.id = moved.id
+    RETURNING o.queue
+)
+SELECT queue FROM brought
+UNION ALL
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds)
 """
 
 # The queues that have wake-ups due, by a loose index scan of the backlog (a few
@@ -188,7 +254,9 @@ WHERE o.id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL
 """
 
 # Wake-ups in flight longer than the grace whose job still waits untaken, per queue:
-# their message may have been lost. Read under the re-waker's lock.
+# their message may have been lost. Read under the re-waker's lock. (What counts as
+# lost is this WHERE clause and OUTBOX_REWAKE_LOST's, kept the same: a condition
+# that excludes ids some live consumer still holds belongs in both.)
 OUTBOX_LOST_QUEUES: Final = f"""
 SELECT o.queue, count(*)
 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
@@ -199,7 +267,9 @@ GROUP BY o.queue
 """
 
 # The re-waker: such wake-ups in the given queues (those the broker holds no ready
-# message for, so none is on its way) go back to the backlog, to be sent again.
+# message for, so none is on its way) go back to the backlog, to be sent again. In
+# a transaction of its own: it touches at most the queues' windows, and nothing
+# slow may roll it back.
 OUTBOX_REWAKE_LOST: Final = f"""
 UPDATE outbox AS o SET sent_at = NULL, available_at = now()
 FROM jobs AS j
@@ -210,23 +280,45 @@ WHERE o.queue = ANY(%(queues)s::text[])
 RETURNING o.job_id
 """
 
-# A backstop under the re-waker's lock: a due job that waits to run and has no
+# A backstop, run by the relay's orphan walk: a due job that waits to run and has no
 # wake-up at all (none pending, none in flight) gets one. Nothing in this project
 # leaves a job so; a row edited by hand might. Jobs parked for a handler nobody runs
 # are left parked until someone can run them.
+#
+# One bounded slice per call: the next %(slice)s jobs by primary key after
+# %(after)s, whatever their state, so a call costs the same with ten waiting jobs or
+# ten million (a scan of every waiting job outgrew the statement timeout under a
+# large backlog). The relay keeps the cursor and starts over when a slice comes back
+# short. No index of its own: the primary key orders the walk, and writers pay
+# nothing for it.
+#
+# Returns ('woken', job_id, queue) per wake-up written, then ('slice', the slice's
+# last job id (NULL if it was empty), NULL, the jobs it read).
 JOB_WAKE_ORPHANS: Final = f"""
-INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.state IN ({CLAIMABLE_SQL})
-  AND j.run_after <= now() - make_interval(secs => %(grace_seconds)s)
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
-  AND (j.delay_reason IS DISTINCT FROM 'NO_HANDLER'
-       OR EXISTS (SELECT 1 FROM workers AS w
-                  WHERE {LIVE_WORKER} AND j.queue = ANY(w.queues)
-                    AND j.job_type = ANY(w.job_types)))
-LIMIT %(limit)s
-RETURNING job_id, queue
+WITH slice AS MATERIALIZED (
+    SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
+           j.delay_reason
+    FROM jobs AS j
+    WHERE j.job_id > %(after)s::uuid
+    ORDER BY j.job_id
+    LIMIT %(slice)s
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT s.job_id, s.queue, COALESCE(s.tenant, ''), s.priority, now()
+    FROM slice AS s
+    WHERE s.state IN ({CLAIMABLE_SQL})
+      AND s.run_after <= now() - make_interval(secs => %(grace_seconds)s)
+      AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
+      AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types)))
+    RETURNING job_id, queue
+)
+SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
+UNION ALL
+SELECT 'slice', (SELECT job_id FROM slice ORDER BY job_id DESC LIMIT 1), NULL,
+       (SELECT count(*) FROM slice)::int
 """
 
 # The backlog per queue, for the relay's stats line: wake-ups waiting (due or

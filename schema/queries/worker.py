@@ -42,14 +42,15 @@ WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}
 # ------------------------------------------------------------------------- relays
 
 # A relay announces itself at start and at every heartbeat: whether it is connected
-# to RabbitMQ and how many wake-ups it has published. Upsert, so a relay whose row
-# expired while it was frozen comes back.
+# to RabbitMQ, how many wake-ups it has published, and the queues it cannot publish
+# to right now, with why. Upsert, so a relay whose row expired while it was frozen
+# comes back.
 RELAY_SEEN: Final = """
-INSERT INTO relays AS r (relay_id, host, pid, broker_connected, published)
-VALUES (%(relay)s, %(host)s, %(pid)s, %(connected)s, %(published)s)
+INSERT INTO relays AS r (relay_id, host, pid, broker_connected, published, failing_queues)
+VALUES (%(relay)s, %(host)s, %(pid)s, %(connected)s, %(published)s, %(failing)s)
 ON CONFLICT (relay_id) DO UPDATE
 SET last_seen_at = now(), broker_connected = EXCLUDED.broker_connected,
-    published = EXCLUDED.published
+    published = EXCLUDED.published, failing_queues = EXCLUDED.failing_queues
 """
 
 RELAY_GONE: Final = "DELETE FROM relays WHERE relay_id = %(relay)s"
@@ -70,6 +71,20 @@ RELAYS_LIVE: Final = f"""
 SELECT count(*)::int, (count(*) FILTER (WHERE broker_connected))::int
 FROM relays
 WHERE last_seen_at > now() - make_interval(secs => {RELAY_LIVE_SECONDS})
+"""
+
+# The queues live relays cannot publish to right now (RabbitMQ refuses them, their
+# decision times out...), one row per queue and reason: how many relays say so,
+# since when (the earliest), failures counted, and one relay's detail.
+RELAYS_FAILING_QUEUES: Final = f"""
+SELECT f.key AS queue, f.value->>'reason' AS reason, count(*)::int AS relays,
+       min((f.value->>'since')::timestamptz) AS since,
+       sum((f.value->>'failures')::bigint)::bigint AS failures,
+       min(f.value->>'detail') AS detail
+FROM relays AS r CROSS JOIN LATERAL jsonb_each(r.failing_queues) AS f
+WHERE r.last_seen_at > now() - make_interval(secs => {RELAY_LIVE_SECONDS})
+GROUP BY f.key, f.value->>'reason'
+ORDER BY f.key, f.value->>'reason'
 """
 
 # Each periodic chore (sweeping, re-waking, reconciling...) runs in one relay at a

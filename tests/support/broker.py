@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import aio_pika
 import pytest
@@ -151,3 +154,34 @@ def rabbitmq_account(prefix: str = "hj_t") -> Iterator[tuple[str, str, str]]:
             ctl("delete_user", name)
     finally:
         ctl("delete_vhost", name)
+
+
+@contextlib.contextmanager
+def queue_policy(
+    topology: Topology, queue: str, definition: dict[str, Any]
+) -> Iterator[Callable[[], None]]:
+    """A RabbitMQ policy on one of this test's queues and no other (its pattern is
+    that queue's full name, anchored), removed afterwards; yields the remover, for
+    a test that lifts it early."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl to set a policy")
+    name = f"hj-test-{topology.prefix}-{queue}"
+    pattern = "^" + re.escape(topology.queue_name(queue)) + "$"
+    removed = False
+
+    def remove() -> None:
+        nonlocal removed
+        if not removed:
+            subprocess.run(["rabbitmqctl", "-q", "clear_policy", name], check=True)
+            removed = True
+
+    options = ["--apply-to", "queues", "--priority", "100"]
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_policy", *options, name, pattern, json.dumps(definition)],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield remove
+    finally:
+        remove()

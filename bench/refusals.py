@@ -1,0 +1,188 @@
+"""Refused wake-ups: a job type that only a busy consumer knows.
+
+    python -m bench.refusals [--jobs 20] [--busy 10] [--job-seconds 0.2]
+
+One relay and two consumer processes on one queue (`consumer --app
+bench.refusals`): one has the handler of job type "rare" and one slot
+(--concurrency 1), the other knows only another job type. A "rare" job that takes
+--busy seconds occupies the one slot; meanwhile --jobs more "rare" jobs are
+committed, one per transaction. Every wake-up the second consumer is given for
+them it must turn down (NO_HANDLER).
+
+Prints, for the busy stretch, the wake-ups written (outbox rows, each job's first
+one included) per waiting job per 10 s (the target is at most 2), and once the slot
+frees, the delay from "handler free" (the previous job's handler returned) to the
+next job's start, p50/p95/max, and how long the waiting jobs took to run. It uses
+only what every release has, so it runs against an older checkout too (copy this
+file into its bench/). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import consumers
+
+ROLE = "BENCH_REFUSALS_ROLE"
+
+_times: TextIO | None = None
+
+
+def _times_file() -> TextIO:
+    global _times
+    if _times is None:
+        path = os.path.join(os.environ["BENCH_STARTS_DIR"], f"{os.getpid()}.txt")
+        _times = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+    return _times
+
+
+if os.environ.get(ROLE) == "capable":
+
+    @consumers.handler("rare")
+    async def rare(job: consumers.Job) -> None:
+        """Notes when it started and when it returned."""
+        _times_file().write(f"start {job.id} {time.time()}\n")
+        await asyncio.sleep(float(job.payload.get("seconds", 0)))
+        _times_file().write(f"end {job.id} {time.time()}\n")
+
+else:
+
+    @consumers.handler("common")
+    async def common(job: consumers.Job) -> None:
+        return None
+
+
+def _outbox_written(conn: Any) -> int:
+    """Outbox rows ever written: the identity only grows."""
+    row = conn.execute(
+        "SELECT last_value FROM pg_sequences WHERE sequencename LIKE 'outbox_id%'"
+    ).fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def _enqueue(engine: Any, seconds: float) -> str:
+    from sqlalchemy.orm import Session
+
+    import outbox
+
+    with Session(engine) as session, session.begin():
+        return str(outbox.enqueue(session, "rare", {"seconds": seconds}))
+
+
+def _state(conn: Any, job_id: str) -> str:
+    return str(conn.execute("SELECT state FROM jobs WHERE job_id = %s", [job_id]).fetchone()[0])
+
+
+def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
+    import psycopg
+    from sqlalchemy import create_engine
+
+    engine = create_engine(db.sqlalchemy, pool_size=2)
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        blocker = _enqueue(engine, args.busy)
+        deadline = time.monotonic() + 60
+        while _state(conn, blocker) != "RUNNING":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the blocking job never started")
+            time.sleep(0.02)
+        # Counted from before the waiting jobs' own wake-ups, as the issue counted.
+        before, began = _outbox_written(conn), time.monotonic()
+        waiting = [_enqueue(engine, args.job_seconds) for _ in range(args.jobs)]
+        while _state(conn, blocker) == "RUNNING":
+            time.sleep(0.02)
+        window = time.monotonic() - began
+        written = _outbox_written(conn) - before
+        drained_from = time.monotonic()
+        ids = [blocker, *waiting]
+        while conn.execute(
+            "SELECT count(*) FROM jobs WHERE job_id = ANY(%s::uuid[]) AND state <> 'SUCCEEDED'",
+            [ids],
+        ).fetchone()[0]:  # type: ignore[index]
+            if time.monotonic() - drained_from > args.drain_timeout:
+                raise TimeoutError("the waiting jobs did not all run")
+            time.sleep(0.02)
+        drained = time.monotonic() - drained_from
+    engine.dispose()
+    starts, ends = {}, {}
+    for path in logs.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            kind, job_id, t = line.split()
+            (starts if kind == "start" else ends)[job_id] = float(t)
+    # One slot: each job starts after the one before it returned.
+    order = sorted(ids, key=lambda j: starts[j])
+    delays = [(starts[b] - ends[a]) * 1000 for a, b in itertools.pairwise(order)]
+    return {
+        "waiting_jobs": args.jobs,
+        "busy_seconds_measured": round(window, 2),
+        "wakeups_written_while_busy": written,
+        "of_which_sent_again": written - args.jobs,
+        "wakeups_per_waiting_job_per_10s": round(written / args.jobs * 10 / window, 2),
+        "handler_free_to_start_ms": {
+            "first": round(delays[0], 1),
+            "p50": round(statistics.median(delays), 1),
+            "p95": round(sorted(delays)[int(0.95 * (len(delays) - 1))], 1),
+            "max": round(max(delays), 1),
+        },
+        "seconds_to_run_the_waiting_jobs": round(drained, 2),
+    }
+
+
+def main() -> None:
+    from bench.common import (
+        BIN,
+        argument_parser,
+        machine,
+        scratch_database,
+        scratch_topology,
+        service_env,
+    )
+
+    parser = argument_parser("bench.refusals", __doc__)
+    parser.add_argument("--jobs", type=int, default=20, help="jobs waiting for the busy handler")
+    parser.add_argument(
+        "--busy", type=float, default=10, help="seconds the one slot with the handler is busy"
+    )
+    parser.add_argument(
+        "--job-seconds", type=float, default=0.2, help="how long each waiting job runs"
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=300, help="seconds to wait for them to run"
+    )
+    args = parser.parse_args()
+
+    logs = Path(tempfile.mkdtemp(prefix="bench-refusals-"))
+    with scratch_database("bench_refusals") as db, scratch_topology(["default"]) as topology:
+        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(logs)}
+        app = [str(BIN / "consumer"), "--app", "bench.refusals"]
+        files = [(logs / f"p{i}.log").open("wb") for i in range(3)]
+        procs = [
+            subprocess.Popen([str(BIN / "relay")], env=env, stderr=files[0]),
+            subprocess.Popen(
+                [*app, "--concurrency", "1"], env=env | {ROLE: "capable"}, stderr=files[1]
+            ),
+            subprocess.Popen(app, env=env | {ROLE: "other"}, stderr=files[2]),
+        ]
+        try:
+            time.sleep(3)  # connected, consuming, announced
+            figures = run(args, db, logs)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(60)
+            for f in files:
+                f.close()
+    print(json.dumps({"benchmark": "refusals", **figures, "machine": machine()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
