@@ -218,9 +218,8 @@ WITH RECURSIVE gate AS (
     LIMIT (SELECT n FROM room)
 ), marked AS (
     SELECT o.id, c.tenant, c.vstart, c.turn
-    FROM outbox AS o JOIN chosen AS c ON c.id = o.id
-    -- the array hands the planner the ids as one pkey probe each
-    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen)) AND o.sent_at IS NULL
+    FROM chosen AS c JOIN outbox AS o ON o.id = c.id
+    WHERE o.sent_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 ), sent AS (
     UPDATE outbox AS o SET sent_at = now()
