@@ -21,10 +21,11 @@ import consumers
 import outbox
 from consumers import Registry
 from outbox import NewJob
-from plumbing.config import DatabaseUrl
+from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.db import make_pool
 from relay.maintenance import reconcile_tenant_slots, refresh_tenant_usage
 from schema.queries import TENANT_USAGE_REFRESH
+from schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue_many, wait_until_all
 
@@ -46,7 +47,11 @@ def set_limits(engine: Engine, tenants: list[str], **limits: Any) -> None:
 
 
 async def test_two_thousand_capped_tenants_drain_with_every_cap_held(
-    db_url: DatabaseUrl, amqp_url, topology, engine: Engine, pg: psycopg.Connection
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    engine: Engine,
+    pg: psycopg.Connection,
 ) -> None:
     """2,000 tenants capped at 2, three jobs each, and five heavy ones (weight 50, so
     the fair share would give them far more than 2 at once) with 30 each; one relay
@@ -75,7 +80,7 @@ async def test_two_thousand_capped_tenants_drain_with_every_cap_held(
         await wait_until_all(pg, "SUCCEEDED", 6150, timeout=240)
     assert pg.execute("SELECT max(attempt_count), count(*) FROM jobs").fetchone() == (1, 6150)
     # The most of one tenant's attempts running at one instant, from the history.
-    peaks = dict(
+    peaks: dict[bool, int] = dict(
         pg.execute(
             """SELECT tenant LIKE 'heavy%%', max(running) FROM (
                SELECT tenant, sum(step) OVER (PARTITION BY tenant ORDER BY at, step) AS running
@@ -112,7 +117,7 @@ async def test_the_reconciler_repairs_drift_without_waiting_for_any_other_tenant
             repaired = await asyncio.wait_for(reconcile_tenant_slots(pool), 10)
         claim.rollback()
     assert repaired == 1
-    usage = dict(pg.execute("SELECT tenant, running FROM tenant_usage").fetchall())
+    usage: dict[str, int] = dict(pg.execute("SELECT tenant, running FROM tenant_usage").fetchall())
     assert usage == {"busy": 0, "drifted": 0, "quiet": 0}
     (record,) = [r for r in caplog.records if r.message == "relay.tenant_slots_repaired"]
     assert (record.tenant, record.recorded, record.held) == ("drifted", 3, 0)  # type: ignore[attr-defined]
@@ -154,7 +159,7 @@ async def test_the_backpressure_count_reads_what_the_limit_needs_not_the_backlog
     handled = _rows_handled(doc[0]["Plan"])
     assert handled < 500, f"{handled} rows handled to count two tenants up to 50"
     await refresh_tenant_usage(pool)
-    usage = dict(pg.execute("SELECT tenant, queued FROM tenant_usage").fetchall())
+    usage: dict[str, int] = dict(pg.execute("SELECT tenant, queued FROM tenant_usage").fetchall())
     assert usage == {"bulk": 50, "small": 7}
     with Session(engine) as session, session.begin():
         with pytest.raises(outbox.Backpressure) as refused:
