@@ -21,6 +21,7 @@ name and never write SQL of their own.
 from __future__ import annotations
 
 from schema.queries.control import (
+    EFFECT_RETENTION_DELETE,
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
     JOB_REPLAY,
@@ -101,6 +102,7 @@ from schema.queries.worker import (
 )
 
 __all__ = [
+    "EFFECT_RETENTION_DELETE",
     "FENCE",
     "JOB_ATTEMPTS_RECORDED",
     "JOB_CLAIM_MANY",
