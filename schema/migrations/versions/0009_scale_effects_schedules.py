@@ -5,7 +5,9 @@
   created_at comes;
 - jobs.scheduled_for: the nominal instant of the occurrence that fired the job;
 - schedules.failures, last_error, last_error_at, retry_at: a schedule whose firing
-  keeps failing says why and is retried after a backoff, so it holds no other back.
+  keeps failing says why and is retried after a backoff, so it holds no other back;
+- fair_shares: fillfactor 50, so the relay's updates of passes and held reasons
+  stay HOT.
 
 Revision ID: 0009
 Revises: 0007
@@ -38,9 +40,11 @@ def upgrade() -> None:
     op.add_column("schedules", sa.Column("last_error", sa.Text))
     op.add_column("schedules", _ts("last_error_at"))
     op.add_column("schedules", _ts("retry_at"))
+    op.execute("ALTER TABLE fair_shares SET (fillfactor = 50)")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE fair_shares RESET (fillfactor)")
     op.drop_column("schedules", "retry_at")
     op.drop_column("schedules", "last_error_at")
     op.drop_column("schedules", "last_error")
