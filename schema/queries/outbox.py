@@ -72,13 +72,45 @@ WHERE q.queue IS NOT NULL
 #   to tell that more waits. A tenant cut short by its quota marks a horizon:
 #   every wake-up before its first unfetched one was fetched, so choosing only
 #   wake-ups before the earliest such horizon sends exactly the first ones in the
-#   order above, never one out of turn (a pass may send fewer than the room; the
-#   next one goes on).
+#   order above, never one out of turn. When the horizon leaves room unfilled
+#   (quotas guess wrong when priorities are mixed), the contenders are fetched
+#   again, each as many as it could get: exact, and dearer, so only then.
 #
 # Returns the sent wake-ups with their turn (1 goes first: the order above, which
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
 # then one summary row (id NULL): the room there was, whether the lock was had, and
 # whether due wake-ups were held back.
+def _fetch(limit: str, short: str) -> str:
+    """Each contender's (``quotas AS q``) first due wake-ups in its own order, at most
+    ``limit`` and one more (the spare, fetched to tell that more waits), with each
+    one's virtual start; ``short``: whether a spare marks a horizon (the limit was
+    a quota, short of what the tenant could get)."""
+    return f"""SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
+           q.start + (c.k - 1) / q.weight AS vstart,
+           c.k > {limit} AS spare,
+           {short} AS short
+    FROM quotas AS q
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.job_id, o.priority, o.available_at,
+               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
+        FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
+          AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT {limit} + 1
+    ) AS c"""
+
+
+def _horizon(candidates: str) -> str:
+    """The earliest spare of a tenant cut short by its quota, in the decision's
+    order: every wake-up before it was fetched."""
+    return f"""SELECT -c.priority AS p, c.vstart, c.available_at, c.id
+    FROM {candidates} AS c
+    WHERE c.spare AND c.short
+    ORDER BY 1, 2, 3, 4
+    LIMIT 1"""
+
+
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
@@ -183,29 +215,27 @@ WITH RECURSIVE gate AS (
                                                    * c.weight)))::int
            END AS quota
     FROM contenders AS c
+), first_pick AS (
+    -- each contender's first wake-ups, up to its quota, and one more
+    {_fetch("q.quota", "q.quota < q.most")}
+), first_horizon AS (
+    {_horizon("first_pick")}
+), again AS (
+    -- The quotas cut some tenant short before the room was filled (a tenant's
+    -- wake-ups of a lower priority waited behind another's of a higher one, say):
+    -- fetch again, each contender as many as it could get, which marks no horizon.
+    SELECT EXISTS (SELECT 1 FROM first_horizon)
+           AND (SELECT count(*) FROM first_pick AS c
+                WHERE NOT c.spare
+                  AND (-c.priority, c.vstart, c.available_at, c.id)
+                      < (SELECT p, vstart, available_at, id FROM first_horizon))
+               < (SELECT n FROM room) AS yes
 ), candidates AS (
-    SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
-           q.start + (c.k - 1) / q.weight AS vstart,
-           -- the one more than it may get, fetched to tell that more waits; one
-           -- that only its quota kept out marks a horizon
-           c.k > q.quota AS spare,
-           q.quota < q.most AS short
-    FROM quotas AS q
-    CROSS JOIN LATERAL (
-        SELECT o.id, o.job_id, o.priority, o.available_at,
-               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
-        FROM outbox AS o
-        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
-          AND o.available_at <= now()
-        ORDER BY o.priority DESC, o.available_at, o.id
-        LIMIT q.quota + 1
-    ) AS c
+    SELECT * FROM first_pick WHERE NOT (SELECT yes FROM again)
+    UNION ALL
+    SELECT * FROM ({_fetch("q.most", "false")}) AS exact WHERE (SELECT yes FROM again)
 ), horizon AS (
-    SELECT -c.priority AS p, c.vstart, c.available_at, c.id
-    FROM candidates AS c
-    WHERE c.spare AND c.short
-    ORDER BY 1, 2, 3, 4
-    LIMIT 1
+    {_horizon("candidates")}
 ), chosen AS (
     SELECT c.*,
            row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
