@@ -37,6 +37,38 @@ WHERE q.queue IS NOT NULL
 """
 
 
+# Pieces of the decision below.
+def _fetch(limit: str, short: str) -> str:
+    """Each contender's (``quotas AS q``) first due wake-ups in its own order, at most
+    ``limit`` and one more (the spare, fetched to tell that more waits), with each
+    one's virtual start; ``short``: whether a spare marks a horizon (the limit was
+    a quota, short of what the tenant could get)."""
+    return f"""SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
+           q.start + (c.k - 1) / q.weight AS vstart,
+           c.k > {limit} AS spare,
+           {short} AS short
+    FROM quotas AS q
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.job_id, o.priority, o.available_at,
+               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
+        FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
+          AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT {limit} + 1
+    ) AS c"""
+
+
+def _horizon(candidates: str) -> str:
+    """The earliest spare of a tenant cut short by its quota, in the decision's
+    order: every wake-up before it was fetched."""
+    return f"""SELECT -c.priority AS p, c.vstart, c.available_at, c.id
+    FROM {candidates} AS c
+    WHERE c.spare AND c.short
+    ORDER BY 1, 2, 3, 4
+    LIMIT 1"""
+
+
 # The relay's one decision: which of a queue's due wake-ups to send now. In the
 # relay's transaction, under a per-queue advisory lock (another relay skips the
 # queue meanwhile), in one statement:
@@ -81,37 +113,6 @@ WHERE q.queue IS NOT NULL
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
 # then one summary row (id NULL): the room there was, whether the lock was had, and
 # whether due wake-ups were held back.
-def _fetch(limit: str, short: str) -> str:
-    """Each contender's (``quotas AS q``) first due wake-ups in its own order, at most
-    ``limit`` and one more (the spare, fetched to tell that more waits), with each
-    one's virtual start; ``short``: whether a spare marks a horizon (the limit was
-    a quota, short of what the tenant could get)."""
-    return f"""SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
-           q.start + (c.k - 1) / q.weight AS vstart,
-           c.k > {limit} AS spare,
-           {short} AS short
-    FROM quotas AS q
-    CROSS JOIN LATERAL (
-        SELECT o.id, o.job_id, o.priority, o.available_at,
-               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
-        FROM outbox AS o
-        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
-          AND o.available_at <= now()
-        ORDER BY o.priority DESC, o.available_at, o.id
-        LIMIT {limit} + 1
-    ) AS c"""
-
-
-def _horizon(candidates: str) -> str:
-    """The earliest spare of a tenant cut short by its quota, in the decision's
-    order: every wake-up before it was fetched."""
-    return f"""SELECT -c.priority AS p, c.vstart, c.available_at, c.id
-    FROM {candidates} AS c
-    WHERE c.spare AND c.short
-    ORDER BY 1, 2, 3, 4
-    LIMIT 1"""
-
-
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
