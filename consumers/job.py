@@ -60,7 +60,9 @@ class Job:
 
     ``id``, ``job_type``, ``queue``, ``tenant``, ``payload`` describe the job;
     ``attempt`` counts from 1 and ``max_attempts`` is its budget; ``generation`` is
-    the fencing token this attempt holds. ``cancel_requested`` turns true (at a
+    the fencing token this attempt holds. ``scheduled_for`` is the nominal instant
+    of the schedule occurrence that fired the job (an aware datetime; None for a
+    job no schedule fired). ``cancel_requested`` turns true (at a
     heartbeat) when someone asked to cancel the job: stop at a safe point and
     ``raise consumers.Cancel()``.
     """
@@ -75,6 +77,7 @@ class Job:
     generation: int
     created_at: datetime
     worker: str
+    scheduled_for: datetime | None = None
     cancel_requested: bool = False
     # Monotonic time by which the lease surely ends unless a heartbeat extends it.
     lease_deadline: float = 0.0
@@ -103,6 +106,7 @@ class Job:
             generation=c.generation,
             created_at=c.created_at,
             worker=resources.worker,
+            scheduled_for=c.scheduled_for,
             lease_deadline=claim_sent_at + lease,
             _resources=resources,
         )

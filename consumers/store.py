@@ -35,6 +35,8 @@ class Claimed:
     max_attempts: int | None
     generation: int
     created_at: datetime
+    # The schedule occurrence that fired the job (None: not fired by a schedule).
+    scheduled_for: datetime | None = None
 
 
 @dataclass(frozen=True)

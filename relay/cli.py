@@ -110,8 +110,16 @@ from relay.settings import RelaySettings
     type=float,
     default=604800.0,
     show_default=True,
-    help="Seconds a finished job is kept (with its attempts and effect keys, and its "
-    "dedup key taken) before retention deletes it.",
+    help="Seconds a finished job is kept (with its attempts, and its dedup key taken) "
+    "before retention deletes it.",
+)
+@click.option(
+    "--keep-effects",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds an effect key (tx.once) is remembered, at least --keep-finished. "
+    "0: for ever (a key forgotten lets a later job with it do the effect again).",
 )
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
@@ -137,6 +145,7 @@ def main(**kwargs: Any) -> None:
             heartbeat_interval=kwargs["heartbeat_interval"],
             schedule_interval=kwargs["schedule_interval"],
             keep_finished=kwargs["keep_finished"],
+            keep_effects=kwargs["keep_effects"] or None,
         )
         return Daemon(Relay(settings).run, settings.database, settings.amqp)
 

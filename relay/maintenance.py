@@ -25,6 +25,7 @@ from schema.queries import (
     OUTBOX_SETTLE,
     OUTBOX_WAKE_REFUSED,
     RELAYS_EXPIRE,
+    TENANT_USAGE_DRIFTED,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
     TENANT_USAGE_REFRESH,
@@ -192,27 +193,49 @@ async def wake_refused(pool: Pool, *, worker_ttl: float) -> tuple[list[str], boo
     return [queue for (queue,) in rows if queue is not None], any(q is None for (q,) in rows)
 
 
-async def reconcile_tenant_slots(pool: Pool) -> int:
+# Tenants repaired per transaction, at most: drift is a bug, rare and small; a
+# bound keeps even a large one from holding many counters locked at once.
+RECONCILE_BATCH = 100
+# Limited tenants whose waiting jobs one usage round counts, stalest first.
+USAGE_TENANTS_PER_ROUND = 100
+
+
+async def reconcile_tenant_slots(pool: Pool, *, batch: int = RECONCILE_BATCH) -> int:
     """Repair any drift between each tenant's count of held slots and the leases
-    that hold one; say so when there was some (there should never be)."""
-    async with _chore(pool, RECONCILE_LOCK) as conn:
-        if conn is None:
-            return 0
-        await conn.execute(TENANT_USAGE_LOCK)
-        rows = await (await conn.execute(TENANT_USAGE_RECONCILE)).fetchall()
-    for tenant, recorded, held in rows:
-        log.warning(
-            "relay.tenant_slots_repaired",
-            extra={"tenant": tenant, "recorded": recorded, "held": held},
-        )
-    return len(rows)
+    that hold one; say so when there was some (there should never be).
+
+    The tenants that drifted are found without a lock; only theirs are locked, and
+    counted again under the lock, so claims and releases of every other tenant
+    never wait for the reconciler."""
+    repaired = 0
+    while True:
+        async with _chore(pool, RECONCILE_LOCK) as conn:
+            if conn is None:
+                return repaired
+            cur = await conn.execute(TENANT_USAGE_DRIFTED, {"limit": batch})
+            drifted = [tenant for (tenant,) in await cur.fetchall()]
+            rows = []
+            if drifted:
+                await conn.execute(TENANT_USAGE_LOCK, {"tenants": drifted})
+                cur = await conn.execute(TENANT_USAGE_RECONCILE, {"tenants": drifted})
+                rows = await cur.fetchall()
+        for tenant, recorded, held in rows:
+            log.warning(
+                "relay.tenant_slots_repaired",
+                extra={"tenant": tenant, "recorded": recorded, "held": held},
+            )
+        repaired += len(rows)
+        # A tenant that moved on meanwhile was left alone; the next round looks again.
+        if len(drifted) < batch or not rows:
+            return repaired
 
 
-async def refresh_tenant_usage(pool: Pool) -> None:
-    """Count the waiting jobs of tenants that have a max_queued (backpressure)."""
+async def refresh_tenant_usage(pool: Pool, *, tenants: int = USAGE_TENANTS_PER_ROUND) -> None:
+    """Count the waiting jobs of the limited tenants (max_queued, backpressure)
+    counted longest ago, each up to its limit."""
     async with _chore(pool, USAGE_LOCK) as conn:
         if conn is not None:
-            await conn.execute(TENANT_USAGE_REFRESH)
+            await conn.execute(TENANT_USAGE_REFRESH, {"tenants": tenants})
 
 
 async def expire_workers(pool: Pool, *, ttl: float) -> int:

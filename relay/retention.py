@@ -1,11 +1,17 @@
-"""Retention: finished jobs leave the tables once they are old enough.
+"""Retention: finished jobs leave the tables once they are old enough, and effect
+keys once they are older still.
 
 A relay chore (one relay at a time, under its own advisory lock). A job that has
 been SUCCEEDED, FAILED or CANCELLED for longer than ``relay --keep-finished`` is
-deleted with everything of its own: its attempts, wake-ups and replays (by cascade)
-and its effect keys. That frees its dedup key: enqueueing with it again creates a
-new job. A job waiting, running or replayed meanwhile is never touched (the
-statement checks the state on the locked row).
+deleted with everything of its own: its attempts, wake-ups and replays (by cascade).
+That frees its dedup key: enqueueing with it again creates a new job. A job
+waiting, running or replayed meanwhile is never touched (the statement checks the
+state on the locked row).
+
+Effect keys (``tx.once``) are not the job's: they record that an effect happened,
+and a new job with the same key (its dedup key freed by retention, or a job with
+none) must still find it. They have their own retention, ``relay --keep-effects``,
+by age, and none by default: forgetting a key means doing its effect again.
 
 Deletes go in small batches, one transaction each, oldest first, so no transaction
 holds many row locks or grows a long WAL record, and a big first pass (retention
@@ -17,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from relay.maintenance import Pool, _chore
-from schema.queries import JOB_RETENTION_DELETE
+from schema.queries import EFFECT_RETENTION_DELETE, JOB_RETENTION_DELETE
 
 log = logging.getLogger("relay")
 
@@ -27,19 +33,34 @@ RETENTION_LOCK = 0x6A6F6207
 async def delete_finished(pool: Pool, *, keep_seconds: float, batch: int) -> int:
     """Delete every job finished more than ``keep_seconds`` ago, ``batch`` at a
     time; returns how many went (0 when another relay holds the chore)."""
+    total = await _in_batches(pool, JOB_RETENTION_DELETE, keep_seconds, batch)
+    if total:
+        log.info("relay.retention_deleted", extra={"jobs": total, "keep_seconds": keep_seconds})
+    return total
+
+
+async def delete_old_effects(pool: Pool, *, keep_seconds: float, batch: int) -> int:
+    """Delete every effect key marked more than ``keep_seconds`` ago, ``batch`` at
+    a time; returns how many went."""
+    total = await _in_batches(pool, EFFECT_RETENTION_DELETE, keep_seconds, batch)
+    if total:
+        log.info(
+            "relay.retention_deleted_effects",
+            extra={"effect_keys": total, "keep_seconds": keep_seconds},
+        )
+    return total
+
+
+async def _in_batches(pool: Pool, statement: str, keep_seconds: float, batch: int) -> int:
     total = 0
     while True:
         async with _chore(pool, RETENTION_LOCK) as conn:
             if conn is None:
                 break
-            cur = await conn.execute(
-                JOB_RETENTION_DELETE, {"keep_seconds": keep_seconds, "limit": batch}
-            )
+            cur = await conn.execute(statement, {"keep_seconds": keep_seconds, "limit": batch})
             row = await cur.fetchone()
         deleted = int(row[0]) if row else 0
         total += deleted
         if deleted < batch:
             break
-    if total:
-        log.info("relay.retention_deleted", extra={"jobs": total, "keep_seconds": keep_seconds})
     return total

@@ -8,14 +8,27 @@ ledger's primary key (schedule, nominal instant) is the arbiter: an occurrence w
 row exists already enqueues nothing. A relay that dies mid-way rolls all of it back,
 and the next one starts again from the stored ``next_fire_at``.
 
-Which occurrences run:
+Which occurrences run, of those that came due since the schedule was last handled
+(one, on time, when a relay keeps up; several after a gap, however short):
 
-- one decided within ``grace`` seconds of its nominal instant is *on time* and
-  always fires (``grace`` must exceed the relay's polling delay under load, else a
-  busy relay would count its own lateness as downtime);
-- older ones were *missed* (no relay ran): ``catchup="skip"`` records them skipped,
-  ``"latest"`` fires the newest and records the rest skipped, ``"all"`` fires the
-  newest ``max_catchup`` and records the rest skipped (reason ``catchup_limit``).
+- ``catchup="all"``: each runs, except that of those more than ``grace`` seconds
+  late (missed while no relay ran) only the newest ``max_catchup`` do, the rest
+  are recorded skipped (reason ``catchup_limit``);
+- ``"latest"``: only the newest runs, however late; the others are recorded skipped
+  (reason ``catchup``);
+- ``"skip"``: only the newest runs, and only if it is at most ``grace`` seconds late;
+  the others are recorded skipped (reason ``catchup``).
+
+So after any gap, ``skip`` and ``latest`` enqueue at most one job per schedule.
+(``grace`` must exceed the relay's polling delay under load, else a busy relay
+would count its own lateness as downtime and "skip" would drop the current one.)
+
+A schedule whose firing fails (not the database being away: that is retried as
+any outage is) rolls back alone, in its savepoint, and says why on its row
+(``failures``, ``last_error``, ``last_error_at``) and in the log; it is not looked at
+again before ``retry_at``, a backoff that doubles with each failure in a row (from
+``FAILURE_BACKOFF`` up to ``FAILURE_BACKOFF_CAP``), so schedules that keep failing
+never hold back the ones due after them. The next success clears ``failures``.
 
 After a very long outage only the newest occurrences are walked and recorded (about
 ``keep_fires`` of them, what retention would keep anyway); the span passed over is
@@ -44,6 +57,7 @@ from schema.queries import (
     JOB_INSERT_MANY,
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
+    SCHEDULE_FAILED,
     SCHEDULE_FIRE_PRUNE,
     SCHEDULE_FIRE_RECORD_MANY,
     SCHEDULE_FIRE_SET_JOB,
@@ -57,6 +71,12 @@ DEFAULT_KEEP_FIRES: Final = 1000
 DEFAULT_GRACE: Final = 60.0
 # Old ledger rows deleted per fired schedule per round: a round adds a handful.
 PRUNE_BATCH: Final = 100
+# A schedule whose firing fails is tried again after this many seconds, doubled with
+# each failure in a row, up to the cap: soon enough for a passing fault, rare enough
+# that one failing for good costs a log line every five minutes.
+FAILURE_BACKOFF: Final = 5.0
+FAILURE_BACKOFF_CAP: Final = 300.0
+MAX_ERROR_LENGTH: Final = 2000
 
 SKIPPED_CATCHUP: Final = "catchup"
 SKIPPED_CATCHUP_LIMIT: Final = "catchup_limit"
@@ -110,20 +130,30 @@ def plan_fires(
                 continue
         kept.append(at)
         at = rule.next_after(at)
-    on_time_from = now - timedelta(seconds=grace)
-    missed = [t for t in kept if t < on_time_from]
-    on_time = [Decision(t, None) for t in kept if t >= on_time_from]
     unrecorded = None if unkept is None else (unkept, kept[0] if kept else at)
-    return Plan(_catch_up(missed, catchup, max_catchup) + on_time, at, unrecorded)
+    on_time_from = now - timedelta(seconds=grace)
+    return Plan(_decide(list(kept), on_time_from, catchup, max_catchup), at, unrecorded)
 
 
-def _catch_up(missed: list[datetime], catchup: str, max_catchup: int) -> list[Decision]:
-    fire = {"skip": 0, "latest": 1, "all": max_catchup}[catchup]
-    reason = SKIPPED_CATCHUP_LIMIT if catchup == "all" else SKIPPED_CATCHUP
-    # The newest ones fire: after a long outage, the recent ones matter most
-    # (and "latest" is "all" with a bound of one).
-    cut = max(len(missed) - fire, 0)
-    return [Decision(t, reason) for t in missed[:cut]] + [Decision(t, None) for t in missed[cut:]]
+def _decide(
+    due: list[datetime], on_time_from: datetime, catchup: str, max_catchup: int
+) -> list[Decision]:
+    """Which of the occurrences due at once (oldest first) run; see the module's
+    docstring."""
+    if not due:
+        return []
+    if catchup == "all":
+        missed = [t for t in due if t < on_time_from]
+        on_time = [t for t in due if t >= on_time_from]
+        # The newest missed ones fire: after a long outage the recent ones matter most.
+        cut = max(len(missed) - max_catchup, 0)
+        return [Decision(t, SKIPPED_CATCHUP_LIMIT) for t in missed[:cut]] + [
+            Decision(t, None) for t in missed[cut:] + on_time
+        ]
+    *older, newest = due
+    runs = catchup == "latest" or newest >= on_time_from
+    skipped = [Decision(t, SKIPPED_CATCHUP) for t in older]
+    return [*skipped, Decision(newest, None if runs else SKIPPED_CATCHUP)]
 
 
 @dataclass(frozen=True)
@@ -174,10 +204,10 @@ async def fire_due(
     # missed ones the ledger keeps.
     window = keep_fires + max_catchup + math.ceil(grace) + 2
     enqueued = 0
+    failed: list[str] = []
     while True:
-        failed = False
         async with pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(SCHEDULE_CLAIM_DUE, {"limit": batch})
+            cur = await conn.execute(SCHEDULE_CLAIM_DUE, {"limit": batch, "failed": failed})
             rows = [_Due(*row) for row in await cur.fetchall()]
             fired: list[str] = []
             for due in rows:
@@ -187,13 +217,8 @@ async def fire_due(
                 except Exception as exc:
                     if is_transient_db_error(exc):
                         raise
-                    # Left due; the next round tries again, and says so again.
-                    log.error(
-                        "relay.schedule_failed",
-                        exc_info=True,
-                        extra={"schedule": due.name},
-                    )
-                    failed = True
+                    await _back_off(conn, due, exc)
+                    failed.append(due.name)
                     continue
                 enqueued += count
                 fired.append(due.name)
@@ -202,9 +227,33 @@ async def fire_due(
                     SCHEDULE_FIRE_PRUNE,
                     {"names": fired, "keep": keep_fires, "limit": PRUNE_BATCH},
                 )
-        # A failed schedule stays due: going round again now would only fail again.
-        if len(rows) < batch or failed:
+        # A failed schedule now waits out its backoff, and this round passes it by
+        # anyway: a full batch of failing ones holds back none due after them.
+        if len(rows) < batch:
             return enqueued
+
+
+async def _back_off(conn: AsyncConnection, due: _Due, exc: Exception) -> None:
+    """Say on the schedule and in the log why its firing failed, and when it will be
+    tried again."""
+    error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH]
+    cur = await conn.execute(
+        SCHEDULE_FAILED,
+        {"name": due.name, "error": error, "base": FAILURE_BACKOFF, "cap": FAILURE_BACKOFF_CAP},
+    )
+    row = await cur.fetchone()
+    failures, retry_at = row if row else (None, None)
+    log.error(
+        "relay.schedule_failed",
+        exc_info=exc,
+        extra={
+            "schedule": due.name,
+            "error": error,
+            "failures": failures,
+            "retry_at": retry_at.isoformat() if retry_at else None,
+            "why": "its firing raised; the schedule waits, the others go on",
+        },
+    )
 
 
 async def seconds_until_due(pool: AsyncConnectionPool[AsyncConnection]) -> float | None:
@@ -244,7 +293,8 @@ async def _fire(
         job_id = None
         if decision.skip_reason is None:
             job = due.template.job(due.dedup_key(decision.at))
-            job_id, jobs[decision.at] = to_row(job, NO_PAYLOAD_LIMIT)
+            job_id, row = to_row(job, NO_PAYLOAD_LIMIT)
+            jobs[decision.at] = _with_occurrence(row, decision.at)
         fires.append(
             {
                 "scheduled_for": decision.at.isoformat(),
@@ -264,6 +314,12 @@ async def _fire(
         {"name": due.name, "next_fire_at": plan.next_fire_at, "last_fire_at": last},
     )
     return len(ours)
+
+
+def _with_occurrence(row: str, at: datetime) -> str:
+    """The job's row (a JSON object, from to_row) with the occurrence it is for:
+    job.scheduled_for. Spliced in, as to_row splices the payload."""
+    return f'{row[:-1]},"scheduled_for":{json.dumps(at.astimezone(UTC).isoformat())}}}'
 
 
 async def _record(

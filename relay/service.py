@@ -57,7 +57,7 @@ from relay.maintenance import (
     wake_refused,
 )
 from relay.presence import announce, forget, make_relay_id
-from relay.retention import delete_finished
+from relay.retention import delete_finished, delete_old_effects
 from relay.schedules import fire_due, seconds_until_due
 from relay.settings import RelaySettings
 from relay.wake import WakeLimits, due_queues, wake_queue
@@ -402,6 +402,10 @@ class Relay:
     async def _retention(self) -> None:
         s = self.settings
         await delete_finished(self.pool, keep_seconds=s.keep_finished, batch=s.retention_batch)
+        if s.keep_effects is not None:
+            await delete_old_effects(
+                self.pool, keep_seconds=s.keep_effects, batch=s.retention_batch
+            )
 
     async def _report(self) -> None:
         while True:

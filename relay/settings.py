@@ -75,6 +75,10 @@ class RelaySettings:
     keep_finished: float = 7 * 24 * 3600.0
     retention_interval: float = 30.0
     retention_batch: int = 1000
+    # Effect keys (tx.once) marked longer ago than this many seconds are deleted;
+    # None: kept for ever. A key forgotten lets a later job with it do the effect
+    # again, so it must outlive the jobs (keep_finished).
+    keep_effects: float | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -107,6 +111,13 @@ class RelaySettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.keep_effects is not None and self.keep_effects <= 0:
+            raise ConfigError("keep_effects must be positive (or unset, for ever)")
+        if self.keep_effects is not None and self.keep_effects < self.keep_finished:
+            raise ConfigError(
+                "keep_effects must be at least keep_finished: an effect key must outlive "
+                "the job that marked it"
+            )
         if self.window is not None and self.window < 1:
             raise ConfigError("window must be at least 1 (or unset, for automatic)")
         if self.heartbeat_interval > 10:

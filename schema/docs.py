@@ -90,6 +90,7 @@ NOTES: Final[dict[str, str]] = {
     "TENANT_LIMIT_SET": "create or change a tenant's limits",
     "TENANT_LIMITS": "list the tenants' limits and usage",
     "TENANT_USAGE_LOCK": "lock every tenant's usage row, for the reconciler",
+    "TENANT_USAGE_DRIFTED": "find, without locking, the tenants whose count of held slots drifted",
     "TENANT_USAGE_RECONCILE": "set each tenant's count of held slots to the leases holding one",
     "TENANT_USAGE_REFRESH": "count each limited tenant's waiting jobs, and its drain rate",
     # worker
@@ -115,6 +116,7 @@ NOTES: Final[dict[str, str]] = {
     "SCHEDULE_FIRE_RECORD_MANY": "record a schedule's occurrences, each once",
     "SCHEDULE_FIRE_SET_JOB": "point an occurrence at the job that already had its dedup key",
     "SCHEDULE_ADVANCE": "move a schedule past the occurrences just decided",
+    "SCHEDULE_FAILED": "record a schedule's failure and back it off, so it holds back no other",
     "SCHEDULE_FIRE_PRUNE": "delete the oldest ledger rows beyond those kept",
     "SCHEDULE_TEMPLATE": "read a schedule's job template, for a manual trigger",
     # control
@@ -122,6 +124,7 @@ NOTES: Final[dict[str, str]] = {
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",
     "QUEUES_PAUSED": "list the paused queues",
+    "EFFECT_RETENTION_DELETE": "delete a batch of effect keys older than relay --keep-effects",
     "JOB_EXPLAIN": "read everything 'why is my job waiting?' needs about one job",
     "JOB_EXPLAIN_BACKLOG": "estimate the queue in front of a waiting job",
     # dashboard

@@ -30,14 +30,16 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision)
+        delay_seconds double precision, scheduled_for timestamptz)
 ), inserted AS (
     INSERT INTO jobs AS j
-        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after)
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0)))
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
+           scheduled_for
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
@@ -258,7 +260,7 @@ WITH types AS (
     FROM admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
 )
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
@@ -272,7 +274,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -284,7 +286,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at
+       lease_generation, created_at, scheduled_for
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -718,7 +720,7 @@ WHERE q.queue IS NOT NULL
 -- name: OUTBOX_WAKE_QUEUE
 -- Run by relay.wake:wake_queue to choose which of a queue's due wake-ups to send now,
 -- and mark them sent.
--- Built with UNTAKEN, LIVE_WORKER, PENDING_TENANTS.
+-- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
@@ -742,96 +744,193 @@ WITH RECURSIVE gate AS (
                       WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
                    + (SELECT count(*) FROM settled)::int))
            END AS n
-), tenants AS (
-    (SELECT o.tenant FROM outbox AS o
-     WHERE o.queue = %(queue)s AND o.sent_at IS NULL ORDER BY o.tenant LIMIT 1)
-    UNION ALL
-    SELECT (SELECT o.tenant FROM outbox AS o
-            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > t.tenant
-            ORDER BY o.tenant LIMIT 1)
-    FROM tenants AS t WHERE t.tenant IS NOT NULL
 ), clock AS (
-    SELECT COALESCE((SELECT vpass FROM fair_shares
-                     WHERE queue = %(queue)s AND tenant = '*'), 0) AS v
-), shares AS (
-    SELECT t.tenant,
+    -- the queue's virtual clock, and whether the last pass that looked saw it paused
+    SELECT COALESCE(max(vpass), 0) AS v, max(held_reason) AS held_reason
+    FROM fair_shares WHERE queue = %(queue)s AND tenant = '*'
+), look AS (
+    SELECT (SELECT ok FROM gate) AS ok,
+           CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
+), looking AS (
+    SELECT l.ok AND ((SELECT n FROM room) > 0
+                     OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
+    FROM look AS l
+), heads AS (
+    -- each tenant with unsent wake-ups and its first one, by a skip scan of
+    -- outbox_pending_idx: one probe per tenant
+    (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+     ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+     LIMIT 1)
+    UNION ALL
+    SELECT nx.tenant, nx.priority, nx.available_at, nx.id
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > h.tenant
+        ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+        LIMIT 1
+    ) AS nx
+), inflight AS (
+    SELECT i.tenant, count(*)::int AS n
+    FROM outbox AS i
+    WHERE (SELECT yes FROM looking) AND i.queue = %(queue)s AND i.sent_at IS NOT NULL
+      AND i.id NOT IN (SELECT id FROM settled)
+    GROUP BY i.tenant
+), shares AS MATERIALIZED (
+    SELECT h.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
            -- A capped tenant's room: its free slots, less its wake-ups in flight in
            -- this queue (those of other queues are theirs to count; the claim holds
            -- the cap exactly whatever the relay sends).
            CASE WHEN l.max_running IS NULL THEN NULL
-                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - (
-                    SELECT count(*) FROM outbox AS i
-                    WHERE i.queue = %(queue)s AND i.tenant = t.tenant
-                      AND i.sent_at IS NOT NULL AND i.id NOT IN (SELECT id FROM settled))::int)
+                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - COALESCE(f.n, 0))
            END AS cap_room,
-           s.held_reason
-    FROM tenants AS t
-    LEFT JOIN tenant_limits AS l ON l.tenant = t.tenant
-    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
-    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = t.tenant
-    WHERE t.tenant IS NOT NULL
-), candidates AS (
-    -- each tenant's best due wake-ups, one more than it could get (to tell that
-    -- something was held back)
-    SELECT c.id, c.job_id, c.priority, c.available_at, sh.tenant, c.k,
-           sh.start + (c.k - 1) / sh.weight AS vstart
-    FROM shares AS sh
+           s.held_reason,
+           -- its first due wake-up (none: nothing of it is due)
+           d.priority, d.available_at, d.id
+    FROM heads AS h
+    LEFT JOIN LATERAL (
+        SELECT h.priority, h.available_at, h.id WHERE h.available_at <= now()
+        UNION ALL
+        (SELECT o.priority, o.available_at, o.id FROM outbox AS o
+         WHERE h.available_at > now() AND o.queue = %(queue)s AND o.tenant = h.tenant
+           AND o.sent_at IS NULL AND o.available_at <= now()
+         ORDER BY o.priority DESC, o.available_at, o.id
+         LIMIT 1)
+        LIMIT 1
+    ) AS d ON true
+    LEFT JOIN tenant_limits AS l ON l.tenant = h.tenant
+    LEFT JOIN tenant_usage AS u ON u.tenant = h.tenant
+    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = h.tenant
+    LEFT JOIN inflight AS f ON f.tenant = h.tenant
+), contenders AS (
+    SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
+    FROM shares AS s
+    WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
+    ORDER BY s.priority DESC, s.start, s.available_at, s.id
+    LIMIT (SELECT n FROM room)
+), level AS (
+    -- the virtual time by which the contenders' shares add up to twice the room
+    SELECT min(priority) AS priority,
+           (2 * (SELECT n FROM room) + sum(start * weight)) / sum(weight) AS v
+    FROM contenders
+), quotas AS (
+    SELECT c.tenant, c.start, c.weight, c.most,
+           -- one whose first wake-up outranks the lowest contender's by priority
+           -- may take the whole room
+           CASE WHEN c.priority > (SELECT priority FROM level) THEN c.most
+                ELSE LEAST(c.most, GREATEST(1, ceil(((SELECT v FROM level) - c.start)
+                                                   * c.weight)))::int
+           END AS quota
+    FROM contenders AS c
+), first_pick AS (
+    -- each contender's first wake-ups, up to its quota, and one more
+    SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
+           q.start + (c.k - 1) / q.weight AS vstart,
+           c.k > q.quota AS spare,
+           q.quota < q.most AS short
+    FROM quotas AS q
     CROSS JOIN LATERAL (
         SELECT o.id, o.job_id, o.priority, o.available_at,
                row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
         FROM outbox AS o
-        WHERE o.queue = %(queue)s AND o.tenant = sh.tenant AND o.sent_at IS NULL
+        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
           AND o.available_at <= now()
         ORDER BY o.priority DESC, o.available_at, o.id
-        LIMIT LEAST((SELECT n FROM room), COALESCE(sh.cap_room, 2147483646)) + 1
+        LIMIT q.quota + 1
     ) AS c
+), first_horizon AS (
+    SELECT -c.priority AS p, c.vstart, c.available_at, c.id
+    FROM first_pick AS c
+    WHERE c.spare AND c.short
+    ORDER BY 1, 2, 3, 4
+    LIMIT 1
+), again AS (
+    -- The quotas cut some tenant short before the room was filled (a tenant's
+    -- wake-ups of a lower priority waited behind another's of a higher one, say):
+    -- fetch again, each contender as many as it could get, which marks no horizon.
+    SELECT EXISTS (SELECT 1 FROM first_horizon)
+           AND (SELECT count(*) FROM first_pick AS c
+                WHERE NOT c.spare
+                  AND (-c.priority, c.vstart, c.available_at, c.id)
+                      < (SELECT p, vstart, available_at, id FROM first_horizon))
+               < (SELECT n FROM room) AS yes
+), candidates AS (
+    SELECT * FROM first_pick WHERE NOT (SELECT yes FROM again)
+    UNION ALL
+    SELECT * FROM (SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
+           q.start + (c.k - 1) / q.weight AS vstart,
+           c.k > q.most AS spare,
+           false AS short
+    FROM quotas AS q
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.job_id, o.priority, o.available_at,
+               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
+        FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
+          AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT q.most + 1
+    ) AS c) AS exact WHERE (SELECT yes FROM again)
+), horizon AS (
+    SELECT -c.priority AS p, c.vstart, c.available_at, c.id
+    FROM candidates AS c
+    WHERE c.spare AND c.short
+    ORDER BY 1, 2, 3, 4
+    LIMIT 1
 ), chosen AS (
     SELECT c.*,
            row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
-    FROM candidates AS c JOIN shares AS sh USING (tenant)
-    WHERE sh.cap_room IS NULL OR c.k <= sh.cap_room
+    FROM candidates AS c
+    WHERE NOT c.spare
+      AND (NOT EXISTS (SELECT 1 FROM horizon)
+           OR (-c.priority, c.vstart, c.available_at, c.id)
+              < (SELECT p, vstart, available_at, id FROM horizon))
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
-    SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL
-    FOR UPDATE SKIP LOCKED
+    SELECT o.id, c.tenant, c.vstart, c.turn
+    FROM chosen AS c JOIN outbox AS o ON o.id = c.id
+    WHERE o.sent_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
 ), sent AS (
     UPDATE outbox AS o SET sent_at = now()
-    FROM marked WHERE o.id = marked.id
-    RETURNING o.id, o.job_id, o.priority
-), verdicts AS (
-    SELECT sh.tenant, sh.weight, sh.cap_room, sh.held_reason,
-           (SELECT max(c.vstart) FROM chosen AS c
-            WHERE c.tenant = sh.tenant AND c.id IN (SELECT id FROM sent)) AS last_vstart,
-           (SELECT count(*) FROM candidates AS c WHERE c.tenant = sh.tenant) AS wanted,
-           (SELECT count(*) FROM chosen AS c WHERE c.tenant = sh.tenant) AS got
-    FROM shares AS sh
+    FROM marked AS m WHERE o.id = m.id
+    RETURNING o.id, o.job_id, o.priority, m.tenant, m.vstart, m.turn
+), tally AS (
+    SELECT c.tenant, count(*) AS wanted, count(*) FILTER (WHERE c.chosen) AS got
+    FROM (SELECT c.tenant, ch.id IS NOT NULL AS chosen
+          FROM candidates AS c LEFT JOIN chosen AS ch USING (id)) AS c
+    GROUP BY c.tenant
+), moved AS (
+    SELECT tenant, max(vstart) AS last_vstart FROM sent GROUP BY tenant
 ), reasons AS (
-    SELECT v.*,
+    SELECT s.tenant, s.weight, s.held_reason, m.last_vstart,
            -- WINDOW: the window had no room, or this tenant got what room there
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
-           -- share) and left it none.
-           CASE WHEN v.got >= v.wanted THEN NULL
+           -- share) and left it none. One that did not contend wanted its first.
+           CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN v.cap_room IS NOT NULL AND v.got >= v.cap_room THEN 'TENANT_CAP'
-                WHEN (SELECT n FROM room) = 0 OR v.got > 0 THEN 'WINDOW'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason
-    FROM verdicts AS v
+    FROM shares AS s LEFT JOIN tally AS t USING (tenant) LEFT JOIN moved AS m USING (tenant)
 ), shared AS (
     INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
     SELECT %(queue)s, r.tenant, COALESCE(r.last_vstart + 1 / r.weight, 0), r.reason,
            CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
     FROM reasons AS r
-    WHERE (SELECT ok FROM gate)
-      AND (r.last_vstart IS NOT NULL OR r.reason IS DISTINCT FROM r.held_reason)
+    WHERE r.last_vstart IS NOT NULL OR r.reason IS DISTINCT FROM r.held_reason
     UNION ALL
-    SELECT %(queue)s, '*', max(c.vstart), NULL, NULL
-    FROM chosen AS c WHERE c.id IN (SELECT id FROM sent)
-    HAVING count(*) > 0
+    SELECT %(queue)s, '*',
+           COALESCE((SELECT max(vstart) FROM sent), 0),
+           l.reason, CASE WHEN l.reason IS NULL THEN NULL ELSE now() END
+    FROM look AS l
+    WHERE (SELECT yes FROM looking)
+      AND (EXISTS (SELECT 1 FROM sent) OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock))
     ON CONFLICT (queue, tenant) DO UPDATE
     SET vpass = GREATEST(f.vpass, EXCLUDED.vpass),
         held_reason = EXCLUDED.held_reason,
@@ -839,11 +938,17 @@ WITH RECURSIVE gate AS (
                           THEN f.held_since ELSE EXCLUDED.held_since END
 )
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
-       c.turn
-FROM sent AS s JOIN chosen AS c USING (id)
+       s.turn
+FROM sent AS s
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
-       EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL), NULL;
+       CASE WHEN (SELECT yes FROM looking)
+            THEN EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
+            ELSE EXISTS (SELECT 1 FROM outbox AS o
+                         WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+                           AND o.available_at <= now())
+       END,
+       NULL;
 
 -- name: OUTBOX_SETTLE
 -- Run by relay.maintenance:sweep_expired to delete the sent wake-ups whose job has been
@@ -963,9 +1068,12 @@ WHERE o.id IN (SELECT i.id FROM outbox AS i
 -- that have a max_queued.
 -- Parameters: tenants.
 SELECT l.tenant, l.max_queued,
-       u.queued + (SELECT count(*) FROM jobs AS j
-                   WHERE j.tenant = l.tenant AND j.state IN ('QUEUED', 'RETRY_WAIT')
-                     AND j.created_at > COALESCE(u.queued_at, '-infinity')) AS waiting,
+       u.queued + (SELECT count(*) FROM (
+                       SELECT 1 FROM jobs AS j
+                       WHERE j.tenant = l.tenant AND j.state IN ('QUEUED', 'RETRY_WAIT')
+                         AND j.created_at > COALESCE(u.queued_at, '-infinity')
+                       ORDER BY j.created_at
+                       LIMIT l.max_queued) AS since) AS waiting,
        u.drain_per_s
 FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
 WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL;
@@ -993,19 +1101,42 @@ SELECT l.tenant, l.max_running, l.weight, l.max_queued,
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant;
 
+-- name: TENANT_USAGE_DRIFTED
+-- Run by relay.maintenance:reconcile_tenant_slots to find, without locking, the tenants
+-- whose count of held slots drifted.
+-- Parameters: limit.
+SELECT u.tenant
+FROM tenant_usage AS u
+LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+           FROM jobs AS j
+           WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.holds_slot
+           GROUP BY j.tenant) AS h USING (tenant)
+WHERE u.running <> COALESCE(h.held, 0)
+ORDER BY u.tenant
+LIMIT %(limit)s;
+
 -- name: TENANT_USAGE_LOCK
 -- Run by relay.maintenance:reconcile_tenant_slots to lock every tenant's usage row, for
 -- the reconciler.
-SELECT tenant FROM tenant_usage ORDER BY tenant FOR NO KEY UPDATE;
+-- Parameters: tenants.
+SELECT tenant FROM tenant_usage
+WHERE tenant = ANY(%(tenants)s::text[])
+ORDER BY tenant
+FOR NO KEY UPDATE;
 
 -- name: TENANT_USAGE_RECONCILE
 -- Run by relay.maintenance:reconcile_tenant_slots to set each tenant's count of held
 -- slots to the leases holding one.
+-- Parameters: tenants.
 WITH actual AS (
-    SELECT u.tenant, u.running AS recorded,
-           (SELECT count(*) FROM jobs AS j
-            WHERE j.tenant = u.tenant AND j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.holds_slot)::int AS held
+    SELECT u.tenant, u.running AS recorded, COALESCE(h.held, 0) AS held
     FROM tenant_usage AS u
+    LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+               FROM jobs AS j
+               WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.holds_slot
+                 AND j.tenant = ANY(%(tenants)s::text[])
+               GROUP BY j.tenant) AS h USING (tenant)
+    WHERE u.tenant = ANY(%(tenants)s::text[])
 )
 UPDATE tenant_usage AS u SET running = a.held
 FROM actual AS a
@@ -1015,24 +1146,36 @@ RETURNING u.tenant, a.recorded, a.held;
 -- name: TENANT_USAGE_REFRESH
 -- Run by relay.maintenance:refresh_tenant_usage to count each limited tenant's waiting
 -- jobs, and its drain rate.
-WITH counted AS MATERIALIZED (
-    SELECT u.tenant,
-           (SELECT count(*) FROM jobs AS j
-            WHERE j.tenant = u.tenant AND j.state IN ('QUEUED', 'RETRY_WAIT'))::int AS waiting,
-           (u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)
-               AS rate
+-- Parameters: tenants.
+WITH due AS (
+    SELECT u.tenant, l.max_queued
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE l.max_queued IS NOT NULL
+    ORDER BY u.queued_at NULLS FIRST, u.tenant
+    LIMIT %(tenants)s
+), counted AS MATERIALIZED (
+    SELECT d.tenant,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs AS j
+                WHERE j.tenant = d.tenant AND j.state IN ('QUEUED', 'RETRY_WAIT')
+                -- in index order, so the scan stops at the limit (a bitmap scan
+                -- would read every entry of the tenant first)
+                ORDER BY j.created_at
+                LIMIT d.max_queued) AS w)::int AS waiting
+    FROM due AS d
+), locked AS MATERIALIZED (
+    SELECT u.tenant FROM tenant_usage AS u
+    WHERE u.tenant IN (SELECT tenant FROM counted)
     ORDER BY u.tenant
-    FOR NO KEY UPDATE OF u
+    FOR NO KEY UPDATE
 )
 UPDATE tenant_usage AS u
 SET queued = c.waiting,
     queued_at = now(),
     claimed_seen = u.claimed,
-    drain_per_s = COALESCE(0.5 * COALESCE(u.drain_per_s, c.rate) + 0.5 * c.rate, u.drain_per_s)
-FROM counted AS c
-WHERE u.tenant = c.tenant;
+    drain_per_s = COALESCE(0.5 * COALESCE(u.drain_per_s, (u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)) + 0.5 * (u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0), u.drain_per_s)
+FROM locked AS k JOIN counted AS c USING (tenant)
+WHERE u.tenant = k.tenant;
 
 
 -- ======================================================================================
@@ -1200,11 +1343,12 @@ RETURNING next_fire_at;
 
 -- name: SCHEDULE_CLAIM_DUE
 -- Run by relay.schedules:fire_due to lock the due schedules this relay fires.
--- Parameters: limit.
+-- Parameters: failed, limit.
 SELECT name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
        max_attempts, catchup, next_fire_at, now() AS db_now
 FROM schedules
-WHERE NOT paused AND next_fire_at <= now()
+WHERE NOT paused AND next_fire_at <= now() AND (retry_at IS NULL OR retry_at <= now())
+  AND name <> ALL(%(failed)s::text[])
 ORDER BY next_fire_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -1212,9 +1356,10 @@ FOR UPDATE SKIP LOCKED;
 -- name: SCHEDULE_NEXT_DUE
 -- Run by relay.schedules:seconds_until_due to say how long until the next occurrence is
 -- due.
-SELECT EXTRACT(EPOCH FROM min(next_fire_at) - now())::float8
-FROM schedules
-WHERE NOT paused;
+SELECT EXTRACT(EPOCH FROM LEAST(
+    (SELECT min(next_fire_at) FROM schedules WHERE NOT paused AND retry_at IS NULL),
+    (SELECT min(GREATEST(next_fire_at, retry_at)) FROM schedules
+     WHERE NOT paused AND retry_at IS NOT NULL)) - now())::float8;
 
 -- name: SCHEDULE_FIRE_RECORD_MANY
 -- Run by relay.schedules:_record to record a schedule's occurrences, each once.
@@ -1241,8 +1386,24 @@ WHERE schedule_name = %(name)s AND scheduled_for = %(scheduled_for)s;
 -- Parameters: last_fire_at, name, next_fire_at.
 UPDATE schedules
 SET next_fire_at = %(next_fire_at)s,
-    last_fire_at = COALESCE(%(last_fire_at)s::timestamptz, last_fire_at)
+    last_fire_at = COALESCE(%(last_fire_at)s::timestamptz, last_fire_at),
+    failures = 0,
+    retry_at = NULL
 WHERE name = %(name)s;
+
+-- name: SCHEDULE_FAILED
+-- Run by relay.schedules:_back_off to record a schedule's failure and back it off, so it
+-- holds back no other.
+-- Parameters: base, cap, error, name.
+UPDATE schedules
+SET failures = failures + 1,
+    last_error = %(error)s,
+    last_error_at = clock_timestamp(),
+    -- from now, not from the start of the relay's transaction, however long it ran
+    retry_at = clock_timestamp() + make_interval(
+        secs => LEAST(%(cap)s, %(base)s * power(2, LEAST(failures, 30))))
+WHERE name = %(name)s
+RETURNING failures, retry_at;
 
 -- name: SCHEDULE_FIRE_PRUNE
 -- Run by relay.schedules:fire_due to delete the oldest ledger rows beyond those kept.
@@ -1551,12 +1712,28 @@ WITH doomed AS (
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), effects AS (
-    DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT job_id FROM doomed))
 ), deleted AS (
     DELETE FROM jobs AS j
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM doomed)) AND j.state IN ('CANCELLED', 'FAILED', 'SUCCEEDED')
     RETURNING j.job_id
+)
+SELECT count(*) FROM deleted;
+
+-- name: EFFECT_RETENTION_DELETE
+-- Run by relay.retention:delete_old_effects to delete a batch of effect keys older than
+-- relay --keep-effects.
+-- Parameters: keep_seconds, limit.
+WITH doomed AS (
+    SELECT e.effect_key
+    FROM job_effects AS e
+    WHERE e.created_at < now() - make_interval(secs => %(keep_seconds)s)
+    ORDER BY e.created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM job_effects AS e
+    WHERE e.effect_key = ANY(ARRAY(SELECT effect_key FROM doomed))
+    RETURNING 1
 )
 SELECT count(*) FROM deleted;
 

@@ -109,6 +109,9 @@ jobs = Table(
     Column("progress", JSONB),
     _ts("progress_at"),
     Column("result", JSONB),
+    # The nominal instant of the schedule occurrence that fired the job (NULL: not
+    # fired by a schedule), so jobs of one schedule can tell their periods apart.
+    _ts("scheduled_for"),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -294,8 +297,9 @@ Index("outbox_job_id_idx", outbox.c.job_id)
 OUTBOX_CHANNEL = "outbox"
 
 # Effects a handler marked done, once per key (see consumers.JobTransaction.once).
-# No foreign key: the record of an effect outlives the job that performed it, until
-# retention deletes the job.
+# No foreign key: the record of an effect outlives the job that performed it (its
+# retention deletes jobs, never effect keys), for as long as `relay --keep-effects`
+# says, by default for ever.
 job_effects = Table(
     "job_effects",
     metadata,
@@ -303,7 +307,8 @@ job_effects = Table(
     Column("job_id", UUID(as_uuid=True), nullable=False),
     _ts("created_at", nullable=False, default=True),
 )
-Index("job_effects_job_id_idx", job_effects.c.job_id)
+# The effects' own retention deletes the oldest first.
+Index("job_effects_created_idx", job_effects.c.created_at)
 
 # ------------------------------------------------------------------ operator state
 
@@ -375,6 +380,9 @@ fair_shares = Table(
     Column("held_reason", Text),
     _ts("held_since"),
     PrimaryKeyConstraint("queue", "tenant", name="fair_shares_pkey"),
+    # Rewritten by nearly every pass of the relay (passes, held reasons); room left
+    # in each page keeps those updates HOT (no index entry per update).
+    postgresql_with={"fillfactor": "50"},
 )
 
 # Live consumers, kept fresh by their heartbeats; the relay deletes stale rows.
@@ -498,6 +506,12 @@ schedules = Table(
     Column("next_fire_at", DateTime(timezone=True), nullable=False),
     # The nominal instant of the latest occurrence decided, fired or skipped.
     Column("last_fire_at", DateTime(timezone=True)),
+    # Firings that failed in a row (0: the last one worked), the last failure and
+    # when it was; a failing schedule is not looked at again before retry_at.
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+    Column("last_error_at", DateTime(timezone=True)),
+    Column("retry_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     # A definition's changes only; firing moves next_fire_at and last_fire_at alone.
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),

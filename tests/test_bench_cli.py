@@ -23,6 +23,7 @@ from tests.conftest import ROOT
         "bench.fairness",
         "bench.priority",
         "bench.tenants_cost",
+        "bench.tenants_scale",
         "bench.notify",
         "bench.scale",
         "bench.latency",

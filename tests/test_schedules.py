@@ -5,6 +5,7 @@ after downtime, retention, and bad input refused with nothing written."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -18,13 +19,16 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+import consumers
 import outbox
+from consumers import Registry
 from outbox.recurrence import recurrence
 from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.db import make_pool
 from relay.schedules import Decision, fire_due, plan_fires
 from schema.topology import Topology
 from tests.support import inproc
+from tests.support.inproc import consumer_running
 from tests.support.processes import running, service_env
 
 SECOND = timedelta(seconds=1)
@@ -179,7 +183,7 @@ async def test_pause_stops_firing_and_resume_does_not_backfill(
 async def test_unschedule_deletes_the_schedule_and_its_ledger_not_its_jobs(
     engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
 ) -> None:
-    schedule(engine, every=SECOND)
+    schedule(engine, every=SECOND, catchup="all")
     move_next_fire(pg, "s", floor_to(db_now(pg), SECOND) - timedelta(seconds=3))
     assert await fire_due(pool) >= 3
     with Session(engine) as session, session.begin():
@@ -252,7 +256,7 @@ def test_bad_input_is_refused_and_nothing_written(
 async def test_fire_due_enqueues_each_occurrence_once_with_its_delay(
     engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
 ) -> None:
-    schedule(engine, every=SECOND, queue="ticks", priority=2, max_attempts=3)
+    schedule(engine, every=SECOND, queue="ticks", priority=2, max_attempts=3, catchup="all")
     start = floor_to(db_now(pg), SECOND) - timedelta(seconds=20)
     move_next_fire(pg, "s", start)
     fired = await fire_due(pool)
@@ -280,7 +284,7 @@ async def test_the_ledger_refuses_an_occurrence_fired_before(
     """Whatever sends the walk back over fired occurrences (a stale read, a rule
     changed under a relay's feet), the ledger's primary key lets none fire twice,
     even once retention has deleted their jobs (and with them the dedup keys)."""
-    schedule(engine, every=SECOND)
+    schedule(engine, every=SECOND, catchup="all")
     start = floor_to(db_now(pg), SECOND) - timedelta(seconds=5)
     move_next_fire(pg, "s", start)
     await fire_due(pool)
@@ -301,7 +305,7 @@ async def test_the_ledger_refuses_an_occurrence_fired_before(
     ("catchup", "max_catchup", "missed_fired", "reason"),
     [
         ("skip", 10, 0, "catchup"),
-        ("latest", 10, 1, "catchup"),
+        ("latest", 10, 0, "catchup"),
         ("all", 3, 3, "catchup_limit"),
         ("all", 50, 50, "catchup_limit"),
     ],
@@ -315,8 +319,9 @@ async def test_catchup_after_downtime(
     missed_fired: int,
     reason: str,
 ) -> None:
-    """Every minute; no relay ran for ten minutes. The ones older than the grace
-    (60 s) were missed, and catchup decides which of them run; the on-time one runs."""
+    """Every minute; no relay ran for ten minutes. The newest occurrence is on time
+    (within the grace of 60 s) and runs; of the older ones, "all" runs the newest
+    max_catchup, "skip" and "latest" none (the newest is theirs)."""
     minute = timedelta(minutes=1)
     schedule(engine, every=minute, catchup=catchup)
     start = floor_to(db_now(pg), minute) - timedelta(minutes=10)
@@ -337,10 +342,105 @@ async def test_catchup_after_downtime(
     assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == len(enqueued)  # type: ignore[index]
 
 
+@pytest.mark.parametrize("catchup", ["skip", "latest"])
+async def test_after_any_gap_skip_and_latest_enqueue_one_job(
+    engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection], catchup: str
+) -> None:
+    """Every 5 seconds, three hours without a relay: one job, for the newest
+    occurrence (it used to be 13 for "skip" and 14 for "latest": every occurrence of
+    the last 60 s counted as on time). The rest are recorded skipped."""
+    step = timedelta(seconds=5)
+    schedule(engine, every=step, catchup=catchup)
+    move_next_fire(pg, "s", floor_to(db_now(pg), step) - timedelta(hours=3))
+    assert await fire_due(pool) == 1
+    fires = ledger(pg)
+    enqueued = [f for f in fires if f["outcome"] == "enqueued"]
+    assert [f["scheduled_for"] for f in enqueued] == [fires[-1]["scheduled_for"]]
+    assert enqueued[0]["delay_seconds"] < 5 + 1
+    assert {f["skip_reason"] for f in fires[:-1]} == {"catchup"}
+    jobs = pg.execute("SELECT job_id, scheduled_for FROM jobs").fetchall()
+    assert jobs == [(enqueued[0]["job_id"], enqueued[0]["scheduled_for"])]
+    # Handled again at once: nothing more is due, nothing more runs.
+    assert await fire_due(pool) == 0
+
+
+@pytest.mark.parametrize(
+    ("catchup", "late", "runs"),
+    [
+        # the relay is back 30 s after the hour: the hour runs, the one before not
+        ("skip", 30, ["hour"]),
+        ("latest", 30, ["hour"]),
+        ("all", 30, ["hour before", "hour"]),
+        # 5 s inside and outside the 60 s grace
+        ("skip", 55, ["hour"]),
+        ("skip", 65, []),
+        ("latest", 65, ["hour"]),
+        ("all", 65, ["hour before", "hour"]),
+    ],
+)
+async def test_an_hourly_schedule_back_after_an_hour_by_the_database_clock(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    catchup: str,
+    late: int,
+    runs: list[str],
+) -> None:
+    """An hourly cron entry whose hour fell `late` seconds ago by the database's
+    clock, and whose relay was away since before the hour before."""
+    hour = floor_to(db_now(pg), SECOND) - timedelta(seconds=late)
+    cron = f"{hour.second} {hour.minute} * * * *"  # seconds first: hourly at mm:ss
+    schedule(engine, cron=cron, catchup=catchup)
+    move_next_fire(pg, "s", hour - timedelta(hours=1))
+    await fire_due(pool)
+    names = {hour - timedelta(hours=1): "hour before", hour: "hour"}
+    fires = ledger(pg)
+    assert [names[f["scheduled_for"]] for f in fires] == ["hour before", "hour"]
+    assert [names[f["scheduled_for"]] for f in fires if f["outcome"] == "enqueued"] == runs
+    assert row(pg, "s")["next_fire_at"] == hour + timedelta(hours=1)
+
+
+def test_the_catchup_rules_at_their_boundaries() -> None:
+    """The pure plan, to the microsecond: 14:00 and 15:00 due, handled at `now`."""
+    hourly = recurrence(None, timedelta(hours=1), "UTC")
+    two, three = (datetime(2026, 5, 1, h, tzinfo=UTC) for h in (14, 15))
+
+    def runs(catchup: str, now: datetime, start: datetime = two) -> list[datetime]:
+        plan = plan_fires(hourly, start, now, catchup=catchup, max_catchup=10, grace=60, window=100)
+        return [d.at for d in plan.decisions if d.skip_reason is None]
+
+    at_grace = three + timedelta(seconds=60)
+    past_grace = at_grace + timedelta(microseconds=1)
+    assert runs("skip", at_grace) == [three], "60 s late is on time"
+    assert runs("skip", past_grace) == [], "60 s and a microsecond is missed"
+    assert runs("latest", past_grace) == [three]
+    assert runs("all", past_grace) == [two, three]
+    assert runs("all", at_grace) == [two, three]
+    # No gap: the one due occurrence runs, whatever the mode.
+    for catchup in ("skip", "latest", "all"):
+        assert runs(catchup, three, start=three) == [three]
+        assert runs(catchup, three - timedelta(microseconds=1), start=three) == []
+    # Several due within the grace, after a 30 s gap: one runs, not seven.
+    every5 = recurrence(None, timedelta(seconds=5), "UTC")
+    half = three + timedelta(seconds=30)
+    for catchup in ("skip", "latest"):
+        plan = plan_fires(
+            every5, three, half, catchup=catchup, max_catchup=10, grace=60, window=100
+        )
+        assert [d.at for d in plan.decisions if d.skip_reason is None] == [half]
+        assert len(plan.decisions) == 7
+    plan = plan_fires(every5, three, half, catchup="all", max_catchup=10, grace=60, window=100)
+    assert all(d.skip_reason is None for d in plan.decisions) and len(plan.decisions) == 7
+    # A day behind, "latest" runs the newest however late, "skip" none.
+    day = three + timedelta(days=1, minutes=30)
+    assert runs("latest", day) == [datetime(2026, 5, 2, 15, tzinfo=UTC)]
+    assert runs("skip", day) == []
+
+
 async def test_retention_keeps_the_newest_fires(
     engine: Engine, pg: psycopg.Connection, pool: AsyncConnectionPool[AsyncConnection]
 ) -> None:
-    schedule(engine, every=SECOND)
+    schedule(engine, every=SECOND, catchup="all")
     start = floor_to(db_now(pg), SECOND) - timedelta(seconds=30)
     move_next_fire(pg, "s", start)
     fired = await fire_due(pool, keep_fires=5)
@@ -392,9 +492,8 @@ def test_the_walk_crosses_dst_as_next_after_does() -> None:
     )  # fmt: skip
     hours = [datetime(2026, 11, 1, h, tzinfo=UTC) for h in (4, 5, 6, 7, 8)]
     assert plan.decisions == [
-        *(Decision(h, "catchup") for h in hours[:3]),
-        Decision(hours[3], None),  # the newest missed: 02:00 EST
-        Decision(hours[4], None),  # on time
+        *(Decision(h, "catchup") for h in hours[:4]),  # 00:00 EDT to 02:00 EST
+        Decision(hours[4], None),  # the newest: 03:00 EST, on time
     ]
 
 
@@ -408,7 +507,8 @@ async def test_two_relays_fire_every_second_exactly_once(
     amqp_url: AmqpUrl,
     topology: Topology,
 ) -> None:
-    schedule(engine, every=SECOND)
+    # "all": a relay late by a second under load must still fire both occurrences
+    schedule(engine, every=SECOND, catchup="all")
     fast = {"schedule_interval": 0.05, "rewake_interval": 30.0}
     async with (
         inproc.relay_running(db_url, amqp_url, topology, **fast),
@@ -449,7 +549,8 @@ async def test_a_relay_killed_mid_fire_loses_no_occurrence(
     amqp_url: AmqpUrl,
     topology: Topology,
 ) -> None:
-    schedule(engine, every=SECOND)
+    # "all": the occurrences due while no relay ran fire too, each once
+    schedule(engine, every=SECOND, catchup="all")
     env = service_env(db_url, amqp_url, topology)
     args = ["--schedule-interval", "0.1"]
     blocked_fire = (
@@ -533,3 +634,112 @@ async def test_trigger_enqueues_the_template_now_and_leaves_the_timetable(
     assert pg.execute("SELECT count(*) FROM outbox WHERE job_id = %s", (job_id,)).fetchone() == (1,)
     assert pg.execute("SELECT count(*) FROM schedule_fires").fetchone() == (0,)
     assert pg.execute("SELECT next_fire_at, paused FROM schedules").fetchone() == (next_fire, True)
+
+
+# ------------------------------------------------------- which occurrence a job is
+
+
+async def test_a_job_knows_the_occurrence_that_fired_it(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """catchup="all" after five missed seconds: five jobs of one schedule, each told
+    its own nominal instant (job.scheduled_for, aware, UTC), as the ledger has it;
+    a job enqueued by hand, or triggered off the timetable, has none."""
+    registry = Registry()
+
+    @registry.handler("tick")
+    async def tick(j: consumers.Job) -> dict[str, Any]:
+        at = j.scheduled_for
+        return {"at": None if at is None else at.isoformat(), "aware": bool(at and at.tzinfo)}
+
+    schedule(engine, every=SECOND, catchup="all")
+    move_next_fire(pg, "s", floor_to(db_now(pg), SECOND) - timedelta(seconds=5))
+    fired = await fire_due(pool)
+    with Session(engine) as session, session.begin():
+        outbox.pause_schedule(session, "s")  # the relay below fires no more
+        by_hand = outbox.enqueue(session, "tick", {})
+        triggered = outbox.trigger_schedule(session, "s")
+    async with (
+        consumer_running(db_url, amqp_url, topology, registry),
+        inproc.relay_running(db_url, amqp_url, topology),
+    ):
+        await wait_for(
+                lambda: pg.execute("SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'")
+                .fetchone()[0] == fired + 2,  # type: ignore[index]
+                "every job to run",
+            )  # fmt: skip
+    results = dict(pg.execute("SELECT job_id, result FROM jobs").fetchall())
+    fires = [f for f in ledger(pg) if f["outcome"] == "enqueued"]
+    assert len(fires) == fired >= 5
+    for f in fires:
+        expected = f["scheduled_for"].astimezone(UTC).isoformat()
+        assert results[f["job_id"]] == {"at": expected, "aware": True}
+    assert len({results[f["job_id"]]["at"] for f in fires}) == len(fires), "each its own"
+    assert results[by_hand] == {"at": None, "aware": False}
+    assert results[triggered] == {"at": None, "aware": False}
+
+
+# --------------------------------------------------------- schedules that fail
+
+
+def _failing(pg: psycopg.Connection, count: int, since: datetime) -> None:
+    """Schedules that fail at every firing, from before `since`: their zone is not
+    one (as after a tzdata upgrade dropped it; the API refuses to write one)."""
+    pg.execute(
+        "INSERT INTO schedules (name, job_type, cron, timezone, next_fire_at)"
+        " SELECT 'bad-' || g, 'tick', '* * * * *', 'Mars/Olympus_Mons', %s - g * interval '1 s'"
+        " FROM generate_series(1, %s) AS g",
+        [since, count],
+    )
+
+
+async def test_schedules_that_keep_failing_hold_back_none_of_the_others(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """100 schedules that fail, all due before a good one, and a batch of 100: the
+    good one fires in the same round. Each failing one says why on its row and once
+    in the log, and waits out a backoff that doubles, instead of being tried (and
+    blocking the batch) again at once. They used to fill every batch for ever."""
+    schedule(engine, "good", every=SECOND)
+    due = floor_to(db_now(pg), SECOND) - timedelta(seconds=2)
+    move_next_fire(pg, "good", due)
+    _failing(pg, 100, due)
+    with caplog.at_level(logging.ERROR, logger="relay"):
+        fired = await fire_due(pool, batch=100)
+    assert fired == 1 and ledger(pg, "good")[-1]["outcome"] == "enqueued"
+    failed = [r for r in caplog.records if r.message == "relay.schedule_failed"]
+    assert len(failed) == 100, "each failing schedule said so once"
+    bad = row(pg, "bad-1")
+    assert bad["failures"] == 1 and "Mars/Olympus_Mons" in bad["last_error"]
+    assert bad["last_error_at"] <= db_now(pg) < bad["retry_at"]
+    assert bad["next_fire_at"] < due, "it stays due: nothing of it was skipped"
+    assert ledger(pg, "bad-1") == []
+
+    # Handled again at once: the failing ones wait out their backoff.
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="relay"):
+        await fire_due(pool, batch=100)
+    assert [r for r in caplog.records if r.message == "relay.schedule_failed"] == []
+    # Once it is over, a schedule that still fails backs off twice as long.
+    pg.execute("UPDATE schedules SET retry_at = now() WHERE name = 'bad-1'")
+    await fire_due(pool, batch=100)
+    again = row(pg, "bad-1")
+    assert again["failures"] == 2
+    first_wait = (bad["retry_at"] - bad["last_error_at"]).total_seconds()
+    second_wait = (again["retry_at"] - again["last_error_at"]).total_seconds()
+    assert second_wait == pytest.approx(2 * first_wait)
+    # Mended, it fires at its next turn and forgets the count (not the last error).
+    pg.execute("UPDATE schedules SET timezone = 'UTC', retry_at = now() WHERE name = 'bad-1'")
+    await fire_due(pool, batch=100)
+    mended = row(pg, "bad-1")
+    assert (mended["failures"], mended["retry_at"]) == (0, None)
+    assert mended["last_error"] == again["last_error"]
+    assert [f["outcome"] for f in ledger(pg, "bad-1")][-1] == "enqueued"

@@ -288,13 +288,14 @@ FROM drained AS d
 """
 
 # Retention: a batch of jobs finished longer ago than keep_seconds, oldest first
-# (jobs_finished_idx), with their effect keys (job_effects has no foreign key: an
-# effect's record outlives its job until now); attempts, wake-ups and replays go by
-# ON DELETE CASCADE. A row another transaction holds (an operator replaying it) is
-# skipped, and the state is checked again on the locked row, so a job replayed
-# meanwhile is never deleted. Deleting the job frees its dedup key. The deletes take
-# the batch as an array, so each is a key lookup per id whatever the batch size
-# (joined, a generic plan could scan all of job_effects or jobs).
+# (jobs_finished_idx); attempts, wake-ups and replays go by ON DELETE CASCADE. Effect
+# keys stay (EFFECT_RETENTION_DELETE is theirs): a key must outlive the job that
+# marked it, or a later job with the same key would do the effect again. A row
+# another transaction holds (an operator replaying it) is skipped, and the state is
+# checked again on the locked row, so a job replayed meanwhile is never deleted.
+# Deleting the job frees its dedup key. The delete takes the batch as an array, so
+# it is a key lookup per id whatever the batch size (joined, a generic plan could
+# scan all of jobs).
 JOB_RETENTION_DELETE: Final = f"""
 WITH doomed AS (
     SELECT j.job_id
@@ -304,12 +305,30 @@ WITH doomed AS (
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), effects AS (
-    DELETE FROM job_effects WHERE job_id = ANY(ARRAY(SELECT job_id FROM doomed))
 ), deleted AS (
     DELETE FROM jobs AS j
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM doomed)) AND j.state IN ({TERMINAL_SQL})
     RETURNING j.job_id
+)
+SELECT count(*) FROM deleted
+"""
+
+# The effect keys' own retention (relay --keep-effects; by default none): a batch of
+# keys marked longer ago than keep_seconds, oldest first (job_effects_created_idx),
+# whether or not their job is still there. A key a handler is marking again right
+# now is skipped.
+EFFECT_RETENTION_DELETE: Final = """
+WITH doomed AS (
+    SELECT e.effect_key
+    FROM job_effects AS e
+    WHERE e.created_at < now() - make_interval(secs => %(keep_seconds)s)
+    ORDER BY e.created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM job_effects AS e
+    WHERE e.effect_key = ANY(ARRAY(SELECT effect_key FROM doomed))
+    RETURNING 1
 )
 SELECT count(*) FROM deleted
 """

@@ -8,7 +8,8 @@ from typing import Final
 from schema.queries.fragments import FENCE
 from schema.tables import CLAIMABLE_SQL
 
-# Inserts a batch of jobs and their wake-ups in one statement. A job whose
+# Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
+# only by the relay, for a schedule's occurrence). A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
 # caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
 # notifies the relay when the caller's transaction commits.
@@ -18,14 +19,16 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision)
+        delay_seconds double precision, scheduled_for timestamptz)
 ), inserted AS (
     INSERT INTO jobs AS j
-        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after)
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0)))
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
+           scheduled_for
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
+from schema.queries.fragments import LIVE_WORKER, UNTAKEN
 from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type: woken when one announces it
@@ -102,6 +102,39 @@ WHERE q.queue IS NOT NULL
               WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now())
 """
 
+
+# Pieces of the decision below.
+def _fetch(limit: str, short: str) -> str:
+    """Each contender's (``quotas AS q``) first due wake-ups in its own order, at most
+    ``limit`` and one more (the spare, fetched to tell that more waits), with each
+    one's virtual start; ``short``: whether a spare marks a horizon (the limit was
+    a quota, short of what the tenant could get)."""
+    return f"""SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
+           q.start + (c.k - 1) / q.weight AS vstart,
+           c.k > {limit} AS spare,
+           {short} AS short
+    FROM quotas AS q
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.job_id, o.priority, o.available_at,
+               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
+        FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = q.tenant AND o.sent_at IS NULL
+          AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT {limit} + 1
+    ) AS c"""
+
+
+def _horizon(candidates: str) -> str:
+    """The earliest spare of a tenant cut short by its quota, in the decision's
+    order: every wake-up before it was fetched."""
+    return f"""SELECT -c.priority AS p, c.vstart, c.available_at, c.id
+    FROM {candidates} AS c
+    WHERE c.spare AND c.short
+    ORDER BY 1, 2, 3, 4
+    LIMIT 1"""
+
+
 # The relay's one decision: which of a queue's due wake-ups to send now. In the
 # relay's transaction, under a per-queue advisory lock (another relay skips the
 # queue meanwhile), in one statement:
@@ -119,6 +152,28 @@ WHERE q.queue IS NOT NULL
 # 4. mark the chosen ones sent (the caller publishes them before it commits), move
 #    the passes and the clock on, and note per tenant why wake-ups were held back
 #    (QUEUE_PAUSED, TENANT_CAP, WINDOW, FAIR_SHARE), only when that changed.
+#
+# What a pass reads is bounded by the room it fills, plus one index probe per
+# tenant with a backlog:
+#
+# - with no room (a full window, an ongoing pause) or without the lock it reads no
+#   tenant at all. The tenants' reasons stay as the last pass with room left them,
+#   except that the start and the end of a pause are noted for every tenant (the
+#   clock row remembers whether the queue was paused, to tell);
+# - one probe per tenant finds its first due wake-up (the skip scan returns each
+#   tenant's first unsent one, which is it unless that one is not due yet), and the
+#   in-flight wake-ups are counted per tenant once;
+# - only the tenants whose first due wake-up would go first can be sent anything:
+#   a tenant's first wake-up goes before its others, so `room` tenants whose first
+#   ones go before a tenant's first leave it nothing. At most `room` tenants
+#   contend, and each fetches only about its share of the room (its quota: the
+#   room spread by weight from the tenants' virtual starts, twice over), plus one
+#   to tell that more waits. A tenant cut short by its quota marks a horizon:
+#   every wake-up before its first unfetched one was fetched, so choosing only
+#   wake-ups before the earliest such horizon sends exactly the first ones in the
+#   order above, never one out of turn. When the horizon leaves room unfilled
+#   (quotas guess wrong when priorities are mixed), the contenders are fetched
+#   again, each as many as it could get: exact, and dearer, so only then.
 #
 # Returns the sent wake-ups with their turn (1 goes first: the order above, which
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
@@ -147,88 +202,159 @@ WITH RECURSIVE gate AS (
                       WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
                    + (SELECT count(*) FROM settled)::int))
            END AS n
-), {PENDING_TENANTS}, clock AS (
-    SELECT COALESCE((SELECT vpass FROM fair_shares
-                     WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'), 0) AS v
-), shares AS (
-    SELECT t.tenant,
+), clock AS (
+    -- the queue's virtual clock, and whether the last pass that looked saw it paused
+    SELECT COALESCE(max(vpass), 0) AS v, max(held_reason) AS held_reason
+    FROM fair_shares WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'
+), look AS (
+    SELECT (SELECT ok FROM gate) AS ok,
+           CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
+), looking AS (
+    SELECT l.ok AND ((SELECT n FROM room) > 0
+                     OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
+    FROM look AS l
+), heads AS (
+    -- each tenant with unsent wake-ups and its first one, by a skip scan of
+    -- outbox_pending_idx: one probe per tenant
+    (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+     ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+     LIMIT 1)
+    UNION ALL
+    SELECT nx.tenant, nx.priority, nx.available_at, nx.id
+    FROM heads AS h
+    CROSS JOIN LATERAL (
+        SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > h.tenant
+        ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+        LIMIT 1
+    ) AS nx
+), inflight AS (
+    SELECT i.tenant, count(*)::int AS n
+    FROM outbox AS i
+    WHERE (SELECT yes FROM looking) AND i.queue = %(queue)s AND i.sent_at IS NOT NULL
+      AND i.id NOT IN (SELECT id FROM settled)
+    GROUP BY i.tenant
+), shares AS MATERIALIZED (
+    SELECT h.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
            -- A capped tenant's room: its free slots, less its wake-ups in flight in
            -- this queue (those of other queues are theirs to count; the claim holds
            -- the cap exactly whatever the relay sends).
            CASE WHEN l.max_running IS NULL THEN NULL
-                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - (
-                    SELECT count(*) FROM outbox AS i
-                    WHERE i.queue = %(queue)s AND i.tenant = t.tenant
-                      AND i.sent_at IS NOT NULL AND i.id NOT IN (SELECT id FROM settled))::int)
+                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - COALESCE(f.n, 0))
            END AS cap_room,
-           s.held_reason
-    FROM tenants AS t
-    LEFT JOIN tenant_limits AS l ON l.tenant = t.tenant
-    LEFT JOIN tenant_usage AS u ON u.tenant = t.tenant
-    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = t.tenant
-    WHERE t.tenant IS NOT NULL
+           s.held_reason,
+           -- its first due wake-up (none: nothing of it is due)
+           d.priority, d.available_at, d.id
+    FROM heads AS h
+    LEFT JOIN LATERAL (
+        SELECT h.priority, h.available_at, h.id WHERE h.available_at <= now()
+        UNION ALL
+        (SELECT o.priority, o.available_at, o.id FROM outbox AS o
+         WHERE h.available_at > now() AND o.queue = %(queue)s AND o.tenant = h.tenant
+           AND o.sent_at IS NULL AND o.available_at <= now()
+         ORDER BY o.priority DESC, o.available_at, o.id
+         LIMIT 1)
+        LIMIT 1
+    ) AS d ON true
+    LEFT JOIN tenant_limits AS l ON l.tenant = h.tenant
+    LEFT JOIN tenant_usage AS u ON u.tenant = h.tenant
+    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = h.tenant
+    LEFT JOIN inflight AS f ON f.tenant = h.tenant
+), contenders AS (
+    SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
+    FROM shares AS s
+    WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
+    ORDER BY s.priority DESC, s.start, s.available_at, s.id
+    LIMIT (SELECT n FROM room)
+), level AS (
+    -- the virtual time by which the contenders' shares add up to twice the room
+    SELECT min(priority) AS priority,
+           (2 * (SELECT n FROM room) + sum(start * weight)) / sum(weight) AS v
+    FROM contenders
+), quotas AS (
+    SELECT c.tenant, c.start, c.weight, c.most,
+           -- one whose first wake-up outranks the lowest contender's by priority
+           -- may take the whole room
+           CASE WHEN c.priority > (SELECT priority FROM level) THEN c.most
+                ELSE LEAST(c.most, GREATEST(1, ceil(((SELECT v FROM level) - c.start)
+                                                   * c.weight)))::int
+           END AS quota
+    FROM contenders AS c
+), first_pick AS (
+    -- each contender's first wake-ups, up to its quota, and one more
+    {_fetch("q.quota", "q.quota < q.most")}
+), first_horizon AS (
+    {_horizon("first_pick")}
+), again AS (
+    -- The quotas cut some tenant short before the room was filled (a tenant's
+    -- wake-ups of a lower priority waited behind another's of a higher one, say):
+    -- fetch again, each contender as many as it could get, which marks no horizon.
+    SELECT EXISTS (SELECT 1 FROM first_horizon)
+           AND (SELECT count(*) FROM first_pick AS c
+                WHERE NOT c.spare
+                  AND (-c.priority, c.vstart, c.available_at, c.id)
+                      < (SELECT p, vstart, available_at, id FROM first_horizon))
+               < (SELECT n FROM room) AS yes
 ), candidates AS (
-    -- each tenant's best due wake-ups, one more than it could get (to tell that
-    -- something was held back)
-    SELECT c.id, c.job_id, c.priority, c.available_at, sh.tenant, c.k,
-           sh.start + (c.k - 1) / sh.weight AS vstart
-    FROM shares AS sh
-    CROSS JOIN LATERAL (
-        SELECT o.id, o.job_id, o.priority, o.available_at,
-               row_number() OVER (ORDER BY o.priority DESC, o.available_at, o.id) AS k
-        FROM outbox AS o
-        WHERE o.queue = %(queue)s AND o.tenant = sh.tenant AND o.sent_at IS NULL
-          AND o.available_at <= now()
-        ORDER BY o.priority DESC, o.available_at, o.id
-        LIMIT LEAST((SELECT n FROM room), COALESCE(sh.cap_room, 2147483646)) + 1
-    ) AS c
+    SELECT * FROM first_pick WHERE NOT (SELECT yes FROM again)
+    UNION ALL
+    SELECT * FROM ({_fetch("q.most", "false")}) AS exact WHERE (SELECT yes FROM again)
+), horizon AS (
+    {_horizon("candidates")}
 ), chosen AS (
     SELECT c.*,
            row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
-    FROM candidates AS c JOIN shares AS sh USING (tenant)
-    WHERE sh.cap_room IS NULL OR c.k <= sh.cap_room
+    FROM candidates AS c
+    WHERE NOT c.spare
+      AND (NOT EXISTS (SELECT 1 FROM horizon)
+           OR (-c.priority, c.vstart, c.available_at, c.id)
+              < (SELECT p, vstart, available_at, id FROM horizon))
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
-    SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL
-    FOR UPDATE SKIP LOCKED
+    SELECT o.id, c.tenant, c.vstart, c.turn
+    FROM chosen AS c JOIN outbox AS o ON o.id = c.id
+    WHERE o.sent_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
 ), sent AS (
     UPDATE outbox AS o SET sent_at = now()
-    FROM marked WHERE o.id = marked.id
-    RETURNING o.id, o.job_id, o.priority
-), verdicts AS (
-    SELECT sh.tenant, sh.weight, sh.cap_room, sh.held_reason,
-           (SELECT max(c.vstart) FROM chosen AS c
-            WHERE c.tenant = sh.tenant AND c.id IN (SELECT id FROM sent)) AS last_vstart,
-           (SELECT count(*) FROM candidates AS c WHERE c.tenant = sh.tenant) AS wanted,
-           (SELECT count(*) FROM chosen AS c WHERE c.tenant = sh.tenant) AS got
-    FROM shares AS sh
+    FROM marked AS m WHERE o.id = m.id
+    RETURNING o.id, o.job_id, o.priority, m.tenant, m.vstart, m.turn
+), tally AS (
+    SELECT c.tenant, count(*) AS wanted, count(*) FILTER (WHERE c.chosen) AS got
+    FROM (SELECT c.tenant, ch.id IS NOT NULL AS chosen
+          FROM candidates AS c LEFT JOIN chosen AS ch USING (id)) AS c
+    GROUP BY c.tenant
+), moved AS (
+    SELECT tenant, max(vstart) AS last_vstart FROM sent GROUP BY tenant
 ), reasons AS (
-    SELECT v.*,
+    SELECT s.tenant, s.weight, s.held_reason, m.last_vstart,
            -- WINDOW: the window had no room, or this tenant got what room there
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
-           -- share) and left it none.
-           CASE WHEN v.got >= v.wanted THEN NULL
+           -- share) and left it none. One that did not contend wanted its first.
+           CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN v.cap_room IS NOT NULL AND v.got >= v.cap_room THEN 'TENANT_CAP'
-                WHEN (SELECT n FROM room) = 0 OR v.got > 0 THEN 'WINDOW'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason
-    FROM verdicts AS v
+    FROM shares AS s LEFT JOIN tally AS t USING (tenant) LEFT JOIN moved AS m USING (tenant)
 ), shared AS (
     INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
     SELECT %(queue)s, r.tenant, COALESCE(r.last_vstart + 1 / r.weight, 0), r.reason,
            CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
     FROM reasons AS r
-    WHERE (SELECT ok FROM gate)
-      AND (r.last_vstart IS NOT NULL OR r.reason IS DISTINCT FROM r.held_reason)
+    WHERE r.last_vstart IS NOT NULL OR r.reason IS DISTINCT FROM r.held_reason
     UNION ALL
-    SELECT %(queue)s, '{CLOCK_ROW}', max(c.vstart), NULL, NULL
-    FROM chosen AS c WHERE c.id IN (SELECT id FROM sent)
-    HAVING count(*) > 0
+    SELECT %(queue)s, '{CLOCK_ROW}',
+           COALESCE((SELECT max(vstart) FROM sent), 0),
+           l.reason, CASE WHEN l.reason IS NULL THEN NULL ELSE now() END
+    FROM look AS l
+    WHERE (SELECT yes FROM looking)
+      AND (EXISTS (SELECT 1 FROM sent) OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock))
     ON CONFLICT (queue, tenant) DO UPDATE
     SET vpass = GREATEST(f.vpass, EXCLUDED.vpass),
         held_reason = EXCLUDED.held_reason,
@@ -236,11 +362,17 @@ WITH RECURSIVE gate AS (
                           THEN f.held_since ELSE EXCLUDED.held_since END
 )
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
-       c.turn
-FROM sent AS s JOIN chosen AS c USING (id)
+       s.turn
+FROM sent AS s
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
-       EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL), NULL
+       CASE WHEN (SELECT yes FROM looking)
+            THEN EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
+            ELSE EXISTS (SELECT 1 FROM outbox AS o
+                         WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+                           AND o.available_at <= now())
+       END,
+       NULL
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake

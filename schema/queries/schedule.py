@@ -73,24 +73,30 @@ RETURNING next_fire_at
 
 # Due schedules for one relay: SKIP LOCKED lets several relays split them, and the
 # lock holds each one still until its occurrences are recorded and it is advanced.
+# One whose firing failed waits out its backoff (retry_at), and is not claimed again
+# by the relay's round that saw it fail (failed).
 # now() is this transaction's clock, the one delays are measured with.
 SCHEDULE_CLAIM_DUE: Final = """
 SELECT name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
        max_attempts, catchup, next_fire_at, now() AS db_now
 FROM schedules
-WHERE NOT paused AND next_fire_at <= now()
+WHERE NOT paused AND next_fire_at <= now() AND (retry_at IS NULL OR retry_at <= now())
+  AND name <> ALL(%(failed)s::text[])
 ORDER BY next_fire_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
 
 # How long until the next occurrence of any active schedule is due (negative: one is
-# due now; NULL: none): schedules_due_idx, its first entry. The scheduler sleeps
-# that long rather than a fixed interval, so an occurrence fires on time.
+# due now; NULL: none), a failing one's once its backoff is over: schedules_due_idx's
+# first entry that is not backing off, and the backing-off ones (few, and only
+# while something fails). The scheduler sleeps that long rather than a fixed
+# interval, so an occurrence fires on time.
 SCHEDULE_NEXT_DUE: Final = """
-SELECT EXTRACT(EPOCH FROM min(next_fire_at) - now())::float8
-FROM schedules
-WHERE NOT paused
+SELECT EXTRACT(EPOCH FROM LEAST(
+    (SELECT min(next_fire_at) FROM schedules WHERE NOT paused AND retry_at IS NULL),
+    (SELECT min(GREATEST(next_fire_at, retry_at)) FROM schedules
+     WHERE NOT paused AND retry_at IS NOT NULL)) - now())::float8
 """
 
 # Records a schedule's occurrences, each once: the rows that come back are the ones
@@ -120,8 +126,25 @@ WHERE schedule_name = %(name)s AND scheduled_for = %(scheduled_for)s
 SCHEDULE_ADVANCE: Final = """
 UPDATE schedules
 SET next_fire_at = %(next_fire_at)s,
-    last_fire_at = COALESCE(%(last_fire_at)s::timestamptz, last_fire_at)
+    last_fire_at = COALESCE(%(last_fire_at)s::timestamptz, last_fire_at),
+    failures = 0,
+    retry_at = NULL
 WHERE name = %(name)s
+"""
+
+# A schedule whose firing failed (rolled back to its savepoint): why, and when to try
+# again, the backoff doubling with each failure in a row. last_error stays after a
+# later success, as the record of the last failure.
+SCHEDULE_FAILED: Final = """
+UPDATE schedules
+SET failures = failures + 1,
+    last_error = %(error)s,
+    last_error_at = clock_timestamp(),
+    -- from now, not from the start of the relay's transaction, however long it ran
+    retry_at = clock_timestamp() + make_interval(
+        secs => LEAST(%(cap)s, %(base)s * power(2, LEAST(failures, 30))))
+WHERE name = %(name)s
+RETURNING failures, retry_at
 """
 
 # Keeps the newest `keep` ledger rows of the named schedules, deleting at most

@@ -9,13 +9,17 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL
 
 # Backpressure at enqueue: for each tenant of a batch that has a max_queued, how many
 # of its jobs wait. No hot row and no count of the whole table: the relay counts
-# each such tenant's waiting jobs about once a second (TENANT_USAGE_REFRESH), and
-# this adds only the ones enqueued since, read from the tenant's own index entries.
+# each such tenant's waiting jobs (TENANT_USAGE_REFRESH), and this adds only the
+# ones enqueued since, read from the tenant's own index entries. Both counts stop at
+# max_queued: past it the answer is the same, whatever the backlog.
 TENANT_BACKPRESSURE: Final = f"""
 SELECT l.tenant, l.max_queued,
-       u.queued + (SELECT count(*) FROM jobs AS j
-                   WHERE j.tenant = l.tenant AND j.state IN ({CLAIMABLE_SQL})
-                     AND j.created_at > COALESCE(u.queued_at, '-infinity')) AS waiting,
+       u.queued + (SELECT count(*) FROM (
+                       SELECT 1 FROM jobs AS j
+                       WHERE j.tenant = l.tenant AND j.state IN ({CLAIMABLE_SQL})
+                         AND j.created_at > COALESCE(u.queued_at, '-infinity')
+                       ORDER BY j.created_at
+                       LIMIT l.max_queued) AS since) AS waiting,
        u.drain_per_s
 FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
 WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL
@@ -46,18 +50,44 @@ FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant
 """
 
-# The reconciler, in one transaction: lock every tenant's usage row (claims and
-# releases of capped tenants wait for the moment), then, in a statement whose
-# snapshot is taken after the locks, set each count of held slots to the number of
-# leases that hold one. Returns the tenants that had drifted, with both figures.
-TENANT_USAGE_LOCK: Final = "SELECT tenant FROM tenant_usage ORDER BY tenant FOR NO KEY UPDATE"
+# The reconciler. First, with no lock: the tenants whose count of held slots differs
+# from the leases holding one, in one snapshot (a claim or a release moves both in
+# one transaction, so a snapshot never sees them apart); the leases are read once,
+# through jobs_leased_idx, however many tenants there are. Usually none differs.
+TENANT_USAGE_DRIFTED: Final = f"""
+SELECT u.tenant
+FROM tenant_usage AS u
+LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+           FROM jobs AS j
+           WHERE j.state IN ({LEASED_SQL}) AND j.holds_slot
+           GROUP BY j.tenant) AS h USING (tenant)
+WHERE u.running <> COALESCE(h.held, 0)
+ORDER BY u.tenant
+LIMIT %(limit)s
+"""
+
+# Then, in one transaction, for those tenants only: lock their usage rows (in tenant
+# order, as every statement that moves the counters does; claims and releases of
+# every other tenant go on), and, in a statement whose snapshot is taken after the
+# locks, set each count of held slots to the number of leases that hold one.
+# Returns the tenants that had drifted, with both figures.
+TENANT_USAGE_LOCK: Final = """
+SELECT tenant FROM tenant_usage
+WHERE tenant = ANY(%(tenants)s::text[])
+ORDER BY tenant
+FOR NO KEY UPDATE
+"""
 
 TENANT_USAGE_RECONCILE: Final = f"""
 WITH actual AS (
-    SELECT u.tenant, u.running AS recorded,
-           (SELECT count(*) FROM jobs AS j
-            WHERE j.tenant = u.tenant AND j.state IN ({LEASED_SQL}) AND j.holds_slot)::int AS held
+    SELECT u.tenant, u.running AS recorded, COALESCE(h.held, 0) AS held
     FROM tenant_usage AS u
+    LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+               FROM jobs AS j
+               WHERE j.state IN ({LEASED_SQL}) AND j.holds_slot
+                 AND j.tenant = ANY(%(tenants)s::text[])
+               GROUP BY j.tenant) AS h USING (tenant)
+    WHERE u.tenant = ANY(%(tenants)s::text[])
 )
 UPDATE tenant_usage AS u SET running = a.held
 FROM actual AS a
@@ -65,25 +95,44 @@ WHERE u.tenant = a.tenant AND u.running <> a.held
 RETURNING u.tenant, a.recorded, a.held
 """
 
-# About once a second: the waiting jobs of each tenant that has a max_queued, and how
-# fast its jobs are being claimed (for the retry-after hint of Backpressure).
+# Claims per second since the tenant's last count.
+_RATE = "(u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)"
+
+# About once a second, for the limited tenants (those with a max_queued) counted
+# longest ago, at most %(tenants)s of them: their waiting jobs, counted up to their
+# max_queued (beyond it Backpressure refuses alike), and how fast their jobs are
+# being claimed (for the retry-after hint). A round reads at most %(tenants)s times
+# max_queued index entries, whatever the backlog; every tenant's count is refreshed
+# within ceil(limited tenants / %(tenants)s) rounds. The counting takes no lock; the
+# rows are locked in tenant order, after it, only to write the figures.
 TENANT_USAGE_REFRESH: Final = f"""
-WITH counted AS MATERIALIZED (
-    SELECT u.tenant,
-           (SELECT count(*) FROM jobs AS j
-            WHERE j.tenant = u.tenant AND j.state IN ({CLAIMABLE_SQL}))::int AS waiting,
-           (u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)
-               AS rate
+WITH due AS (
+    SELECT u.tenant, l.max_queued
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE l.max_queued IS NOT NULL
+    ORDER BY u.queued_at NULLS FIRST, u.tenant
+    LIMIT %(tenants)s
+), counted AS MATERIALIZED (
+    SELECT d.tenant,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs AS j
+                WHERE j.tenant = d.tenant AND j.state IN ({CLAIMABLE_SQL})
+                -- in index order, so the scan stops at the limit (a bitmap scan
+                -- would read every entry of the tenant first)
+                ORDER BY j.created_at
+                LIMIT d.max_queued) AS w)::int AS waiting
+    FROM due AS d
+), locked AS MATERIALIZED (
+    SELECT u.tenant FROM tenant_usage AS u
+    WHERE u.tenant IN (SELECT tenant FROM counted)
     ORDER BY u.tenant
-    FOR NO KEY UPDATE OF u
+    FOR NO KEY UPDATE
 )
 UPDATE tenant_usage AS u
 SET queued = c.waiting,
     queued_at = now(),
     claimed_seen = u.claimed,
-    drain_per_s = COALESCE(0.5 * COALESCE(u.drain_per_s, c.rate) + 0.5 * c.rate, u.drain_per_s)
-FROM counted AS c
-WHERE u.tenant = c.tenant
+    drain_per_s = COALESCE(0.5 * COALESCE(u.drain_per_s, {_RATE}) + 0.5 * {_RATE}, u.drain_per_s)
+FROM locked AS k JOIN counted AS c USING (tenant)
+WHERE u.tenant = k.tenant
 """

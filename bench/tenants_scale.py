@@ -1,0 +1,160 @@
+"""Tenants at scale: what the relay's decision costs per pass, and how fast many
+capped tenants drain.
+
+1. Plans: for 10, 1,000 and 10,000 tenants (each capped at --cap running, with
+   --per-tenant wake-ups due), EXPLAIN (ANALYZE, BUFFERS) of one decision
+   (OUTBOX_WAKE_QUEUE) with a room of --window, and of one with the window full,
+   each in a transaction rolled back. The plans are printed as text; the summary
+   keeps each one's execution time, buffers and rows handled (produced or filtered
+   out, over all loops: the work, free of the machine's speed).
+2. Drains (one relay, --consumers consumer processes of --concurrency slots, each
+   variant in a fresh database, one after another): --jobs no-op jobs with no
+   tenant, over --tenants tenants each capped at --cap, and over --many-tenants
+   tenants each capped at --cap.
+
+Uses only what the code before the scale work (5bfb716) has too, so the same file
+runs in a checkout of it: copy it there and run it beside this one, in one window.
+
+Prints the plans, then one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import argument_parser, machine, scratch_database
+from bench.fleet import drain_rate, fleet
+from plumbing.config import DatabaseUrl
+from schema.queries import OUTBOX_WAKE_QUEUE
+
+
+def names(tenants: int) -> list[str]:
+    return [f"tenant-{i:05d}" for i in range(tenants)]
+
+
+def set_caps(db: DatabaseUrl, tenants: int, cap: int) -> None:
+    engine = create_engine(db.sqlalchemy)
+    try:
+        with Session(engine) as session, session.begin():
+            for name in names(tenants):
+                outbox.set_tenant_limit(session, name, max_running=cap)
+    finally:
+        engine.dispose()
+
+
+def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
+    spread = names(tenants)
+    return [outbox.NewJob("noop", {}, tenant=spread[i % tenants] if tenants else None)
+            for i in range(jobs)]  # fmt: skip
+
+
+def rows_handled(node: dict[str, Any]) -> int:
+    rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+    rows += node.get("Rows Removed by Join Filter", 0)
+    own = int(rows * node.get("Actual Loops", 1))
+    return own + sum(rows_handled(child) for child in node.get("Plans", []))
+
+
+def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
+    params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
+              "worker_ttl": 60}  # fmt: skip
+    with conn.transaction(force_rollback=True):
+        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + OUTBOX_WAKE_QUEUE, params).fetchall()
+    with conn.transaction(force_rollback=True):
+        (doc,) = conn.execute(  # type: ignore[misc]
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + OUTBOX_WAKE_QUEUE, params
+        ).fetchone()
+        sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()
+    top = doc[0]
+    plan = top["Plan"]
+    return "\n".join(r[0] for r in text), {
+        "execution_ms": round(top["Execution Time"], 2),
+        "planning_ms": round(top["Planning Time"], 2),
+        "shared_buffers_hit": plan.get("Shared Hit Blocks", 0),
+        "shared_buffers_read": plan.get("Shared Read Blocks", 0),
+        "rows_handled": rows_handled(plan),
+        "in_flight_after": int(sent[0]) if sent else 0,
+    }
+
+
+def plans(tenants: int, per_tenant: int, cap: int, window: int) -> dict[str, Any]:
+    with scratch_database("bench_tenants_scale") as db:
+        set_caps(db, tenants, cap)
+        engine = create_engine(db.sqlalchemy)
+        with Session(engine) as session, session.begin():
+            outbox.enqueue_many(session, jobs_over(tenants, tenants * per_tenant))
+        engine.dispose()
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            explain(conn, window)  # warm the caches and the plan's first reads
+            text, with_room = explain(conn, window)
+            print(f"--- the decision: {tenants} tenants, room {window}\n{text}\n", flush=True)
+            conn.execute(
+                "UPDATE outbox SET sent_at = now()"
+                " WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT %s)",
+                [window],
+            )
+            explain(conn, window)
+            text, full = explain(conn, window)
+            print(f"--- the decision: {tenants} tenants, window full\n{text}\n", flush=True)
+    return {"with_room": with_room, "window_full": full}
+
+
+def drain(tenants: int, cap: int | None, jobs: int, consumers: int, concurrency: int) -> float:
+    with fleet(consumers=consumers, concurrency=concurrency) as f:
+        if tenants and cap is not None:
+            set_caps(f.db, tenants, cap)
+        return drain_rate(f, jobs_over(tenants, jobs))
+
+
+def main() -> None:
+    parser = argument_parser("bench.tenants_scale", __doc__)
+    parser.add_argument("--plan-tenants", default="10,1000,10000",
+                        help="tenant counts to print the decision's plans for")  # fmt: skip
+    parser.add_argument("--per-tenant", type=int, default=10, help="wake-ups due per tenant")
+    parser.add_argument("--window", type=int, default=200, help="room of the planned decision")
+    parser.add_argument("--cap", type=int, default=5, help="max_running of every tenant")
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs drained per variant")
+    parser.add_argument("--tenants", type=int, default=1000, help="capped tenants of the drain")
+    parser.add_argument("--many-tenants", type=int, default=10_000,
+                        help="capped tenants of the last drain")  # fmt: skip
+    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    parser.add_argument("--skip-plans", action="store_true", help="only the drains")
+    args = parser.parse_args()
+    started = time.monotonic()
+    planned = {}
+    if not args.skip_plans:
+        for tenants in [int(t) for t in args.plan_tenants.split(",") if t]:
+            planned[str(tenants)] = plans(tenants, args.per_tenant, args.cap, args.window)
+    variants = {
+        "no tenant": (0, None),
+        f"{args.tenants} tenants capped at {args.cap}": (args.tenants, args.cap),
+        f"{args.many_tenants} tenants capped at {args.cap}": (args.many_tenants, args.cap),
+    }
+    rates = {
+        name: drain(tenants, cap, args.jobs, args.consumers, args.concurrency)
+        for name, (tenants, cap) in variants.items()
+    }
+    first = next(iter(rates.values()))
+    result: dict[str, Any] = {
+        "benchmark": "tenants_scale",
+        "decision_plans": planned,
+        "jobs": args.jobs,
+        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
+        "ratio_to_no_tenant": {k: round(v / first, 2) for k, v in rates.items()},
+        "seconds": round(time.monotonic() - started),
+        "machine": machine(),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
