@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from outbox import backpressure
 from outbox.validation import NewJob, max_payload_bytes, to_row
-from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
+from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY, JOB_KEYS_LOCK
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class _Plan:
     rows: list[str]
     keys: list[tuple[str, str | None]]  # (job_type, dedup_key) per job, in order
     tenants: Counter[str]  # jobs per tenant, for backpressure
+    ordered_keys: list[str]  # keys of ordered jobs, to lock before numbering them
 
     @property
     def document(self) -> str:
@@ -54,6 +55,7 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
     tenants: list[str | None] = []
+    ordered_keys: set[str] = set()
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
@@ -62,7 +64,9 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)
         tenants.append(job.tenant)
-    return _Plan(rows, keys, backpressure.tenants_of(tenants)), ids
+        if job.ordered and job.key is not None:
+            ordered_keys.add(job.key)
+    return _Plan(rows, keys, backpressure.tenants_of(tenants), sorted(ordered_keys)), ids
 
 
 def _resolve(
@@ -116,6 +120,8 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     if plan.tenants:
         limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
         backpressure.refuse_over_limit(plan.tenants, limits.all())
+    if plan.ordered_keys:
+        conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
     inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
     lookup = plan.lookup_document(inserted, ids)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
@@ -141,6 +147,8 @@ async def insert_jobs_async(
             backpressure.STATEMENT, backpressure.params(plan.tenants)
         )
         backpressure.refuse_over_limit(plan.tenants, limits.all())
+    if plan.ordered_keys:
+        await conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
     result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
     inserted = set(result.scalars())
     lookup = plan.lookup_document(inserted, ids)
@@ -161,6 +169,9 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     tenant: str | None = None,
+    key: str | None = None,
+    key_limit: int | None = None,
+    ordered: bool | str = False,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -169,11 +180,29 @@ def enqueue(
     or a timedelta from the database's now. Without ``max_attempts`` the job's
     handler decides (else 5). ``priority``: higher runs first. ``tenant``: whose job
     it is, for caps, fair share and backpressure (None: nobody's, no limit applies).
+    ``key``: the entity the job is about; at most ``key_limit`` (default 1) jobs
+    with the same key hold a lease at once, across queues and job types; the
+    others wait (KEY_BUSY) without spending an attempt. ``ordered=True``: jobs
+    of the key start one after the other in enqueue order (commit order), passing
+    a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
+    FAILED one until it is replayed.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued is
     reached.
     """
-    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority, tenant)
+    job = NewJob(
+        job_type,
+        payload,
+        queue,
+        dedup_key,
+        run_after,
+        max_attempts,
+        priority,
+        tenant,
+        key=key,
+        key_limit=key_limit,
+        ordered=ordered,
+    )
     return enqueue_many(session, [job])[0]
 
 
@@ -188,7 +217,22 @@ async def enqueue_async(
     max_attempts: int | None = None,
     priority: int = 0,
     tenant: str | None = None,
+    key: str | None = None,
+    key_limit: int | None = None,
+    ordered: bool | str = False,
 ) -> uuid.UUID:
     """:func:`enqueue` for an ``AsyncSession``."""
-    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority, tenant)
+    job = NewJob(
+        job_type,
+        payload,
+        queue,
+        dedup_key,
+        run_after,
+        max_attempts,
+        priority,
+        tenant,
+        key=key,
+        key_limit=key_limit,
+        ordered=ordered,
+    )
     return (await enqueue_many_async(session, [job]))[0]

@@ -47,6 +47,42 @@ class NewJob:
     max_attempts: int | None = None
     priority: int = 0
     tenant: str | None = None
+    key: str | None = None
+    key_limit: int | None = None
+    ordered: bool | str = False
+
+
+# How many jobs of one key may hold a lease at once when enqueue does not say.
+DEFAULT_KEY_LIMIT = 1
+MAX_KEY_LIMIT = 100_000
+
+
+def key_fields(
+    key: object, key_limit: object, ordered: object
+) -> tuple[str | None, int | None, str | None]:
+    """The job's key, its limit and its order ('ordered', 'strict' or None), checked."""
+    if ordered is True:
+        order: str | None = "ordered"
+    elif ordered is False or ordered is None:
+        order = None
+    elif ordered == "strict":
+        order = "strict"
+    else:
+        raise ValueError(f"ordered must be True, False or 'strict', not {ordered!r}")
+    if key is None:
+        if key_limit is not None:
+            raise ValueError("key_limit needs a key")
+        if order is not None:
+            raise ValueError("ordered needs a key: jobs are ordered per key")
+        return None, None, None
+    name = names.key(key)
+    if key_limit is None:
+        return name, DEFAULT_KEY_LIMIT, order
+    if not _is_int(key_limit):
+        raise TypeError(f"key_limit must be an int, not {type(key_limit).__name__}")
+    if not 1 <= key_limit <= MAX_KEY_LIMIT:  # type: ignore[operator]
+        raise ValueError(f"key_limit must be between 1 and {MAX_KEY_LIMIT}")
+    return name, int(key_limit), order  # type: ignore[call-overload]
 
 
 def new_job_id() -> uuid.UUID:
@@ -181,6 +217,7 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
     if job.priority not in PRIORITY_RANGE:
         raise ValueError("priority must fit in a smallint (-32768..32767)")
     run_after, delay_seconds = _run_after(job.run_after)
+    key, key_limit, key_order = key_fields(job.key, job.key_limit, job.ordered)
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
     head = json.dumps(
@@ -194,6 +231,9 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
             "priority": job.priority,
             "run_after": run_after,
             "delay_seconds": delay_seconds,
+            "key": key,
+            "key_limit": key_limit,
+            "key_order": key_order,
         },
         ensure_ascii=False,
         separators=(",", ":"),

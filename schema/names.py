@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import re
 
-from schema.tables import MAX_DEDUP_KEY_LENGTH, MAX_JOB_TYPE_LENGTH, QUEUE_NAME_PATTERN
+from schema.tables import (
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_JOB_TYPE_LENGTH,
+    MAX_KEY_LENGTH,
+    QUEUE_NAME_PATTERN,
+)
 
 MAX_QUEUE_NAME_LENGTH = 100
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
@@ -73,3 +78,7 @@ def tenant(value: object) -> str:
 
 def dedup_key(value: object) -> str:
     return text("dedup_key", value, MAX_DEDUP_KEY_LENGTH, controls=True)
+
+
+def key(value: object) -> str:
+    return text("key", value, MAX_KEY_LENGTH, controls=True)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     SmallInteger,
     Table,
     Text,
@@ -51,6 +52,7 @@ QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_JOB_TYPE_LENGTH = 200
 MAX_DEDUP_KEY_LENGTH = 500
+MAX_KEY_LENGTH = 500
 # outbox.tenant of a job that belongs to no tenant: the fair-share grouping key needs
 # a value that an index can order and compare, which NULL is not.
 NO_TENANT = ""
@@ -112,6 +114,16 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # The entity the job is about (key_usage): at most key_limit jobs with one key
+    # hold a lease at once. NULL: no key, no such limit.
+    Column("key", Text),
+    Column("key_limit", Integer),
+    # 'ordered' or 'strict': jobs of the key start in key_seq order, one after the
+    # other; 'strict' also holds the key behind one of them that FAILED, until it is
+    # replayed. key_seq comes from jobs_key_seq under the key's advisory lock, so it
+    # follows the commit order of the enqueues.
+    Column("key_order", Text),
+    Column("key_seq", BigInteger),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -135,7 +147,22 @@ jobs = Table(
         f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
     ),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
+    CheckConstraint(
+        f"key IS NULL OR char_length(key) BETWEEN 1 AND {MAX_KEY_LENGTH}", name="jobs_key_length"
+    ),
+    CheckConstraint(
+        "(key IS NULL) = (key_limit IS NULL) AND (key_limit IS NULL OR key_limit >= 1)",
+        name="jobs_key_limit_valid",
+    ),
+    CheckConstraint(
+        "key_order IS NULL OR (key_order IN ('ordered', 'strict') AND key IS NOT NULL"
+        " AND key_seq IS NOT NULL)",
+        name="jobs_key_order_valid",
+    ),
 )
+
+# The numbers of ordered jobs, in the commit order of their enqueues per key.
+jobs_key_seq = Sequence("jobs_key_seq", metadata=metadata)
 
 # Jobs waiting to run, per queue and state, oldest first: the oldest runnable job
 # per queue is one probe, and counts per state read only the backlog.
@@ -189,6 +216,31 @@ Index(
     jobs.c.tenant,
     jobs.c.created_at,
     postgresql_where=text(f"state IN ({CLAIMABLE_SQL}) AND tenant IS NOT NULL"),
+)
+# A key's waiting jobs in the order the end of a lease wakes the next of them
+# (order, then age); and the jobs an ordered job may wait behind (those waiting,
+# running, or strictly held FAILED), so neither walks a key's finished history.
+Index(
+    "jobs_key_waiting_idx",
+    jobs.c.key,
+    jobs.c.key_seq,
+    jobs.c.job_id,
+    postgresql_where=text(f"key IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
+)
+Index(
+    "jobs_key_order_idx",
+    jobs.c.key,
+    jobs.c.key_seq,
+    postgresql_where=text(
+        f"key_seq IS NOT NULL AND (state IN ({CLAIMABLE_SQL}, {LEASED_SQL})"
+        " OR (state = 'FAILED' AND key_order = 'strict'))"
+    ),
+)
+# Who holds a key now (explain, the checks).
+Index(
+    "jobs_key_leased_idx",
+    jobs.c.key,
+    postgresql_where=text(f"key IS NOT NULL AND state IN ({LEASED_SQL})"),
 )
 # Jobs no live consumer can run wait here until one that knows their type starts.
 Index(
@@ -366,6 +418,19 @@ tenant_usage = Table(
     # ``claimed`` as of queued_at.
     Column("claimed_seen", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("running >= 0", name="tenant_usage_running_non_negative"),
+)
+
+# The leases each key holds now (jobs.key): a row only while it holds one. The
+# claim upserts it (keys in sorted order, as tenants), every end of a lease
+# decrements it and deletes it at zero, so idle keys cost no row.
+key_usage = Table(
+    "key_usage",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("running", Integer, nullable=False),
+    # The limit the last claim of the key applied (the jobs' key_limit).
+    Column("key_limit", Integer, nullable=False),
+    CheckConstraint("running >= 0", name="key_usage_running_non_negative"),
 )
 
 # Weighted fair share between the tenants of a queue, kept by the relay: each

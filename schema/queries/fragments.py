@@ -40,11 +40,54 @@ REFUSAL_BACKSTOP_SECONDS: Final = 10
 LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
 
 
+# An ordered job ``{x}`` that a later one of its key waits behind: still waiting or
+# running, or FAILED under ``ordered="strict"`` (until replayed). Exactly the
+# predicate of jobs_key_order_idx, so the walk reads only such jobs.
+KEY_AHEAD: Final = (
+    f"({{x}}.state IN ({CLAIMABLE_SQL}, {LEASED_SQL})"
+    " OR ({x}.state = 'FAILED' AND {x}.key_order = 'strict'))"
+)
+
+
+def key_wake_next(source: str) -> str:
+    """A CTE ``key_woken``: for the jobs of ``source`` (a CTE with job_id) that no
+    longer hold or wait for their key, a wake-up for the first due waiting jobs of
+    each key, as many as left it, unless one is pending for them already. A job
+    turned down for its key (KEY_BUSY, KEY_ORDER) got no wake-up back: this is
+    what starts it, the next in key order first, so nothing polls a busy key. One
+    probe of jobs_key_waiting_idx per key. A job whose refusal races with this
+    statement still gets its wake-up: it had one in flight, so none pending, and
+    is woken; a duplicate wake-up settles harmlessly."""
+    return f"""key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM {source})
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+)"""
+
+
 def lease_ended(source: str) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
-    release of the tenant slot the lease held, all in the statement that ended it,
-    so none can happen twice or be forgotten.
+    release of the tenant slot the lease held and of its key (key_usage, whose row
+    goes once no lease holds the key) with a wake-up for the key's next waiting
+    job, all in the statement that ended it, so none can happen twice or be
+    forgotten. (Every leased job with a key holds it: the claim takes a lease only
+    with its key. A key never changes, so the statement's snapshot of jobs says
+    which.)
 
     ``source`` names a CTE of the rows that left the lease, with the columns
     job_id, state (the new one), queue, tenant, priority, run_after, attempt,
@@ -76,6 +119,22 @@ def lease_ended(source: str) -> str:
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), {key_wake_next(source)}, key_releasing AS MATERIALIZED (
+    -- after the tenants (the scalar subquery makes them go first), in key order,
+    -- as the claim takes them
+    SELECT u.key, u.running, k.n
+    FROM key_usage AS u JOIN key_left AS k ON k.key = u.key
+    WHERE (SELECT count(*) FROM releasing) >= 0
+    ORDER BY u.key
+    FOR UPDATE OF u
+), key_released AS (
+    UPDATE key_usage AS u SET running = r.running - r.n
+    FROM key_releasing AS r
+    WHERE u.key = r.key AND r.running > r.n
+), key_freed AS (
+    -- the last lease of the key: no row kept for an idle key
+    DELETE FROM key_usage AS u USING key_releasing AS r
+    WHERE u.key = r.key AND r.running <= r.n
 )"""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import FENCE
+from schema.queries.fragments import FENCE, key_wake_next
 from schema.tables import CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
@@ -19,16 +19,19 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz)
+        delay_seconds double precision, scheduled_for timestamptz,
+        key text, key_limit integer, key_order text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for)
+         scheduled_for, key, key_limit, key_order, key_seq)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for
+           scheduled_for, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
@@ -37,6 +40,17 @@ WITH input AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
 )
 SELECT job_id FROM inserted
+"""
+
+# Taken before JOB_INSERT_MANY when the batch has ordered jobs: the
+# transaction-scoped advisory lock of each of their keys, in key order (two
+# batches never wait for each other in a circle). A second producer of the key
+# waits here until the first commits, so it draws its key_seq after the first's:
+# the numbers follow the commit order, and a claim never sees a later number of a
+# key before an earlier one. Keys whose hashes collide only wait for each other.
+JOB_KEYS_LOCK: Final = """
+SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 0)))
+FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k
 """
 
 # A separate statement from the insert on purpose: under READ COMMITTED it takes a
@@ -66,7 +80,10 @@ WITH cancelled AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
     WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
-)
+), left_key AS (
+    -- a waiting job cancelled: the next of its key (in order) need not wait for it
+    SELECT job_id FROM cancelled WHERE state = 'CANCELLED'
+), {key_wake_next("left_key")}
 SELECT state FROM cancelled
 """
 

@@ -9,6 +9,7 @@ from typing import Final
 from schema.queries.fragments import (
     BUDGET,
     FENCE,
+    KEY_AHEAD,
     LIVE_WORKER,
     REFUSAL_BACKSTOP_SECONDS,
     lease_ended,
@@ -48,6 +49,7 @@ WITH types AS (
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
+           j.key, j.key_limit, j.key_seq,
            t.job_type IS NOT NULL AS known,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
@@ -64,6 +66,29 @@ WITH types AS (
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), key_behind AS (
+    -- ordered jobs with an earlier one of their key still waiting, running or, for
+    -- 'strict', FAILED: they wait for it (KEY_ORDER). key_seq follows the commit
+    -- order of the enqueues (JOB_KEYS_LOCK), so no earlier one is still to appear.
+    SELECT r.job_id
+    FROM runnable AS r
+    WHERE r.key_seq IS NOT NULL
+      AND EXISTS (SELECT 1 FROM jobs AS x
+                  WHERE x.key = r.key AND x.key_seq < r.key_seq
+                    AND {KEY_AHEAD.format(x="x")})
+), key_ranked AS (
+    SELECT r.job_id, r.key_limit_in_batch,
+           row_number() OVER (PARTITION BY r.key ORDER BY r.key_seq, r.priority DESC, r.job_id)
+               AS key_rank
+    FROM (SELECT r.*, min(r.key_limit) OVER (PARTITION BY r.key) AS key_limit_in_batch
+          FROM runnable AS r
+          WHERE r.key IS NOT NULL AND r.job_id NOT IN (SELECT job_id FROM key_behind)) AS r
+), key_waiting AS (
+    -- what waits for its key whatever the tenants say: behind in order, or past the
+    -- key's limit within this batch
+    SELECT job_id FROM key_behind
+    UNION ALL
+    SELECT job_id FROM key_ranked WHERE key_rank > key_limit_in_batch
 ), usage AS MATERIALIZED (
     -- Locked in tenant order (every statement that moves these counters does so).
     SELECT u.tenant, l.max_running - u.running AS free
@@ -72,28 +97,49 @@ WITH types AS (
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
-    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM runnable AS r) AS a
+          FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
+), key_wanted AS (
+    SELECT a.key, count(*)::int AS n, min(a.key_limit) AS key_limit
+    FROM admitted AS a WHERE a.key IS NOT NULL GROUP BY a.key
+), key_taken AS (
+    -- A key's leases are taken here, all the jobs admitted for it or none, keys in
+    -- sorted order and after the tenants (as every end of a lease releases them). A
+    -- row another statement holds is waited for and judged by the count it left; one
+    -- inserted meanwhile conflicts and is judged so too: never a count and then a
+    -- write.
+    INSERT INTO key_usage AS u (key, running, key_limit)
+    SELECT w.key, w.n, w.key_limit FROM key_wanted AS w ORDER BY w.key
+    ON CONFLICT (key) DO UPDATE
+    SET running = u.running + EXCLUDED.running, key_limit = EXCLUDED.key_limit
+    WHERE u.running + EXCLUDED.running <= EXCLUDED.key_limit
+    RETURNING u.key
+), key_admitted AS (
+    SELECT a.* FROM admitted AS a
+    WHERE a.key IS NULL OR a.key IN (SELECT key FROM key_taken)
 ), reserved AS (
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+          FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
+                WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
+                WHEN l.job_id IN (SELECT job_id FROM key_waiting)
+                     OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
            COALESCE(l.delay_reason = 'NO_HANDLER'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
-    WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
+    WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- delay_since is when a consumer last turned it down: it marks the wake-up used
@@ -134,7 +180,9 @@ WITH types AS (
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    WHERE (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+      -- a job waiting for its key gets its wake-up back when the key frees
+      AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',
@@ -150,7 +198,7 @@ WITH types AS (
         delay_since = NULL,
         started_at = now(),
         updated_at = now()
-    FROM admitted AS a, types AS t
+    FROM key_admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
