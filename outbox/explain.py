@@ -22,6 +22,12 @@ WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its q
                    all: the relay's re-waker gives it one)
 QUEUE_PAUSED       paused_at, paused_by
 TENANT_CAP         tenant, running, max_running
+KEY_ORDER          key, ahead (the job of its key it waits for: ordered, enqueued
+                   before it, still waiting or running, or FAILED under "strict"),
+                   ahead_state, strict
+KEY_BUSY           key, running, key_limit, held_by (the job holding the key
+                   longest): as many jobs with its key hold a lease as it allows;
+                   it starts when one of them ends
 BACKLOG            ahead (wake-ups of its queue that go before it: in flight, or
                    pending with a higher priority or the same priority and older;
                    counted up to 10000, ahead_at_least says the count was cut),
@@ -102,6 +108,8 @@ class Why(StrEnum):
     NO_HANDLER = "NO_HANDLER"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
+    KEY_ORDER = "KEY_ORDER"
+    KEY_BUSY = "KEY_BUSY"
 
 
 class JobNotFound(LookupError):
@@ -280,9 +288,11 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
     if state not in CLAIMABLE:
         return []
     parked = job["delay_reason"] == Why.NO_HANDLER
-    found = _not_yet(job) + _held(job)
+    keyed = _key(job)
+    found = _not_yet(job) + _held(job) + keyed
     if _is_due_waiting(job) and job["paused_at"] is None:
-        found += _waiting_turn(job, backlog, parked)
+        # one waiting for its key has no wake-up: the end of the lease ahead wakes it
+        found += _waiting_turn(job, backlog, parked or bool(keyed))
     return found + _relays(job) + _consumers(job, parked)
 
 
@@ -353,6 +363,30 @@ def _held(job: Mapping[str, Any]) -> list[Blocker]:
         }
         found.append(Blocker(Why.TENANT_CAP, facts))
     return found
+
+
+def _key(job: Mapping[str, Any]) -> list[Blocker]:
+    """Waiting for its key: behind an earlier ordered job of the key, or the key
+    holds as many leases as it allows (from the live leases, not the last refusal)."""
+    if job["key"] is None:
+        return []
+    if job["key_ahead"] is not None:
+        facts = {
+            "key": job["key"],
+            "ahead": job["key_ahead"],
+            "ahead_state": job["key_ahead_state"],
+            "strict": job["key_order"] == "strict",
+        }
+        return [Blocker(Why.KEY_ORDER, facts)]
+    if job["key_running"] >= job["key_limit"]:
+        facts = {
+            "key": job["key"],
+            "running": job["key_running"],
+            "key_limit": job["key_limit"],
+            "held_by": job["key_holder"],
+        }
+        return [Blocker(Why.KEY_BUSY, facts)]
+    return []
 
 
 def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
@@ -489,6 +523,14 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     ),
     Why.RELAY_DISCONNECTED: lambda f: (
         f"{f['relays_live']} relay(s) run, none connected to RabbitMQ: its wake-up waits"
+    ),
+    Why.KEY_ORDER: lambda f: (
+        f"it waits behind job {f['ahead']} ({f['ahead_state']}) of key {f['key']!r}"
+        + (" (strict order: until that one is replayed)" if f["ahead_state"] == "FAILED" else "")
+    ),
+    Why.KEY_BUSY: lambda f: (
+        f"key {f['key']!r} is busy ({f['running']}/{f['key_limit']} running,"
+        f" held by job {f['held_by']})"
     ),
     Why.NO_CONSUMER: lambda f: f"no live consumer serves queue {f['queue']!r}",
     Why.NO_HANDLER: lambda f: (

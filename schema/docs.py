@@ -63,6 +63,7 @@ END: Final = "<!-- end of generated table -->"
 NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
+    "JOB_KEYS_LOCK": "lock the keys of a batch's ordered jobs: their numbers follow commits",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",

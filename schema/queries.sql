@@ -30,16 +30,19 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz)
+        delay_seconds double precision, scheduled_for timestamptz,
+        key text, key_limit integer, key_order text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for)
+         scheduled_for, key, key_limit, key_order, key_seq)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for
+           scheduled_for, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
@@ -48,6 +51,13 @@ WITH input AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
 )
 SELECT job_id FROM inserted;
+
+-- name: JOB_KEYS_LOCK
+-- Run by outbox.enqueue:insert_jobs(_async) to lock the keys of a batch's ordered jobs:
+-- their numbers follow commits.
+-- Parameters: keys.
+SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 0)))
+FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
 -- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
@@ -64,6 +74,7 @@ JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key;
 -- Makes RETRY_WAIT -> CANCELLED: a cancel request while it waits for a retry.
 -- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a
 -- heartbeat.
+-- Built with key_wake_next.
 -- Parameters: job_id.
 WITH cancelled AS (
     UPDATE jobs
@@ -78,6 +89,27 @@ WITH cancelled AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
     WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
+), left_key AS (
+    -- a waiting job cancelled: the next of its key (in order) need not wait for it
+    SELECT job_id FROM cancelled WHERE state = 'CANCELLED'
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM left_key AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM left_key)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT state FROM cancelled;
 
@@ -155,6 +187,7 @@ WITH types AS (
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
+           j.key, j.key_limit, j.key_seq,
            t.job_type IS NOT NULL AS known,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
@@ -171,6 +204,29 @@ WITH types AS (
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), key_behind AS (
+    -- ordered jobs with an earlier one of their key still waiting, running or, for
+    -- 'strict', FAILED: they wait for it (KEY_ORDER). key_seq follows the commit
+    -- order of the enqueues (JOB_KEYS_LOCK), so no earlier one is still to appear.
+    SELECT r.job_id
+    FROM runnable AS r
+    WHERE r.key_seq IS NOT NULL
+      AND EXISTS (SELECT 1 FROM jobs AS x
+                  WHERE x.key = r.key AND x.key_seq < r.key_seq
+                    AND (x.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (x.state = 'FAILED' AND x.key_order = 'strict')))
+), key_ranked AS (
+    SELECT r.job_id, r.key_limit_in_batch,
+           row_number() OVER (PARTITION BY r.key ORDER BY r.key_seq, r.priority DESC, r.job_id)
+               AS key_rank
+    FROM (SELECT r.*, min(r.key_limit) OVER (PARTITION BY r.key) AS key_limit_in_batch
+          FROM runnable AS r
+          WHERE r.key IS NOT NULL AND r.job_id NOT IN (SELECT job_id FROM key_behind)) AS r
+), key_waiting AS (
+    -- what waits for its key whatever the tenants say: behind in order, or past the
+    -- key's limit within this batch
+    SELECT job_id FROM key_behind
+    UNION ALL
+    SELECT job_id FROM key_ranked WHERE key_rank > key_limit_in_batch
 ), usage AS MATERIALIZED (
     -- Locked in tenant order (every statement that moves these counters does so).
     SELECT u.tenant, l.max_running - u.running AS free
@@ -179,28 +235,49 @@ WITH types AS (
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
-    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM runnable AS r) AS a
+          FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
+), key_wanted AS (
+    SELECT a.key, count(*)::int AS n, min(a.key_limit) AS key_limit
+    FROM admitted AS a WHERE a.key IS NOT NULL GROUP BY a.key
+), key_taken AS (
+    -- A key's leases are taken here, all the jobs admitted for it or none, keys in
+    -- sorted order and after the tenants (as every end of a lease releases them). A
+    -- row another statement holds is waited for and judged by the count it left; one
+    -- inserted meanwhile conflicts and is judged so too: never a count and then a
+    -- write.
+    INSERT INTO key_usage AS u (key, running, key_limit)
+    SELECT w.key, w.n, w.key_limit FROM key_wanted AS w ORDER BY w.key
+    ON CONFLICT (key) DO UPDATE
+    SET running = u.running + EXCLUDED.running, key_limit = EXCLUDED.key_limit
+    WHERE u.running + EXCLUDED.running <= EXCLUDED.key_limit
+    RETURNING u.key
+), key_admitted AS (
+    SELECT a.* FROM admitted AS a
+    WHERE a.key IS NULL OR a.key IN (SELECT key FROM key_taken)
 ), reserved AS (
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+          FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
+                WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
+                WHEN l.job_id IN (SELECT job_id FROM key_waiting)
+                     OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
            COALESCE(l.delay_reason = 'NO_HANDLER'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
-    WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
+    WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- delay_since is when a consumer last turned it down: it marks the wake-up used
@@ -241,7 +318,9 @@ WITH types AS (
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    WHERE (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+      -- a job waiting for its key gets its wake-up back when the key frees
+      AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',
@@ -257,7 +336,7 @@ WITH types AS (
         delay_since = NULL,
         started_at = now(),
         updated_at = now()
-    FROM admitted AS a, types AS t
+    FROM key_admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
@@ -327,7 +406,7 @@ LEFT JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, or any retryable
 -- error.
--- Built with BUDGET, FENCE, lease_ended.
+-- Built with BUDGET, FENCE, key_wake_next, lease_ended.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -398,6 +477,40 @@ WITH h AS (
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM finished)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+), key_releasing AS MATERIALIZED (
+    -- after the tenants (the scalar subquery makes them go first), in key order,
+    -- as the claim takes them
+    SELECT u.key, u.running, k.n
+    FROM key_usage AS u JOIN key_left AS k ON k.key = u.key
+    WHERE (SELECT count(*) FROM releasing) >= 0
+    ORDER BY u.key
+    FOR UPDATE OF u
+), key_released AS (
+    UPDATE key_usage AS u SET running = r.running - r.n
+    FROM key_releasing AS r
+    WHERE u.key = r.key AND r.running > r.n
+), key_freed AS (
+    -- the last lease of the key: no row kept for an idle key
+    DELETE FROM key_usage AS u USING key_releasing AS r
+    WHERE u.key = r.key AND r.running <= r.n
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -410,7 +523,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
--- Built with BUDGET, FENCE, lease_ended.
+-- Built with BUDGET, FENCE, key_wake_next, lease_ended.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -481,6 +594,40 @@ WITH h AS (
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM finished)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+), key_releasing AS MATERIALIZED (
+    -- after the tenants (the scalar subquery makes them go first), in key order,
+    -- as the claim takes them
+    SELECT u.key, u.running, k.n
+    FROM key_usage AS u JOIN key_left AS k ON k.key = u.key
+    WHERE (SELECT count(*) FROM releasing) >= 0
+    ORDER BY u.key
+    FOR UPDATE OF u
+), key_released AS (
+    UPDATE key_usage AS u SET running = r.running - r.n
+    FROM key_releasing AS r
+    WHERE u.key = r.key AND r.running > r.n
+), key_freed AS (
+    -- the last lease of the key: no row kept for an idle key
+    DELETE FROM key_usage AS u USING key_releasing AS r
+    WHERE u.key = r.key AND r.running <= r.n
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -502,7 +649,7 @@ WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED';
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, lease_ended.
+-- Built with FENCE, key_wake_next, lease_ended.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -559,6 +706,40 @@ WITH h AS (
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM returned)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+), key_releasing AS MATERIALIZED (
+    -- after the tenants (the scalar subquery makes them go first), in key order,
+    -- as the claim takes them
+    SELECT u.key, u.running, k.n
+    FROM key_usage AS u JOIN key_left AS k ON k.key = u.key
+    WHERE (SELECT count(*) FROM releasing) >= 0
+    ORDER BY u.key
+    FOR UPDATE OF u
+), key_released AS (
+    UPDATE key_usage AS u SET running = r.running - r.n
+    FROM key_releasing AS r
+    WHERE u.key = r.key AND r.running > r.n
+), key_freed AS (
+    -- the last lease of the key: no row kept for an idle key
+    DELETE FROM key_usage AS u USING key_releasing AS r
+    WHERE u.key = r.key AND r.running <= r.n
 )
 SELECT job_id, state FROM returned;
 
@@ -567,7 +748,7 @@ SELECT job_id, state FROM returned;
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, lease_ended.
+-- Built with BUDGET, key_wake_next, lease_ended.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -627,6 +808,40 @@ WITH expired AS (
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM swept)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+), key_releasing AS MATERIALIZED (
+    -- after the tenants (the scalar subquery makes them go first), in key order,
+    -- as the claim takes them
+    SELECT u.key, u.running, k.n
+    FROM key_usage AS u JOIN key_left AS k ON k.key = u.key
+    WHERE (SELECT count(*) FROM releasing) >= 0
+    ORDER BY u.key
+    FOR UPDATE OF u
+), key_released AS (
+    UPDATE key_usage AS u SET running = r.running - r.n
+    FROM key_releasing AS r
+    WHERE u.key = r.key AND r.running > r.n
+), key_freed AS (
+    -- the last lease of the key: no row kept for an idle key
+    DELETE FROM key_usage AS u USING key_releasing AS r
+    WHERE u.key = r.key AND r.running <= r.n
 )
 SELECT job_id, state, worker, run_after FROM swept;
 
@@ -1611,8 +1826,24 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS handlers_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
-       r.relays_live, r.relays_publishing, r.relay_seen_at
+       r.relays_live, r.relays_publishing, r.relay_seen_at,
+       j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
+       a.job_id AS key_ahead, a.state AS key_ahead_state
 FROM jobs AS j
+LEFT JOIN LATERAL (
+    -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
+    SELECT count(*)::int AS key_running,
+           (array_agg(x.job_id ORDER BY x.started_at, x.job_id))[1] AS key_holder
+    FROM jobs AS x
+    WHERE x.key = j.key AND x.state IN ('CANCEL_REQUESTED', 'RUNNING') AND x.job_id <> j.job_id
+) AS k ON j.key IS NOT NULL
+LEFT JOIN LATERAL (
+    -- the ordered job of its key right before it that it waits for
+    SELECT x.job_id, x.state FROM jobs AS x
+    WHERE x.key = j.key AND x.key_seq < j.key_seq AND (x.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (x.state = 'FAILED' AND x.key_order = 'strict'))
+    ORDER BY x.key_seq DESC
+    LIMIT 1
+) AS a ON j.key_seq IS NOT NULL
 LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
 LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant

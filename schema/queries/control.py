@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
+from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, PENDING_TENANTS, UNTAKEN
 from schema.queries.worker import RELAY_LIVE_SECONDS
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, OUTBOX_CHANNEL, TERMINAL_SQL
 
@@ -200,8 +200,24 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND {LIVE_WORKER})::int AS handlers_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
-       r.relays_live, r.relays_publishing, r.relay_seen_at
+       r.relays_live, r.relays_publishing, r.relay_seen_at,
+       j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
+       a.job_id AS key_ahead, a.state AS key_ahead_state
 FROM jobs AS j
+LEFT JOIN LATERAL (
+    -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
+    SELECT count(*)::int AS key_running,
+           (array_agg(x.job_id ORDER BY x.started_at, x.job_id))[1] AS key_holder
+    FROM jobs AS x
+    WHERE x.key = j.key AND x.state IN ({LEASED_SQL}) AND x.job_id <> j.job_id
+) AS k ON j.key IS NOT NULL
+LEFT JOIN LATERAL (
+    -- the ordered job of its key right before it that it waits for
+    SELECT x.job_id, x.state FROM jobs AS x
+    WHERE x.key = j.key AND x.key_seq < j.key_seq AND {KEY_AHEAD.format(x="x")}
+    ORDER BY x.key_seq DESC
+    LIMIT 1
+) AS a ON j.key_seq IS NOT NULL
 LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
 LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant

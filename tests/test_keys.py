@@ -1,0 +1,323 @@
+"""Entity keys on real processes: at most key_limit leases per key however many
+consumers and slots contend, ordered keys start their jobs in enqueue order one
+after the other (a retrying head stays the head; "strict" holds behind a FAILED
+one until it is replayed), and a key's slot comes back by every way a lease ends
+(kill -9, SIGSTOP past the lease, a give-back at SIGTERM, cancel, Permanent)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import NewJob
+from plumbing.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+from tests.apps.keys import RUNS_TABLE
+from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
+from tests.support.processes import running, service_env
+
+pytestmark = pytest.mark.timeout(300)
+
+APP = ["--app", "tests.apps.keys"]
+
+# Pairs of runs of one key whose handler intervals overlap (a run still going counts
+# as open-ended).
+OVERLAPS = """
+SELECT a.key, a.job_id, b.job_id
+FROM key_runs AS a JOIN key_runs AS b
+  ON a.key = b.key AND (a.job_id, a.attempt) < (b.job_id, b.attempt)
+ AND a.started_at < COALESCE(b.ended_at, 'infinity')
+ AND b.started_at < COALESCE(a.ended_at, 'infinity')
+WHERE a.key = ANY(%s)
+"""
+
+# The most runs of one key going at one instant (a run still going counts as
+# open-ended). From the handlers' own clock, not the attempts' history: a claim's
+# now() is when its statement arrived, before it was planned and took its
+# snapshot, so on a loaded machine it can precede the end of the lease it waited
+# for by milliseconds.
+PEAK_RUNS = """
+SELECT key, max(running) FROM (
+    SELECT key, sum(step) OVER (PARTITION BY key ORDER BY at, step) AS running
+    FROM (SELECT key, started_at AS at, 1 AS step FROM key_runs
+          UNION ALL
+          SELECT key, COALESCE(ended_at, 'infinity'), -1 FROM key_runs) AS e
+) AS s GROUP BY key
+"""
+
+
+def keyed(key: str | None, **payload: Any) -> dict[str, Any]:
+    return {"key": key, **payload}
+
+
+def _env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
+    return service_env(db_url, amqp_url, topology)
+
+
+def test_a_key_capped_at_one_never_overlaps_while_fifty_others_run_at_once(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    pg.execute(RUNS_TABLE)
+    env = _env(db_url, amqp_url, topology)
+    hot = [NewJob("keyed", keyed("hot", seconds=0.05), key="hot") for _ in range(40)]
+    others = [
+        NewJob("keyed", keyed(f"k{i}", seconds=0.3), key=f"k{i}")
+        for _ in range(3)
+        for i in range(50)
+    ]
+    args = [*APP, "--concurrency", "20"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started"),
+        running("consumer", args, env, "consumer.started"),
+    ):
+        ids = enqueue_many(engine, hot + others)
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=240))
+    keys = ["hot", *(f"k{i}" for i in range(50))]
+    assert pg.execute(OVERLAPS, [keys]).fetchall() == []
+    peaks = dict(pg.execute(PEAK_RUNS).fetchall())
+    assert max(peaks.values()) == 1, peaks
+    # the other keys ran side by side: some instant had many of them running
+    (side_by_side,) = pg.execute(
+        """SELECT max(n) FROM (SELECT (SELECT count(DISTINCT b.key) FROM key_runs AS b
+                                      WHERE b.started_at <= a.started_at
+                                        AND b.ended_at > a.started_at) AS n
+                               FROM key_runs AS a) AS s"""
+    ).fetchone()  # type: ignore[misc]
+    assert side_by_side >= 15, side_by_side
+    # a busy key spent no attempt, and left no row behind
+    assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone() == (1,)
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+    (busy,) = pg.execute("SELECT count(*) FROM key_runs WHERE key = 'hot'").fetchone()  # type: ignore[misc]
+    assert busy == 40
+
+
+def test_key_limit_two_holds_two_at_once(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    pg.execute(RUNS_TABLE)
+    env = _env(db_url, amqp_url, topology)
+    jobs = [NewJob("keyed", keyed("pair", seconds=0.2), key="pair", key_limit=2) for _ in range(12)]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", [*APP, "--concurrency", "10"], env, "consumer.started"),
+    ):
+        ids = enqueue_many(engine, jobs)
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=120))
+    assert dict(pg.execute(PEAK_RUNS).fetchall()) == {"pair": 2}
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
+# Per ordered key: its jobs in key_seq order with the first start of a handler
+# of each and the end of its last (the handlers' clock: see PEAK_RUNS).
+ORDER = """
+SELECT j.key, j.job_id, j.key_seq, j.state, j.attempt_count,
+       (SELECT min(r.started_at) FROM key_runs AS r WHERE r.job_id = j.job_id) AS first_start,
+       (SELECT max(COALESCE(r.ended_at, 'infinity')) FROM key_runs AS r
+        WHERE r.job_id = j.job_id) AS last_end
+FROM jobs AS j WHERE j.key_seq IS NOT NULL
+ORDER BY j.key, j.key_seq
+"""
+
+
+def _check_order(pg: psycopg.Connection) -> dict[str, list[uuid.UUID]]:
+    """Each ordered job that ran started after the one before it of its key ended;
+    returns the jobs per key in key order."""
+    per_key: dict[str, list[Any]] = {}
+    for row in pg.execute(ORDER).fetchall():
+        per_key.setdefault(row[0], []).append(row)
+    for key, rows in per_key.items():
+        ran = [r for r in rows if r[5] is not None]
+        for before, after in itertools.pairwise(ran):
+            assert after[5] > before[6], f"{key}: {after[1]} started before {before[1]} ended"
+    return {key: [r[1] for r in rows] for key, rows in per_key.items()}
+
+
+def test_ordered_jobs_start_in_enqueue_order_with_four_consumers_and_a_retrying_head(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """Eight keys of ten ordered jobs each, enqueued one transaction at a time from
+    four producers at once (so the keys' enqueues race), run by four consumers;
+    the first job of key o0 fails twice before it succeeds, and the nine behind it
+    wait for it."""
+    pg.execute(RUNS_TABLE)
+    env = _env(db_url, amqp_url, topology)
+    head = enqueue(
+        engine, "keyed", keyed("o0", fail_attempts=2, seconds=0.05), key="o0", ordered=True
+    )
+    # per producer, the jobs it enqueued in its order (one commit after the other)
+    enqueued: dict[int, list[uuid.UUID]] = {w: [] for w in range(4)}
+
+    def produce(worker: int) -> None:
+        for n in range(20):
+            key = f"o{(worker * 20 + n) % 8}"
+            with Session(engine) as session, session.begin():
+                job_id = outbox.enqueue(
+                    session, "keyed", keyed(key, seconds=0.02), key=key, ordered=True
+                )
+            enqueued[worker].append(job_id)
+
+    args = [*APP, "--concurrency", "5"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started"),
+        running("consumer", args, env, "consumer.started"),
+        running("consumer", args, env, "consumer.started"),
+        running("consumer", args, env, "consumer.started"),
+    ):
+
+        async def main() -> None:
+            await asyncio.gather(*(asyncio.to_thread(produce, w) for w in range(4)))
+            await wait_until_all(pg, "SUCCEEDED", 81, timeout=240)
+
+        asyncio.run(main())
+    started = _check_order(pg)
+    assert started["o0"][0] == head
+    assert job(pg, head)["attempt_count"] == 3
+    for key, ids in started.items():
+        # each producer's jobs of a key keep their order (its commits are in order)
+        for mine in enqueued.values():
+            of_key = [i for i in mine if i in set(ids)]
+            assert of_key == [i for i in ids if i in set(of_key)], key
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
+def test_strict_order_holds_the_key_behind_a_failed_head_until_it_is_replayed(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    pg.execute(RUNS_TABLE)
+    env = _env(db_url, amqp_url, topology)
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", [*APP, "--concurrency", "10"], env, "consumer.started"),
+    ):
+        strict = [
+            enqueue(engine, "keyed", keyed("s", permanent_attempts=1), key="s", ordered="strict"),
+            *(enqueue(engine, "keyed", keyed("s"), key="s", ordered="strict") for _ in range(3)),
+        ]
+        # ordered=True moves on past a head that FAILED
+        loose = [
+            enqueue(engine, "keyed", keyed("l", permanent_attempts=1), key="l", ordered=True),
+            *(enqueue(engine, "keyed", keyed("l"), key="l", ordered=True) for _ in range(3)),
+        ]
+        asyncio.run(wait_for_state(pg, strict[0], "FAILED"))
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", 3, timeout=60))
+        assert [job(pg, i)["state"] for i in loose] == ["FAILED", *["SUCCEEDED"] * 3]
+        asyncio.run(asyncio.sleep(2))
+        assert [job(pg, i)["state"] for i in strict] == ["FAILED", *["QUEUED"] * 3]
+        with Session(engine) as session:
+            why = outbox.explain(session, strict[1])
+            later = outbox.explain(session, strict[3])
+        (blocker,) = why.blockers
+        assert blocker.code == "KEY_ORDER"
+        assert blocker.facts == {
+            "key": "s",
+            "ahead": strict[0],
+            "ahead_state": "FAILED",
+            "strict": True,
+        }
+        assert later.blocker("KEY_ORDER").facts["ahead"] == strict[2]  # type: ignore[union-attr]
+        # nothing polls the held key: the waiting jobs were turned down once each
+        (refusals,) = pg.execute(
+            "SELECT count(*) FROM jobs WHERE key = 's' AND delay_reason = 'KEY_ORDER'"
+        ).fetchone()  # type: ignore[misc]
+        assert refusals >= 1
+        assert pg.execute(
+            "SELECT count(*) FROM outbox AS o JOIN jobs AS j USING (job_id) WHERE j.key = 's'"
+        ).fetchone() == (0,)
+        with Session(engine) as session, session.begin():
+            outbox.retry_job(session, strict[0])
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", 7, timeout=60))
+    assert _check_order(pg)["s"] == strict
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
+def test_a_key_comes_back_by_every_way_a_lease_ends(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """Per key a head that holds it and a job waiting behind it (KEY_BUSY, no
+    attempt spent): the head's consumer is killed with SIGKILL, frozen with SIGSTOP
+    past its lease, or stopped with SIGTERM (a give-back); the head is cancelled,
+    or fails with Permanent. Each time the waiting job starts once the lease ends,
+    and no key keeps a row."""
+    pg.execute(RUNS_TABLE)
+    env = _env(db_url, amqp_url, topology)
+    short = [*APP, "--lease-seconds", "3", "--heartbeat-seconds", "1", "--concurrency", "4"]
+    heads: dict[str, uuid.UUID] = {}
+    nexts: dict[str, uuid.UUID] = {}
+
+    def pair(key: str, **head: Any) -> None:
+        heads[key] = enqueue(engine, "keyed", keyed(key, **head), key=key)
+        asyncio.run(wait_for_state(pg, heads[key], "RUNNING"))
+        nexts[key] = enqueue(engine, "keyed", keyed(key), key=key)
+
+        def refused() -> bool:
+            return job(pg, nexts[key])["delay_reason"] == "KEY_BUSY"
+
+        asyncio.run(until(refused, f"{key}: the next job is turned down for its key"))
+
+    with running("relay", ["--sweep-interval", "0.5"], env, "relay.started"):
+        with running("consumer", short, env, "consumer.started") as killed:
+            pair("kill", hang_once=True)
+            killed.kill()
+        frozen_cm = running("consumer", short, env, "consumer.started")
+        frozen = frozen_cm.__enter__()
+        try:
+            pair("stop", hang_once=True)
+            frozen.signal(signal.SIGSTOP)
+            with running(
+                "consumer", [*short, "--drain-seconds", "0.5"], env, "consumer.started"
+            ) as d:
+                pair("term", hang_once=True)
+                assert d.stop() == 0
+            assert job(pg, heads["term"])["state"] == "QUEUED"
+            with running("consumer", short, env, "consumer.started"):
+                pair("cancel", hang_once=True)
+                with Session(engine) as session, session.begin():
+                    outbox.request_cancel(session, heads["cancel"])
+                pair("perm", permanent_attempts=1, seconds=1)
+                asyncio.run(wait_until_all(pg, "SUCCEEDED", 8, timeout=90))
+                states = {k: job(pg, i)["state"] for k, i in heads.items()}
+                assert states == {
+                    "kill": "SUCCEEDED",
+                    "stop": "SUCCEEDED",
+                    "term": "SUCCEEDED",
+                    "cancel": "CANCELLED",
+                    "perm": "FAILED",
+                }
+        finally:
+            frozen.signal(signal.SIGCONT)
+            frozen_cm.__exit__(None, None, None)
+    for key, job_id in nexts.items():
+        row = job(pg, job_id)
+        assert (row["state"], row["attempt_count"]) == ("SUCCEEDED", 1), key
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
