@@ -20,8 +20,11 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 #
 # A named job is taken when it is claimable and due, its type is one this worker has
 # a handler for, its queue is not paused, a plain-function handler has a free thread
-# (free_threads), and its tenant has a free slot; the slot is reserved in this same
-# statement (tenant_usage, locked in tenant order). The claim raises the generation
+# (free_threads), its tenant has a free slot, and its key (jobs.key) holds fewer
+# than key_limit leases and, for an ordered job, no earlier job of the key waits or
+# runs (or, "strict", FAILED); the slot and the key are reserved in this same
+# statement (tenant_usage and key_usage, each locked in its own sorted order,
+# tenants first). The claim raises the generation
 # and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
 # without one and the backoff the sweeper will use if the lease expires.
 #
@@ -35,19 +38,27 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # REFUSAL_BACKSTOP_SECONDS, and brought forward by the relay once such a consumer
 # has a free slot (OUTBOX_WAKE_REFUSED). Sent straight back, it met consumers that
 # could not run it either, round and round. A job of a type no other live consumer
-# knows waits without a wake-up, until one announces it (JOB_WAKE_PARKED). Nothing
-# about it spends an attempt.
+# knows waits without a wake-up, until one announces it (JOB_WAKE_PARKED). A job
+# waiting for its key (KEY_BUSY, KEY_ORDER) waits without one too: the end of the
+# lease ahead of it wakes it (key_wake_next), so a busy key is never polled.
+# Nothing about it spends an attempt.
 #
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
 # the reason it was not.
+#
+# The steps, numbered in the SQL: 1. what may run here; 2. the tenants' slots and
+# the keys' leases;
+# 3. the refusals, recorded and woken again; 4. the claim; 5. the answer.
 JOB_CLAIM_MANY: Final = f"""
 WITH types AS (
+    -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
+    -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            j.key, j.key_limit, j.key_seq,
            t.job_type IS NOT NULL AS known,
@@ -61,13 +72,15 @@ WITH types AS (
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
+    -- 1c. of those, the ones with a handler, an unpaused queue and, for a plain
+    -- function, a free thread
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), key_behind AS (
-    -- ordered jobs with an earlier one of their key still waiting, running or, for
+    -- 1d. ordered jobs with an earlier one of their key still waiting, running or, for
     -- 'strict', FAILED: they wait for it (KEY_ORDER). key_seq follows the commit
     -- order of the enqueues (JOB_KEYS_LOCK), so no earlier one is still to appear.
     SELECT r.job_id
@@ -77,6 +90,7 @@ WITH types AS (
                   WHERE x.key = r.key AND x.key_seq < r.key_seq
                     AND {KEY_AHEAD.format(x="x")})
 ), key_ranked AS (
+    -- 1e. the others with a key, ranked per key: the first key_limit may take it
     SELECT r.job_id, r.key_limit_in_batch,
            row_number() OVER (PARTITION BY r.key ORDER BY r.key_seq, r.priority DESC, r.job_id)
                AS key_rank
@@ -84,19 +98,22 @@ WITH types AS (
           FROM runnable AS r
           WHERE r.key IS NOT NULL AND r.job_id NOT IN (SELECT job_id FROM key_behind)) AS r
 ), key_waiting AS (
-    -- what waits for its key whatever the tenants say: behind in order, or past the
+    -- 1f. what waits for its key whatever the tenants say: behind in order, or past the
     -- key's limit within this batch
     SELECT job_id FROM key_behind
     UNION ALL
     SELECT job_id FROM key_ranked WHERE key_rank > key_limit_in_batch
 ), usage AS MATERIALIZED (
-    -- Locked in tenant order (every statement that moves these counters does so).
+    -- 2a. their tenants' free slots, locked in tenant order (every statement that
+    -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE u.tenant IN (SELECT tenant FROM runnable)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
+    -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
+    -- slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
@@ -104,10 +121,11 @@ WITH types AS (
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), key_wanted AS (
+    -- 2b1. the leases each key is asked for
     SELECT a.key, count(*)::int AS n, min(a.key_limit) AS key_limit
     FROM admitted AS a WHERE a.key IS NOT NULL GROUP BY a.key
 ), key_taken AS (
-    -- A key's leases are taken here, all the jobs admitted for it or none, keys in
+    -- 2b2. A key's leases are taken here, all the jobs admitted for it or none, keys in
     -- sorted order and after the tenants (as every end of a lease releases them). A
     -- row another statement holds is waited for and judged by the count it left; one
     -- inserted meanwhile conflicts and is judged so too: never a count and then a
@@ -119,15 +137,18 @@ WITH types AS (
     WHERE u.running + EXCLUDED.running <= EXCLUDED.key_limit
     RETURNING u.key
 ), key_admitted AS (
+    -- 2b3. the admitted jobs whose key was had
     SELECT a.* FROM admitted AS a
     WHERE a.key IS NULL OR a.key IN (SELECT key FROM key_taken)
 ), reserved AS (
+    -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
           FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
+    -- 3a. the jobs turned down, and why (paused queue, no handler, key, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
@@ -142,17 +163,18 @@ WITH types AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
       AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
-    -- delay_since is when a consumer last turned it down: it marks the wake-up used
-    -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
-    -- job only when it can run).
+    -- 3b. the reason recorded on the job. delay_since is when a consumer last
+    -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
+    -- refusal, which is rare (the relay wakes a job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
     WHERE j.job_id = r.job_id
 ), used_up AS (
+    -- 3c. their used-up wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
 ), held AS (
-    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
     -- something was turned down for want of a handler
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
@@ -160,7 +182,7 @@ WITH types AS (
       AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
     GROUP BY x.lease_owner
 ), capable AS (
-    -- per job turned down for want of a handler: whether another live consumer has
+    -- 3e. per job turned down for want of a handler: whether another live consumer has
     -- it, and whether one of those has a free slot now
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
@@ -171,9 +193,9 @@ WITH types AS (
     WHERE r.reason = 'NO_HANDLER'
     GROUP BY r.job_id
 ), requeued AS (
-    -- Due now, but for want of a handler: then only straight to a free slot, and
-    -- not twice in a second; else after the backstop, or earlier once a slot frees
-    -- (OUTBOX_WAKE_REFUSED).
+    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
+    -- only straight to a free slot, and not twice in a second; else after the
+    -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
@@ -184,6 +206,7 @@ WITH types AS (
       -- a job waiting for its key gets its wake-up back when the key frees
       AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
 ), claimed AS (
+    -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
     SET state = 'RUNNING',
         lease_owner = %(worker)s,
@@ -203,6 +226,7 @@ WITH types AS (
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
 )
+-- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
@@ -333,13 +357,13 @@ JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
 
 # The same, from inside the job's own transaction (job.transaction()), which waits
 # for a row lock rather than skip it: it cannot be retried alone later.
-JOB_FINISH_IN_TX: Final = _finish("")
+JOB_FINISH_MANY_IN_TX: Final = _finish("")
 
 # Whether this worker's outcomes were recorded after all: used when a commit failed
 # ambiguously (the connection dropped during COMMIT) and the retried statement then
 # matched nothing, to tell "already applied" from "stale". The sweeper also writes
 # rows under the worker's name, for leases that expired; those do not count.
-JOB_ATTEMPTS_RECORDED: Final = """
+JOB_ATTEMPT_RECORDED_MANY: Final = """
 SELECT a.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation
