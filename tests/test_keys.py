@@ -285,7 +285,9 @@ def test_a_key_comes_back_by_every_way_a_lease_ends(
 
         asyncio.run(until(refused, f"{key}: the next job is turned down for its key"))
 
-    with running("relay", ["--sweep-interval", "0.5"], env, "relay.started"):
+    # the chaos soak's relay: wake-ups a frozen consumer holds are sent again soon
+    relay = ["--sweep-interval", "0.5", "--rewake-interval", "3"]
+    with running("relay", relay, env, "relay.started"):
         with running("consumer", short, env, "consumer.started") as killed:
             pair("kill", hang_once=True)
             killed.kill()
