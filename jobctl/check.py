@@ -75,6 +75,18 @@ CHECKS = {
         SELECT count(*) FROM jobs
         WHERE holds_slot AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED')""",
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
+    # A key's count of leases (key_usage) must equal the leases of its jobs, and a
+    # key no lease holds keeps no row: a lease released twice makes it lower, a
+    # leaked one higher (or a row left behind).
+    "key_leases_leaked_or_released_twice": """
+        SELECT (SELECT coalesce(sum(abs(u.running - (
+                    SELECT count(*) FROM jobs AS j
+                    WHERE j.key = u.key AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')))), 0)
+                FROM key_usage AS u)::int
+             + (SELECT count(DISTINCT j.key) FROM jobs AS j
+                WHERE j.key IS NOT NULL AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')
+                  AND NOT EXISTS (SELECT 1 FROM key_usage AS u WHERE u.key = j.key))::int
+             + (SELECT count(*) FROM key_usage WHERE running = 0)::int""",
 }
 
 EFFECT_CHECKS = {
@@ -134,7 +146,14 @@ def check(
     return report
 
 
-MUST_BE_ZERO = [*CHECKS, *EFFECT_CHECKS, "missing_rows", "not_succeeded", "cap_exceeded"]
+MUST_BE_ZERO = [
+    *CHECKS,
+    *EFFECT_CHECKS,
+    "missing_rows",
+    "not_succeeded",
+    "cap_exceeded",
+    "key_limit_exceeded",
+]
 
 
 def violations(report: dict[str, Any]) -> dict[str, int]:

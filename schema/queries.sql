@@ -1245,7 +1245,7 @@ RETURNING o.job_id;
 -- Parameters: after, grace_seconds, slice, worker_ttl.
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason
+           j.delay_reason, j.key, j.key_limit, j.key_seq
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -1261,6 +1261,15 @@ WITH slice AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
+      -- one waiting for its key is woken by the end of the lease ahead of it: an
+      -- orphan only once nothing holds it back any more
+      AND NOT (s.delay_reason = 'KEY_BUSY'
+               AND EXISTS (SELECT 1 FROM key_usage AS u
+                           WHERE u.key = s.key AND u.running >= s.key_limit))
+      AND NOT (s.delay_reason = 'KEY_ORDER'
+               AND EXISTS (SELECT 1 FROM jobs AS x
+                           WHERE x.key = s.key AND x.key_seq < s.key_seq
+                             AND (x.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (x.state = 'FAILED' AND x.key_order = 'strict'))))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

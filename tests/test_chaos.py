@@ -21,6 +21,8 @@ def _assert_clean(report: dict) -> None:
     assert report["not_succeeded"] == 0, "the budget lets every job succeed; all must"
     assert report["slots_leaked_or_released_twice"] == 0
     assert report["cap_exceeded"] == 0 and report["cap_samples"] > 100
+    assert report["key_limit_exceeded"] == 0
+    assert report["key_leases_leaked_or_released_twice"] == 0
 
 
 @pytest.mark.timeout(400)

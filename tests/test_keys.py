@@ -17,11 +17,15 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+import consumers
 import outbox
+from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
+from tests.support.api import api_client
+from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.processes import running, service_env
 
@@ -323,3 +327,73 @@ def test_a_key_comes_back_by_every_way_a_lease_ends(
         row = job(pg, job_id)
         assert (row["state"], row["attempt_count"]) == ("SUCCEEDED", 1), key
     assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
+async def test_explain_names_the_key_and_the_job_holding_it(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    registry = Registry()
+    release = asyncio.Event()
+
+    @registry.handler("hold")
+    async def hold(j: consumers.Job) -> None:
+        await release.wait()
+
+    async with (
+        relay_running(db_url, amqp_url, topology),
+        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
+    ):
+        holder = enqueue(engine, "hold", {}, key="doc:1")
+        await wait_for_state(pg, holder, "RUNNING")
+        waiting = enqueue(engine, "hold", {}, key="doc:1")
+        await until(lambda: job(pg, waiting)["delay_reason"] == "KEY_BUSY", "turned down")
+        with Session(engine) as session:
+            why = outbox.explain(session, waiting)
+        assert why.codes == ["KEY_BUSY"], why
+        assert why.blocker("KEY_BUSY").facts == {  # type: ignore[union-attr]
+            "key": "doc:1",
+            "running": 1,
+            "key_limit": 1,
+            "held_by": holder,
+        }
+        assert "held by job" in why.summary
+        assert pg.execute("SELECT running FROM key_usage WHERE key = 'doc:1'").fetchone() == (1,)
+        release.set()
+        await wait_until_all(pg, "SUCCEEDED", 2)
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"ordered": True}, ValueError, "ordered needs a key"),
+        ({"key_limit": 2}, ValueError, "key_limit needs a key"),
+        ({"key": "a", "key_limit": 0}, ValueError, "key_limit must be between"),
+        ({"key": "a", "key_limit": "2"}, TypeError, "key_limit must be an int"),
+        ({"key": "a", "ordered": "yes"}, ValueError, "ordered must be True, False or 'strict'"),
+        ({"key": ""}, ValueError, "key"),
+    ],
+)
+def test_bad_key_arguments_raise_before_writing(
+    engine: Engine, pg: psycopg.Connection, kwargs: dict[str, Any], error: type, text: str
+) -> None:
+    with Session(engine) as session, session.begin(), pytest.raises(error, match=text):
+        outbox.enqueue(session, "t", {}, **kwargs)
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+async def test_the_api_enqueues_with_a_key(db_url: DatabaseUrl, pg: psycopg.Connection) -> None:
+    async with api_client(db_url) as client:
+        sent = await client.post(
+            "/v1/jobs",
+            json={"job_type": "greet", "key": "account:9", "key_limit": 2, "ordered": "strict"},
+        )
+        assert sent.status_code == 202, sent.text
+        refused = await client.post("/v1/jobs", json={"job_type": "greet", "ordered": True})
+        assert refused.status_code == 422, refused.text
+    row = pg.execute("SELECT key, key_limit, key_order, key_seq IS NOT NULL FROM jobs").fetchall()
+    assert row == [("account:9", 2, "strict", True)]

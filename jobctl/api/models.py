@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from jobctl.service.models import ScheduleView, TenantView, WorkerView
-from outbox.validation import MAX_ATTEMPTS_LIMIT, check_depth
+from outbox.validation import MAX_ATTEMPTS_LIMIT, MAX_KEY_LIMIT, check_depth
 from schema import names
 from schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
+    MAX_KEY_LENGTH,
     MAX_SCHEDULE_NAME_LENGTH,
     QUEUE_NAME_PATTERN,
 )
@@ -101,6 +102,17 @@ class EnqueueBody(BaseModel):
     """Not before this instant (with its UTC offset); null: now."""
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     """The attempt budget; null: the handler's, else 5."""
+    key: (
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
+    ) = None
+    """The entity the job is about: at most key_limit jobs with one key hold a lease
+    at once, across queues and job types."""
+    key_limit: int | None = Field(default=None, ge=1, le=MAX_KEY_LIMIT)
+    """How many jobs with its key may run at once; null: 1. Needs a key."""
+    ordered: bool | Literal["strict"] = False
+    """true: jobs of its key start in enqueue order, one after the other, past one
+    that FAILED or was CANCELLED; "strict": the key waits behind a FAILED one until
+    it is replayed. Needs a key."""
 
 
 class TenantLimits(BaseModel):

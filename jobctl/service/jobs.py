@@ -87,6 +87,9 @@ class NewJobRequest:
     run_after: datetime | None = None
     max_attempts: int | None = None
     dedup_key: str | None = None
+    key: str | None = None
+    key_limit: int | None = None
+    ordered: bool | str = False
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -104,6 +107,8 @@ class NewJobRequest:
             # Absent rather than null: fingerprints stored before the field existed
             # still match their requests.
             document["dedup_key"] = self.dedup_key
+        if self.key is not None:
+            document |= {"key": self.key, "key_limit": self.key_limit, "ordered": self.ordered}
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -329,6 +334,9 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             max_attempts=request.max_attempts,
             priority=request.priority,
             tenant=request.tenant,
+            key=request.key,
+            key_limit=request.key_limit,
+            ordered=request.ordered,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

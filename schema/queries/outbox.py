@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import LIVE_WORKER, UNTAKEN
+from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
 from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type: woken when one announces it
@@ -453,7 +453,7 @@ RETURNING o.job_id
 JOB_WAKE_ORPHANS: Final = f"""
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason
+           j.delay_reason, j.key, j.key_limit, j.key_seq
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -469,6 +469,15 @@ WITH slice AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
+      -- one waiting for its key is woken by the end of the lease ahead of it: an
+      -- orphan only once nothing holds it back any more
+      AND NOT (s.delay_reason = 'KEY_BUSY'
+               AND EXISTS (SELECT 1 FROM key_usage AS u
+                           WHERE u.key = s.key AND u.running >= s.key_limit))
+      AND NOT (s.delay_reason = 'KEY_ORDER'
+               AND EXISTS (SELECT 1 FROM jobs AS x
+                           WHERE x.key = s.key AND x.key_seq < s.key_seq
+                             AND {KEY_AHEAD.format(x="x")}))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

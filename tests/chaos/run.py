@@ -66,6 +66,9 @@ APP_NAMES = ("relay", "relay-listen", "consumer", "consumer-sync")
 # never be exceeded), one weighted, and jobs of no tenant.
 CAPPED, CAP = "capped", 4
 TENANTS: list[str | None] = [None, CAPPED, "heavy", "light"]
+# One job in four is about one of a few entity keys (key_limit 1, a few with 2):
+# the leases of a key are sampled throughout the run and must never exceed it.
+KEYS = [f"account:{i}" for i in range(24)]
 
 
 @dataclass
@@ -110,6 +113,7 @@ class CapSampler:
         self.db = db
         self.peak = 0
         self.samples = 0
+        self.key_over = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -118,11 +122,20 @@ class CapSampler:
             "SELECT count(*) FROM jobs WHERE tenant = %s"
             " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
         )
+        # each key's leases beyond its limit, at one instant (one snapshot)
+        keys = (
+            "SELECT coalesce(max(n - key_limit), 0) FROM ("
+            " SELECT count(*) AS n, min(key_limit) AS key_limit FROM jobs"
+            " WHERE key IS NOT NULL AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+            " GROUP BY key) AS k"
+        )
         while not self.stop.is_set():
             try:
                 with psycopg.connect(self.db.conninfo, autocommit=True) as conn:
                     while not self.stop.is_set():
                         running = conn.execute(sql, [CAPPED]).fetchone()[0]  # type: ignore[index]
+                        over = conn.execute(keys).fetchone()[0]  # type: ignore[index]
+                        self.key_over = max(self.key_over, over)
                         self.peak, self.samples = max(self.peak, running), self.samples + 1
                         time.sleep(0.01)
             except psycopg.OperationalError:  # terminated with the others: reconnect
@@ -167,10 +180,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
                     jobs if now >= produce_until else int(jobs * (now - started) / (seconds * 0.8))
                 )
                 if due > enqueued:
-                    batch = [
-                        outbox.NewJob("effect", job_payload(rng, i), tenant=rng.choice(TENANTS))
-                        for i in range(enqueued, min(due, enqueued + 500))
-                    ]
+                    batch = [job(rng, i) for i in range(enqueued, min(due, enqueued + 500))]
                     with Session(engine) as session, session.begin():
                         outbox.enqueue_many(session, batch)
                     enqueued += len(batch)
@@ -210,6 +220,7 @@ def run(jobs: int, seconds: float, seed: int, settle_timeout: float = 240) -> di
     report["cap_peak"] = sampler.peak
     report["cap_samples"] = sampler.samples
     report["cap_exceeded"] = max(0, sampler.peak - CAP)
+    report["key_limit_exceeded"] = sampler.key_over
     report["settled"] = settled
     report["chaos"] = dict(done)
     report["seconds"] = round(time.monotonic() - started, 1)
@@ -229,6 +240,15 @@ def fence_rejections(roles: list[Role]) -> dict[str, int]:
                     if f'"event": "{event}"' in line:
                         seen[event] += 1
     return dict(seen)
+
+
+def job(rng: random.Random, i: int) -> outbox.NewJob:
+    tenant = rng.choice(TENANTS)
+    if rng.random() < 0.25:
+        key = rng.choice(KEYS)
+        limit = 2 if key.endswith(("0", "5")) else 1
+        return outbox.NewJob("effect", job_payload(rng, i), tenant=tenant, key=key, key_limit=limit)
+    return outbox.NewJob("effect", job_payload(rng, i), tenant=tenant)
 
 
 def job_payload(rng: random.Random, i: int) -> dict[str, Any]:

@@ -122,6 +122,9 @@ async def enqueue(
         body.run_after,
         body.max_attempts,
         body.dedup_key,
+        body.key,
+        body.key_limit,
+        body.ordered,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
