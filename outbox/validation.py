@@ -78,11 +78,11 @@ def key_fields(
     name = names.key(key)
     if key_limit is None:
         return name, DEFAULT_KEY_LIMIT, order
-    if not _is_int(key_limit):
+    if not isinstance(key_limit, int) or isinstance(key_limit, bool):
         raise TypeError(f"key_limit must be an int, not {type(key_limit).__name__}")
-    if not 1 <= key_limit <= MAX_KEY_LIMIT:  # type: ignore[operator]
+    if not 1 <= key_limit <= MAX_KEY_LIMIT:
         raise ValueError(f"key_limit must be between 1 and {MAX_KEY_LIMIT}")
-    return name, int(key_limit), order  # type: ignore[call-overload]
+    return name, key_limit, order
 
 
 def new_job_id() -> uuid.UUID:
