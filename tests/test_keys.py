@@ -22,12 +22,14 @@ import outbox
 from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
+from relay.maintenance import OrphanWalk, wake_orphans
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.processes import running, service_env
+from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -397,3 +399,44 @@ async def test_the_api_enqueues_with_a_key(db_url: DatabaseUrl, pg: psycopg.Conn
         assert refused.status_code == 422, refused.text
     row = pg.execute("SELECT key, key_limit, key_order, key_seq IS NOT NULL FROM jobs").fetchall()
     assert row == [("account:9", 2, "strict", True)]
+
+
+async def test_the_orphan_walk_leaves_a_job_waiting_for_its_key_until_the_key_frees(
+    pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """A job turned down for its key has no wake-up on purpose: the end of the lease
+    ahead of it wakes it. The orphan walk (the backstop for a wake-up lost in a race)
+    wakes it only once nothing holds it back any more; while the key is busy it
+    would be turned down again, once per lap, for nothing."""
+    busy, behind = uuid.uuid4(), uuid.uuid4()
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, key, key_limit, delay_reason) VALUES"
+        " (%s, 't', 'k1', 1, 'KEY_BUSY')",
+        [busy],
+    )
+    head = pg.execute(
+        "INSERT INTO jobs (job_id, job_type, key, key_limit, key_order, key_seq, state,"
+        " lease_owner, lease_expires_at, attempt_count, max_attempts)"
+        " VALUES (gen_random_uuid(), 't', 'k2', 1, 'ordered', 1, 'RUNNING', 'w',"
+        " now() + interval '1 hour', 1, 5) RETURNING job_id"
+    ).fetchone()[0]  # type: ignore[index]
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, key, key_limit, key_order, key_seq, delay_reason)"
+        " VALUES (%s, 't', 'k2', 1, 'ordered', 2, 'KEY_ORDER')",
+        [behind],
+    )
+    pg.execute("INSERT INTO key_usage (key, running, key_limit) VALUES ('k1', 1, 1), ('k2', 1, 1)")
+    pool = relay_pool(db_url)
+    await pool.open()
+    try:
+        assert await wake_orphans(pool, OrphanWalk(), grace=0, size=100, worker_ttl=60) == []
+        pg.execute("DELETE FROM key_usage WHERE key = 'k1'")
+        pg.execute(
+            "UPDATE jobs SET state = 'SUCCEEDED', lease_owner = NULL,"
+            " lease_expires_at = NULL, finished_at = now() WHERE job_id = %s",
+            [head],
+        )
+        found = await wake_orphans(pool, OrphanWalk(), grace=0, size=100, worker_ttl=60)
+    finally:
+        await pool.close()
+    assert sorted(job_id for job_id, _queue in found) == sorted([busy, behind])
