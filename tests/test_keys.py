@@ -395,6 +395,8 @@ async def test_the_api_enqueues_with_a_key(db_url: DatabaseUrl, pg: psycopg.Conn
             json={"job_type": "greet", "key": "account:9", "key_limit": 2, "ordered": "strict"},
         )
         assert sent.status_code == 202, sent.text
+        shown = sent.json()
+        assert (shown["key"], shown["key_limit"], shown["key_order"]) == ("account:9", 2, "strict")
         refused = await client.post("/v1/jobs", json={"job_type": "greet", "ordered": True})
         assert refused.status_code == 422, refused.text
     row = pg.execute("SELECT key, key_limit, key_order, key_seq IS NOT NULL FROM jobs").fetchall()

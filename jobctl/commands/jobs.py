@@ -177,6 +177,13 @@ def _job_text(job: JobView) -> str:
         ("progress", "-" if job.progress is None else f"{progress} at {when(job.progress_at)}"),
         ("result", "-" if job.result is None else _compact(job.result, raw="result" in deep)),
         ("dedup key", job.dedup_key or "-"),
+        (
+            "key",
+            "-"
+            if job.key is None
+            else f"{job.key} (limit {job.key_limit}"
+            + (f", {job.key_order})" if job.key_order else ")"),
+        ),
         ("payload", _compact(job.payload, raw="payload" in deep)),
     ]
     if deep:

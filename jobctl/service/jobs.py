@@ -221,6 +221,9 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         lease_generation,
         lease_expires_at,
         checked_at,
+        key,
+        key_limit,
+        key_order,
     ) = row[14:]
     summary = _summary(row)
     as_text: list[str] = []
@@ -261,6 +264,9 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         why=why,
         checked_at=checked_at,
         as_text=tuple(as_text),
+        key=key,
+        key_limit=key_limit,
+        key_order=key_order,
     )
 
 

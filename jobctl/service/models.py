@@ -73,8 +73,8 @@ class JobSummary:
     finished_at: datetime | None
     last_error_code: str | None
     delay_reason: str | None
-    """Why a consumer last turned the job's wake-up down: TENANT_CAP, QUEUE_PAUSED or
-    NO_HANDLER (cleared when it starts)."""
+    """Why a consumer last turned the job's wake-up down: TENANT_CAP, QUEUE_PAUSED,
+    NO_HANDLER, KEY_BUSY or KEY_ORDER (cleared when it starts)."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ class Blocker:
 
     code: str
     """NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
-    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, CANCEL_REQUESTED or
-    LEASE_EXPIRED."""
+    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, CANCEL_REQUESTED,
+    LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
     facts: dict[str, Any]
     """The figures behind it (see outbox.explain)."""
 
@@ -147,6 +147,11 @@ class JobView(JobSummary):
     """The fields (payload, progress, result) whose stored JSON nests deeper than
     MAX_PAYLOAD_DEPTH (100), served as their JSON text, a string, so that the job
     can be read at all (written before enqueue bounded nesting, or by hand)."""
+    key: str | None = None
+    """The entity the job is about: at most key_limit jobs with it run at once."""
+    key_limit: int | None = None
+    key_order: str | None = None
+    """'ordered' or 'strict': jobs of its key start one after the other, in order."""
 
 
 @dataclass(frozen=True)
