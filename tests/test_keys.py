@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 import consumers
 import outbox
 from consumers import Registry
+from jobctl.metrics import Collector
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.db import make_pool
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
@@ -29,6 +31,7 @@ from tests.support.api import api_client
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.processes import running, service_env
+from tests.test_metrics import Scrape
 from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
@@ -442,3 +445,25 @@ async def test_the_orphan_walk_leaves_a_job_waiting_for_its_key_until_the_key_fr
     finally:
         await pool.close()
     assert sorted(job_id for job_id, _queue in found) == sorted([busy, behind])
+
+
+async def test_the_metrics_count_the_jobs_waiting_for_their_key(
+    pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, queue, key, key_limit, delay_reason)"
+        " SELECT gen_random_uuid(), 't', 'mail', 'k' || g, 1,"
+        " CASE WHEN g <= 3 THEN 'KEY_BUSY' ELSE 'KEY_ORDER' END"
+        " FROM generate_series(1, 5) AS g"
+    )
+    pool = make_pool(db_url, "test-keys-metrics", max_size=2)
+    await pool.open(wait=True)
+    try:
+        collector = Collector(pool)
+        assert await collector.collect_once()
+        scrape = Scrape(collector)
+    finally:
+        await pool.close()
+    waits = "hybrid_jobs_jobs_waiting_for_key"
+    assert scrape.value(waits, queue="mail", reason="KEY_BUSY") == 3
+    assert scrape.value(waits, queue="mail", reason="KEY_ORDER") == 2

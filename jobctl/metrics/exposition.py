@@ -83,6 +83,15 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.jobs,
     )
     yield _gauge(
+        "jobs_waiting_for_key",
+        "Waiting jobs a consumer last turned down for their key, per queue and reason:"
+        " KEY_BUSY (key_limit jobs of the key hold a lease) or KEY_ORDER (an earlier"
+        " ordered job of the key has not finished). Each starts when the lease ahead of"
+        " it ends; the count is of the last refusals, not a live test of the keys.",
+        ["queue", "reason"],
+        s.key_waits,
+    )
+    yield _gauge(
         "queue_oldest_runnable_age_seconds",
         "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
         " run_after in the past): now - run_after; 0 when none is due.",

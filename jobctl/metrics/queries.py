@@ -57,6 +57,16 @@ WHERE state IN ({CLAIMABLE_SQL})
 GROUP BY queue, state
 """
 
+# Per queue, the waiting jobs a consumer last turned down for their key (KEY_BUSY,
+# KEY_ORDER): they wait for the lease ahead of them to end. Read from the same
+# waiting jobs as the count above.
+METRICS_KEY_WAITS: Final = f"""
+SELECT queue, delay_reason, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason IN ('KEY_BUSY', 'KEY_ORDER')
+GROUP BY queue, delay_reason
+"""
+
 # Per queue and leased state: how many, and how many of their leases have expired
 # without the sweeper having moved them on yet.
 METRICS_JOBS_LEASED: Final = f"""

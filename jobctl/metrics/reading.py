@@ -74,6 +74,8 @@ class Reading:
     # although a cancel was asked for (its handler finished anyway)
     cancellations: list[Seen[float | None]] = field(default_factory=list)
     fires: list[Seen[float]] = field(default_factory=list)
+    # (queue, KEY_BUSY or KEY_ORDER, waiting jobs turned down for their key)
+    key_waits: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
@@ -134,6 +136,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             (queue, state, int(n), int(expired))
             for queue, state, n, expired in await _rows(conn, q.METRICS_JOBS_LEASED)
         ]
+        key_waits = [
+            (queue, reason, int(n)) for queue, reason, n in await _rows(conn, q.METRICS_KEY_WAITS)
+        ]
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
         publish_failing = [
@@ -161,6 +166,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
     return Reading(
         now=now,
         waiting=waiting,
+        key_waits=key_waits,
         leased=leased,
         outbox_due=int(due),
         outbox_oldest_age=oldest,

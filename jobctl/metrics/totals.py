@@ -85,7 +85,11 @@ class Snapshot:
     attempts_per_success: Mapping[str, FrozenHistogram]
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
+    key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
+
+# Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
+KEY_WAITS: Final = ("KEY_BUSY", "KEY_ORDER")
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
 MAX_QUEUES: Final = 100
@@ -252,6 +256,9 @@ class Totals:
             jobs[(queue, state)] += count
             if age is not None:
                 oldest[queue] = max(oldest[queue], age)
+        key_waits = {(queue, why): 0 for queue in self.queues for why in KEY_WAITS}
+        for name, why, count in reading.key_waits:
+            key_waits[(self._queue(name, now), why)] += count
         for name, state, count, lapsed in reading.leased:
             queue = self._queue(name, now)
             jobs[(queue, state)] += count
@@ -276,6 +283,7 @@ class Totals:
             attempts_per_success=_frozen(self.attempts_per_success),
             scheduler_delay=self.scheduler_delay.frozen(),
             cancellation_latency=self.cancellation_latency.frozen(),
+            key_waits=MappingProxyType(key_waits),
         )
 
 
