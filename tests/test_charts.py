@@ -25,6 +25,7 @@ from jobctl.dashboard.charts import (
     nice_ceiling,
     rate,
 )
+from jobctl.dashboard.charts import series as series_for
 from jobctl.dashboard.render import NONE
 from jobctl.metrics.history import EMPTY, History
 from jobctl.metrics.labels import OTHER
@@ -207,9 +208,30 @@ def test_no_collector_and_no_history_yet_are_their_own_states() -> None:
     assert build(h.view()).state == "collecting"  # one round: nothing covered
     h.read_until(at(0.1), at(0.1))
     assert build(h.view()).state == "collecting"  # 6 s: too little to draw a rate
-    h.read_until(at(MIN_COVERED + 0.01), at(MIN_COVERED + 0.01))
+    h.read_until(at(0.9), at(0.9))
+    assert build(h.view()).state == "collecting"  # the minute being read is not drawn
+    h.read_until(at(1), at(1))
     found = build(h.view())
     assert found.state == "ok" and found.rows == ()  # nothing ended: its own message
+
+
+def test_the_point_being_read_is_not_drawn_and_a_short_first_one_neither() -> None:
+    h = History()
+    late = 1 - MIN_COVERED / 2
+    h.read_until(at(late), at(late))  # started near the end of minute 0
+    for m in range(3):
+        h.add("mail", at(m + 0.9), "SUCCEEDED", 0.1)
+    h.read_until(at(2.5), at(2.5))
+    (row,) = build(h.view()).rows
+    values = [v for v in series_of(h, "mail") if v is not None]
+    # Minute 0 was read for less than MIN_COVERED of it, minute 2 is still open.
+    assert values == [1.0]
+    assert len(row.charts[0].dots) == 1
+
+
+def series_of(h: History, queue: str) -> tuple[float | None, ...]:
+    view = h.view()
+    return series_for(view, view.queues[queue])[0].values
 
 
 def test_a_restarted_collector_shades_what_it_did_not_see() -> None:

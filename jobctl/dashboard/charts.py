@@ -32,7 +32,7 @@ SHOWN_QUEUES: Final = 8
 MIN_COVERED: Final = 0.25
 
 # The SVG's size in pixels and the plot area within it.
-WIDTH: Final = 300
+WIDTH: Final = 360
 HEIGHT: Final = 104
 LEFT: Final = 46
 RIGHT: Final = 8
@@ -81,7 +81,7 @@ class Chart:
     y_ticks: tuple[Tick, ...]
     x_ticks: tuple[Tick, ...]
     blank: tuple[float, float] | None  # x from..to before collecting began
-    now: str  # the latest value, as text
+    now: str  # the latest point's value, as text
     peak: str
     summary: str  # for screen readers and the SVG's <title>
     width: int = WIDTH
@@ -129,18 +129,18 @@ def nice_ceiling(value: float) -> float:
 
 
 def rate(value: float) -> str:
-    """A per-minute figure in few characters: 0, 0.4, 12, 940, 1.2k, 3.5M."""
-    if value == 0:
-        return "0"
-    for limit, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    """A per-minute figure in few characters: 0, 0.4, 12, 940, 1.25k, 3.5M."""
+    unit = ""
+    for limit, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= limit:
-            scaled = value / limit
-            return f"{scaled:.{0 if scaled >= 100 or scaled == int(scaled) else 1}f}{unit}"
-    if abs(value) >= 100 or value == int(value):
-        return f"{value:.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}".removesuffix(".0")
-    return f"{value:.2f}".rstrip("0").rstrip(".")
+            value, unit = value / limit, name
+            break
+    # Two decimals below 10 (an axis's middle may be 1.25k), one below 100.
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    text = f"{value:.{digits}f}"
+    if digits:
+        text = text.rstrip("0").rstrip(".")
+    return text + unit
 
 
 def seconds(value: float) -> str:
@@ -170,22 +170,31 @@ def _p95(waits: tuple[int, ...]) -> float | None:
     return value
 
 
+def _drawn(view: HistoryView, start: float, covered: float) -> bool:
+    """Whether a point says something: read long enough, and over. The point being
+    read now is left out: its attempts are still ending (and some of those that
+    ended are not committed yet), so it would always dip at the end of a chart."""
+    closed = view.until is not None and start + view.resolution <= view.until
+    return closed and covered >= MIN_COVERED * view.resolution
+
+
 def series(view: HistoryView, slots: Sequence[Slot | None]) -> tuple[Series, Series, Series]:
     """Jobs ended per minute, attempts raised per minute, queue-wait p95, of one
     queue's (or several merged) slots."""
-    at = tuple(min(start + view.resolution / 2, view.until or start) for start in view.starts)
+    at = tuple(start + view.resolution / 2 for start in view.starts)
     ended: list[float | None] = []
     raised: list[float | None] = []
     wait: list[float | None] = []
-    for slot, covered in zip(slots, view.covered, strict=True):
-        if covered < MIN_COVERED * view.resolution:
+    for start, slot, covered in zip(view.starts, slots, view.covered, strict=True):
+        if not _drawn(view, start, covered):
             ended.append(None)
             raised.append(None)
-        else:
-            per_minute = 60.0 / covered
-            ended.append(0.0 if slot is None else slot.ended * per_minute)
-            raised.append(0.0 if slot is None else slot.raised * per_minute)
-        wait.append(None if slot is None or covered <= 0 else _p95(slot.waits))
+            wait.append(None)
+            continue
+        per_minute = 60.0 / covered
+        ended.append(0.0 if slot is None else slot.ended * per_minute)
+        raised.append(0.0 if slot is None else slot.raised * per_minute)
+        wait.append(None if slot is None else _p95(slot.waits))
     return Series(at, tuple(ended)), Series(at, tuple(raised)), Series(at, tuple(wait))
 
 
@@ -265,7 +274,7 @@ def chart(
         blank=blank,
         now=now_text,
         peak=peak_text,
-        summary=f"{title}: {now_text}{unit} now, peak {peak_text}{unit}",
+        summary=f"{title}: {now_text}{unit} latest, peak {peak_text}{unit}",
     )
 
 
@@ -277,7 +286,7 @@ def build(view: HistoryView | None, *, shown: int = SHOWN_QUEUES) -> Charts:
         view.empty
         or view.until is None
         or view.since is None
-        or max(view.covered, default=0.0) < MIN_COVERED * view.resolution
+        or not any(_drawn(view, s, c) for s, c in zip(view.starts, view.covered, strict=True))
     ):
         return Charts("collecting", span=view.span, resolution=view.resolution)
     totals = {q: sum(s.ended for s in slots if s) for q, slots in view.queues.items()}
