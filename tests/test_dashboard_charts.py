@@ -147,6 +147,13 @@ async def test_the_overview_draws_the_last_span_per_queue_from_the_collectors_hi
             assert peak is not None and not peak.endswith("peak 0/min")
             # Queue waits were measured: the p95 axis is labelled in time.
             await expect(mail.locator("svg.chart.wait text.tick").nth(2)).to_contain_text("s")
+            # The auto-refresh swaps the section in like any other content.
+            await page.get_by_test_id("refresh-interval").select_option("1")
+            async with asyncio.timeout(20):
+                while int(await page.evaluate("document.body.dataset.refreshes || 0")) < 1:
+                    await asyncio.sleep(0.1)
+            await expect(page.locator("svg.chart")).to_have_count(6)
+            await expect(mail).to_contain_text("60 ended")
             assert blocked == []
             if WANTED:
                 await page.screenshot(path=WANTED, full_page=True)
