@@ -23,7 +23,9 @@ from jobctl.dashboard.charts import (
     build,
     chart,
     nice_ceiling,
+    nice_span,
     rate,
+    seconds,
 )
 from jobctl.dashboard.charts import series as series_for
 from jobctl.dashboard.render import NONE
@@ -120,6 +122,26 @@ def test_forgotten_labels_leave_the_history() -> None:
 )
 def test_the_axis_ends_at_a_round_number_at_or_above_the_peak(value: float, ceiling: float) -> None:
     assert nice_ceiling(value) == pytest.approx(ceiling)
+
+
+@pytest.mark.parametrize(
+    ("value", "ceiling"),
+    [
+        (0, 1),
+        (0.3, 0.5),
+        (7, 10),
+        (10, 10),
+        (11, 20),
+        (100, 120),
+        (3357, 3600),
+        (5000, 7200),
+        (30_000, 86400),
+        (200_000, 2.5 * 86400),
+    ],
+)
+def test_a_time_axis_ends_at_a_span_people_count_in(value: float, ceiling: float) -> None:
+    assert nice_span(value) == pytest.approx(ceiling)
+    assert len(seconds(ceiling / 2)) <= 7  # its labels fit the margin: "2.50 s", "30 min"
 
 
 @pytest.mark.parametrize(

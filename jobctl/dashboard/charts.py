@@ -128,6 +128,35 @@ def nice_ceiling(value: float) -> float:
     return next(step * power for step in (1, 2, 2.5, 5, 10) if value <= step * power * (1 + 1e-9))
 
 
+# An axis of time past ten seconds ends at a span people count in, whose half is
+# one too: 30 s (15 s), 4 min (2 min), 30 min (15 min), 2 h (1 h).
+_SPANS: Final = (
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    240.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    4 * 3600.0,
+    8 * 3600.0,
+    24 * 3600.0,
+)
+
+
+def nice_span(value: float) -> float:
+    """:func:`nice_ceiling` for seconds: round numbers below ten seconds, round
+    spans of time above (a day's multiples past a day)."""
+    if not math.isfinite(value) or value <= 10:
+        return nice_ceiling(value)
+    found = next((span for span in _SPANS if value <= span * (1 + 1e-9)), None)
+    return found if found is not None else 86400.0 * nice_ceiling(value / 86400.0)
+
+
 def rate(value: float) -> str:
     """A per-minute figure in few characters: 0, 0.4, 12, 940, 1.25k, 3.5M."""
     unit = ""
@@ -227,10 +256,11 @@ def chart(
     since: float | None,
     label: Callable[[float], str],
     span_label: str,
+    ceiling: Callable[[float], float] = nice_ceiling,
 ) -> Chart:
     """The geometry of one series over [start, end] (epoch seconds)."""
     left, right, top, bottom = LEFT, WIDTH - RIGHT, TOP, HEIGHT - BOTTOM
-    top_value = nice_ceiling(s.peak or 0.0)
+    top_value = ceiling(s.peak or 0.0)
     width = max(end - start, 1e-9)
 
     def x(at: float) -> float:
@@ -307,7 +337,14 @@ def build(view: HistoryView | None, *, shown: int = SHOWN_QUEUES) -> Charts:
     since = view.since if view.since > start else None
     span_label = MINUS + duration(view.span)
 
-    def make(kind: str, title: str, unit: str, s: Series, label: Callable[[float], str]) -> Chart:
+    def make(
+        kind: str,
+        title: str,
+        unit: str,
+        s: Series,
+        label: Callable[[float], str],
+        ceiling: Callable[[float], float] = nice_ceiling,
+    ) -> Chart:
         return chart(
             kind,
             title,
@@ -318,6 +355,7 @@ def build(view: HistoryView | None, *, shown: int = SHOWN_QUEUES) -> Charts:
             since=since,
             label=label,
             span_label=span_label,
+            ceiling=ceiling,
         )
 
     rows: list[QueueCharts] = []
@@ -333,7 +371,7 @@ def build(view: HistoryView | None, *, shown: int = SHOWN_QUEUES) -> Charts:
                 charts=(
                     make("ended", "Jobs ended", "/min", ended, rate),
                     make("raised", "Failures", "/min", raised, rate),
-                    make("wait", "Queue wait p95", "", wait, seconds),
+                    make("wait", "Queue wait p95", "", wait, seconds, nice_span),
                 ),
             )
         )
