@@ -20,16 +20,19 @@ import logging
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg.errors
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from plumbing import tracing
 from plumbing.logfmt import describe_error
-from relay.broker import Publisher, QueueFailure, pack
+from relay.broker import Publisher, QueueFailure, WakeUp, pack
 from relay.spread import pack_limit
-from schema.queries import OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
+from schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
 log = logging.getLogger("relay")
 
@@ -106,7 +109,16 @@ async def wake_queue(
         summary = next(r for r in rows if r[0] is None)
         messages = pack(queue, sent, most)
         if messages:
-            await publisher.publish(queue, messages, limits.publish_timeout)
+            traced = await _trace_contexts(conn, sent) if tracing.recording() else None
+            began = tracing.now_ns()
+            try:
+                await publisher.publish(queue, messages, limits.publish_timeout)
+            except Exception as exc:
+                if traced is not None:
+                    _publish_spans(messages, traced, began, _error(exc))
+                raise
+            if traced is not None:
+                _publish_spans(messages, traced, began, None)
             if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
                 log.debug(
                     "relay.sent",
@@ -122,3 +134,46 @@ async def wake_queue(
         held=bool(summary[5]),
         room=int(summary[3] or 0),
     )
+
+
+async def _trace_contexts(
+    conn: AsyncConnection, sent: list[tuple[int, uuid.UUID, int]]
+) -> dict[uuid.UUID, Any]:
+    """The stored trace contexts of the jobs woken (only those that have one)."""
+    cur = await conn.execute(JOB_TRACE_CONTEXTS, {"job_ids": [job_id for _, job_id, _ in sent]})
+    return {row[0]: row[1] for row in await cur.fetchall()}
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, QueueFailure):
+        return exc.reason, exc.detail
+    return type(exc).__qualname__, describe_error(exc)
+
+
+def _publish_spans(
+    messages: list[WakeUp],
+    traced: dict[uuid.UUID, Any],
+    began: int,
+    error: tuple[str, str] | None,
+) -> None:
+    """One PRODUCER span per message, linked to the trace of each job it wakes: a
+    message carries several jobs, each enqueued in a trace of its own."""
+    for message in messages:
+        tracing.record(
+            f"publish {message.queue}",
+            "producer",
+            start_ns=began,
+            attributes={
+                tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+                tracing.MESSAGING_DESTINATION_NAME: message.queue,
+                tracing.MESSAGING_OPERATION_TYPE: "send",
+                tracing.MESSAGING_OPERATION_NAME: "publish",
+                tracing.MESSAGING_MESSAGE_ID: message.message_id,
+                tracing.MESSAGING_BATCH_MESSAGE_COUNT: len(message.job_ids),
+                tracing.JOB_QUEUE: message.queue,
+            },
+            links=[
+                (traced.get(job_id), {tracing.JOB_ID: str(job_id)}) for job_id in message.job_ids
+            ],
+            error=error,
+        )
