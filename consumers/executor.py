@@ -190,7 +190,10 @@ def _traced_outcome(span: tracing.Running, job: Job, outcome: Outcome | None) ->
         span.outcome("succeeded")
     else:
         error = (outcome.error_code or outcome.kind, outcome.error_message or "")
-        span.outcome(outcome.kind, error)
+        kind: str = outcome.kind
+        if kind == "retry" and job.max_attempts is not None and job.attempt >= job.max_attempts:
+            kind = "failed"  # its budget is spent: the outcome's statement fails it
+        span.outcome(kind, error)
 
 
 async def _attempt(
