@@ -417,7 +417,8 @@ class Claimer:
 
 def _claim_span(began: int, asked: int, claimed: list[Claimed]) -> None:
     """The claim as a CLIENT span (the conventions' "receive"), linked to the trace
-    of each job it claimed: one claim takes jobs enqueued in many traces."""
+    of each job it claimed: one claim takes jobs enqueued in many traces. A claim of
+    one job is in that job's trace too."""
     queues = {row.queue for row in claimed}
     queue = next(iter(queues)) if len(queues) == 1 else None
     tenants = {row.tenant for row in claimed}
@@ -439,4 +440,5 @@ def _claim_span(began: int, asked: int, claimed: list[Claimed]) -> None:
             (row.trace_context, {tracing.JOB_ID: str(row.job_id), tracing.JOB_ATTEMPT: row.attempt})
             for row in claimed
         ],
+        parent=claimed[0].trace_context if asked == 1 and len(claimed) == 1 else None,
     )

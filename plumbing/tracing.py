@@ -135,6 +135,17 @@ def _span_context(stored: Any) -> Any:
     return span_context if span_context.is_valid else None
 
 
+def _parent_context(stored: Any) -> Any:
+    """A context whose current span is the one ``stored`` names; without one, an
+    invalid span, so the new span is a root whatever this process has current."""
+    trace = _otel()
+    assert trace is not None
+    span_context = _span_context(stored)
+    if span_context is None:
+        return trace.set_span_in_context(trace.INVALID_SPAN)
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+
+
 def _kind(name: str) -> Any:
     trace = _otel()
     assert trace is not None
@@ -160,10 +171,12 @@ def record(
     start_ns: int,
     attributes: Mapping[str, Any],
     links: Iterable[tuple[Any, Mapping[str, Any]]] = (),
+    parent: Any = None,
     error: tuple[str, str] | None = None,
 ) -> None:
     """A span that began at ``start_ns`` and ends now, linked to each (stored trace
-    context, link attributes) pair that names a valid context. ``error``: (error.type,
+    context, link attributes) pair that names a valid context, and a child of the
+    stored context ``parent`` if one is given (else a root). ``error``: (error.type,
     description) of a failure. Made after the fact, so a process that records
     nothing pays nothing but this call."""
     trace = _otel()
@@ -177,7 +190,7 @@ def record(
     tracer = trace.get_tracer(TRACER_NAME)
     span = tracer.start_span(
         name,
-        context=trace.set_span_in_context(trace.INVALID_SPAN),  # a root: links, not a parent
+        context=_parent_context(parent),
         kind=_kind(kind),
         attributes=_clean(attributes),
         links=span_links,
@@ -215,15 +228,10 @@ def running(name: str, *, parent: Any, attributes: Mapping[str, Any]) -> Iterato
     if trace is None:
         yield Running()
         return
-    span_context = _span_context(parent)
-    if span_context is None:
-        ctx = trace.set_span_in_context(trace.INVALID_SPAN)
-    else:
-        ctx = trace.set_span_in_context(trace.NonRecordingSpan(span_context))
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
         name,
-        context=ctx,
+        context=_parent_context(parent),
         kind=_kind("consumer"),
         attributes=_clean(attributes),
         # the handler's own exceptions are the job's outcome, said by outcome()

@@ -157,8 +157,10 @@ def _publish_spans(
     error: tuple[str, str] | None,
 ) -> None:
     """One PRODUCER span per message, linked to the trace of each job it wakes: a
-    message carries several jobs, each enqueued in a trace of its own."""
+    message carries several jobs, each enqueued in a trace of its own. A message of
+    one job is in that job's trace too (a child of the enqueuing span)."""
     for message in messages:
+        only = traced.get(message.job_ids[0]) if len(message.job_ids) == 1 else None
         tracing.record(
             f"publish {message.queue}",
             "producer",
@@ -175,5 +177,6 @@ def _publish_spans(
             links=[
                 (traced.get(job_id), {tracing.JOB_ID: str(job_id)}) for job_id in message.job_ids
             ],
+            parent=only,
             error=error,
         )

@@ -237,10 +237,35 @@ def test_publish_claim_and_run_in_real_processes_join_the_enqueuing_trace(
         for job_id in [*ids[:2], untraced]:
             asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED"))
         asyncio.run(wait_for_state(pg, ids[2], "FAILED", timeout=30))
+        # a job alone: its message and its claim are in its trace too
+        with tracer.start_as_current_span("POST /single") as alone_request:
+            single = enqueue(engine, "noop")
+        asyncio.run(wait_for_state(pg, single, "SUCCEEDED"))
         assert consumer.stop() == 0
         assert relay.stop() == 0
     spans = recorded_spans(tmp_path)
     traced = {str(i) for i in ids}
+    one = alone_request.get_span_context()
+    for span in spans:
+        links = span["links"]
+        if (
+            span["name"].startswith(("publish ", "claim"))
+            and len(links) == 1
+            and span["attributes"][tracing.MESSAGING_BATCH_MESSAGE_COUNT] == 1
+        ):
+            # one job: a child of its enqueuing span, as well as linked to it
+            assert span["parent_id"] == links[0]["context"]["span_id"]
+            assert span["context"]["trace_id"] == links[0]["context"]["trace_id"]
+    alone = [
+        s
+        for s in spans
+        if any(link["attributes"][tracing.JOB_ID] == str(single) for link in s["links"])
+    ]
+    assert sorted(s["name"] for s in alone) == ["claim default", "publish default"]
+    for span in alone:
+        assert _hex(span["context"]["trace_id"]) == one.trace_id
+        assert _hex(span["parent_id"]) == one.span_id
+    spans = [s for s in spans if s not in alone]
 
     # the relay: a PRODUCER span per message, linked to each traced job it wakes
     publishes = _spans_named(spans, "publish ")
@@ -301,12 +326,12 @@ def test_publish_claim_and_run_in_real_processes_join_the_enqueuing_trace(
     [last] = [s for s in runs if s["attributes"][tracing.JOB_OUTCOME] == "failed"]
     assert last["status"]["status_code"] == "ERROR"
     assert last["attributes"][tracing.ERROR_TYPE] == "RuntimeError"
-    [alone] = [
+    [root] = [
         s
         for s in _spans_named(spans, "process ")
         if s["attributes"][tracing.JOB_ID] == str(untraced)
     ]
-    assert alone["parent_id"] is None
+    assert root["parent_id"] is None
 
 
 def test_without_opentelemetry_the_processes_run_as_before(
