@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util._once import Once
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -38,23 +40,26 @@ from tests.support.processes import ROOT, running, service_env
 from tests.support.tracing import blocking_env, recorded_spans, recording_env
 
 APP = ["--app", "tests.apps.basic"]
-EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module")
-def tracer() -> trace.Tracer:
-    """The SDK's provider, global in this process (the API allows setting it once)."""
-    if not tracing.recording():
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        trace.set_tracer_provider(provider)
-    return trace.get_tracer("tests")
 
 
 @pytest.fixture
-def spans(tracer: trace.Tracer) -> InMemorySpanExporter:
-    EXPORTER.clear()
-    return EXPORTER
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def tracer(spans: InMemorySpanExporter) -> Iterator[trace.Tracer]:
+    """The SDK's provider, global in this process for the test. The API sets it once
+    per process; the reset afterwards is what OpenTelemetry's own test utilities do
+    (opentelemetry-test-utils' reset_trace_globals), so no later test records."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(provider)
+    yield trace.get_tracer("tests")
+    provider.shutdown()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    assert not tracing.recording()
 
 
 def _traceparent(span: trace.Span) -> str:
