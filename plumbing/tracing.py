@@ -169,16 +169,17 @@ def record(
     kind: str,
     *,
     start_ns: int,
+    end_ns: int | None = None,
     attributes: Mapping[str, Any],
     links: Iterable[tuple[Any, Mapping[str, Any]]] = (),
     parent: Any = None,
     error: tuple[str, str] | None = None,
 ) -> None:
-    """A span that began at ``start_ns`` and ends now, linked to each (stored trace
-    context, link attributes) pair that names a valid context, and a child of the
-    stored context ``parent`` if one is given (else a root). ``error``: (error.type,
-    description) of a failure. Made after the fact, so a process that records
-    nothing pays nothing but this call."""
+    """A span from ``start_ns`` to ``end_ns`` (else now), linked to each (stored
+    trace context, link attributes) pair that names a valid context, and a child of
+    the stored context ``parent`` if one is given (else a root). ``error``:
+    (error.type, description) of a failure. Made after the fact, so a process that
+    records nothing pays nothing but this call."""
     trace = _otel()
     if trace is None or not recording():
         return
@@ -199,7 +200,7 @@ def record(
     if error is not None:
         span.set_attribute(ERROR_TYPE, error[0])
         span.set_status(trace.Status(trace.StatusCode.ERROR, error[1]))
-    span.end()
+    span.end(end_time=end_ns)
 
 
 class Running:

@@ -16,6 +16,7 @@ nothing more; in exchange the relay does not wait for a disk flush per batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -40,6 +41,8 @@ log = logging.getLogger("relay")
 # relay kills itself between the broker's confirms and the commit that marks the
 # batch sent. Never set it anywhere else.
 FAULT_ENV = "RELAY_FAULT_INJECTION"
+# How long the publish spans wait to read the woken jobs' trace contexts.
+TRACE_READ_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,23 @@ async def wake_queue(
 ) -> Woken:
     """Raises QueueFailure for a failure of this queue alone (RabbitMQ refused its
     wake-ups, or its decision timed out), anything else for one of the relay's."""
+    published: list[_Published] = []
+    try:
+        woken = await _wake(pool, publisher, queue, limits, published)
+    except Exception:
+        await _trace(pool, published)
+        raise
+    await _trace(pool, published)
+    return woken
+
+
+async def _wake(
+    pool: AsyncConnectionPool[AsyncConnection],
+    publisher: Publisher,
+    queue: str,
+    limits: WakeLimits,
+    published: list[_Published],
+) -> Woken:
     # Not in pipeline mode: it would save the round trip of BEGIN, but measured at
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
     await publisher.wait_connected(limits.publish_timeout)
@@ -109,16 +129,13 @@ async def wake_queue(
         summary = next(r for r in rows if r[0] is None)
         messages = pack(queue, sent, most)
         if messages:
-            traced = await _trace_contexts(conn, sent) if tracing.recording() else None
             began = tracing.now_ns()
             try:
                 await publisher.publish(queue, messages, limits.publish_timeout)
             except Exception as exc:
-                if traced is not None:
-                    _publish_spans(messages, traced, began, _error(exc))
+                published.append(_Published(messages, began, tracing.now_ns(), _error(exc)))
                 raise
-            if traced is not None:
-                _publish_spans(messages, traced, began, None)
+            published.append(_Published(messages, began, tracing.now_ns(), None))
             if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
                 log.debug(
                     "relay.sent",
@@ -136,12 +153,29 @@ async def wake_queue(
     )
 
 
-async def _trace_contexts(
-    conn: AsyncConnection, sent: list[tuple[int, uuid.UUID, int]]
-) -> dict[uuid.UUID, Any]:
-    """The stored trace contexts of the jobs woken (only those that have one)."""
-    cur = await conn.execute(JOB_TRACE_CONTEXTS, {"job_ids": [job_id for _, job_id, _ in sent]})
-    return {row[0]: row[1] for row in await cur.fetchall()}
+@dataclass(frozen=True)
+class _Published:
+    messages: list[WakeUp]
+    began: int
+    ended: int
+    error: tuple[str, str] | None
+
+
+async def _trace(pool: AsyncConnectionPool[AsyncConnection], published: list[_Published]) -> None:
+    """The publish spans, when a tracer provider records: after the wake-up's
+    transaction, which tracing must neither lengthen nor fail."""
+    if not published or not tracing.recording():
+        return
+    job_ids = [job_id for p in published for m in p.messages for job_id in m.job_ids]
+    try:
+        async with asyncio.timeout(TRACE_READ_SECONDS), pool.connection() as conn:
+            cur = await conn.execute(JOB_TRACE_CONTEXTS, {"job_ids": job_ids})
+            traced = {row[0]: row[1] for row in await cur.fetchall()}
+    except Exception as exc:
+        log.warning("relay.trace_contexts_unread", extra={"error": describe_error(exc)})
+        traced = {}
+    for p in published:
+        _publish_spans(p.messages, traced, p.began, p.ended, p.error)
 
 
 def _error(exc: Exception) -> tuple[str, str]:
@@ -154,6 +188,7 @@ def _publish_spans(
     messages: list[WakeUp],
     traced: dict[uuid.UUID, Any],
     began: int,
+    ended: int,
     error: tuple[str, str] | None,
 ) -> None:
     """One PRODUCER span per message, linked to the trace of each job it wakes: a
@@ -165,6 +200,7 @@ def _publish_spans(
             f"publish {message.queue}",
             "producer",
             start_ns=began,
+            end_ns=ended,
             attributes={
                 tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
                 tracing.MESSAGING_DESTINATION_NAME: message.queue,

@@ -89,8 +89,8 @@ SELECT state FROM cancelled;
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
 
 -- name: JOB_TRACE_CONTEXTS
--- Run by relay.wake:_trace_contexts to read the trace contexts of the jobs a traced
--- relay publishes.
+-- Run by relay.wake:_trace to read the trace contexts of the jobs a traced relay
+-- publishes.
 -- Parameters: job_ids.
 SELECT job_id, trace_context FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL;
@@ -726,8 +726,8 @@ WHERE q.queue IS NOT NULL
               WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now());
 
 -- name: OUTBOX_WAKE_QUEUE
--- Run by relay.wake:wake_queue to choose which of a queue's due wake-ups to send now,
--- and mark them sent.
+-- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
+-- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
