@@ -35,6 +35,7 @@ from outbox import NewJob
 from plumbing import tracing
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
+from tests.support.broker import queue_policy
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state
 from tests.support.processes import ROOT, running, service_env
 from tests.support.tracing import blocking_env, recorded_spans, recording_env
@@ -337,6 +338,44 @@ def test_publish_claim_and_run_in_real_processes_join_the_enqueuing_trace(
         if s["attributes"][tracing.JOB_ID] == str(untraced)
     ]
     assert root["parent_id"] is None
+
+
+def test_a_publish_rabbitmq_refuses_is_an_error_span_linked_to_the_job(
+    tracer: trace.Tracer,
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    tmp_path: Path,
+) -> None:
+    env = service_env(db_url, amqp_url, topology, **recording_env(tmp_path))
+    relay_args = ["--poll-interval", "0.5", "--queue-backoff-cap", "1"]
+    with (
+        queue_policy(topology, "refused", {"max-length": 0, "overflow": "reject-publish"}) as lift,
+        running("relay", relay_args, env, "relay.started") as relay,
+        running("consumer", ["--app", "tests.apps.queues"], env, "consumer.started"),
+    ):
+        with tracer.start_as_current_span("POST /refunds") as request:
+            job_id = enqueue(engine, "refused_noop", queue="refused")
+        relay.wait_for_event("relay.queue_publish_failing")
+        lift()
+        asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED"))
+    req = request.get_span_context()
+    publishes = [
+        s
+        for s in _spans_named(recorded_spans(tmp_path), "publish refused")
+        if s["links"] and s["links"][0]["attributes"][tracing.JOB_ID] == str(job_id)
+    ]
+    failed = [s for s in publishes if s["status"]["status_code"] == "ERROR"]
+    assert failed, publishes
+    for span in failed:
+        assert span["attributes"][tracing.ERROR_TYPE] == "refused"
+        assert "nacked" in span["status"]["description"]
+    assert publishes[-1]["status"]["status_code"] == "UNSET", "then it went out"
+    for span in publishes:
+        assert _hex(span["context"]["trace_id"]) == req.trace_id
+        assert _hex(span["parent_id"]) == req.span_id
 
 
 def test_without_opentelemetry_the_processes_run_as_before(
