@@ -71,6 +71,7 @@ def _otel() -> ModuleType | None:
     return trace
 
 
+@functools.cache
 def _propagator() -> Any:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
