@@ -112,6 +112,9 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
+    # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
+    Column("trace_context", JSONB),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
