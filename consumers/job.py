@@ -79,6 +79,8 @@ class Job:
     worker: str
     scheduled_for: datetime | None = None
     cancel_requested: bool = False
+    # The stored trace context of the enqueuing code (plumbing.tracing), if any.
+    trace_context: Any = field(default=None, repr=False)
     # Monotonic time by which the lease surely ends unless a heartbeat extends it.
     lease_deadline: float = 0.0
     # Set while the job's own transaction commits its completion, and once it has.
@@ -107,6 +109,7 @@ class Job:
             created_at=c.created_at,
             worker=resources.worker,
             scheduled_for=c.scheduled_for,
+            trace_context=c.trace_context,
             lease_deadline=claim_sent_at + lease,
             _resources=resources,
         )

@@ -37,6 +37,8 @@ class Claimed:
     created_at: datetime
     # The schedule occurrence that fired the job (None: not fired by a schedule).
     scheduled_for: datetime | None = None
+    # The W3C trace context of the code that enqueued it (the otel extra), as stored.
+    trace_context: Any = None
 
 
 @dataclass(frozen=True)

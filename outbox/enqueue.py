@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from outbox import backpressure
 from outbox.validation import NewJob, max_payload_bytes, to_row
+from plumbing import tracing
 from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY, JOB_KEYS_LOCK
 
 
@@ -56,10 +57,12 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     ids: list[uuid.UUID] = []
     tenants: list[str | None] = []
     ordered_keys: set[str] = set()
+    # The enqueuing code's span, once for the batch: every job of it was made there.
+    trace_context = tracing.capture()
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
-        job_id, row = to_row(job, limit)
+        job_id, row = to_row(job, limit, trace_context)
         rows.append(row)
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)

@@ -65,6 +65,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_KEYS_LOCK": "lock the keys of a batch's ordered jobs: their numbers follow commits",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
+    "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
     "JOB_REQUEST_RECORD": "record the API request (Idempotency-Key) that made a job",

@@ -30,17 +30,17 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb,
         key text, key_limit integer, key_order text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, key, key_limit, key_order, key_seq)
+         scheduled_for, trace_context, key, key_limit, key_order, key_seq)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for, key, key_limit, key_order,
+           scheduled_for, trace_context, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
     FROM input
@@ -119,6 +119,13 @@ SELECT state FROM cancelled;
 -- nothing.
 -- Parameters: job_id.
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
+
+-- name: JOB_TRACE_CONTEXTS
+-- Run by relay.wake:_trace to read the trace contexts of the jobs a traced relay
+-- publishes.
+-- Parameters: job_ids.
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL;
 
 -- name: JOB_EFFECT_CLAIM
 -- Run by consumers.job:AsyncTx.once, consumers.job:SyncTx.once to mark a handler's
@@ -353,7 +360,8 @@ WITH types AS (
     FROM key_admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -368,7 +376,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -380,7 +388,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for
+       lease_generation, created_at, scheduled_for, trace_context
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -948,8 +956,8 @@ WHERE q.queue IS NOT NULL
               WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now());
 
 -- name: OUTBOX_WAKE_QUEUE
--- Run by relay.wake:wake_queue to choose which of a queue's due wake-ups to send now,
--- and mark them sent.
+-- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
+-- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (

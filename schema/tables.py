@@ -114,6 +114,9 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
+    # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
+    Column("trace_context", JSONB),
     # The entity the job is about (key_usage): at most key_limit jobs with one key
     # hold a lease at once. NULL: no key, no such limit.
     Column("key", Text),

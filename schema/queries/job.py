@@ -19,17 +19,17 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb,
         key text, key_limit integer, key_order text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, key, key_limit, key_order, key_seq)
+         scheduled_for, trace_context, key, key_limit, key_order, key_seq)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for, key, key_limit, key_order,
+           scheduled_for, trace_context, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
     FROM input
@@ -88,6 +88,11 @@ SELECT state FROM cancelled
 """
 
 JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
+
+JOB_TRACE_CONTEXTS: Final = """
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL
+"""
 
 # Marks one effect done, once per key, in the handler's own transaction: true the
 # first time, false for every later attempt (whose transaction then skips the effect).
