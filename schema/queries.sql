@@ -50,7 +50,7 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
--- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
+-- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
 -- taken.
 -- Parameters: keys.
