@@ -2,11 +2,12 @@
 enqueued through an ``AsyncSession`` two ways, in one scratch database, one after
 another in the same run:
 
-- hand: the async functions as written by hand (``await conn.exec_driver_sql``
-  for each statement);
+- hand: an async body written by hand, ``await conn.exec_driver_sql`` for each
+  statement (the producer API's twins were written so until they were derived;
+  the bench keeps that body as its baseline);
 - run_sync: the sync function run in the session's greenlet,
   ``await session.run_sync(outbox.enqueue, ...)``, which is how SQLAlchemy runs
-  every ``AsyncSession`` call underneath.
+  every ``AsyncSession`` call underneath, and what ``outbox.enqueue_async`` is.
 
 Each way enqueues one job per transaction (``enqueue``) and --batch jobs per
 transaction (``enqueue_many``), from --concurrency tasks sharing one engine. The
@@ -29,7 +30,7 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -37,8 +38,33 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 
 import outbox
 from bench.common import argument_parser, machine, percentiles, scratch_database
+from outbox import backpressure
+from outbox.enqueue import _plan, _resolve, check_driver
+from outbox.validation import max_payload_bytes
+from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 
 Enqueue = Callable[[AsyncSession, int], Awaitable[object]]
+
+
+async def _hand_enqueue_many(session: AsyncSession, jobs: Iterable[outbox.NewJob]) -> list[Any]:
+    """outbox.enqueue_many's body as its async twin had it by hand."""
+    plan, ids = _plan(jobs, max_payload_bytes())
+    if not ids:
+        return []
+    conn = await session.connection()
+    check_driver(conn)
+    if plan.tenants:
+        limits = await conn.exec_driver_sql(
+            backpressure.STATEMENT, backpressure.params(plan.tenants)
+        )
+        backpressure.refuse_over_limit(plan.tenants, limits.all())
+    result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
+    inserted = set(result.scalars())
+    lookup = plan.lookup_document(inserted, ids)
+    found: Sequence[Any] = []
+    if lookup:
+        found = (await conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup})).all()
+    return _resolve(plan, ids, inserted, found)
 
 
 def _jobs(start: int, count: int) -> list[outbox.NewJob]:
@@ -46,7 +72,7 @@ def _jobs(start: int, count: int) -> list[outbox.NewJob]:
 
 
 async def _hand_one(session: AsyncSession, n: int) -> object:
-    return await outbox.enqueue_async(session, "noop", {"n": n})
+    return (await _hand_enqueue_many(session, [outbox.NewJob("noop", {"n": n})]))[0]
 
 
 async def _run_sync_one(session: AsyncSession, n: int) -> object:
@@ -55,7 +81,7 @@ async def _run_sync_one(session: AsyncSession, n: int) -> object:
 
 def _many(batch: int, derived: bool) -> Enqueue:
     async def hand(session: AsyncSession, n: int) -> object:
-        return await outbox.enqueue_many_async(session, _jobs(n, batch))
+        return await _hand_enqueue_many(session, _jobs(n, batch))
 
     async def run_sync(session: AsyncSession, n: int) -> object:
         return await session.run_sync(outbox.enqueue_many, _jobs(n, batch))
