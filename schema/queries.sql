@@ -406,7 +406,7 @@ FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generati
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_IN_TX
--- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
+-- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.

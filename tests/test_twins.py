@@ -19,8 +19,13 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+import consumers
 import outbox
-from plumbing.config import DatabaseUrl
+from consumers import Registry
+from consumers.settings import ConsumerSettings
+from consumers.testing import JobRunner
+from consumers.worker import Consumer
+from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.tables import metadata
 
 TWINS = sorted(name for name in outbox.__all__ if name.endswith("_async"))
@@ -302,3 +307,88 @@ async def test_a_twin_refuses_what_its_sync_function_refuses(
     assert sync_result[0] == "raised", sync_result
     assert async_result == sync_result
     assert async_rows == sync_rows
+
+
+# ------------------------------------------------------------------ a job's transaction
+
+SETTINGS = (
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "transaction_isolation",
+    "synchronous_commit",
+)
+SHOW = "SELECT " + ", ".join(f"current_setting('{s}')" for s in SETTINGS)
+handlers = Registry()
+seen: dict[str, dict[str, Any]] = {}
+
+
+@handlers.handler("async_side")
+async def async_side(job: consumers.Job) -> None:
+    async with job.connection() as conn:
+        seen["async"] = {"connection": await (await conn.execute(SHOW)).fetchone()}
+    async with job.transaction() as tx:
+        seen["async"]["transaction"] = await (await tx.execute(SHOW)).fetchone()
+        seen["async"]["once"] = [await tx.once("side:async"), await tx.once("side:async")]
+        await tx.execute("INSERT INTO sides VALUES (%s)", [job.payload["n"]])
+        tx.set_result({"n": job.payload["n"], "why": float("nan")})
+
+
+@handlers.handler("plain_side")
+def plain_side(job: consumers.Job) -> None:
+    with job.connection() as conn:
+        seen["plain"] = {"connection": conn.execute(SHOW).fetchone()}
+    with job.transaction() as tx:
+        seen["plain"]["transaction"] = tx.execute(SHOW).fetchone()
+        seen["plain"]["once"] = [tx.once("side:plain"), tx.once("side:plain")]
+        tx.execute("INSERT INTO sides VALUES (%s)", [job.payload["n"]])
+        tx.set_result({"n": job.payload["n"], "why": float("nan")})
+
+
+async def test_a_plain_handlers_transaction_is_an_async_ones(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """Connected alike (the test runner gave async handlers the daemon's own timeouts
+    and plain ones none), the same writes, result and record."""
+    pg.execute("CREATE TABLE sides (n int PRIMARY KEY)")
+    engine = create_engine(db_url.sqlalchemy)
+    with Session(engine) as session, session.begin():
+        ids = {
+            kind: outbox.enqueue(session, f"{kind}_side", {"n": n})
+            for n, kind in enumerate(("async", "plain"))
+        }
+    engine.dispose()
+    seen.clear()
+    async with JobRunner(db_url, handlers) as runner:
+        ran = await runner.run_until_idle()
+    assert sorted(r.state for r in ran) == ["SUCCEEDED", "SUCCEEDED"], ran
+    assert seen["plain"] == seen["async"]
+    assert seen["async"]["once"] == [True, False]
+    rows = {
+        kind: pg.execute(
+            "SELECT j.state, j.result, j.attempt_count, a.outcome, a.error_code"
+            " FROM jobs AS j JOIN job_attempts AS a USING (job_id) WHERE j.job_id = %s",
+            [job_id],
+        ).fetchall()
+        for kind, job_id in ids.items()
+    }
+    assert rows["plain"] == rows["async"]
+    assert pg.execute("SELECT count(*) FROM sides").fetchone() == (2,)
+
+
+def test_a_consumers_plain_handlers_wait_for_a_connection_as_async_ones_do(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl
+) -> None:
+    """The two pools of handler connections are made alike (a plain handler used to
+    wait 30 s for a free connection where an async one gave up after 5)."""
+    consumer = Consumer(ConsumerSettings(db_url, amqp_url, queues=("default",)), Registry())
+    pools = consumer.handlers.pool, consumer.handlers.sync()
+    try:
+
+        def made(pool: Any) -> dict[str, Any]:
+            kwargs = {k: v for k, v in pool.kwargs.items() if k != "application_name"}
+            return {"timeout": pool.timeout, "sizes": (pool.min_size, pool.max_size), **kwargs}
+
+        assert made(pools[1]) == made(pools[0])
+    finally:
+        consumer.handlers.close_sync()
