@@ -4,8 +4,8 @@ SQLAlchemy runs every ``AsyncSession`` call as its sync code in a greenlet that
 hands each round trip to the event loop; ``AsyncSession.run_sync`` does the same
 for a whole function. So the sync function is the only body: its async twin cannot
 drift from it, and costs no more (``python -m bench.enqueue_async``: the same
-client CPU per job or less, one greenlet switch for the call instead of one per
-statement).
+client CPU per job or less; the call starts one greenlet where an awaited body
+starts one for each session and connection call it awaits).
 """
 
 from __future__ import annotations
