@@ -50,7 +50,7 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
--- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
+-- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
 -- taken.
 -- Parameters: keys.
@@ -425,7 +425,7 @@ FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generati
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_MANY_IN_TX
--- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
+-- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
