@@ -43,7 +43,7 @@ from consumers.registry import Registry, default_registry
 from consumers.store import JobStore
 from plumbing.config import DatabaseUrl, database_url
 from plumbing.db import connection_kwargs, make_pool
-from schema.queries import JOB_RETRIES_DUE_NOW
+from schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
 
 _DUE = """
 SELECT job_id FROM jobs
@@ -109,7 +109,10 @@ class JobRunner:
         if not ids:
             return []
         claimed = await self.store.claim(
-            ids, self.registry.claim_terms(), free_threads=self.threads.size, worker_ttl=60
+            ids,
+            self.registry.claim_terms(),
+            free_threads=self.threads.size,
+            worker_ttl=WORKER_TTL_SECONDS,
         )
         resources = Resources(
             self.worker, self.pool, self._get_sync_pool, asyncio.get_running_loop()

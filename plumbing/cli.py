@@ -4,6 +4,7 @@ logging, the start-up check of their services, signals, and the event loop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Coroutine
@@ -32,6 +33,19 @@ class Daemon(NamedTuple):
     run: Callable[[asyncio.Event], Coroutine[Any, Any, None]]
     database: DatabaseUrl
     amqp: AmqpUrl | None  # None: the daemon does not use RabbitMQ
+
+
+def default_of(settings: type[Any], name: str, *, none: Any = None) -> Any:
+    """The default of field ``name`` of a settings dataclass, for the flag that sets
+    it: each default is written once, on the settings, and the flag (its help's
+    ``[default: ...]`` included) reads it from there. ``none``: what the flag says
+    for a field whose default is None (0 for "none" or "automatic")."""
+    for f in dataclasses.fields(settings):
+        if f.name == name:
+            if f.default is dataclasses.MISSING:
+                raise TypeError(f"{settings.__name__}.{name} has no plain default")
+            return none if f.default is None else f.default
+    raise TypeError(f"{settings.__name__} has no field {name!r}")
 
 
 def connection_options(fn: F) -> F:

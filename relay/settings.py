@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from schema.queries import WORKER_TTL_SECONDS
 from schema.topology import Topology
 
 
@@ -61,8 +62,9 @@ class RelaySettings:
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
     usage_interval: float = 1.0
-    # A consumer or relay not seen for this long is gone.
-    worker_ttl: float = 60.0
+    # A consumer or relay not seen for this long is gone (WORKER_TTL_SECONDS says
+    # why one figure).
+    worker_ttl: float = WORKER_TTL_SECONDS
     # The relay's own row in `relays` (live, connected, published) is refreshed
     # this often; it counts as live for 30 s after its last refresh.
     heartbeat_interval: float = 5.0
