@@ -12,7 +12,14 @@ from typing import Any, NamedTuple
 
 import click
 
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl, password_in_flag
+from plumbing.config import (
+    DEFAULT_AMQP_URL,
+    DEFAULT_DATABASE_URL,
+    AmqpUrl,
+    ConfigError,
+    DatabaseUrl,
+    password_in_flag,
+)
 from plumbing.logfmt import setup_logging
 from plumbing.preflight import preflight
 from plumbing.stopping import CLOSE_SECONDS, Stopper
@@ -55,18 +62,18 @@ def connection_options(fn: F) -> F:
             "--database-url",
             metavar="URL",
             help="PostgreSQL URL. Default: $DATABASE_URL, or the file named by "
-            "$DATABASE_URL_FILE, or postgresql://127.0.0.1:5432/jobs.",
+            f"$DATABASE_URL_FILE, or {DEFAULT_DATABASE_URL}.",
         ),
         click.option(
             "--amqp-url",
             metavar="URL",
             help="RabbitMQ URL. Default: $AMQP_URL, or the file named by $AMQP_URL_FILE, "
-            "or amqp://127.0.0.1:5672/.",
+            f"or {DEFAULT_AMQP_URL}.",
         ),
         click.option(
             "--amqp-prefix",
             envvar="AMQP_PREFIX",
-            default="jobs",
+            default=default_of(Topology, "prefix"),
             show_default=True,
             show_envvar=True,
             help="Name of the exchange, and prefix of every queue (<prefix>.<queue>).",
@@ -75,7 +82,7 @@ def connection_options(fn: F) -> F:
             "--queue-type",
             envvar="AMQP_QUEUE_TYPE",
             type=click.Choice([t.value for t in QueueType]),
-            default=QueueType.CLASSIC.value,
+            default=default_of(Topology, "queue_type").value,
             show_default=True,
             show_envvar=True,
             help="RabbitMQ queue type for new queues.",

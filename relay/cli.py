@@ -9,7 +9,7 @@ import click
 from plumbing.cli import Daemon, connection_options, default_of, run_daemon, topology
 from plumbing.config import amqp_url, database_url
 from relay.service import Relay
-from relay.settings import RelaySettings
+from relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -101,7 +101,7 @@ from relay.settings import RelaySettings
     default=default_of(RelaySettings, "heartbeat_interval"),
     show_default=True,
     help="Seconds between refreshes of this relay's row in `relays` (live, connected, "
-    "failing queues); at most 10.",
+    f"failing queues); at most {HEARTBEAT_INTERVAL_MAX:g}.",
 )
 @click.option(
     "--schedule-interval",
