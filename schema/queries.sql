@@ -954,7 +954,8 @@ WITH RECURSIVE gate AS (
            -- share) and left it none. One that did not contend wanted its first.
            CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
+                     THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason
