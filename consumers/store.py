@@ -81,7 +81,7 @@ async def finish_on(
     conn: AsyncConnection,
     worker: str,
     batch: Sequence[tuple[uuid.UUID, int, Outcome]],
-    statement: LiteralString = q.JOB_FINISH_MANY_IN_TX,
+    statement: LiteralString,
 ) -> dict[uuid.UUID, str]:
     """Apply outcomes on ``conn`` (in the caller's transaction): each applied one's
     new state, or 'LOCKED'. An outcome missing from the result was stale."""

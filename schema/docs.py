@@ -466,9 +466,10 @@ SQL_HEADER: Final = f"""\
 
 
 def _with_twins(keys: Sequence[str]) -> list[str]:
-    """``f(_async)`` for a function and its async twin, both named."""
+    """``f(_async)`` for a function that has an async twin (``f_async =
+    async_twin(f)`` names no statement itself, but runs f's)."""
     return [
-        f"{key}(_async)" if _twin(key) in keys else key
+        f"{key}(_async)" if _twin(key) in references() and not key.endswith("_async") else key
         for key in keys
         if not (key.endswith("_async") and _twin(key) in keys)
     ]

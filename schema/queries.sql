@@ -53,14 +53,14 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- name: JOB_KEYS_LOCK
--- Run by outbox.enqueue:insert_jobs(_async) to lock the keys of a batch's ordered jobs:
--- their numbers follow commits.
+-- Run by outbox.enqueue:insert_jobs to lock the keys of a batch's ordered jobs: their
+-- numbers follow commits.
 -- Parameters: keys.
 SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 0)))
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
--- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
+-- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
 -- taken.
 -- Parameters: keys.
@@ -542,7 +542,7 @@ FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generati
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_MANY_IN_TX
--- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
+-- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
@@ -1173,7 +1173,8 @@ WITH RECURSIVE gate AS (
            -- share) and left it none. One that did not contend wanted its first.
            CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
+                     THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason

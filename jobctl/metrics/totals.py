@@ -29,7 +29,7 @@ from jobctl.metrics.histogram import (
 from jobctl.metrics.history import EMPTY, History, HistoryView
 from jobctl.metrics.labels import LabelBudget
 from jobctl.metrics.reading import Attempt, Cursors, Reading, Worker
-from schema.states import CLAIMABLE, LEASED, JobState
+from schema.states import CLAIMABLE, LEASED, DelayReason, JobState
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -92,7 +92,7 @@ class Snapshot:
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
-KEY_WAITS: Final = ("KEY_BUSY", "KEY_ORDER")
+KEY_WAITS: Final = (DelayReason.KEY_BUSY, DelayReason.KEY_ORDER)
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
 MAX_QUEUES: Final = 100
@@ -266,7 +266,9 @@ class Totals:
             jobs[(queue, state)] += count
             if age is not None:
                 oldest[queue] = max(oldest[queue], age)
-        key_waits = {(queue, why): 0 for queue in self.queues for why in KEY_WAITS}
+        key_waits: dict[tuple[str, str], int] = {
+            (queue, str(why)): 0 for queue in self.queues for why in KEY_WAITS
+        }
         for name, why, count in reading.key_waits:
             key_waits[(self._queue(name, now), why)] += count
         for name, state, count, lapsed in reading.leased:

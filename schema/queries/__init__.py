@@ -61,7 +61,9 @@ from schema.queries.dashboard import (
 )
 from schema.queries.fragments import (
     FENCE,
+    LIVE_WORKER,
     UNTAKEN,
+    WORKER_TTL_SECONDS,
 )
 from schema.queries.job import (
     JOB_EFFECT_CLAIM,
@@ -171,6 +173,7 @@ __all__ = [
     "JOB_TRACE_CONTEXTS",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
+    "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
     "OUTBOX_DUE_QUEUES",
@@ -217,4 +220,5 @@ __all__ = [
     "WORKER_GONE",
     "WORKER_PACK_LIMIT",
     "WORKER_SEEN",
+    "WORKER_TTL_SECONDS",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.locks import KEY_LOCK_PREFIX
 from schema.queries.fragments import FENCE, key_wake_next
 from schema.tables import CLAIMABLE_SQL
 
@@ -48,8 +49,8 @@ SELECT job_id FROM inserted
 # waits here until the first commits, so it draws its key_seq after the first's:
 # the numbers follow the commit order, and a claim never sees a later number of a
 # key before an earlier one. Keys whose hashes collide only wait for each other.
-JOB_KEYS_LOCK: Final = """
-SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 0)))
+JOB_KEYS_LOCK: Final = f"""
+SELECT count(pg_advisory_xact_lock(hashtextextended('{KEY_LOCK_PREFIX}' || k.key, 0)))
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k
 """
 

@@ -14,6 +14,7 @@ from schema.queries.fragments import (
     REFUSAL_BACKSTOP_SECONDS,
     lease_ended,
 )
+from schema.states import DelayReason
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
@@ -150,14 +151,14 @@ WITH types AS (
 ), refused AS (
     -- 3a. the jobs turned down, and why (paused queue, no handler, key, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
-                WHEN NOT l.known THEN 'NO_HANDLER'
-                WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
+           CASE WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
+                WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'
+                WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN '{DelayReason.KEY_ORDER}'
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
-                     OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
-                ELSE 'TENANT_CAP' END AS reason,
+                     OR l.job_id IN (SELECT job_id FROM admitted) THEN '{DelayReason.KEY_BUSY}'
+                ELSE '{DelayReason.TENANT_CAP}' END AS reason,
            -- turned down for want of a handler less than a second ago already
-           COALESCE(l.delay_reason = 'NO_HANDLER'
+           COALESCE(l.delay_reason = '{DelayReason.NO_HANDLER}'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
@@ -179,7 +180,7 @@ WITH types AS (
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
     WHERE x.state IN ({LEASED_SQL})
-      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = '{DelayReason.NO_HANDLER}')
     GROUP BY x.lease_owner
 ), capable AS (
     -- 3e. per job turned down for want of a handler: whether another live consumer has
@@ -190,7 +191,7 @@ WITH types AS (
       ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
-    WHERE r.reason = 'NO_HANDLER'
+    WHERE r.reason = '{DelayReason.NO_HANDLER}'
     GROUP BY r.job_id
 ), requeued AS (
     -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
@@ -198,13 +199,13 @@ WITH types AS (
     -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+           CASE WHEN r.reason <> '{DelayReason.NO_HANDLER}' OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+    WHERE (r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL)
       -- a job waiting for its key gets its wake-up back when the key frees
-      AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
+      AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}')
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
