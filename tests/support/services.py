@@ -1,5 +1,5 @@
 """Do PostgreSQL and RabbitMQ answer? Used by scripts/test before the suite starts
-and by the test session itself; says how to start whichever does not."""
+and by the first test that needs each service; says how to start whichever does not."""
 
 from __future__ import annotations
 
@@ -14,17 +14,19 @@ ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://127.0.0.1:5432/pos
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://127.0.0.1:5672/")
 
 
-def problems() -> list[str]:
-    found = []
+def postgres_problem() -> str | None:
     try:
         with psycopg.connect(ADMIN_URL, connect_timeout=5):
             pass
     except psycopg.OperationalError as exc:
-        found.append(
+        return (
             f"PostgreSQL at {ADMIN_URL} does not answer ({str(exc).strip().splitlines()[0]}).\n"
             "  Start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
         )
+    return None
 
+
+def rabbitmq_problem() -> str | None:
     async def amqp() -> None:
         connection = await aio_pika.connect(AMQP_URL, timeout=5)
         await connection.close()
@@ -32,11 +34,15 @@ def problems() -> list[str]:
     try:
         asyncio.run(amqp())
     except Exception as exc:
-        found.append(
+        return (
             f"RabbitMQ at {AMQP_URL} does not answer ({type(exc).__name__}).\n"
             "  Start it: rabbitmq-server -detached"
         )
-    return found
+    return None
+
+
+def problems() -> list[str]:
+    return [p for p in (postgres_problem(), rabbitmq_problem()) if p is not None]
 
 
 def main() -> None:
