@@ -8,6 +8,7 @@ tests/unit/ needs neither and runs with both down."""
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -71,9 +72,14 @@ def _database(prefix: str, template: str | None = None) -> Iterator[str]:
 
 def _stop_unless_up(problem: str | None) -> None:
     """End the session, saying how to start the service: every test after this one
-    would fail the same way."""
-    if problem is not None:
-        pytest.exit(problem, returncode=3)
+    would fail the same way. In a pytest-xdist worker an exit is lost in an internal
+    error, so there each test that needs the service fails with the message (the
+    session fixture's failure is kept, so the service is asked only once)."""
+    if problem is None:
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail(problem, pytrace=False)
+    pytest.exit(problem, returncode=3)
 
 
 @pytest.fixture(scope="session")
