@@ -27,7 +27,7 @@ from schema import queries as q
 from schema.locks import LockKey
 from schema.states import DelayReason, HeldReason
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flag_defaults(command: click.Command) -> dict[str, Any]:
