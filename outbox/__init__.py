@@ -10,7 +10,8 @@
 Nothing here commits; a rolled-back transaction leaves no job behind. The
 operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed and
 cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
-waiting?), alongside ``request_cancel``, tenant limits and schedules.
+waiting?), alongside ``request_cancel``, tenant limits and schedules; and
+``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit).
 """
 
 from outbox.backpressure import Backpressure
@@ -49,6 +50,7 @@ from outbox.tenants import (
     tenant_limits_async,
 )
 from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
+from outbox.waiting import Finished, wait_for, wait_for_async
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -56,6 +58,7 @@ __all__ = [
     "Backpressure",
     "Blocker",
     "Explanation",
+    "Finished",
     "JobNotFound",
     "LastError",
     "NewJob",
@@ -96,4 +99,6 @@ __all__ = [
     "trigger_schedule_async",
     "unschedule",
     "unschedule_async",
+    "wait_for",
+    "wait_for_async",
 ]

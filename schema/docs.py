@@ -64,6 +64,7 @@ NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
+    "JOB_OUTCOME": "read how a job ended, for outbox.wait_for once its end was announced",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
     "JOB_REQUEST_RECORD": "record the API request (Idempotency-Key) that made a job",

@@ -88,6 +88,13 @@ SELECT state FROM cancelled;
 -- Parameters: job_id.
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
 
+-- name: JOB_OUTCOME
+-- Run by outbox.waiting:wait_for(_async) to read how a job ended, for outbox.wait_for
+-- once its end was announced.
+-- Parameters: job_id.
+SELECT state, result, last_error_code, last_error_message, finished_at
+FROM jobs WHERE job_id = %(job_id)s;
+
 -- name: JOB_EFFECT_CLAIM
 -- Run by consumers.job:AsyncTx.once, consumers.job:SyncTx.once to mark a handler's
 -- effect done, once per key, in its transaction.

@@ -295,6 +295,10 @@ Index("outbox_job_id_idx", outbox.c.job_id)
 # The channel the outbox trigger (migration 0001) notifies on every insert, and a
 # freed tenant slot (migration 0003) too.
 OUTBOX_CHANNEL = "outbox"
+# The channel a job's end is announced on, its id the payload: a trigger on jobs
+# (migration 0015) notifies it whenever an update moves a job into a final state,
+# delivered at that commit (outbox.wait_for listens).
+JOB_FINISHED_CHANNEL = "job_finished"
 
 # Effects a handler marked done, once per key (see consumers.JobTransaction.once).
 # No foreign key: the record of an effect outlives the job that performed it (its

@@ -72,6 +72,13 @@ SELECT state FROM cancelled
 
 JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
 
+# What outbox.wait_for answers with: the job's state and, once it is final, how it
+# ended (a handler's result, the last error).
+JOB_OUTCOME: Final = """
+SELECT state, result, last_error_code, last_error_message, finished_at
+FROM jobs WHERE job_id = %(job_id)s
+"""
+
 # Marks one effect done, once per key, in the handler's own transaction: true the
 # first time, false for every later attempt (whose transaction then skips the effect).
 JOB_EFFECT_CLAIM: Final = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from typing import Annotated, Any, Final
@@ -9,6 +10,7 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
+import outbox
 from jobctl.api.guards import GuardedRoute, may_read, may_write
 from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryRequest
 from jobctl.api.problems import responses
@@ -37,6 +39,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 # Retry-After on a job that is not done: about when to look again.
 RUNNING_POLL: Final = 2
 MAX_POLL: Final = 60
+# The longest GET /v1/jobs/{id}?wait= holds a request: well under the timeouts of
+# common proxies, and no transaction or pooled connection is held meanwhile.
+MAX_WAIT: Final = 30
 
 _HEADERS: Final[dict[str, Any]] = {
     "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
@@ -206,12 +211,32 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     ),
     summary="Look at a job",
 )
-async def job(job_id: str, request: Request, response: Response) -> JobView:
+async def job(
+    job_id: str,
+    request: Request,
+    response: Response,
+    wait: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=MAX_WAIT,
+            description=f"Seconds (at most {MAX_WAIT}) to hold the request while the job "
+            "is not done: answered as soon as it ends (woken at the commit that ended "
+            "it), else with its state at the end of the wait.",
+        ),
+    ] = None,
+) -> JobView:
     """State, attempt and budget, last error, times, progress, result, every
     attempt, and why it waits. Retry-After while it is not done."""
     ident = _parse(job_id)
-    async with database(request).reading() as session:
+    db = database(request)
+    async with db.reading() as session:
         found = await get_job(session, ident)
+    if found is not None and not found.done and wait:
+        with contextlib.suppress(TimeoutError, outbox.JobNotFound):
+            await outbox.wait_for_async(db.engine, ident, timeout=wait, listen_url=db.url.listen)
+        async with db.reading() as session:
+            found = await get_job(session, ident)
     if found is None:
         raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
     wait = retry_after(found)
