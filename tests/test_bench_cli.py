@@ -33,6 +33,7 @@ from tests.conftest import ROOT
         "bench.refused_queue",
         "bench.refusals",
         "bench.rewake_backlog",
+        "bench.wait_for",
         "bench.spread",
     ],
 )
