@@ -135,9 +135,15 @@ def main() -> None:
     parser = argument_parser("bench.wait_for", __doc__)
     parser.add_argument("--rounds", type=int, default=200, help="sync: jobs waited for in turn")
     parser.add_argument("--waiters", type=int, default=1000, help="async: waiters at once")
+    parser.add_argument("--ways", default="sync,async", help="which ways to run, comma-separated")
     args = parser.parse_args()
+    ways = set(args.ways.split(","))
     with scratch_database("bench_wait") as db:
-        runs = [sync_way(db, args.rounds), asyncio.run(async_way(db, args.waiters))]
+        runs = []
+        if "sync" in ways:
+            runs.append(sync_way(db, args.rounds))
+        if "async" in ways:
+            runs.append(asyncio.run(async_way(db, args.waiters)))
     print(json.dumps({"benchmark": "wait_for", "runs": runs, "machine": machine()}, indent=2))
 
 
