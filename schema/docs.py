@@ -121,6 +121,8 @@ NOTES: Final[dict[str, str]] = {
     "SCHEDULE_FIRE_PRUNE": "delete the oldest ledger rows beyond those kept",
     "SCHEDULE_TEMPLATE": "read a schedule's job template, for a manual trigger",
     # control
+    "JOB_APPROVE": "approve a job that waits for approval: due now, with its wake-up",
+    "JOB_APPROVAL": "read why an approval or rejection changed nothing",
     "QUEUE_PAUSE": "pause a queue",
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",

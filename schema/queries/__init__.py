@@ -22,8 +22,11 @@ from __future__ import annotations
 
 from schema.queries.control import (
     EFFECT_RETENTION_DELETE,
+    JOB_APPROVAL,
+    JOB_APPROVE,
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
+    JOB_REJECT,
     JOB_REPLAY,
     JOB_REPLAY_MATCHING,
     JOB_RETENTION_DELETE,
@@ -123,6 +126,8 @@ __all__ = [
     "DASHBOARD_SESSION_VALID",
     "EFFECT_RETENTION_DELETE",
     "FENCE",
+    "JOB_APPROVAL",
+    "JOB_APPROVE",
     "JOB_ATTEMPTS_RECORDED",
     "JOB_CLAIM_MANY",
     "JOB_EFFECT_CLAIM",
@@ -137,6 +142,7 @@ __all__ = [
     "JOB_INSERT_MANY",
     "JOB_OUTCOME",
     "JOB_PROGRESS",
+    "JOB_REJECT",
     "JOB_REPLAY",
     "JOB_REPLAY_MATCHING",
     "JOB_REQUEST_BY_KEY",

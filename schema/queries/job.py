@@ -6,35 +6,39 @@ from __future__ import annotations
 from typing import Final
 
 from schema.queries.fragments import FENCE
-from schema.tables import CLAIMABLE_SQL
+from schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
-# only by the relay, for a schedule's occurrence). A job whose
+# only by the relay, for a schedule's occurrence; approval 'REQUIRED' by an enqueue
+# with needs_approval: held never due, without a wake-up). A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
 # caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
 # notifies the relay when the caller's transaction commits.
-JOB_INSERT_MANY: Final = """
+JOB_INSERT_MANY: Final = f"""
 WITH input AS (
     SELECT *
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz)
+        delay_seconds double precision, scheduled_for timestamptz, approval text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for)
+         scheduled_for, approval)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for
+           CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
 ), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL
 )
 SELECT job_id FROM inserted
 """
