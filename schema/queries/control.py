@@ -224,7 +224,8 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({CLAIMAB
     OR EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s)
 """
 
-# Everything "why is my job waiting?" needs about one job, by key lookups: the row;
+# Everything "why is my job waiting?" needs about one job, by key lookups: the row
+# (its approval too);
 # its queue's pause; its tenant's cap and slots in use; why the relay last held the
 # tenant's wake-ups back in that queue; its wake-up (one in flight that was not
 # taken up yet, else the pending one); how many live consumers serve its queue and
@@ -239,6 +240,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       j.approval, j.approval_by, j.approval_at, j.created_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
        l.max_running, COALESCE(u.running, 0) AS running,

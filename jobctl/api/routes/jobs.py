@@ -12,7 +12,7 @@ from pydantic import Field
 
 import outbox
 from jobctl.api.guards import GuardedRoute, may_read, may_write
-from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryRequest
+from jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
 from jobctl.api.problems import responses
 from jobctl.api.routes.common import actor, database, url
 from jobctl.service import (
@@ -22,11 +22,13 @@ from jobctl.service import (
     NewJobRequest,
     NotFound,
     WrongState,
+    approve_job,
     cancel_jobs,
     enqueue_job,
     get_job,
     list_jobs,
     parse_job_id,
+    reject_job,
     retry_jobs,
     retry_matching,
 )
@@ -127,6 +129,7 @@ async def enqueue(
         body.run_after,
         body.max_attempts,
         body.dedup_key,
+        body.needs_approval,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
@@ -287,3 +290,36 @@ async def retry(job_id: str, request: Request) -> JobStateChange:
             result.state,
         )
     return result
+
+
+@router.post(
+    "/{job_id}/approve",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 409, 503),
+    summary="Approve a job",
+)
+async def approve(job_id: str, request: Request) -> JobStateChange:
+    """A job enqueued with needs_approval that waits for approval becomes due and
+    is woken; who approved it and when are recorded. A job approved or rejected
+    already, or that never needed approval, gets 409 and is left as it was."""
+    ident = _parse(job_id)
+    async with database(request).writing() as session:
+        return await approve_job(session, ident, by=actor(request))
+
+
+@router.post(
+    "/{job_id}/reject",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
+    summary="Reject a job",
+)
+async def reject(job_id: str, request: Request, body: RejectBody | None = None) -> JobStateChange:
+    """A job that waits for approval is CANCELLED, with last_error_code REJECTED and
+    the reason given as its message; who and when are recorded. Refused like an
+    approval (409)."""
+    ident = _parse(job_id)
+    reason = None if body is None else body.reason
+    async with database(request).writing() as session:
+        return await reject_job(session, ident, by=actor(request), reason=reason)
