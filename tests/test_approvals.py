@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from playwright.async_api import expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -22,6 +24,7 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from schema import queries as q
 from schema.topology import Topology
 from tests.support.api import api_client
+from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job
 from tests.support.processes import running, service_env
 from tests.test_cli import jobctl
@@ -233,3 +236,70 @@ def test_jobctl_jobs_approve_and_reject(
     assert json.loads(rejected.stdout)["job"]["state"] == "CANCELLED"
     row = job(pg, other)
     assert (row["last_error_code"], row["last_error_message"]) == ("REJECTED", "too risky")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+async def test_the_dashboard_approves_and_rejects_with_csrf_guarded_buttons(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    gated = enqueue(engine, "echo", {}, needs_approval=True)
+    other = enqueue(engine, "echo", {}, needs_approval=True)
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then=f"/jobs/{gated}")
+        await expect(page.get_by_test_id("approval")).to_contain_text("APPROVAL_REQUIRED")
+        await expect(
+            page.locator("[data-testid=blocker][data-code=APPROVAL_REQUIRED]")
+        ).to_have_count(1)
+        # Without the CSRF token the same post is refused, and nothing changes.
+        forged = await browser.request.post(
+            f"{served.base}/jobs/{gated}/approve",
+            headers={"Origin": served.base},
+            form={},
+            max_redirects=0,
+        )
+        assert forged.status == 403
+        assert job(pg, gated)["approval"] == "REQUIRED"
+        await page.get_by_test_id("approve").click()
+        await expect(page.get_by_test_id("flash")).to_contain_text("Approved")
+        await expect(page.get_by_test_id("approval")).to_contain_text("Approved by dashboard")
+        await expect(page.get_by_test_id("approve")).to_have_count(0)
+        await page.goto(f"{served.base}/jobs/{other}")
+        await page.get_by_test_id("reject").click()
+        await expect(page.get_by_test_id("flash")).to_contain_text("Rejected")
+        await expect(page.locator("h1 [data-state]")).to_have_text("CANCELLED")
+    assert job(pg, gated)["approval"] == "APPROVED"
+    row = job(pg, other)
+    assert (row["state"], row["approval"], row["last_error_code"]) == (
+        "CANCELLED",
+        "REJECTED",
+        "REJECTED",
+    )
+
+
+def test_an_approval_and_a_rejection_at_once_one_wins(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    gated = enqueue(engine, "echo", {}, needs_approval=True)
+    outcome: list[BaseException | str] = []
+
+    def reject() -> None:
+        try:
+            with Session(engine) as session, session.begin():
+                outcome.append(outbox.reject(session, gated, by="erin"))
+        except outbox.NotAwaitingApproval as exc:
+            outcome.append(exc)
+
+    with Session(engine) as session, session.begin():
+        outbox.approve(session, gated, by="frank")
+        rival = threading.Thread(target=reject)
+        rival.start()
+        time.sleep(0.5)  # the rejection waits for the approval's row lock
+        assert not outcome
+    rival.join(10)
+    (refused,) = outcome
+    assert isinstance(refused, outbox.NotAwaitingApproval)
+    assert refused.approval == "APPROVED" and refused.by == "frank"
+    row = job(pg, gated)
+    assert (row["state"], row["approval"], row["approval_by"]) == ("QUEUED", "APPROVED", "frank")
+    assert _outbox_rows(pg, gated) == 1, "one wake-up, from the approval"
