@@ -12,6 +12,10 @@ commit itself. Two ways:
   others still wait; the listening connections of the process are counted
   (pg_stat_activity, application_name outbox-wait) while they do.
 
+- cost: what the trigger costs the consumers: ``--drain-jobs`` noop jobs drained by
+  a relay and two consumers, with the trigger and with it disabled (each in a fresh
+  database; alternated ``--drain-rounds`` times, since the machine's load drifts).
+
 Prints one JSON object: p50/p95/p99 per way (target p50 <= 10 ms), and of the
 COMMIT's own duration (commit_itself), the part of the latency that is the
 database flushing the commit rather than the notification reaching the waiter.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import statistics
 import threading
 import time
 import uuid
@@ -34,6 +39,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import argument_parser, machine, percentiles
+from bench.fleet import drain_rate, fleet
 from outbox.waiting import APPLICATION_NAME
 from plumbing.config import DatabaseUrl
 from tests.support.scratch import scratch_database
@@ -131,6 +137,26 @@ async def async_way(db: DatabaseUrl, waiters: int) -> dict[str, Any]:
     }
 
 
+def cost_way(jobs: int, rounds: int) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"trigger": [], "no_trigger": []}
+    for _ in range(rounds):
+        for way in rates:
+            with fleet(consumers=2) as f:
+                if way == "no_trigger":
+                    with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
+                        conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_finished_notify")
+                batch = [outbox.NewJob("noop", {}) for _ in range(jobs)]
+                rates[way].append(round(drain_rate(f, batch)))
+    return {
+        "way": "cost",
+        "jobs": jobs,
+        "jobs_per_s": rates,
+        "median_ratio": round(
+            statistics.median(rates["trigger"]) / statistics.median(rates["no_trigger"]), 3
+        ),
+    }
+
+
 def main() -> None:
     parser = argument_parser("bench.wait_for", __doc__)
     parser.add_argument("--rounds", type=int, default=200, help="sync: jobs waited for in turn")
@@ -144,6 +170,8 @@ def main() -> None:
             runs.append(sync_way(db, args.rounds))
         if "async" in ways:
             runs.append(asyncio.run(async_way(db, args.waiters)))
+    if "cost" in ways:
+        runs.append(cost_way(args.drain_jobs, args.drain_rounds))
     print(json.dumps({"benchmark": "wait_for", "runs": runs, "machine": machine()}, indent=2))
 
 
