@@ -130,6 +130,18 @@ class _Listener:
             return True
 
     def _run(self) -> None:
+        try:
+            self._listen()
+        except Exception:
+            log.exception("outbox.wait_listener_crashed")
+        finally:
+            # Gone for good (idle, or crashed): the next waiter starts another.
+            with _LOCK:
+                self.listening = False
+                if _LISTENERS.get(self.key) is self:
+                    del _LISTENERS[self.key]
+
+    def _listen(self) -> None:
         failures = 0
         while True:
             try:

@@ -175,3 +175,25 @@ def test_the_listener_follows_the_engine_url_not_a_global(db_url: DatabaseUrl) -
             outbox.wait_for(eng, uuid.uuid4(), timeout=5)
     finally:
         eng.dispose()
+
+
+def test_a_lost_listening_connection_is_replaced_and_no_end_is_missed(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    job_id = enqueue(engine, "echo", {})
+    got: list[outbox.Finished] = []
+    waiter = threading.Thread(target=lambda: got.append(outbox.wait_for(engine, job_id, 20)))
+    waiter.start()
+    time.sleep(0.5)
+    assert _listeners(pg) == 1
+    pg.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = %s",
+        [APPLICATION_NAME],
+    )
+    # Ended while nobody listens: its notification is lost, the row is not.
+    pg.execute(
+        "UPDATE jobs SET state = 'CANCELLED', finished_at = now() WHERE job_id = %s", [job_id]
+    )
+    waiter.join(15)
+    assert got and got[0].state == "CANCELLED"
