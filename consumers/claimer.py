@@ -33,19 +33,19 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 
 import psycopg.errors
 from psycopg_pool import PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from consumers.executor import Reservation, Threads
+from consumers.executor import Executor, Threads
 from consumers.inbox import Delivery, Inbox, give_back, settle
 from consumers.intake import Intake
 from consumers.ledger import Ledger
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
 from consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
+from plumbing import tracing
 from plumbing.logfmt import describe_error
 from plumbing.transient import is_transient_db_error, retry_forever
 
@@ -62,8 +62,6 @@ LOCKED_HOLD = 5.0
 # its time limit) goes back to the outbox's backlog, due this much later, for this
 # consumer or one with a free thread.
 NO_THREAD_WAIT = 2.0
-
-StartJob = Callable[[Claimed, float, Reservation | None], None]
 
 
 def _contention(exc: BaseException) -> bool:
@@ -98,7 +96,7 @@ class Claimer:
         threads: Threads,
         inbox: Inbox,
         intake: Intake,
-        start_job: StartJob,
+        executor: Executor,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -107,7 +105,7 @@ class Claimer:
         self.threads = threads
         self.inbox = inbox
         self.intake = intake
-        self.start_job = start_job
+        self.executor = executor
         self.waiting: dict[uuid.UUID, _Waiting] = {}
         self.wake = asyncio.Event()
         # Held while a claim is in flight; shutdown waits on it, so jobs a claim is
@@ -224,6 +222,7 @@ class Claimer:
         """Claim these ids and start what was claimed; the failure, if the database
         could not be reached (the deliveries went back)."""
         sent_at = time.monotonic()
+        began = tracing.now_ns()
         ambiguous = False
         try:
             # A dropped connection is worth two quick retries on a fresh connection
@@ -269,6 +268,8 @@ class Claimer:
                 return None
             return exc
         self.failures = 0
+        if claimed and tracing.recording():
+            _claim_span(began, len(job_ids), claimed)
         if claimed and log.isEnabledFor(logging.DEBUG):  # a trace, for latency work
             log.debug(
                 "consumer.claimed",
@@ -279,7 +280,7 @@ class Claimer:
             handler = self.registry.get(row.job_type)
             if handler is not None and not handler.is_async:
                 reservation = self.threads.reserve()
-            self.start_job(row, sent_at, reservation)
+            self.executor.start(row, sent_at, reservation)
             await self._done(row.job_id)
         self.counts["claimed"] += len(claimed)
         no_thread = []
@@ -409,3 +410,32 @@ class Claimer:
         if not self.stopping:
             await self.inbox.start()
             log.info("consumer.database_available", extra={"action": "consuming resumed"})
+
+
+def _claim_span(began: int, asked: int, claimed: list[Claimed]) -> None:
+    """The claim as a CLIENT span (the conventions' "receive"), linked to the trace
+    of each job it claimed: one claim takes jobs enqueued in many traces. A claim of
+    one job is in that job's trace too."""
+    queues = {row.queue for row in claimed}
+    queue = next(iter(queues)) if len(queues) == 1 else None
+    tenants = {row.tenant for row in claimed}
+    tracing.record(
+        "claim" if queue is None else f"claim {queue}",
+        "client",
+        start_ns=began,
+        attributes={
+            tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+            tracing.MESSAGING_DESTINATION_NAME: queue,
+            tracing.MESSAGING_OPERATION_TYPE: "receive",
+            tracing.MESSAGING_OPERATION_NAME: "claim",
+            tracing.MESSAGING_BATCH_MESSAGE_COUNT: asked,
+            tracing.CLAIMED: len(claimed),
+            tracing.JOB_QUEUE: queue,
+            tracing.JOB_TENANT: next(iter(tenants)) if len(tenants) == 1 else None,
+        },
+        links=[
+            (row.trace_context, {tracing.JOB_ID: str(row.job_id), tracing.JOB_ATTEMPT: row.attempt})
+            for row in claimed
+        ],
+        parent=claimed[0].trace_context if asked == 1 and len(claimed) == 1 else None,
+    )

@@ -1,8 +1,9 @@
 """The consumer process: wires the worker's parts together and stops it cleanly.
 
 - the inbox turns RabbitMQ deliveries into wake-ups (consumers/inbox.py);
-- the claimer claims them as slots free up and starts the jobs (claimer.py);
-- each claimed job runs as its own task and ends in one Outcome (executor.py);
+- the claimer claims them as slots free up (claimer.py);
+- the executor runs each claimed job as its own task, from the claim to one Outcome
+  in the ledger (executor.py);
 - the reporter records outcomes in batches, each row through its fence (reporter.py);
 - the intake bounds what the worker holds, handing back what it has no room for
   (intake.py);
@@ -27,27 +28,22 @@ import logging
 import os
 import secrets
 import socket
-import threading
 from collections import Counter
 
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
-
 from consumers.claimer import Claimer
-from consumers.executor import Reservation, Threads, execute
+from consumers.executor import Executor, Threads
 from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from consumers.inbox import Delivery, Inbox
 from consumers.intake import Intake
-from consumers.job import Job, Resources
+from consumers.job import HandlerPools, Job, Resources
 from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
 from consumers.ledger import Held, Ledger, Phase
-from consumers.outcome import Outcome
 from consumers.registry import Registry
 from consumers.reporter import Reporter
 from consumers.settings import ConsumerSettings
-from consumers.store import Claimed, JobStore
-from plumbing.db import connection_kwargs, make_pool
+from consumers.store import JobStore
+from plumbing.db import make_pool
 from plumbing.logfmt import describe_error
 from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
@@ -75,11 +71,9 @@ class Consumer:
         # The consumer's own statements (claims, heartbeats, outcomes) get a small pool
         # of their own, so handlers holding connections can never starve a heartbeat.
         self.pool = make_pool(settings.database, "consumer", max_size=4)
-        self.handler_pool = make_pool(
-            settings.database, "consumer-handlers", max_size=settings.concurrency, options=None
+        self.handlers = HandlerPools(
+            settings.database, ("consumer-handlers", "consumer-sync"), settings.concurrency
         )
-        self._sync_pool: ConnectionPool[Connection] | None = None
-        self._sync_pool_lock = threading.Lock()
         self.store = JobStore(self.pool, self.worker, settings.lease_seconds)
         self.ledger = Ledger()
         self.inbox = Inbox(
@@ -92,6 +86,10 @@ class Consumer:
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
         self.intake = Intake(settings, self.store, self.inbox)
+        self.journal = Journal()
+        self.executor = Executor(
+            settings, registry, self.threads, self.ledger, self.journal, self._slot_freed
+        )
         self.claimer = Claimer(
             settings,
             self.store,
@@ -100,17 +98,15 @@ class Consumer:
             self.threads,
             self.inbox,
             self.intake,
-            self._start_job,
+            self.executor,
         )
         self.held_wakeups = HeldWakeups(
             self.store, self.claimer.held_ids, min(REFRESH_SECONDS, settings.effective_heartbeat)
         )
-        self.journal = Journal()
         self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
         self.lease_keeper = LeaseKeeper(
             settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
         )
-        self.resources: Resources | None = None
 
     @property
     def counts(self) -> Counter[str]:
@@ -138,11 +134,11 @@ class Consumer:
             },
         )
         self._warn_about_queues()
-        self.resources = Resources(
-            self.worker, self.handler_pool, self._get_sync_pool, asyncio.get_running_loop()
+        self.executor.resources = Resources(
+            self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()
         )
         await self.pool.open(wait=False)
-        await self.handler_pool.open(wait=False)
+        await self.handlers.pool.open(wait=False)
         if not await unless_stopped(stop, self._connect()):
             await self._close()
             log.info("consumer.stopped", extra={"worker": self.worker})
@@ -295,9 +291,8 @@ class Consumer:
     async def _close(self) -> None:
         await self.inbox.close()
         await self.pool.close()
-        await self.handler_pool.close()
-        if self._sync_pool is not None:
-            self._sync_pool.close()
+        await self.handlers.pool.close()
+        self.handlers.close_sync()
         self.threads.shutdown()
 
     async def _give_back(self, jobs: list[Job]) -> None:
@@ -327,33 +322,6 @@ class Consumer:
     def _slot_freed(self) -> None:
         self.claimer.wake.set()
 
-    def _start_job(
-        self, row: Claimed, claim_sent_at: float, reservation: Reservation | None
-    ) -> None:
-        assert self.resources is not None
-        job = Job.from_claim(row, self.resources, claim_sent_at, self.settings.lease_seconds)
-        task = asyncio.create_task(self._run_job(job, reservation), name=f"job {job.id}")
-        self.ledger.start(job, task, reservation)
-
-    async def _run_job(self, job: Job, reservation: Reservation | None) -> None:
-        handler = self.registry.get(job.job_type)
-        try:
-            if handler is None:  # the claim takes only known types; defensive
-                outcome: Outcome | None = Outcome.retry(
-                    "UNKNOWN_JOB_TYPE", f"no handler for {job.job_type!r}", 60.0
-                )
-            else:
-                outcome = await execute(
-                    job, handler, self.threads, reservation, self.settings.default_timeout
-                )
-        finally:
-            if reservation is not None:
-                reservation.release_if_unused()
-            self._slot_freed()
-        if outcome is None and job.recorded:
-            self.journal.succeeded(job)  # its own transaction recorded it
-        self.ledger.handler_done(job, outcome)
-
     async def _report_stats(self) -> None:
         last: Counter[str] = Counter()
         while True:
@@ -374,17 +342,3 @@ class Consumer:
                     "threads_overdue": self.threads.overdue,
                 },
             )
-
-    def _get_sync_pool(self) -> ConnectionPool[Connection]:
-        with self._sync_pool_lock:
-            if self._sync_pool is None:
-                self._sync_pool = ConnectionPool(
-                    self.settings.database.conninfo,
-                    min_size=1,
-                    max_size=self.settings.concurrency,
-                    kwargs=connection_kwargs("consumer-sync", self.settings.database)
-                    | {"autocommit": True},
-                    name="consumer-sync",
-                    open=True,
-                )
-            return self._sync_pool

@@ -21,11 +21,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from outbox import backpressure
+from outbox.twin import async_twin
 from outbox.validation import NewJob, max_payload_bytes, to_row
+from plumbing import tracing
 from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 
 
@@ -54,10 +56,12 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
     tenants: list[str | None] = []
+    # The enqueuing code's span, once for the batch: every job of it was made there.
+    trace_context = tracing.capture()
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
-        job_id, row = to_row(job, limit)
+        job_id, row = to_row(job, limit, trace_context)
         rows.append(row)
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)
@@ -122,32 +126,7 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     return _resolve(plan, ids, inserted, found)
 
 
-async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-    """:func:`enqueue_many` for an ``AsyncSession``."""
-    return await insert_jobs_async(session, jobs, max_payload_bytes())
-
-
-async def insert_jobs_async(
-    session: AsyncSession, jobs: Iterable[NewJob], payload_limit: int
-) -> list[uuid.UUID]:
-    """:func:`insert_jobs` for an ``AsyncSession``."""
-    plan, ids = _plan(jobs, payload_limit)
-    if not ids:
-        return []
-    conn = await session.connection()
-    check_driver(conn)
-    if plan.tenants:
-        limits = await conn.exec_driver_sql(
-            backpressure.STATEMENT, backpressure.params(plan.tenants)
-        )
-        backpressure.refuse_over_limit(plan.tenants, limits.all())
-    result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
-    inserted = set(result.scalars())
-    lookup = plan.lookup_document(inserted, ids)
-    found: Sequence[Any] = []
-    if lookup:
-        found = (await conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup})).all()
-    return _resolve(plan, ids, inserted, found)
+enqueue_many_async = async_twin(enqueue_many)
 
 
 def enqueue(
@@ -190,29 +169,4 @@ def enqueue(
     return enqueue_many(session, [job])[0]
 
 
-async def enqueue_async(
-    session: AsyncSession,
-    job_type: str,
-    payload: Any,
-    *,
-    queue: str = "default",
-    dedup_key: str | None = None,
-    run_after: datetime | timedelta | None = None,
-    max_attempts: int | None = None,
-    priority: int = 0,
-    tenant: str | None = None,
-    needs_approval: bool = False,
-) -> uuid.UUID:
-    """:func:`enqueue` for an ``AsyncSession``."""
-    job = NewJob(
-        job_type,
-        payload,
-        queue,
-        dedup_key,
-        run_after,
-        max_attempts,
-        priority,
-        tenant,
-        needs_approval,
-    )
-    return (await enqueue_many_async(session, [job]))[0]
+enqueue_async = async_twin(enqueue)

@@ -69,27 +69,21 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.ids import job_id_arg
+from outbox.twin import async_twin
 from outbox.validation import read_json
-from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG
-from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
+from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG, WORKER_TTL_SECONDS
+from schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
 
-# A consumer that heartbeat within this many seconds is live (the consumer's and
-# the relay's default --worker-ttl).
-LIVE_WORKER_SECONDS: Final = 60.0
 # Wake-ups ahead are counted up to this many; beyond, "at least".
 AHEAD_CAP: Final = 10_000
 # The drain rate: the queue's attempts that ended within this many seconds, among
 # at most DRAIN_SAMPLE of the newest attempts of all queues.
 DRAIN_WINDOW: Final = 60.0
 DRAIN_SAMPLE: Final = 2000
-# fair_shares.held_reason values (relay's OUTBOX_WAKE_QUEUE).
-HELD_WINDOW: Final = "WINDOW"
-HELD_FAIR_SHARE: Final = "FAIR_SHARE"
 
 
 class Why(StrEnum):
@@ -217,7 +211,7 @@ def _is_due_waiting(job: Mapping[str, Any]) -> bool:
 
 
 def _params(job_id: uuid.UUID) -> dict[str, Any]:
-    return {"job_id": job_id, "worker_ttl": LIVE_WORKER_SECONDS}
+    return {"job_id": job_id, "worker_ttl": WORKER_TTL_SECONDS}
 
 
 def _backlog_params(job: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -256,19 +250,7 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     return _explanation(job, backlog)
 
 
-async def explain_async(session: AsyncSession, job_id: uuid.UUID | str) -> Explanation:
-    """:func:`explain` for an ``AsyncSession``."""
-    key = job_id_arg(job_id)
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(JOB_EXPLAIN, _params(key))).first()
-    if row is None:
-        raise JobNotFound(key)
-    job = row._asdict()
-    backlog = None
-    if (more := _backlog_params(job)) is not None:
-        backlog = (await conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more)).one()._asdict()
-    return _explanation(job, backlog)
+explain_async = async_twin(explain)
 
 
 # ------------------------------------------------------------------- deciding
@@ -290,7 +272,7 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
     if job["approval"] == "REQUIRED":
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
-    parked = job["delay_reason"] == Why.NO_HANDLER
+    parked = job["delay_reason"] == DelayReason.NO_HANDLER
     found = _not_yet(job) + _held(job)
     if _is_due_waiting(job) and job["paused_at"] is None:
         found += _waiting_turn(job, backlog, parked)
@@ -415,7 +397,7 @@ def _waiting_turn(
     # count); a window or fair share with nothing counted ahead still means a turn
     # to wait for.
     held = job["held_reason"] if pending else None
-    if ahead == 0 and held not in (HELD_WINDOW, HELD_FAIR_SHARE):
+    if ahead == 0 and held not in (HeldReason.WINDOW, HeldReason.FAIR_SHARE):
         return found
     drain = round(int(backlog["drained"]) / _drain_span(now, backlog), 3)
     counted = min(ahead, AHEAD_CAP)

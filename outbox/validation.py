@@ -165,9 +165,12 @@ def _run_after(value: object) -> tuple[str | None, float | None]:
     raise TypeError(f"run_after must be a datetime or a timedelta, not {type(value).__name__}")
 
 
-def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
+def to_row(
+    job: NewJob, limit: int, trace_context: dict[str, str] | None = None
+) -> tuple[uuid.UUID, str]:
     """A new id for the job, and the validated job as a JSON object for
-    ``JOB_INSERT_MANY`` (payload embedded)."""
+    ``JOB_INSERT_MANY`` (payload embedded; ``trace_context``, from
+    ``plumbing.tracing.capture``, stored with it)."""
     job_type = names.job_type(job.job_type)
     queue = names.queue(job.queue)
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
@@ -189,21 +192,21 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
         raise ValueError("needs_approval takes no run_after: the job is due when approved")
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
-    head = json.dumps(
-        {
-            "job_id": str(job_id),
-            "job_type": job_type,
-            "queue": queue,
-            "tenant": tenant,
-            "dedup_key": dedup_key,
-            "max_attempts": job.max_attempts,
-            "priority": job.priority,
-            "run_after": run_after,
-            "delay_seconds": delay_seconds,
-            "approval": "REQUIRED" if job.needs_approval else None,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    fields: dict[str, Any] = {
+        "job_id": str(job_id),
+        "job_type": job_type,
+        "queue": queue,
+        "tenant": tenant,
+        "dedup_key": dedup_key,
+        "max_attempts": job.max_attempts,
+        "priority": job.priority,
+        "run_after": run_after,
+        "delay_seconds": delay_seconds,
+    }
+    if job.needs_approval:
+        fields["approval"] = "REQUIRED"
+    if trace_context is not None:
+        fields["trace_context"] = trace_context
+    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     # Splice the already-encoded payload in rather than encoding it a second time.
     return job_id, f'{head[:-1]},"payload":{payload}}}'

@@ -30,17 +30,18 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz, approval text)
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, approval)
+         scheduled_for, approval, trace_context)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            CASE WHEN approval = 'REQUIRED' THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
-           scheduled_for, approval
+           scheduled_for, approval, trace_context
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
@@ -53,7 +54,7 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
--- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
+-- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
 -- taken.
 -- Parameters: keys.
@@ -90,6 +91,13 @@ SELECT state FROM cancelled;
 -- nothing.
 -- Parameters: job_id.
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
+
+-- name: JOB_TRACE_CONTEXTS
+-- Run by relay.wake:_trace to read the trace contexts of the jobs a traced relay
+-- publishes.
+-- Parameters: job_ids.
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL;
 
 -- name: JOB_OUTCOME
 -- Run by outbox.waiting:wait_for(_async) to read how a job ended, for outbox.wait_for
@@ -280,7 +288,8 @@ WITH types AS (
     FROM admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -295,7 +304,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -307,7 +316,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for
+       lease_generation, created_at, scheduled_for, trace_context
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -427,7 +436,7 @@ FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generati
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_MANY_IN_TX
--- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
+-- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
@@ -739,8 +748,8 @@ WHERE q.queue IS NOT NULL
               WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now());
 
 -- name: OUTBOX_WAKE_QUEUE
--- Run by relay.wake:wake_queue to choose which of a queue's due wake-ups to send now,
--- and mark them sent.
+-- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
+-- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
@@ -956,7 +965,8 @@ WITH RECURSIVE gate AS (
            -- share) and left it none. One that did not contend wanted its first.
            CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
+                     THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason

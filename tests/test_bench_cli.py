@@ -35,6 +35,7 @@ from tests.conftest import ROOT
         "bench.rewake_backlog",
         "bench.wait_for",
         "bench.spread",
+        "bench.enqueue_async",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:

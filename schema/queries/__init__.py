@@ -64,7 +64,9 @@ from schema.queries.dashboard import (
 )
 from schema.queries.fragments import (
     FENCE,
+    LIVE_WORKER,
     UNTAKEN,
+    WORKER_TTL_SECONDS,
 )
 from schema.queries.job import (
     JOB_EFFECT_CLAIM,
@@ -77,6 +79,7 @@ from schema.queries.job import (
     JOB_REQUEST_RECORD,
     JOB_RETRIES_DUE_NOW,
     JOB_STATE,
+    JOB_TRACE_CONTEXTS,
 )
 from schema.queries.lease import (
     JOB_ATTEMPT_RECORDED_MANY,
@@ -173,8 +176,10 @@ __all__ = [
     "JOB_RETRIES_DUE_NOW",
     "JOB_STATE",
     "JOB_SWEEP_EXPIRED",
+    "JOB_TRACE_CONTEXTS",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
+    "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
     "OUTBOX_DUE_QUEUES",
@@ -221,4 +226,5 @@ __all__ = [
     "WORKER_GONE",
     "WORKER_PACK_LIMIT",
     "WORKER_SEEN",
+    "WORKER_TTL_SECONDS",
 ]

@@ -20,17 +20,18 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz, approval text)
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, approval)
+         scheduled_for, approval, trace_context)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
-           scheduled_for, approval
+           scheduled_for, approval, trace_context
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
@@ -75,6 +76,11 @@ SELECT state FROM cancelled
 """
 
 JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
+
+JOB_TRACE_CONTEXTS: Final = """
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL
+"""
 
 # What outbox.wait_for answers with: the job's state and, once it is final, how it
 # ended (a handler's result, the last error).

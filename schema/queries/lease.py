@@ -13,6 +13,7 @@ from schema.queries.fragments import (
     REFUSAL_BACKSTOP_SECONDS,
     lease_ended,
 )
+from schema.states import DelayReason
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
@@ -97,11 +98,11 @@ WITH types AS (
 ), refused AS (
     -- 3a. the jobs turned down, and why (paused queue, no handler, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
-                WHEN NOT l.known THEN 'NO_HANDLER'
-                ELSE 'TENANT_CAP' END AS reason,
+           CASE WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
+                WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'
+                ELSE '{DelayReason.TENANT_CAP}' END AS reason,
            -- turned down for want of a handler less than a second ago already
-           COALESCE(l.delay_reason = 'NO_HANDLER'
+           COALESCE(l.delay_reason = '{DelayReason.NO_HANDLER}'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
@@ -123,7 +124,7 @@ WITH types AS (
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
     WHERE x.state IN ({LEASED_SQL})
-      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = '{DelayReason.NO_HANDLER}')
     GROUP BY x.lease_owner
 ), capable AS (
     -- 3e. per job turned down for want of a handler: whether another live consumer has
@@ -134,7 +135,7 @@ WITH types AS (
       ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
-    WHERE r.reason = 'NO_HANDLER'
+    WHERE r.reason = '{DelayReason.NO_HANDLER}'
     GROUP BY r.job_id
 ), requeued AS (
     -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
@@ -142,11 +143,11 @@ WITH types AS (
     -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+           CASE WHEN r.reason <> '{DelayReason.NO_HANDLER}' OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    WHERE r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -166,7 +167,8 @@ WITH types AS (
     FROM admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -181,7 +183,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -194,7 +196,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for
+       lease_generation, created_at, scheduled_for, trace_context
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """

@@ -9,7 +9,7 @@
   when is kept.
 
 Revision ID: 0015
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
