@@ -28,12 +28,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.explain import JobNotFound
 from outbox.ids import actor, job_id_arg
+from outbox.twin import async_twin
 from schema import names
 from schema.queries import JOB_APPROVAL, JOB_APPROVE, JOB_REJECT
 from schema.states import JobState
@@ -106,33 +106,5 @@ def reject(
     return JobState(row[0])
 
 
-async def approve_async(
-    session: AsyncSession, job_id: uuid.UUID | str, *, by: str | None = None
-) -> None:
-    """:func:`approve` for an ``AsyncSession``."""
-    ident = job_id_arg(job_id)
-    params = {"job_id": ident, "by": actor(by)}
-    conn = await session.connection()
-    check_driver(conn)
-    if (await conn.exec_driver_sql(JOB_APPROVE, params)).first() is None:
-        found = (await conn.exec_driver_sql(JOB_APPROVAL, {"job_id": ident})).first()
-        raise _refusal(ident, found)
-
-
-async def reject_async(
-    session: AsyncSession,
-    job_id: uuid.UUID | str,
-    *,
-    by: str | None = None,
-    reason: str | None = None,
-) -> JobState:
-    """:func:`reject` for an ``AsyncSession``."""
-    ident = job_id_arg(job_id)
-    params = {"job_id": ident, "by": actor(by), "reason": _reason(reason)}
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(JOB_REJECT, params)).first()
-    if row is None:
-        found = (await conn.exec_driver_sql(JOB_APPROVAL, {"job_id": ident})).first()
-        raise _refusal(ident, found)
-    return JobState(row[0])
+approve_async = async_twin(approve)
+reject_async = async_twin(reject)
