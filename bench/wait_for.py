@@ -161,7 +161,11 @@ def main() -> None:
     parser = argument_parser("bench.wait_for", __doc__)
     parser.add_argument("--rounds", type=int, default=200, help="sync: jobs waited for in turn")
     parser.add_argument("--waiters", type=int, default=1000, help="async: waiters at once")
-    parser.add_argument("--ways", default="sync,async", help="which ways to run, comma-separated")
+    parser.add_argument("--drain-jobs", type=int, default=5000, help="cost: jobs drained")
+    parser.add_argument("--drain-rounds", type=int, default=3, help="cost: rounds of each")
+    parser.add_argument(
+        "--ways", default="sync,async,cost", help="which ways to run, comma-separated"
+    )
     args = parser.parse_args()
     ways = set(args.ways.split(","))
     with scratch_database("bench_wait") as db:
