@@ -10,9 +10,12 @@
 Nothing here commits; a rolled-back transaction leaves no job behind. The
 operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed and
 cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
-waiting?), alongside ``request_cancel``, tenant limits and schedules.
+waiting?), alongside ``request_cancel``, tenant limits and schedules; and
+``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
+``approve``/``reject`` for jobs enqueued with ``needs_approval``.
 """
 
+from outbox.approval import NotAwaitingApproval, approve, approve_async, reject, reject_async
 from outbox.backpressure import Backpressure
 from outbox.cancel import request_cancel, request_cancel_async
 from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
@@ -49,6 +52,7 @@ from outbox.tenants import (
     tenant_limits_async,
 )
 from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
+from outbox.waiting import Finished, wait_for, wait_for_async
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -56,12 +60,16 @@ __all__ = [
     "Backpressure",
     "Blocker",
     "Explanation",
+    "Finished",
     "JobNotFound",
     "LastError",
     "NewJob",
+    "NotAwaitingApproval",
     "PausedQueue",
     "TenantLimit",
     "Why",
+    "approve",
+    "approve_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
@@ -76,6 +84,8 @@ __all__ = [
     "paused_queues_async",
     "queue_in_use",
     "queue_in_use_async",
+    "reject",
+    "reject_async",
     "request_cancel",
     "request_cancel_async",
     "resume_queue",
@@ -96,4 +106,6 @@ __all__ = [
     "trigger_schedule_async",
     "unschedule",
     "unschedule_async",
+    "wait_for",
+    "wait_for_async",
 ]

@@ -140,6 +140,7 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     tenant: str | None = None,
+    needs_approval: bool = False,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -148,11 +149,23 @@ def enqueue(
     or a timedelta from the database's now. Without ``max_attempts`` the job's
     handler decides (else 5). ``priority``: higher runs first. ``tenant``: whose job
     it is, for caps, fair share and backpressure (None: nobody's, no limit applies).
+    ``needs_approval``: it waits (``APPROVAL_REQUIRED``) until :func:`outbox.approve`
+    makes it due, or :func:`outbox.reject` cancels it (takes no ``run_after``).
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued is
     reached.
     """
-    job = NewJob(job_type, payload, queue, dedup_key, run_after, max_attempts, priority, tenant)
+    job = NewJob(
+        job_type,
+        payload,
+        queue,
+        dedup_key,
+        run_after,
+        max_attempts,
+        priority,
+        tenant,
+        needs_approval,
+    )
     return enqueue_many(session, [job])[0]
 
 

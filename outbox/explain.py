@@ -15,6 +15,8 @@ consumer), each with a code and the facts behind it:
 =================  ===================================================================
 code               facts
 =================  ===================================================================
+APPROVAL_REQUIRED  enqueued_at: enqueued with needs_approval, it runs once approved
+                   (outbox.approve, jobctl jobs approve), never before
 NOT_DUE            run_after, in_seconds (a QUEUED job enqueued for later)
 RETRY_BACKOFF      until, in_seconds, last_error_code, last_error_message, attempt
 WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its queue's
@@ -50,7 +52,8 @@ A waiting job that is due and has no blocker is next in line. A running job has 
 blockers while its lease holds; ``lease`` says who holds it, until when, its last
 heartbeat and progress.
 A finished job has its ``outcome`` (its final state), ``finished_at`` and
-``last_error``.
+``last_error``. A job enqueued with needs_approval has its ``approval``: status
+(REQUIRED, APPROVED, REJECTED), by and at (who decided, when).
 
 It is cheap: key lookups and short index ranges, bounded by the queue's backlog
 (and at most 10000 entries ahead), never by the history of finished jobs. Reasons
@@ -84,6 +87,7 @@ DRAIN_SAMPLE: Final = 2000
 
 
 class Why(StrEnum):
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
     NOT_DUE = "NOT_DUE"
     RETRY_BACKOFF = "RETRY_BACKOFF"
     WAKEUP_PENDING = "WAKEUP_PENDING"
@@ -141,6 +145,9 @@ class Explanation:
     summary: str
     # The database's clock when it was read.
     checked_at: datetime = field(repr=False)
+    # For a job enqueued with needs_approval: status (REQUIRED, APPROVED,
+    # REJECTED), by, at.
+    approval: dict[str, Any] | None = None
 
     @property
     def codes(self) -> list[str]:
@@ -171,6 +178,7 @@ class Explanation:
                 "blockers": [{"code": b.code, "facts": b.facts} for b in self.blockers],
                 "summary": self.summary,
                 "checked_at": self.checked_at,
+                "approval": self.approval,
             }
         )
         assert isinstance(value, dict)
@@ -261,6 +269,9 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
+    if job["approval"] == "REQUIRED":
+        # Held never due until approved: no wake-up, relay or consumer counts yet.
+        return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] == DelayReason.NO_HANDLER
     found = _not_yet(job) + _held(job)
     if _is_due_waiting(job) and job["paused_at"] is None:
@@ -438,6 +449,7 @@ def _lease(job: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
+    Why.APPROVAL_REQUIRED: lambda f: "waits for approval (outbox.approve, jobctl jobs approve)",
     Why.NOT_DUE: lambda f: f"not due for {f['in_seconds']:.0f} s",
     Why.RETRY_BACKOFF: lambda f: (
         f"retrying in {f['in_seconds']:.0f} s after attempt {f['attempt']} failed"
@@ -494,7 +506,25 @@ def error_line(code: str | None, message: str | None) -> str:
     return message
 
 
+def _approval(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    if job["approval"] is None:
+        return None
+    return {"status": job["approval"], "by": job["approval_by"], "at": job["approval_at"]}
+
+
+def _decided(job: Mapping[str, Any]) -> str:
+    """Who approved or rejected it, and when, for the summary."""
+    if job["approval"] not in ("APPROVED", "REJECTED"):
+        return ""
+    at = job["approval_at"]
+    return f"; {job['approval'].lower()} by {job['approval_by']} at {at:%Y-%m-%d %H:%M:%S}"
+
+
 def _summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
+    return _state_summary(job, blockers) + _decided(job)
+
+
+def _state_summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
     state = JobState(job["state"])
     attempts = f"{job['attempt_count']} attempt{'s' if job['attempt_count'] != 1 else ''}"
     if state in TERMINAL:
@@ -532,4 +562,5 @@ def _explanation(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> E
         blockers=blockers,
         summary=_summary(job, blockers),
         checked_at=job["db_now"],
+        approval=_approval(job),
     )

@@ -47,6 +47,7 @@ class NewJob:
     max_attempts: int | None = None
     priority: int = 0
     tenant: str | None = None
+    needs_approval: bool = False
 
 
 def new_job_id() -> uuid.UUID:
@@ -184,6 +185,11 @@ def to_row(
     if job.priority not in PRIORITY_RANGE:
         raise ValueError("priority must fit in a smallint (-32768..32767)")
     run_after, delay_seconds = _run_after(job.run_after)
+    if not isinstance(job.needs_approval, bool):
+        raise TypeError(f"needs_approval must be a bool, not {type(job.needs_approval).__name__}")
+    if job.needs_approval and job.run_after is not None:
+        # Approval makes it due now; a run_after would be silently dropped.
+        raise ValueError("needs_approval takes no run_after: the job is due when approved")
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
     fields: dict[str, Any] = {
@@ -197,6 +203,8 @@ def to_row(
         "run_after": run_after,
         "delay_seconds": delay_seconds,
     }
+    if job.needs_approval:
+        fields["approval"] = "REQUIRED"
     if trace_context is not None:
         fields["trace_context"] = trace_context
     head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))

@@ -64,6 +64,7 @@ NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
+    "JOB_OUTCOME": "read how a job ended, for outbox.wait_for once its end was announced",
     "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
@@ -121,6 +122,8 @@ NOTES: Final[dict[str, str]] = {
     "SCHEDULE_FIRE_PRUNE": "delete the oldest ledger rows beyond those kept",
     "SCHEDULE_TEMPLATE": "read a schedule's job template, for a manual trigger",
     # control
+    "JOB_APPROVE": "approve a job that waits for approval: due now, with its wake-up",
+    "JOB_APPROVAL": "read why an approval or rejection changed nothing",
     "QUEUE_PAUSE": "pause a queue",
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",

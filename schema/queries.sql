@@ -30,22 +30,26 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb)
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, trace_context)
+         scheduled_for, approval, trace_context)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for, trace_context
+           CASE WHEN approval = 'REQUIRED' THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
 ), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL
 )
 SELECT job_id FROM inserted;
 
@@ -94,6 +98,13 @@ SELECT state FROM jobs WHERE job_id = %(job_id)s;
 -- Parameters: job_ids.
 SELECT job_id, trace_context FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL;
+
+-- name: JOB_OUTCOME
+-- Run by outbox.waiting:wait_for(_async) to read how a job ended, for outbox.wait_for
+-- once its end was announced.
+-- Parameters: job_id.
+SELECT state, result, last_error_code, last_error_message, finished_at
+FROM jobs WHERE job_id = %(job_id)s;
 
 -- name: JOB_EFFECT_CLAIM
 -- Run by consumers.job:AsyncTx.once, consumers.job:SyncTx.once to mark a handler's
@@ -1498,7 +1509,11 @@ WITH RECURSIVE target AS (
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = now(),
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN '9999-12-31 00:00:00+00'::timestamptz
+                         ELSE now() END,
+        approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
+        approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
+        approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
         finished_at = NULL,
         result = NULL,
         progress = NULL,
@@ -1513,10 +1528,11 @@ WITH RECURSIVE target AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count
+              t.state AS from_state, t.attempt_count, j.approval
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
+    WHERE approval IS DISTINCT FROM 'REQUIRED'
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
@@ -1565,7 +1581,11 @@ WITH RECURSIVE found AS (
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = now(),
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN '9999-12-31 00:00:00+00'::timestamptz
+                         ELSE now() END,
+        approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
+        approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
+        approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
         finished_at = NULL,
         result = NULL,
         progress = NULL,
@@ -1580,15 +1600,57 @@ WITH RECURSIVE found AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count
+              t.state AS from_state, t.attempt_count, j.approval
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
+    WHERE approval IS DISTINCT FROM 'REQUIRED'
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
 )
 SELECT job_id FROM replayed;
+
+-- name: JOB_APPROVE
+-- Run by outbox.approval:approve(_async) to approve a job that waits for approval: due
+-- now, with its wake-up.
+-- Parameters: by, job_id.
+WITH approved AS (
+    UPDATE jobs
+    SET approval = 'APPROVED',
+        approval_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
+        approval_at = now(),
+        run_after = now(),
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+    RETURNING job_id, queue, tenant, priority, run_after
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM approved
+)
+SELECT job_id FROM approved;
+
+-- name: JOB_REJECT
+-- Run by outbox.approval:reject.
+-- Makes QUEUED -> CANCELLED: an operator rejects it while it waits for approval.
+-- Parameters: by, job_id, reason.
+UPDATE jobs
+SET state = 'CANCELLED',
+    approval = 'REJECTED',
+    approval_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
+    approval_at = now(),
+    last_error_code = 'REJECTED',
+    last_error_message = COALESCE(%(reason)s::text, 'rejected'),
+    finished_at = statement_timestamp(),
+    updated_at = now()
+WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+RETURNING state;
+
+-- name: JOB_APPROVAL
+-- Run by outbox.approval:approve(_async), outbox.approval:reject(_async) to read why an
+-- approval or rejection changed nothing.
+-- Parameters: job_id.
+SELECT state, approval, approval_by, approval_at FROM jobs WHERE job_id = %(job_id)s;
 
 -- name: QUEUE_PAUSE
 -- Run by outbox.queues:pause_queue(_async) to pause a queue.
@@ -1644,6 +1706,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       j.approval, j.approval_by, j.approval_at, j.created_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
        l.max_running, COALESCE(u.running, 0) AS running,

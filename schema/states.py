@@ -148,6 +148,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         },
     ),
     Operation(
+        "JOB_REJECT",
+        ("outbox.approval:reject",),
+        {(_QUEUED, _CANCELLED): "an operator rejects it while it waits for approval"},
+    ),
+    Operation(
         "JOB_REPLAY",
         ("outbox.replay:retry_job",),
         dict.fromkeys(_REPLAYS, "an operator replays it: a fresh budget, a wake-up, a record"),

@@ -62,6 +62,12 @@ CLOCK_ROW = "*"
 
 NOW = text("now()")
 
+APPROVALS_SQL = "'APPROVED', 'REJECTED', 'REQUIRED'"
+# The run_after of a job that waits for approval: never due, so no claim, re-waker
+# or orphan walk (each looks only at due jobs) can take it before outbox.approve
+# makes it due. Finite, unlike 'infinity', which Python's datetime cannot hold.
+APPROVAL_HOLD = "'9999-12-31 00:00:00+00'::timestamptz"
+
 
 def _ts(name: str, *, nullable: bool = True, default: bool = False) -> Column[object]:
     return Column(
@@ -114,6 +120,12 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # NULL: enqueued without needs_approval. REQUIRED: it waits, held not due
+    # (run_after = APPROVAL_HOLD, no wake-up) until outbox.approve makes it due and
+    # wakes it (APPROVED) or outbox.reject cancels it (REJECTED); who decided, when.
+    Column("approval", Text),
+    Column("approval_by", Text),
+    _ts("approval_at"),
     # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
     # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
     Column("trace_context", JSONB),
@@ -140,6 +152,18 @@ jobs = Table(
         f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
     ),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
+    CheckConstraint(f"approval IN ({APPROVALS_SQL})", name="jobs_approval_valid"),
+    # Nothing claims a job that waits for approval: it is never due (and no
+    # statement but a cancel, from QUEUED, moves it).
+    CheckConstraint(
+        f"approval IS DISTINCT FROM 'REQUIRED'"
+        f" OR (state IN ('QUEUED', 'CANCELLED') AND run_after = {APPROVAL_HOLD})",
+        name="jobs_unapproved_held",
+    ),
+    CheckConstraint(
+        "(approval IN ('APPROVED', 'REJECTED')) = (approval_at IS NOT NULL)",
+        name="jobs_approval_decided_at",
+    ),
 )
 
 # Jobs waiting to run, per queue and state, oldest first: the oldest runnable job
@@ -302,6 +326,10 @@ Index("outbox_job_id_idx", outbox.c.job_id)
 # The channel the outbox trigger (migration 0001) notifies on every insert, and a
 # freed tenant slot (migration 0003) too.
 OUTBOX_CHANNEL = "outbox"
+# The channel a job's end is announced on, its id the payload: a trigger on jobs
+# (migration 0012) notifies it whenever an update moves a job into a final state,
+# delivered at that commit (outbox.wait_for listens).
+JOB_FINISHED_CHANNEL = "job_finished"
 
 # Effects a handler marked done, once per key (see consumers.JobTransaction.once).
 # No foreign key: the record of an effect outlives the job that performed it (its

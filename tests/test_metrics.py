@@ -40,6 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 # without their _total).
 EXPECTED_TYPES = {
     "hybrid_jobs_jobs": "gauge",
+    "hybrid_jobs_jobs_awaiting_approval": "gauge",
     "hybrid_jobs_queue_oldest_runnable_age_seconds": "gauge",
     "hybrid_jobs_outbox_unsent_rows": "gauge",
     "hybrid_jobs_outbox_oldest_unsent_age_seconds": "gauge",

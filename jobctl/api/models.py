@@ -101,6 +101,20 @@ class EnqueueBody(BaseModel):
     """Not before this instant (with its UTC offset); null: now."""
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     """The attempt budget; null: the handler's, else 5."""
+    needs_approval: bool = False
+    """It waits (APPROVAL_REQUIRED) until approved (POST /v1/jobs/{id}/approve) or
+    rejected (.../reject); takes no run_after."""
+
+
+class RejectBody(BaseModel):
+    """Why a job is rejected (optional)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000), AfterValidator(_text)] | None = (
+        None
+    )
+    """Kept as the job's last_error_message (default: "rejected")."""
 
 
 class TenantLimits(BaseModel):

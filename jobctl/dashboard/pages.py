@@ -203,6 +203,9 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         attempts_shown=ATTEMPTS_SHOWN,
         may_retry=found.state in REPLAYABLE,
         may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
+        may_approve=found.state == JobState.QUEUED
+        and found.approval is not None
+        and found.approval.status == "REQUIRED",
         leased=found.state in LEASED,
     )
 

@@ -83,6 +83,13 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.jobs,
     )
     yield _gauge(
+        "jobs_awaiting_approval",
+        "Jobs enqueued with needs_approval that wait for approval (QUEUED, counted in"
+        " jobs too), per queue, as of the last collection.",
+        ["queue"],
+        _by_queue(s.awaiting_approval),
+    )
+    yield _gauge(
         "queue_oldest_runnable_age_seconds",
         "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
         " run_after in the past): now - run_after; 0 when none is due.",

@@ -59,6 +59,15 @@ WHERE state IN ({CLAIMABLE_SQL})
 GROUP BY queue, state
 """
 
+# Per queue: jobs that wait for approval (QUEUED, held never due): a few index
+# probes of the waiting jobs' partial index, bounded like the count above.
+METRICS_JOBS_AWAITING_APPROVAL: Final = """
+SELECT queue, count(*)
+FROM jobs
+WHERE state = 'QUEUED' AND approval = 'REQUIRED'
+GROUP BY queue
+"""
+
 # Per queue and leased state: how many, and how many of their leases have expired
 # without the sweeper having moved them on yet.
 METRICS_JOBS_LEASED: Final = f"""

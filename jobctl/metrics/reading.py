@@ -69,6 +69,8 @@ class Reading:
     publish_failing: list[tuple[str, str, int]]
     workers: list[Worker]
     queues: list[str]
+    # (queue, jobs that wait for approval)
+    awaiting_approval: list[tuple[str, int]] = field(default_factory=list)
     # None: a late attempt counted already, read as its key only
     attempts: list[Seen[Attempt | None]] = field(default_factory=list)
     # the latency of a job that ended CANCELLED; None for one that ended otherwise
@@ -131,6 +133,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             (queue, state, int(n), age)
             for queue, state, n, age in await _rows(conn, q.METRICS_JOBS_WAITING)
         ]
+        awaiting = [
+            (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_JOBS_AWAITING_APPROVAL)
+        ]
         leased = [
             (queue, state, int(n), int(expired))
             for queue, state, n, expired in await _rows(conn, q.METRICS_JOBS_LEASED)
@@ -169,6 +174,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         publish_failing=publish_failing,
         workers=workers,
         queues=queues,
+        awaiting_approval=awaiting,
         attempts=attempts,
         cancellations=cancellations,
         fires=fires,

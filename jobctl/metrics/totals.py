@@ -86,6 +86,7 @@ class Snapshot:
     attempts_per_success: Mapping[str, FrozenHistogram]
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
+    awaiting_approval: Mapping[str, int]
     # The last hour by minute, for the dashboard's charts (not exported).
     history: HistoryView = EMPTY
 
@@ -266,6 +267,9 @@ class Totals:
             queue = self._queue(name, now)
             jobs[(queue, state)] += count
             expired[queue] += lapsed
+        awaiting = dict.fromkeys(self.queues, 0)
+        for name, count in reading.awaiting_approval:
+            awaiting[self._queue(name, now)] += count
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
         return Snapshot(
             jobs=MappingProxyType(jobs),
@@ -286,6 +290,7 @@ class Totals:
             attempts_per_success=_frozen(self.attempts_per_success),
             scheduler_delay=self.scheduler_delay.frozen(),
             cancellation_latency=self.cancellation_latency.frozen(),
+            awaiting_approval=MappingProxyType(awaiting),
             history=self.history.view(),
         )
 

@@ -6,35 +6,40 @@ from __future__ import annotations
 from typing import Final
 
 from schema.queries.fragments import FENCE
-from schema.tables import CLAIMABLE_SQL
+from schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
-# only by the relay, for a schedule's occurrence). A job whose
+# only by the relay, for a schedule's occurrence; approval 'REQUIRED' by an enqueue
+# with needs_approval: held never due, without a wake-up). A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
 # caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
 # notifies the relay when the caller's transaction commits.
-JOB_INSERT_MANY: Final = """
+JOB_INSERT_MANY: Final = f"""
 WITH input AS (
     SELECT *
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb)
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, trace_context)
+         scheduled_for, approval, trace_context)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for, trace_context
+           CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
 ), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL
 )
 SELECT job_id FROM inserted
 """
@@ -75,6 +80,13 @@ JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
 JOB_TRACE_CONTEXTS: Final = """
 SELECT job_id, trace_context FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL
+"""
+
+# What outbox.wait_for answers with: the job's state and, once it is final, how it
+# ended (a handler's result, the last error).
+JOB_OUTCOME: Final = """
+SELECT state, result, last_error_code, last_error_message, finished_at
+FROM jobs WHERE job_id = %(job_id)s
 """
 
 # Marks one effect done, once per key, in the handler's own transaction: true the

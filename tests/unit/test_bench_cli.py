@@ -35,6 +35,7 @@ import pytest
         "bench.rewake_backlog",
         "bench.spread",
         "bench.enqueue_async",
+        "bench.wait_for",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(
