@@ -40,9 +40,9 @@ from sqlalchemy.orm import Session
 import outbox
 from bench.common import argument_parser, machine, percentiles
 from bench.fleet import drain_rate, fleet
+from harness.scratch import scratch_database
 from outbox.waiting import APPLICATION_NAME
 from plumbing.config import DatabaseUrl
-from tests.support.scratch import scratch_database
 
 _END = "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now(), result = %s WHERE job_id = %s"
 

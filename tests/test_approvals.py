@@ -27,7 +27,7 @@ from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job
 from tests.support.processes import running, service_env
-from tests.test_cli import jobctl
+from tests.test_jobctl_cli import jobctl
 
 APP = ["--app", "tests.apps.basic"]
 # The relay's backstops as often as they go: none may wake a job before approval.
