@@ -30,16 +30,19 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz)
+        delay_seconds double precision, scheduled_for timestamptz,
+        expires_at timestamptz, expires_seconds double precision, rate_limit text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for)
+         scheduled_for, expires_at, rate_limit)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for
+           scheduled_for,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
@@ -48,6 +51,42 @@ WITH input AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
 )
 SELECT job_id FROM inserted;
+
+-- name: JOB_DEBOUNCE_MANY
+-- Run by outbox.enqueue:enqueue_many (through outbox.enqueue:insert_jobs).
+-- Makes (new) -> QUEUED: a debounced enqueue whose key no unstarted job holds.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, expires_at timestamptz,
+        expires_seconds double precision, rate_limit text, debounce_seconds double precision,
+        debounce_max_seconds double precision)
+), upserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
+         run_after, debounce_until, expires_at, rate_limit)
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority, now() + make_interval(secs => debounce_seconds),
+           now() + make_interval(secs => debounce_max_seconds),
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit
+    FROM input
+    ON CONFLICT (job_type, debounce_key)
+        WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
+    DO UPDATE
+    SET payload = EXCLUDED.payload,
+        run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        updated_at = now()
+    WHERE j.state = 'QUEUED' AND j.started_at IS NULL
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+), unwoken AS (
+    DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM upserted
+)
+SELECT job_type, debounce_key, job_id FROM upserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
 -- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
@@ -133,6 +172,36 @@ WHERE r.idempotency_key = %(key)s;
 -- once (run_until_idle(retries=True)).
 UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now();
 
+-- name: JOB_EXPIRE_WAITING
+-- Run by relay.maintenance:expire_waiting.
+-- Makes QUEUED -> CANCELLED: past its deadline while nobody wakes it: code EXPIRED.
+-- Makes RETRY_WAIT -> CANCELLED: past its deadline while it waits for a retry: EXPIRED.
+-- Parameters: limit.
+WITH due AS (
+    SELECT j.job_id
+    FROM jobs AS j
+    WHERE j.expires_at IS NOT NULL AND j.state IN ('QUEUED', 'RETRY_WAIT') AND j.expires_at <= now()
+    ORDER BY j.expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE jobs AS j
+    SET state = 'CANCELLED',
+        last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL,
+        delay_since = NULL,
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    FROM due
+    WHERE j.job_id = due.job_id AND j.state IN ('QUEUED', 'RETRY_WAIT')
+    RETURNING j.job_id, j.queue
+), unwoken AS (
+    DELETE FROM outbox AS o USING expired AS e
+    WHERE o.job_id = e.job_id AND o.sent_at IS NULL
+)
+SELECT job_id, queue FROM expired;
+
 
 -- ======================================================================================
 -- schema/queries/lease.py: A lease's life: the claim that starts it, the heartbeat that
@@ -146,6 +215,9 @@ UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now
 -- consumers.testing:JobRunner.run_due (through consumers.store:JobStore.claim).
 -- Makes QUEUED -> RUNNING: a woken consumer claims it: generation+1, attempt+1, lease.
 -- Makes RETRY_WAIT -> RUNNING: a woken consumer claims it once its run_after has passed.
+-- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
+-- started.
+-- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
 -- Built with LIVE_WORKER.
 -- Parameters: free_threads, job_ids, lease_seconds, types, worker, worker_ttl.
 WITH types AS (
@@ -156,6 +228,7 @@ WITH types AS (
 ), locked AS (
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
+           COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -169,7 +242,7 @@ WITH types AS (
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), usage AS MATERIALIZED (
     -- Locked in tenant order (every statement that moves these counters does so).
@@ -193,7 +266,8 @@ WITH types AS (
     WHERE u.tenant = a.tenant
 ), refused AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
+           CASE WHEN l.expired THEN 'EXPIRED'
+                WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
@@ -201,14 +275,27 @@ WITH types AS (
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
-      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- delay_since is when a consumer last turned it down: it marks the wake-up used
     -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
     -- job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
-    WHERE j.job_id = r.job_id
+    WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
+), expired_ended AS (
+    -- Past its deadline: never started, it ends here (it holds no slot while it
+    -- waits), and its pending wake-ups go; the used one goes with used_up.
+    UPDATE jobs AS j
+    SET state = 'CANCELLED', last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL, delay_since = NULL,
+        finished_at = statement_timestamp(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
+), expired_unwoken AS (
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
@@ -241,7 +328,7 @@ WITH types AS (
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',

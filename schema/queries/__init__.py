@@ -43,7 +43,9 @@ from schema.queries.fragments import (
     UNTAKEN,
 )
 from schema.queries.job import (
+    JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
+    JOB_EXPIRE_WAITING,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_PROGRESS,
@@ -124,7 +126,9 @@ __all__ = [
     "FENCE",
     "JOB_ATTEMPTS_RECORDED",
     "JOB_CLAIM_MANY",
+    "JOB_DEBOUNCE_MANY",
     "JOB_EFFECT_CLAIM",
+    "JOB_EXPIRE_WAITING",
     "JOB_EXPLAIN",
     "JOB_EXPLAIN_BACKLOG",
     "JOB_FIND_BY_DEDUP_MANY",

@@ -24,6 +24,9 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
 # without one and the backoff the sweeper will use if the lease expires.
 #
+# A job past its deadline (expires_at) is not started: it ends CANCELLED, code
+# EXPIRED, here (expired_ended).
+#
 # A job turned down for its queue, its type or its tenant's cap records why
 # (delay_reason, written when the reason changes) and its used-up wake-up goes back
 # to the backlog, to wait until something can change the answer: for a paused queue
@@ -49,6 +52,7 @@ WITH types AS (
 ), locked AS (
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
+           COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -62,7 +66,7 @@ WITH types AS (
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), usage AS MATERIALIZED (
     -- Locked in tenant order (every statement that moves these counters does so).
@@ -86,7 +90,8 @@ WITH types AS (
     WHERE u.tenant = a.tenant
 ), refused AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
+           CASE WHEN l.expired THEN 'EXPIRED'
+                WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
@@ -94,14 +99,27 @@ WITH types AS (
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
-      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- delay_since is when a consumer last turned it down: it marks the wake-up used
     -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
     -- job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
-    WHERE j.job_id = r.job_id
+    WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
+), expired_ended AS (
+    -- Past its deadline: never started, it ends here (it holds no slot while it
+    -- waits), and its pending wake-ups go; the used one goes with used_up.
+    UPDATE jobs AS j
+    SET state = 'CANCELLED', last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL, delay_since = NULL,
+        finished_at = statement_timestamp(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
+), expired_unwoken AS (
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
@@ -134,7 +152,7 @@ WITH types AS (
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
     UPDATE jobs AS j
     SET state = 'RUNNING',
