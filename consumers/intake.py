@@ -3,7 +3,7 @@
 It holds at most ``concurrency + prefetch`` job ids: running, or delivered and
 waiting for a slot. RabbitMQ pushes at most two messages ahead (its QoS counts
 messages, not ids) and the relay packs at most half the smallest prefetch of a
-queue's consumers into one message (WORKERS_PACK_LIMIT), so that is normally all a
+queue's consumers into one message (WORKER_PACK_LIMIT), so that is normally all a
 consumer is sent. A message that brings more (a relay run with a fixed --pack, a
 small consumer beside large ones) is split: the ids there is room for are kept, and
 the rest are handed back at once, for the other consumers.

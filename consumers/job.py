@@ -318,7 +318,7 @@ def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
                 )
                 success = [(job.id, job.generation, done)]
                 params = finish_params(job.worker, success)
-                rows = conn.execute(q.JOB_FINISH_IN_TX, params).fetchall()
+                rows = conn.execute(q.JOB_FINISH_MANY_IN_TX, params).fetchall()
                 if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
                     raise _lost(job)
             job.recorded = True

@@ -69,7 +69,7 @@ class ConsumerSettings:
     def messages_ahead(self) -> int:
         """RabbitMQ's QoS: unacknowledged messages it may push to this worker. Two,
         so the next message is here as the last ids of one are claimed; the relay
-        packs at most half a prefetch of ids into a message (WORKERS_PACK_LIMIT), so
+        packs at most half a prefetch of ids into a message (WORKER_PACK_LIMIT), so
         two fit in the prefetch."""
         return min(MESSAGES_AHEAD, self.effective_prefetch)
 

@@ -79,7 +79,7 @@ async def finish_on(
     conn: AsyncConnection,
     worker: str,
     batch: Sequence[tuple[uuid.UUID, int, Outcome]],
-    statement: LiteralString = q.JOB_FINISH_IN_TX,
+    statement: LiteralString = q.JOB_FINISH_MANY_IN_TX,
 ) -> dict[uuid.UUID, str]:
     """Apply outcomes on ``conn`` (in the caller's transaction): each applied one's
     new state, or 'LOCKED'. An outcome missing from the result was stale."""
@@ -158,7 +158,7 @@ class JobStore:
             recorded: set[uuid.UUID] = set()
             if missing:
                 cur = await conn.execute(
-                    q.JOB_ATTEMPTS_RECORDED, {"jobs": _fences(missing), "worker": self.worker}
+                    q.JOB_ATTEMPT_RECORDED_MANY, {"jobs": _fences(missing), "worker": self.worker}
                 )
                 recorded = {row[0] for row in await cur.fetchall()}
         applied = {i: JobState(s) for i, s in result.items() if s != "LOCKED"}

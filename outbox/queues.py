@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from outbox.enqueue import check_driver
 from outbox.ids import actor
 from schema import names
-from schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_RESUME, QUEUES_PAUSED
+from schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_PAUSED_LIST, QUEUE_RESUME
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,11 @@ def paused_queues(session: Session) -> list[PausedQueue]:
     """The queues paused now, with who paused them and when, by name."""
     conn = session.connection()
     check_driver(conn)
-    return [_paused(row) for row in conn.exec_driver_sql(QUEUES_PAUSED).all()]
+    return [_paused(row) for row in conn.exec_driver_sql(QUEUE_PAUSED_LIST).all()]
 
 
 async def paused_queues_async(session: AsyncSession) -> list[PausedQueue]:
     """:func:`paused_queues` for an ``AsyncSession``."""
     conn = await session.connection()
     check_driver(conn)
-    return [_paused(row) for row in (await conn.exec_driver_sql(QUEUES_PAUSED)).all()]
+    return [_paused(row) for row in (await conn.exec_driver_sql(QUEUE_PAUSED_LIST)).all()]

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from schema import names
-from schema.queries import TENANT_LIMIT_SET, TENANT_LIMITS
+from schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
 
 MAX_WEIGHT = 1000.0
 
@@ -98,11 +98,11 @@ def tenant_limits(session: Session) -> list[TenantLimit]:
     """Every tenant that has limits, with its slots in use and waiting jobs."""
     conn = session.connection()
     check_driver(conn)
-    return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMITS).all()]
+    return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMIT_LIST).all()]
 
 
 async def tenant_limits_async(session: AsyncSession) -> list[TenantLimit]:
     conn = await session.connection()
     check_driver(conn)
-    rows = (await conn.exec_driver_sql(TENANT_LIMITS)).all()
+    rows = (await conn.exec_driver_sql(TENANT_LIMIT_LIST)).all()
     return [TenantLimit(*tuple(row)) for row in rows]

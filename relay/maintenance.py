@@ -25,12 +25,12 @@ from schema.queries import (
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
     OUTBOX_WAKE_REFUSED,
-    RELAYS_EXPIRE,
+    RELAY_EXPIRE,
     TENANT_USAGE_DRIFTED,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
     TENANT_USAGE_REFRESH,
-    WORKERS_EXPIRE,
+    WORKER_EXPIRE,
 )
 
 log = logging.getLogger("relay")
@@ -261,7 +261,7 @@ async def refresh_tenant_usage(pool: Pool, *, tenants: int = USAGE_TENANTS_PER_R
     counted longest ago, each up to its limit."""
     async with _chore(pool, USAGE_LOCK) as conn:
         if conn is not None:
-            await conn.execute(TENANT_USAGE_REFRESH, {"tenants": tenants})
+            await conn.execute(TENANT_USAGE_REFRESH, {"limit": tenants})
 
 
 async def expire_workers(pool: Pool, *, ttl: float) -> int:
@@ -269,8 +269,8 @@ async def expire_workers(pool: Pool, *, ttl: float) -> int:
     async with _chore(pool, WORKERS_LOCK) as conn:
         if conn is None:
             return 0
-        gone = await (await conn.execute(WORKERS_EXPIRE, {"worker_ttl": ttl})).fetchall()
-        relays = await (await conn.execute(RELAYS_EXPIRE, {"ttl": ttl})).fetchall()
+        gone = await (await conn.execute(WORKER_EXPIRE, {"worker_ttl": ttl})).fetchall()
+        relays = await (await conn.execute(RELAY_EXPIRE, {"relay_ttl": ttl})).fetchall()
     if gone:
         log.info("relay.workers_expired", extra={"workers": [w for (w,) in gone]})
     if relays:

@@ -4,7 +4,7 @@ until each id in it is claimed).
 
 A consumer takes two messages at a time and holds at most its prefetch of ids
 waiting for a slot, so a message carries at most half the smallest prefetch among
-the queue's live consumers (WORKERS_PACK_LIMIT), and never more than ``--pack``.
+the queue's live consumers (WORKER_PACK_LIMIT), and never more than ``--pack``.
 Read from the workers table at most once a second per queue; with no live consumer
 known, ``--pack`` applies.
 """
@@ -17,7 +17,7 @@ import weakref
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from schema.queries import WORKERS_PACK_LIMIT
+from schema.queries import WORKER_PACK_LIMIT
 
 # How long a queue's limit is reused before the workers table is read again.
 FRESH_SECONDS = 1.0
@@ -36,7 +36,7 @@ async def pack_limit(pool: Pool, queue: str, most: int, worker_ttl: float) -> in
     read_at, limit = known.get(queue, (0.0, None))
     if now - read_at >= FRESH_SECONDS:
         async with pool.connection() as conn:
-            cur = await conn.execute(WORKERS_PACK_LIMIT, {"queue": queue, "worker_ttl": worker_ttl})
+            cur = await conn.execute(WORKER_PACK_LIMIT, {"queue": queue, "worker_ttl": worker_ttl})
             row = await cur.fetchone()
         limit = row[0] if row else None
         known[queue] = (now, limit)

@@ -72,7 +72,7 @@ NOTES: Final[dict[str, str]] = {
     # lease
     "JOB_HELD_BY": "find the named jobs this worker holds, after an ambiguous claim commit",
     "JOB_HEARTBEAT_MANY": "extend the leases a worker holds, through the fence, while unexpired",
-    "JOB_ATTEMPTS_RECORDED": "tell applied outcomes from stale ones, after an ambiguous commit",
+    "JOB_ATTEMPT_RECORDED_MANY": "tell applied outcomes from stale ones, after an ambiguous commit",
     # outbox
     "JOB_WAKE_PARKED": "wake the jobs that waited for a consumer that knows their type",
     "OUTBOX_DUE_QUEUES": "list the queues with wake-ups due",
@@ -88,7 +88,7 @@ NOTES: Final[dict[str, str]] = {
     # tenant
     "TENANT_BACKPRESSURE": "count the waiting jobs of an enqueue's tenants that have a max_queued",
     "TENANT_LIMIT_SET": "create or change a tenant's limits",
-    "TENANT_LIMITS": "list the tenants' limits and usage",
+    "TENANT_LIMIT_LIST": "list the tenants' limits and usage",
     "TENANT_USAGE_LOCK": "lock every tenant's usage row, for the reconciler",
     "TENANT_USAGE_DRIFTED": "find, without locking, the tenants whose count of held slots drifted",
     "TENANT_USAGE_RECONCILE": "set each tenant's count of held slots to the leases holding one",
@@ -96,13 +96,13 @@ NOTES: Final[dict[str, str]] = {
     # worker
     "WORKER_SEEN": "announce a consumer, at start and at every heartbeat",
     "WORKER_GONE": "forget a consumer that stopped cleanly",
-    "WORKERS_EXPIRE": "forget the consumers that stopped heartbeating",
+    "WORKER_EXPIRE": "forget the consumers that stopped heartbeating",
     "RELAY_SEEN": "announce a relay, at start and at every heartbeat",
     "RELAY_GONE": "forget a relay that stopped cleanly",
-    "RELAYS_EXPIRE": "forget the relays that stopped heartbeating",
-    "RELAYS_LIVE": "count the live relays, and those connected to RabbitMQ",
-    "WORKERS_PACK_LIMIT": "say how many ids one message to a queue may carry (its consumers' room)",
-    "RELAYS_FAILING_QUEUES": "list the queues live relays cannot publish to, and why",
+    "RELAY_EXPIRE": "forget the relays that stopped heartbeating",
+    "RELAY_LIVE_LIST": "count the live relays, and those connected to RabbitMQ",
+    "WORKER_PACK_LIMIT": "say how many ids one message to a queue may carry (its consumers' room)",
+    "RELAY_FAILING_QUEUES": "list the queues live relays cannot publish to, and why",
     "MAINTENANCE_TRY_LOCK": "take a chore's lock for this transaction, or skip the round",
     # schedule
     "SCHEDULE_CLOCK": "read the database clock a new or changed rule counts from",
@@ -123,7 +123,7 @@ NOTES: Final[dict[str, str]] = {
     "QUEUE_PAUSE": "pause a queue",
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",
-    "QUEUES_PAUSED": "list the paused queues",
+    "QUEUE_PAUSED_LIST": "list the paused queues",
     "EFFECT_RETENTION_DELETE": "delete a batch of effect keys older than relay --keep-effects",
     "JOB_EXPLAIN": "read everything 'why is my job waiting?' needs about one job",
     "JOB_EXPLAIN_BACKLOG": "estimate the queue in front of a waiting job",
@@ -131,7 +131,7 @@ NOTES: Final[dict[str, str]] = {
     "DASHBOARD_SESSION_CREATE": "open a dashboard session at sign-in (its secret's hash only)",
     "DASHBOARD_SESSION_VALID": "check a session is live and was opened with the current token",
     "DASHBOARD_SESSION_END": "revoke a dashboard session at sign-out",
-    "DASHBOARD_SESSIONS_EXPIRE": "delete a bounded batch of expired dashboard sessions",
+    "DASHBOARD_SESSION_EXPIRE": "delete a bounded batch of expired dashboard sessions",
 }
 
 

@@ -221,11 +221,13 @@ SELECT job_id, queue FROM expired;
 -- Built with LIVE_WORKER.
 -- Parameters: free_threads, job_ids, lease_seconds, types, worker, worker_ttl.
 WITH types AS (
+    -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
+    -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
            COALESCE(j.expires_at <= now(), false) AS expired,
@@ -239,19 +241,23 @@ WITH types AS (
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
+    -- 1c. of those, the ones with a handler, an unpaused queue and, for a plain
+    -- function, a free thread
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), usage AS MATERIALIZED (
-    -- Locked in tenant order (every statement that moves these counters does so).
+    -- 2a. their tenants' free slots, locked in tenant order (every statement that
+    -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE u.tenant IN (SELECT tenant FROM runnable)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
+    -- 2b. the runnable jobs that fit their tenant's free slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
@@ -259,12 +265,14 @@ WITH types AS (
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), reserved AS (
+    -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
           FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
+    -- 3a. the jobs turned down, and why (paused queue, no handler, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
@@ -277,9 +285,9 @@ WITH types AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
       AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
-    -- delay_since is when a consumer last turned it down: it marks the wake-up used
-    -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
-    -- job only when it can run).
+    -- 3b. the reason recorded on the job. delay_since is when a consumer last
+    -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
+    -- refusal, which is rare (the relay wakes a job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
@@ -297,10 +305,11 @@ WITH types AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
+    -- 3c. their used-up wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
 ), held AS (
-    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
     -- something was turned down for want of a handler
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
@@ -308,7 +317,7 @@ WITH types AS (
       AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
     GROUP BY x.lease_owner
 ), capable AS (
-    -- per job turned down for want of a handler: whether another live consumer has
+    -- 3e. per job turned down for want of a handler: whether another live consumer has
     -- it, and whether one of those has a free slot now
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
@@ -319,9 +328,9 @@ WITH types AS (
     WHERE r.reason = 'NO_HANDLER'
     GROUP BY r.job_id
 ), requeued AS (
-    -- Due now, but for want of a handler: then only straight to a free slot, and
-    -- not twice in a second; else after the backstop, or earlier once a slot frees
-    -- (OUTBOX_WAKE_REFUSED).
+    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
+    -- only straight to a free slot, and not twice in a second; else after the
+    -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
@@ -330,6 +339,7 @@ WITH types AS (
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
+    -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
     SET state = 'RUNNING',
         lease_owner = %(worker)s,
@@ -349,6 +359,7 @@ WITH types AS (
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
 )
+-- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
@@ -492,7 +503,7 @@ SELECT h.job_id, 'LOCKED'
 FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND j.state IN ('CANCEL_REQUESTED', 'RUNNING')
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
--- name: JOB_FINISH_IN_TX
+-- name: JOB_FINISH_MANY_IN_TX
 -- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
@@ -575,7 +586,7 @@ SELECT h.job_id, 'LOCKED'
 FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND j.state IN ('CANCEL_REQUESTED', 'RUNNING')
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
--- name: JOB_ATTEMPTS_RECORDED
+-- name: JOB_ATTEMPT_RECORDED_MANY
 -- Run by consumers.store:JobStore.finish to tell applied outcomes from stale ones, after
 -- an ambiguous commit.
 -- Parameters: jobs, worker.
@@ -810,19 +821,24 @@ WHERE q.queue IS NOT NULL
 -- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
+    -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
 ), settled AS (
+    -- 1b. settle the wake-ups in flight whose job was taken up since
     DELETE FROM outbox AS o USING jobs AS j
     WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
       AND j.job_id = o.job_id AND NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at))
     RETURNING o.id
 ), capacity AS (
+    -- 2a. the window: given, or twice the live consumers' capacity
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
                WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)))) AS size
 ), pause AS (
+    -- 2b. whether the queue is paused
     SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
 ), room AS (
+    -- 2c. room: the window less the wake-ups still in flight (none while paused)
     SELECT CASE
                WHEN NOT (SELECT ok FROM gate) THEN 0
                WHEN (SELECT paused FROM pause) THEN 0
@@ -832,18 +848,21 @@ WITH RECURSIVE gate AS (
                    + (SELECT count(*) FROM settled)::int))
            END AS n
 ), clock AS (
-    -- the queue's virtual clock, and whether the last pass that looked saw it paused
+    -- 3a. the queue's virtual clock, and whether the last pass that looked saw it paused
     SELECT COALESCE(max(vpass), 0) AS v, max(held_reason) AS held_reason
     FROM fair_shares WHERE queue = %(queue)s AND tenant = '*'
 ), look AS (
+    -- 3b. the queue's own reason (a pause) ...
     SELECT (SELECT ok FROM gate) AS ok,
            CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
 ), looking AS (
+    -- 3c. ... and whether to read the tenants at all: for room to fill, or to note
+    -- that a pause started or ended
     SELECT l.ok AND ((SELECT n FROM room) > 0
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
 ), heads AS (
-    -- each tenant with unsent wake-ups and its first one, by a skip scan of
+    -- 3d. each tenant with unsent wake-ups and its first one, by a skip scan of
     -- outbox_pending_idx: one probe per tenant
     (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
      WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
@@ -859,12 +878,14 @@ WITH RECURSIVE gate AS (
         LIMIT 1
     ) AS nx
 ), inflight AS (
+    -- 3e. each tenant's wake-ups in flight
     SELECT i.tenant, count(*)::int AS n
     FROM outbox AS i
     WHERE (SELECT yes FROM looking) AND i.queue = %(queue)s AND i.sent_at IS NOT NULL
       AND i.id NOT IN (SELECT id FROM settled)
     GROUP BY i.tenant
 ), shares AS MATERIALIZED (
+    -- 3f. per tenant: weight, virtual start, capped room, first due wake-up
     SELECT h.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
@@ -893,17 +914,19 @@ WITH RECURSIVE gate AS (
     LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = h.tenant
     LEFT JOIN inflight AS f ON f.tenant = h.tenant
 ), contenders AS (
+    -- 3g. the tenants whose first due wake-up would go within the room
     SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
     FROM shares AS s
     WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
     ORDER BY s.priority DESC, s.start, s.available_at, s.id
     LIMIT (SELECT n FROM room)
 ), level AS (
-    -- the virtual time by which the contenders' shares add up to twice the room
+    -- 3h. the virtual time by which the contenders' shares add up to twice the room
     SELECT min(priority) AS priority,
            (2 * (SELECT n FROM room) + sum(start * weight)) / sum(weight) AS v
     FROM contenders
 ), quotas AS (
+    -- 3i. each contender's quota: its share of the room up to that time
     SELECT c.tenant, c.start, c.weight, c.most,
            -- one whose first wake-up outranks the lowest contender's by priority
            -- may take the whole room
@@ -913,7 +936,7 @@ WITH RECURSIVE gate AS (
            END AS quota
     FROM contenders AS c
 ), first_pick AS (
-    -- each contender's first wake-ups, up to its quota, and one more
+    -- 3j. each contender's first wake-ups, up to its quota, and one more
     SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
            q.start + (c.k - 1) / q.weight AS vstart,
            c.k > q.quota AS spare,
@@ -929,15 +952,17 @@ WITH RECURSIVE gate AS (
         LIMIT q.quota + 1
     ) AS c
 ), first_horizon AS (
+    -- 3k. the earliest spare of a tenant its quota cut short
     SELECT -c.priority AS p, c.vstart, c.available_at, c.id
     FROM first_pick AS c
     WHERE c.spare AND c.short
     ORDER BY 1, 2, 3, 4
     LIMIT 1
 ), again AS (
-    -- The quotas cut some tenant short before the room was filled (a tenant's
-    -- wake-ups of a lower priority waited behind another's of a higher one, say):
-    -- fetch again, each contender as many as it could get, which marks no horizon.
+    -- 3l. whether to fetch again. The quotas cut some tenant short before the room
+    -- was filled (a tenant's wake-ups of a lower priority waited behind another's
+    -- of a higher one, say): fetch again, each contender as many as it could get,
+    -- which marks no horizon.
     SELECT EXISTS (SELECT 1 FROM first_horizon)
            AND (SELECT count(*) FROM first_pick AS c
                 WHERE NOT c.spare
@@ -945,6 +970,7 @@ WITH RECURSIVE gate AS (
                       < (SELECT p, vstart, available_at, id FROM first_horizon))
                < (SELECT n FROM room) AS yes
 ), candidates AS (
+    -- 3m. the wake-ups fetched, by quota or (again) exactly
     SELECT * FROM first_pick WHERE NOT (SELECT yes FROM again)
     UNION ALL
     SELECT * FROM (SELECT c.id, c.job_id, c.priority, c.available_at, q.tenant, c.k,
@@ -962,12 +988,14 @@ WITH RECURSIVE gate AS (
         LIMIT q.most + 1
     ) AS c) AS exact WHERE (SELECT yes FROM again)
 ), horizon AS (
+    -- 3n. their horizon: nothing at or after it may be chosen
     SELECT -c.priority AS p, c.vstart, c.available_at, c.id
     FROM candidates AS c
     WHERE c.spare AND c.short
     ORDER BY 1, 2, 3, 4
     LIMIT 1
 ), chosen AS (
+    -- 3o. the chosen wake-ups, in the decision's order (their turn), up to the room
     SELECT c.*,
            row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
     FROM candidates AS c
@@ -978,22 +1006,27 @@ WITH RECURSIVE gate AS (
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
+    -- 4a. the chosen ones, locked (one another transaction holds is skipped) ...
     SELECT o.id, c.tenant, c.vstart, c.turn
     FROM chosen AS c JOIN outbox AS o ON o.id = c.id
     WHERE o.sent_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 ), sent AS (
+    -- 4b. ... and marked sent
     UPDATE outbox AS o SET sent_at = now()
     FROM marked AS m WHERE o.id = m.id
     RETURNING o.id, o.job_id, o.priority, m.tenant, m.vstart, m.turn
 ), tally AS (
+    -- 4c. per tenant, how many it wanted and got
     SELECT c.tenant, count(*) AS wanted, count(*) FILTER (WHERE c.chosen) AS got
     FROM (SELECT c.tenant, ch.id IS NOT NULL AS chosen
           FROM candidates AS c LEFT JOIN chosen AS ch USING (id)) AS c
     GROUP BY c.tenant
 ), moved AS (
+    -- 4d. per tenant, the last virtual start sent: its new pass
     SELECT tenant, max(vstart) AS last_vstart FROM sent GROUP BY tenant
 ), reasons AS (
+    -- 4e. per tenant, why wake-ups were held back
     SELECT s.tenant, s.weight, s.held_reason, m.last_vstart,
            -- WINDOW: the window had no room, or this tenant got what room there
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
@@ -1006,6 +1039,7 @@ WITH RECURSIVE gate AS (
            END AS reason
     FROM shares AS s LEFT JOIN tally AS t USING (tenant) LEFT JOIN moved AS m USING (tenant)
 ), shared AS (
+    -- 4f. move the passes and the clock on, and note the reasons that changed
     INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
     SELECT %(queue)s, r.tenant, COALESCE(r.last_vstart + 1 / r.weight, 0), r.reason,
            CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
@@ -1024,6 +1058,7 @@ WITH RECURSIVE gate AS (
         held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
                           THEN f.held_since ELSE EXCLUDED.held_since END
 )
+-- 5. the sent wake-ups in turn, then the summary row (id NULL)
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
        s.turn
 FROM sent AS s
@@ -1181,7 +1216,7 @@ WITH limits AS (
 )
 SELECT tenant FROM limits;
 
--- name: TENANT_LIMITS
+-- name: TENANT_LIMIT_LIST
 -- Run by outbox.tenants:tenant_limits(_async) to list the tenants' limits and usage.
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
        COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s
@@ -1233,13 +1268,13 @@ RETURNING u.tenant, a.recorded, a.held;
 -- name: TENANT_USAGE_REFRESH
 -- Run by relay.maintenance:refresh_tenant_usage to count each limited tenant's waiting
 -- jobs, and its drain rate.
--- Parameters: tenants.
+-- Parameters: limit.
 WITH due AS (
     SELECT u.tenant, l.max_queued
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE l.max_queued IS NOT NULL
     ORDER BY u.queued_at NULLS FIRST, u.tenant
-    LIMIT %(tenants)s
+    LIMIT %(limit)s
 ), counted AS MATERIALIZED (
     SELECT d.tenant,
            (SELECT count(*) FROM (
@@ -1288,7 +1323,7 @@ SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts
 -- Parameters: worker.
 DELETE FROM workers WHERE worker_id = %(worker)s;
 
--- name: WORKERS_EXPIRE
+-- name: WORKER_EXPIRE
 -- Run by relay.maintenance:expire_workers to forget the consumers that stopped
 -- heartbeating.
 -- Parameters: worker_ttl.
@@ -1296,7 +1331,7 @@ DELETE FROM workers
 WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
 RETURNING worker_id;
 
--- name: WORKERS_PACK_LIMIT
+-- name: WORKER_PACK_LIMIT
 -- Run by relay.spread:pack_limit to say how many ids one message to a queue may carry
 -- (its consumers' room).
 -- Built with LIVE_WORKER.
@@ -1319,22 +1354,22 @@ SET last_seen_at = now(), broker_connected = EXCLUDED.broker_connected,
 -- Parameters: relay.
 DELETE FROM relays WHERE relay_id = %(relay)s;
 
--- name: RELAYS_EXPIRE
+-- name: RELAY_EXPIRE
 -- Run by relay.maintenance:expire_workers to forget the relays that stopped
 -- heartbeating.
--- Parameters: ttl.
+-- Parameters: relay_ttl.
 DELETE FROM relays
-WHERE last_seen_at < now() - make_interval(secs => %(ttl)s)
+WHERE last_seen_at < now() - make_interval(secs => %(relay_ttl)s)
 RETURNING relay_id;
 
--- name: RELAYS_LIVE
+-- name: RELAY_LIVE_LIST
 -- Run by jobctl.metrics.queries:METRICS_RELAYS, jobctl.service.queries:STATS_RELAYS to
 -- count the live relays, and those connected to RabbitMQ.
 SELECT count(*)::int, (count(*) FILTER (WHERE broker_connected))::int
 FROM relays
 WHERE last_seen_at > now() - make_interval(secs => 30);
 
--- name: RELAYS_FAILING_QUEUES
+-- name: RELAY_FAILING_QUEUES
 -- Run by jobctl.metrics.queries:METRICS_PUBLISH_FAILING,
 -- jobctl.service.queries:STATS_PUBLISH_FAILING to list the queues live relays cannot
 -- publish to, and why.
@@ -1659,7 +1694,7 @@ SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
        (SELECT pg_notify('outbox', '')) IS NULL
 FROM resumed AS r;
 
--- name: QUEUES_PAUSED
+-- name: QUEUE_PAUSED_LIST
 -- Run by outbox.queues:paused_queues(_async) to list the paused queues.
 SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue;
 
@@ -1834,9 +1869,9 @@ SELECT count(*) FROM deleted;
 -- name: DASHBOARD_SESSION_CREATE
 -- Run by jobctl.dashboard.auth:open_session to open a dashboard session at sign-in (its
 -- secret's hash only).
--- Parameters: digest, hash, seconds.
+-- Parameters: digest, hash, session_seconds.
 INSERT INTO dashboard_sessions (session_hash, token_digest, expires_at)
-VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(seconds)s))
+VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(session_seconds)s))
 RETURNING expires_at;
 
 -- name: DASHBOARD_SESSION_VALID
@@ -1851,7 +1886,7 @@ WHERE session_hash = %(hash)s AND token_digest = %(digest)s AND expires_at > now
 -- Parameters: hash.
 DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true;
 
--- name: DASHBOARD_SESSIONS_EXPIRE
+-- name: DASHBOARD_SESSION_EXPIRE
 -- Run by jobctl.dashboard.auth:open_session to delete a bounded batch of expired
 -- dashboard sessions.
 WITH gone AS (

@@ -101,7 +101,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         },
     ),
     Operation(
-        "JOB_FINISH_IN_TX",
+        "JOB_FINISH_MANY_IN_TX",
         ("consumers.job:Job.transaction",),
         {
             (_RUNNING, _SUCCEEDED): "job.transaction() commits with the handler's writes",

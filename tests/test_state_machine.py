@@ -403,7 +403,7 @@ class JobMachine(RuleBasedStateMachine):
         """job.transaction(): the completion that commits with the handler's writes,
         which waits for a row lock where the reporter's would skip it."""
         h = data.draw(st.sampled_from(self.handles))
-        self.step(self.finish_step(h, "succeeded", sql=q.JOB_FINISH_IN_TX))
+        self.step(self.finish_step(h, "succeeded", sql=q.JOB_FINISH_MANY_IN_TX))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
@@ -546,7 +546,7 @@ class JobMachine(RuleBasedStateMachine):
         h = data.draw(st.sampled_from(self.handles))
         self.expire(h.job_id)
         outcome = (
-            self.finish_step(h, "succeeded", sql=q.JOB_FINISH_IN_TX)
+            self.finish_step(h, "succeeded", sql=q.JOB_FINISH_MANY_IN_TX)
             if kind == "in_tx"
             else self.finish_step(h, kind)
         )

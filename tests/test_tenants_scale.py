@@ -154,7 +154,7 @@ async def test_the_backpressure_count_reads_what_the_limit_needs_not_the_backlog
     enqueue_many(engine, [NewJob("t", {}, tenant="small") for _ in range(7)])
     with pg.transaction(force_rollback=True):
         (doc,) = pg.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + TENANT_USAGE_REFRESH, {"tenants": 100}
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + TENANT_USAGE_REFRESH, {"limit": 100}
         ).fetchone()
     handled = _rows_handled(doc[0]["Plan"])
     assert handled < 500, f"{handled} rows handled to count two tenants up to 50"

@@ -47,8 +47,8 @@ from jobctl.service.sql import fetch_one
 from schema.queries import (
     DASHBOARD_SESSION_CREATE,
     DASHBOARD_SESSION_END,
+    DASHBOARD_SESSION_EXPIRE,
     DASHBOARD_SESSION_VALID,
-    DASHBOARD_SESSIONS_EXPIRE,
 )
 
 COOKIE: Final = "jobctl_session"
@@ -198,9 +198,13 @@ async def open_session(request: Request, response: Response, token: str) -> None
     """A new session for the token just shown, its cookie on ``response``; sessions
     that expired go at the same time (no other chore needed)."""
     secret = secrets.token_urlsafe(32)
-    params = {"hash": _hash(secret), "digest": token_digest(token), "seconds": SESSION_SECONDS}
+    params = {
+        "hash": _hash(secret),
+        "digest": token_digest(token),
+        "session_seconds": SESSION_SECONDS,
+    }
     async with _database(request).writing() as session:
-        await fetch_one(session, DASHBOARD_SESSIONS_EXPIRE)
+        await fetch_one(session, DASHBOARD_SESSION_EXPIRE)
         await fetch_one(session, DASHBOARD_SESSION_CREATE, params)
     response.set_cookie(
         COOKIE,

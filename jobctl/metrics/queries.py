@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries import RELAYS_FAILING_QUEUES, RELAYS_LIVE
+from schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # The key of the transaction-scoped advisory lock that lets one collection run at a
@@ -77,11 +77,11 @@ WHERE o.sent_at IS NULL AND o.available_at <= now()
 """
 
 # Relays live (heartbeat seen lately) and, of those, connected to RabbitMQ.
-METRICS_RELAYS: Final = RELAYS_LIVE
+METRICS_RELAYS: Final = RELAY_LIVE_LIST
 
 # Queues live relays cannot publish to right now, by reason (relays.failing_queues,
 # a few rows at most).
-METRICS_PUBLISH_FAILING: Final = RELAYS_FAILING_QUEUES
+METRICS_PUBLISH_FAILING: Final = RELAY_FAILING_QUEUES
 
 
 def _count(key: str) -> str:

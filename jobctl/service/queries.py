@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobctl.service.cursor import Order
-from schema.queries import RELAYS_FAILING_QUEUES, RELAYS_LIVE
+from schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
 from schema.states import CLAIMABLE, LEASED, JobState
 from schema.tables import LEASED_SQL, TERMINAL_SQL
 
@@ -235,10 +235,10 @@ GROUP BY q.queue
 STATS_CLOCK: Final = "SELECT now()"
 
 # Relays live, and of those connected to RabbitMQ.
-STATS_RELAYS: Final = RELAYS_LIVE
+STATS_RELAYS: Final = RELAY_LIVE_LIST
 
 # Queues live relays cannot publish to right now, and why.
-STATS_PUBLISH_FAILING: Final = RELAYS_FAILING_QUEUES
+STATS_PUBLISH_FAILING: Final = RELAY_FAILING_QUEUES
 
 # ------------------------------------------------------------------- the rest
 

@@ -15,7 +15,28 @@ the statement reports it as ``LOCKED`` and the worker tries it again on its own.
 
 Names are noun first, the way River names its queries: ``job_claim_many``,
 ``outbox_wake_queue``. The relay, the consumer and the producer API call them by
-name and never write SQL of their own.
+name and never write SQL of their own. The rules:
+
+- The noun is singular and names the table the statement is about (``JOB_``,
+  ``OUTBOX_``, ``TENANT_``, ``WORKER_``, ``RELAY_``, ``SCHEDULE_``, ``QUEUE_``,
+  ``DASHBOARD_SESSION_``); then the verb (``JOB_CLAIM_MANY``, ``WORKER_EXPIRE``) or,
+  for a read, what it returns (``JOB_STATE``, ``OUTBOX_DUE_QUEUES``). A read of a
+  whole set ends in ``_LIST`` (``TENANT_LIMIT_LIST``).
+- ``_MANY`` marks a batch form: its input is a list of rows, each with its own
+  values (a jsonb recordset of jobs with their generation, outcomes, fires, dedup
+  keys, handler types), and it does for each row what a one-row statement would, in
+  one round trip. A plain array of ids, queues, tenants or names that only chooses
+  the rows a statement touches does not make it ``_MANY``. A variant of a statement
+  keeps its name and adds a suffix (``JOB_FINISH_MANY_IN_TX``).
+- One fact, one bind name, in every statement: ``worker`` is the consumer's worker
+  id, ``relay`` the relay's, ``job_id``/``job_ids`` the jobs named, ``jobs`` a
+  jsonb list of ``(job_id, generation)`` handles, ``queue``/``queues``,
+  ``tenant``/``tenants`` (always names, never a count), ``job_types`` the type
+  names, ``limit`` the most rows a statement touches, ``worker_ttl`` the seconds
+  after which a silent consumer counts as gone; other durations are
+  ``<what>_seconds`` (``lease_seconds``, ``grace_seconds``, ``delay_seconds``).
+- A long statement's steps are numbered in its SQL (``-- 1a. ...``): a number per
+  phase, a letter per CTE within it, in the order they are written.
 """
 
 from __future__ import annotations
@@ -29,14 +50,14 @@ from schema.queries.control import (
     JOB_RETENTION_DELETE,
     QUEUE_IN_USE,
     QUEUE_PAUSE,
+    QUEUE_PAUSED_LIST,
     QUEUE_RESUME,
-    QUEUES_PAUSED,
 )
 from schema.queries.dashboard import (
     DASHBOARD_SESSION_CREATE,
     DASHBOARD_SESSION_END,
+    DASHBOARD_SESSION_EXPIRE,
     DASHBOARD_SESSION_VALID,
-    DASHBOARD_SESSIONS_EXPIRE,
 )
 from schema.queries.fragments import (
     FENCE,
@@ -56,10 +77,10 @@ from schema.queries.job import (
     JOB_STATE,
 )
 from schema.queries.lease import (
-    JOB_ATTEMPTS_RECORDED,
+    JOB_ATTEMPT_RECORDED_MANY,
     JOB_CLAIM_MANY,
-    JOB_FINISH_IN_TX,
     JOB_FINISH_MANY,
+    JOB_FINISH_MANY_IN_TX,
     JOB_GIVE_BACK_MANY,
     JOB_HEARTBEAT_MANY,
     JOB_HELD_BY,
@@ -96,8 +117,8 @@ from schema.queries.schedule import (
 )
 from schema.queries.tenant import (
     TENANT_BACKPRESSURE,
+    TENANT_LIMIT_LIST,
     TENANT_LIMIT_SET,
-    TENANT_LIMITS,
     TENANT_USAGE_DRIFTED,
     TENANT_USAGE_LOCK,
     TENANT_USAGE_RECONCILE,
@@ -105,26 +126,26 @@ from schema.queries.tenant import (
 )
 from schema.queries.worker import (
     MAINTENANCE_TRY_LOCK,
+    RELAY_EXPIRE,
+    RELAY_FAILING_QUEUES,
     RELAY_GONE,
+    RELAY_LIVE_LIST,
     RELAY_LIVE_SECONDS,
     RELAY_SEEN,
-    RELAYS_EXPIRE,
-    RELAYS_FAILING_QUEUES,
-    RELAYS_LIVE,
+    WORKER_EXPIRE,
     WORKER_GONE,
+    WORKER_PACK_LIMIT,
     WORKER_SEEN,
-    WORKERS_EXPIRE,
-    WORKERS_PACK_LIMIT,
 )
 
 __all__ = [
-    "DASHBOARD_SESSIONS_EXPIRE",
     "DASHBOARD_SESSION_CREATE",
     "DASHBOARD_SESSION_END",
+    "DASHBOARD_SESSION_EXPIRE",
     "DASHBOARD_SESSION_VALID",
     "EFFECT_RETENTION_DELETE",
     "FENCE",
-    "JOB_ATTEMPTS_RECORDED",
+    "JOB_ATTEMPT_RECORDED_MANY",
     "JOB_CLAIM_MANY",
     "JOB_DEBOUNCE_MANY",
     "JOB_EFFECT_CLAIM",
@@ -132,8 +153,8 @@ __all__ = [
     "JOB_EXPLAIN",
     "JOB_EXPLAIN_BACKLOG",
     "JOB_FIND_BY_DEDUP_MANY",
-    "JOB_FINISH_IN_TX",
     "JOB_FINISH_MANY",
+    "JOB_FINISH_MANY_IN_TX",
     "JOB_GIVE_BACK_MANY",
     "JOB_HEARTBEAT_MANY",
     "JOB_HELD_BY",
@@ -160,14 +181,14 @@ __all__ = [
     "OUTBOX_SETTLE",
     "OUTBOX_WAKE_QUEUE",
     "OUTBOX_WAKE_REFUSED",
-    "QUEUES_PAUSED",
     "QUEUE_IN_USE",
     "QUEUE_PAUSE",
+    "QUEUE_PAUSED_LIST",
     "QUEUE_RESUME",
-    "RELAYS_EXPIRE",
-    "RELAYS_FAILING_QUEUES",
-    "RELAYS_LIVE",
+    "RELAY_EXPIRE",
+    "RELAY_FAILING_QUEUES",
     "RELAY_GONE",
+    "RELAY_LIVE_LIST",
     "RELAY_LIVE_SECONDS",
     "RELAY_SEEN",
     "SCHEDULE_ADVANCE",
@@ -185,15 +206,15 @@ __all__ = [
     "SCHEDULE_TEMPLATE",
     "SCHEDULE_UPSERT",
     "TENANT_BACKPRESSURE",
-    "TENANT_LIMITS",
+    "TENANT_LIMIT_LIST",
     "TENANT_LIMIT_SET",
     "TENANT_USAGE_DRIFTED",
     "TENANT_USAGE_LOCK",
     "TENANT_USAGE_RECONCILE",
     "TENANT_USAGE_REFRESH",
     "UNTAKEN",
-    "WORKERS_EXPIRE",
-    "WORKERS_PACK_LIMIT",
+    "WORKER_EXPIRE",
     "WORKER_GONE",
+    "WORKER_PACK_LIMIT",
     "WORKER_SEEN",
 ]

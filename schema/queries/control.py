@@ -153,7 +153,7 @@ SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
 FROM resumed AS r
 """
 
-QUEUES_PAUSED: Final = """
+QUEUE_PAUSED_LIST: Final = """
 SELECT queue, paused_at, paused_by FROM queues WHERE paused ORDER BY queue
 """
 

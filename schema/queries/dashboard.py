@@ -7,7 +7,7 @@ from typing import Final
 
 DASHBOARD_SESSION_CREATE: Final = """
 INSERT INTO dashboard_sessions (session_hash, token_digest, expires_at)
-VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(seconds)s))
+VALUES (%(hash)s, %(digest)s, now() + make_interval(secs => %(session_seconds)s))
 RETURNING expires_at
 """
 
@@ -23,7 +23,7 @@ DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true
 
 # Run at each sign-in (dashboard_sessions_expires_at_idx), a bounded batch: the
 # table holds about as many rows as people signed in over the last 12 hours.
-DASHBOARD_SESSIONS_EXPIRE: Final = """
+DASHBOARD_SESSION_EXPIRE: Final = """
 WITH gone AS (
     DELETE FROM dashboard_sessions
     WHERE session_hash IN (SELECT session_hash FROM dashboard_sessions

@@ -43,13 +43,18 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
 # the reason it was not.
+#
+# The steps, numbered in the SQL: 1. what may run here; 2. the tenants' slots;
+# 3. the refusals, recorded and woken again; 4. the claim; 5. the answer.
 JOB_CLAIM_MANY: Final = f"""
 WITH types AS (
+    -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean)
 ), locked AS (
+    -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
            COALESCE(j.expires_at <= now(), false) AS expired,
@@ -63,19 +68,23 @@ WITH types AS (
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
+    -- 1c. of those, the ones with a handler, an unpaused queue and, for a plain
+    -- function, a free thread
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
           FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), usage AS MATERIALIZED (
-    -- Locked in tenant order (every statement that moves these counters does so).
+    -- 2a. their tenants' free slots, locked in tenant order (every statement that
+    -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE u.tenant IN (SELECT tenant FROM runnable)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
+    -- 2b. the runnable jobs that fit their tenant's free slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
@@ -83,12 +92,14 @@ WITH types AS (
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), reserved AS (
+    -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
           FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
+    -- 3a. the jobs turned down, and why (paused queue, no handler, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
@@ -101,9 +112,9 @@ WITH types AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
       AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
-    -- delay_since is when a consumer last turned it down: it marks the wake-up used
-    -- (see UNTAKEN), so it moves on every refusal, which is rare (the relay wakes a
-    -- job only when it can run).
+    -- 3b. the reason recorded on the job. delay_since is when a consumer last
+    -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
+    -- refusal, which is rare (the relay wakes a job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
@@ -121,10 +132,11 @@ WITH types AS (
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
+    -- 3c. their used-up wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
 ), held AS (
-    -- leases per consumer (at most the fleet's concurrency), counted only when
+    -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
     -- something was turned down for want of a handler
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
@@ -132,7 +144,7 @@ WITH types AS (
       AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
     GROUP BY x.lease_owner
 ), capable AS (
-    -- per job turned down for want of a handler: whether another live consumer has
+    -- 3e. per job turned down for want of a handler: whether another live consumer has
     -- it, and whether one of those has a free slot now
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
@@ -143,9 +155,9 @@ WITH types AS (
     WHERE r.reason = 'NO_HANDLER'
     GROUP BY r.job_id
 ), requeued AS (
-    -- Due now, but for want of a handler: then only straight to a free slot, and
-    -- not twice in a second; else after the backstop, or earlier once a slot frees
-    -- (OUTBOX_WAKE_REFUSED).
+    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
+    -- only straight to a free slot, and not twice in a second; else after the
+    -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
@@ -154,6 +166,7 @@ WITH types AS (
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
+    -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
     SET state = 'RUNNING',
         lease_owner = %(worker)s,
@@ -173,6 +186,7 @@ WITH types AS (
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
 )
+-- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
@@ -303,13 +317,13 @@ JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
 
 # The same, from inside the job's own transaction (job.transaction()), which waits
 # for a row lock rather than skip it: it cannot be retried alone later.
-JOB_FINISH_IN_TX: Final = _finish("")
+JOB_FINISH_MANY_IN_TX: Final = _finish("")
 
 # Whether this worker's outcomes were recorded after all: used when a commit failed
 # ambiguously (the connection dropped during COMMIT) and the retried statement then
 # matched nothing, to tell "already applied" from "stale". The sweeper also writes
 # rows under the worker's name, for leases that expired; those do not count.
-JOB_ATTEMPTS_RECORDED: Final = """
+JOB_ATTEMPT_RECORDED_MANY: Final = """
 SELECT a.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation

@@ -181,19 +181,24 @@ def _horizon(candidates: str) -> str:
 # whether due wake-ups were held back.
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
+    -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
     SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
 ), settled AS (
+    -- 1b. settle the wake-ups in flight whose job was taken up since
     DELETE FROM outbox AS o USING jobs AS j
     WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
       AND j.job_id = o.job_id AND NOT ({UNTAKEN})
     RETURNING o.id
 ), capacity AS (
+    -- 2a. the window: given, or twice the live consumers' capacity
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
                WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}))) AS size
 ), pause AS (
+    -- 2b. whether the queue is paused
     SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
 ), room AS (
+    -- 2c. room: the window less the wake-ups still in flight (none while paused)
     SELECT CASE
                WHEN NOT (SELECT ok FROM gate) THEN 0
                WHEN (SELECT paused FROM pause) THEN 0
@@ -203,18 +208,21 @@ WITH RECURSIVE gate AS (
                    + (SELECT count(*) FROM settled)::int))
            END AS n
 ), clock AS (
-    -- the queue's virtual clock, and whether the last pass that looked saw it paused
+    -- 3a. the queue's virtual clock, and whether the last pass that looked saw it paused
     SELECT COALESCE(max(vpass), 0) AS v, max(held_reason) AS held_reason
     FROM fair_shares WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'
 ), look AS (
+    -- 3b. the queue's own reason (a pause) ...
     SELECT (SELECT ok FROM gate) AS ok,
            CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
 ), looking AS (
+    -- 3c. ... and whether to read the tenants at all: for room to fill, or to note
+    -- that a pause started or ended
     SELECT l.ok AND ((SELECT n FROM room) > 0
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
 ), heads AS (
-    -- each tenant with unsent wake-ups and its first one, by a skip scan of
+    -- 3d. each tenant with unsent wake-ups and its first one, by a skip scan of
     -- outbox_pending_idx: one probe per tenant
     (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
      WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
@@ -230,12 +238,14 @@ WITH RECURSIVE gate AS (
         LIMIT 1
     ) AS nx
 ), inflight AS (
+    -- 3e. each tenant's wake-ups in flight
     SELECT i.tenant, count(*)::int AS n
     FROM outbox AS i
     WHERE (SELECT yes FROM looking) AND i.queue = %(queue)s AND i.sent_at IS NOT NULL
       AND i.id NOT IN (SELECT id FROM settled)
     GROUP BY i.tenant
 ), shares AS MATERIALIZED (
+    -- 3f. per tenant: weight, virtual start, capped room, first due wake-up
     SELECT h.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
@@ -264,17 +274,19 @@ WITH RECURSIVE gate AS (
     LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = h.tenant
     LEFT JOIN inflight AS f ON f.tenant = h.tenant
 ), contenders AS (
+    -- 3g. the tenants whose first due wake-up would go within the room
     SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
     FROM shares AS s
     WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
     ORDER BY s.priority DESC, s.start, s.available_at, s.id
     LIMIT (SELECT n FROM room)
 ), level AS (
-    -- the virtual time by which the contenders' shares add up to twice the room
+    -- 3h. the virtual time by which the contenders' shares add up to twice the room
     SELECT min(priority) AS priority,
            (2 * (SELECT n FROM room) + sum(start * weight)) / sum(weight) AS v
     FROM contenders
 ), quotas AS (
+    -- 3i. each contender's quota: its share of the room up to that time
     SELECT c.tenant, c.start, c.weight, c.most,
            -- one whose first wake-up outranks the lowest contender's by priority
            -- may take the whole room
@@ -284,14 +296,16 @@ WITH RECURSIVE gate AS (
            END AS quota
     FROM contenders AS c
 ), first_pick AS (
-    -- each contender's first wake-ups, up to its quota, and one more
+    -- 3j. each contender's first wake-ups, up to its quota, and one more
     {_fetch("q.quota", "q.quota < q.most")}
 ), first_horizon AS (
+    -- 3k. the earliest spare of a tenant its quota cut short
     {_horizon("first_pick")}
 ), again AS (
-    -- The quotas cut some tenant short before the room was filled (a tenant's
-    -- wake-ups of a lower priority waited behind another's of a higher one, say):
-    -- fetch again, each contender as many as it could get, which marks no horizon.
+    -- 3l. whether to fetch again. The quotas cut some tenant short before the room
+    -- was filled (a tenant's wake-ups of a lower priority waited behind another's
+    -- of a higher one, say): fetch again, each contender as many as it could get,
+    -- which marks no horizon.
     SELECT EXISTS (SELECT 1 FROM first_horizon)
            AND (SELECT count(*) FROM first_pick AS c
                 WHERE NOT c.spare
@@ -299,12 +313,15 @@ WITH RECURSIVE gate AS (
                       < (SELECT p, vstart, available_at, id FROM first_horizon))
                < (SELECT n FROM room) AS yes
 ), candidates AS (
+    -- 3m. the wake-ups fetched, by quota or (again) exactly
     SELECT * FROM first_pick WHERE NOT (SELECT yes FROM again)
     UNION ALL
     SELECT * FROM ({_fetch("q.most", "false")}) AS exact WHERE (SELECT yes FROM again)
 ), horizon AS (
+    -- 3n. their horizon: nothing at or after it may be chosen
     {_horizon("candidates")}
 ), chosen AS (
+    -- 3o. the chosen wake-ups, in the decision's order (their turn), up to the room
     SELECT c.*,
            row_number() OVER (ORDER BY c.priority DESC, c.vstart, c.available_at, c.id) AS turn
     FROM candidates AS c
@@ -315,22 +332,27 @@ WITH RECURSIVE gate AS (
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
+    -- 4a. the chosen ones, locked (one another transaction holds is skipped) ...
     SELECT o.id, c.tenant, c.vstart, c.turn
     FROM chosen AS c JOIN outbox AS o ON o.id = c.id
     WHERE o.sent_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 ), sent AS (
+    -- 4b. ... and marked sent
     UPDATE outbox AS o SET sent_at = now()
     FROM marked AS m WHERE o.id = m.id
     RETURNING o.id, o.job_id, o.priority, m.tenant, m.vstart, m.turn
 ), tally AS (
+    -- 4c. per tenant, how many it wanted and got
     SELECT c.tenant, count(*) AS wanted, count(*) FILTER (WHERE c.chosen) AS got
     FROM (SELECT c.tenant, ch.id IS NOT NULL AS chosen
           FROM candidates AS c LEFT JOIN chosen AS ch USING (id)) AS c
     GROUP BY c.tenant
 ), moved AS (
+    -- 4d. per tenant, the last virtual start sent: its new pass
     SELECT tenant, max(vstart) AS last_vstart FROM sent GROUP BY tenant
 ), reasons AS (
+    -- 4e. per tenant, why wake-ups were held back
     SELECT s.tenant, s.weight, s.held_reason, m.last_vstart,
            -- WINDOW: the window had no room, or this tenant got what room there
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
@@ -343,6 +365,7 @@ WITH RECURSIVE gate AS (
            END AS reason
     FROM shares AS s LEFT JOIN tally AS t USING (tenant) LEFT JOIN moved AS m USING (tenant)
 ), shared AS (
+    -- 4f. move the passes and the clock on, and note the reasons that changed
     INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
     SELECT %(queue)s, r.tenant, COALESCE(r.last_vstart + 1 / r.weight, 0), r.reason,
            CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
@@ -361,6 +384,7 @@ WITH RECURSIVE gate AS (
         held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
                           THEN f.held_since ELSE EXCLUDED.held_since END
 )
+-- 5. the sent wake-ups in turn, then the summary row (id NULL)
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
        s.turn
 FROM sent AS s

@@ -43,7 +43,7 @@ WITH limits AS (
 SELECT tenant FROM limits
 """
 
-TENANT_LIMITS: Final = """
+TENANT_LIMIT_LIST: Final = """
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
        COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
@@ -99,11 +99,11 @@ RETURNING u.tenant, a.recorded, a.held
 _RATE = "(u.claimed - u.claimed_seen) / NULLIF(EXTRACT(EPOCH FROM now() - u.queued_at), 0)"
 
 # About once a second, for the limited tenants (those with a max_queued) counted
-# longest ago, at most %(tenants)s of them: their waiting jobs, counted up to their
+# longest ago, at most %(limit)s of them: their waiting jobs, counted up to their
 # max_queued (beyond it Backpressure refuses alike), and how fast their jobs are
-# being claimed (for the retry-after hint). A round reads at most %(tenants)s times
+# being claimed (for the retry-after hint). A round reads at most %(limit)s times
 # max_queued index entries, whatever the backlog; every tenant's count is refreshed
-# within ceil(limited tenants / %(tenants)s) rounds. The counting takes no lock; the
+# within ceil(limited tenants / %(limit)s) rounds. The counting takes no lock; the
 # rows are locked in tenant order, after it, only to write the figures.
 TENANT_USAGE_REFRESH: Final = f"""
 WITH due AS (
@@ -111,7 +111,7 @@ WITH due AS (
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
     WHERE l.max_queued IS NOT NULL
     ORDER BY u.queued_at NULLS FIRST, u.tenant
-    LIMIT %(tenants)s
+    LIMIT %(limit)s
 ), counted AS MATERIALIZED (
     SELECT d.tenant,
            (SELECT count(*) FROM (

@@ -23,7 +23,7 @@ SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts
 WORKER_GONE: Final = "DELETE FROM workers WHERE worker_id = %(worker)s"
 
 # Consumers that stopped heartbeating (killed, frozen, partitioned) are forgotten.
-WORKERS_EXPIRE: Final = """
+WORKER_EXPIRE: Final = """
 DELETE FROM workers
 WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
 RETURNING worker_id
@@ -33,7 +33,7 @@ RETURNING worker_id
 # smallest prefetch (in ids) among the queue's live consumers, since each consumer
 # takes two messages at a time (consumers/settings.py); NULL when none is live. So
 # a burst spreads over every consumer, rather than piling up at the first ones.
-WORKERS_PACK_LIMIT: Final = f"""
+WORKER_PACK_LIMIT: Final = f"""
 SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
 WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}
@@ -56,9 +56,9 @@ SET last_seen_at = now(), broker_connected = EXCLUDED.broker_connected,
 RELAY_GONE: Final = "DELETE FROM relays WHERE relay_id = %(relay)s"
 
 # Relays that stopped heartbeating (killed, frozen) are forgotten, like consumers.
-RELAYS_EXPIRE: Final = """
+RELAY_EXPIRE: Final = """
 DELETE FROM relays
-WHERE last_seen_at < now() - make_interval(secs => %(ttl)s)
+WHERE last_seen_at < now() - make_interval(secs => %(relay_ttl)s)
 RETURNING relay_id
 """
 
@@ -67,7 +67,7 @@ RETURNING relay_id
 RELAY_LIVE_SECONDS: Final = 30
 
 # How many relays are live, and how many of those are connected to RabbitMQ.
-RELAYS_LIVE: Final = f"""
+RELAY_LIVE_LIST: Final = f"""
 SELECT count(*)::int, (count(*) FILTER (WHERE broker_connected))::int
 FROM relays
 WHERE last_seen_at > now() - make_interval(secs => {RELAY_LIVE_SECONDS})
@@ -76,7 +76,7 @@ WHERE last_seen_at > now() - make_interval(secs => {RELAY_LIVE_SECONDS})
 # The queues live relays cannot publish to right now (RabbitMQ refuses them, their
 # decision times out...), one row per queue and reason: how many relays say so,
 # since when (the earliest), failures counted, and one relay's detail.
-RELAYS_FAILING_QUEUES: Final = f"""
+RELAY_FAILING_QUEUES: Final = f"""
 SELECT f.key AS queue, f.value->>'reason' AS reason, count(*)::int AS relays,
        min((f.value->>'since')::timestamptz) AS since,
        sum((f.value->>'failures')::bigint)::bigint AS failures,
