@@ -137,6 +137,10 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     if plan.tenants:
         limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
         backpressure.refuse_over_limit(plan.tenants, limits.all())
+        rates = conn.exec_driver_sql(
+            backpressure.RATE_STATEMENT, backpressure.rate_params(plan.tenants)
+        )
+        backpressure.refuse_over_rate(rates.all())
     inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
     debounced: Sequence[Any] = []
     if plan.debounce_document:
@@ -165,6 +169,10 @@ async def insert_jobs_async(
             backpressure.STATEMENT, backpressure.params(plan.tenants)
         )
         backpressure.refuse_over_limit(plan.tenants, limits.all())
+        rates = await conn.exec_driver_sql(
+            backpressure.RATE_STATEMENT, backpressure.rate_params(plan.tenants)
+        )
+        backpressure.refuse_over_rate(rates.all())
     result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
     inserted = set(result.scalars())
     debounced: Sequence[Any] = []

@@ -34,6 +34,7 @@ from tests.conftest import ROOT
         "bench.refusals",
         "bench.rewake_backlog",
         "bench.spread",
+        "bench.rate_limits",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(module: str) -> None:

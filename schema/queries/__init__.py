@@ -99,6 +99,7 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
 )
+from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
@@ -117,6 +118,7 @@ from schema.queries.schedule import (
 )
 from schema.queries.tenant import (
     TENANT_BACKPRESSURE,
+    TENANT_ENQUEUE_TAKE,
     TENANT_LIMIT_LIST,
     TENANT_LIMIT_SET,
     TENANT_USAGE_DRIFTED,
@@ -185,6 +187,9 @@ __all__ = [
     "QUEUE_PAUSE",
     "QUEUE_PAUSED_LIST",
     "QUEUE_RESUME",
+    "RATE_LIMITS",
+    "RATE_LIMIT_REMOVE",
+    "RATE_LIMIT_SET",
     "RELAY_EXPIRE",
     "RELAY_FAILING_QUEUES",
     "RELAY_GONE",
@@ -206,6 +211,7 @@ __all__ = [
     "SCHEDULE_TEMPLATE",
     "SCHEDULE_UPSERT",
     "TENANT_BACKPRESSURE",
+    "TENANT_ENQUEUE_TAKE",
     "TENANT_LIMIT_LIST",
     "TENANT_LIMIT_SET",
     "TENANT_USAGE_DRIFTED",

@@ -31,3 +31,9 @@ async def _stamp(job: consumers.Job) -> None:
 @consumers.handler("stamp")
 async def stamp(job: consumers.Job) -> None:
     await _stamp(job)
+
+
+@consumers.handler("paced", rate_limit="paced")
+async def paced(job: consumers.Job) -> None:
+    """Under the rate limit "paced", set by its handler."""
+    await _stamp(job)
