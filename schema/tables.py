@@ -206,6 +206,18 @@ Index(
     jobs.c.expires_at,
     postgresql_where=text(f"expires_at IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
 )
+# Jobs waiting for a rate limit's token, and jobs that expired (kept until
+# retention deletes them): the metrics' gauges count these, and no other rows.
+Index(
+    "jobs_rate_limited_idx",
+    jobs.c.queue,
+    postgresql_where=text(f"delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE_SQL})"),
+)
+Index(
+    "jobs_expired_idx",
+    jobs.c.queue,
+    postgresql_where=text("state = 'CANCELLED' AND last_error_code = 'EXPIRED'"),
+)
 # A debounce key is held while its job has not started, and only then: an enqueue
 # with the key replaces that job (ON CONFLICT ... DO UPDATE), and once it has
 # started, makes a new one.

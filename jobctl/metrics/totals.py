@@ -85,6 +85,8 @@ class Snapshot:
     attempts_per_success: Mapping[str, FrozenHistogram]
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
+    rate_limited: Mapping[str, int] = MappingProxyType({})
+    expired: Mapping[str, int] = MappingProxyType({})
 
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
@@ -257,7 +259,15 @@ class Totals:
             jobs[(queue, state)] += count
             expired[queue] += lapsed
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
+        waits: dict[str, dict[str, int]] = {}
+        for kind, rows in (("rate_limited", reading.rate_limited), ("expired", reading.expired)):
+            counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
+            for name, count in rows:
+                queue = self._queue(name, now)
+                counts[queue] = counts.get(queue, 0) + count
         return Snapshot(
+            rate_limited=MappingProxyType(waits["rate_limited"]),
+            expired=MappingProxyType(waits["expired"]),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
             running_lease_expired=MappingProxyType(expired),

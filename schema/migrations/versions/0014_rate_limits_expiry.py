@@ -6,6 +6,7 @@
   with its key while it has not started (jobs_debounce_idx holds the key only then),
   and the latest its start may be moved to;
 - jobs.rate_limit: the rate limit a job takes a token of at claim;
+  jobs_rate_limited_idx and jobs_expired_idx: what the metrics' gauges count;
 - rate_limits: the limits (a name ending ':*' covers every name with that prefix);
 - rate_buckets: one token bucket per name in use, taken from by the claim;
 - tenant_limits.max_enqueue_rate, enqueue_tokens, enqueue_refilled_at: the
@@ -44,6 +45,18 @@ def upgrade() -> None:
         "jobs",
         ["expires_at"],
         postgresql_where=sa.text(f"expires_at IS NOT NULL AND state IN ({CLAIMABLE})"),
+    )
+    op.create_index(
+        "jobs_rate_limited_idx",
+        "jobs",
+        ["queue"],
+        postgresql_where=sa.text(f"delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE})"),
+    )
+    op.create_index(
+        "jobs_expired_idx",
+        "jobs",
+        ["queue"],
+        postgresql_where=sa.text("state = 'CANCELLED' AND last_error_code = 'EXPIRED'"),
     )
     op.create_index(
         "jobs_debounce_idx",
@@ -91,6 +104,8 @@ def downgrade() -> None:
     op.drop_table("rate_buckets")
     op.drop_table("rate_limits")
     op.drop_index("jobs_debounce_idx", table_name="jobs")
+    op.drop_index("jobs_expired_idx", table_name="jobs")
+    op.drop_index("jobs_rate_limited_idx", table_name="jobs")
     op.drop_index("jobs_expiring_idx", table_name="jobs")
     op.drop_column("jobs", "rate_limit")
     op.drop_column("jobs", "debounce_until")
