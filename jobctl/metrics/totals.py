@@ -85,8 +85,8 @@ class Snapshot:
     attempts_per_success: Mapping[str, FrozenHistogram]
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
-    rate_limited: Mapping[str, int] = MappingProxyType({})
-    expired: Mapping[str, int] = MappingProxyType({})
+    rate_limited: Mapping[str, int]
+    expired: Mapping[str, int]
 
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
