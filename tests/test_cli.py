@@ -279,7 +279,9 @@ def test_errors_are_one_line_and_exit_non_zero(
 
 def test_limits(cli, pg, engine) -> None:
     assert cli("limits").stdout.strip() == "no rate limits"
-    pg.execute("INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('api', 2, 3600, 4)")
+    pg.execute(
+        "INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('api', 2, 3600, 4)"
+    )
     pg.execute(
         "INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('sms:*', 1, 60, 1)"
     )

@@ -8,6 +8,7 @@ a real relay and two consumers. Skipped unless asked for:
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 from datetime import timedelta
@@ -24,6 +25,7 @@ import consumers
 import outbox
 from consumers.backoff import Backoff
 from consumers.registry import Registry
+from jobctl.metrics import CollectorSettings
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
@@ -40,6 +42,10 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
 ]
 
+# The charts cover two minutes, a point every two seconds (one hour, a point a
+# minute by default), so that the traffic of a test fills most of them.
+CHARTED = CollectorSettings(interval=1.0, history_span=120, history_resolution=2)
+TRICKLE_SECONDS = 80.0
 QUICK = Backoff(base=0.2, cap=0.5, jitter=0.5)
 SHOPS = ("acme", "globex", "initech", None)
 
@@ -92,6 +98,33 @@ def _decode(source: str) -> None:
         raise OSError(f"cannot identify image file {source!r}: no decoder for HEIC") from None
 
 
+async def trickle(engine: Engine, seconds: float) -> None:
+    """Receipts and thumbnails in waves that swell and ebb, a few a second, with a
+    burst of undecodable uploads once: the shape a chart is there to show."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    n = 0
+    while (left := end - loop.time()) > 0:
+        phase = (seconds - left) / seconds
+        receipts = int(4 + 14 * math.sin(math.pi * phase) ** 2 + random.randint(0, 4))
+        burst = 0.55 < phase < 0.7
+        jobs = [
+            NewJob("send_receipt", {"order": 20_000 + n + k}, queue="mail", tenant=SHOPS[k % 4])
+            for k in range(receipts)
+        ] + [
+            NewJob(
+                "thumbnail",
+                {"source": f"uploads/{30_000 + n + k}.{'heic' if burst and k % 2 else 'jpg'}"},
+                queue="images",
+                tenant=SHOPS[k % 3],
+            )
+            for k in range(random.randint(1, 3) + (4 if burst else 0))
+        ]
+        n += len(jobs)
+        enqueue_many(engine, jobs)
+        await asyncio.sleep(1.0)
+
+
 async def shoot(page: Page, name: str, *, whole: bool = True) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     await page.screenshot(path=str(OUT / f"{name}.png"), full_page=whole)
@@ -124,7 +157,7 @@ async def test_write_screenshots(
         )
         outbox.pause_schedule(session, "purge-carts")
         outbox.pause_queue(session, "billing", by="ops (alice)")
-    async with dashboard_served(db_url) as served:
+    async with dashboard_served(db_url, collector=CHARTED) as served:
         async with asyncio.timeout(30):
             while served.collector.status.rounds["collected"] < 1:
                 await asyncio.sleep(0.05)
@@ -149,6 +182,7 @@ async def test_write_screenshots(
                 heartbeat_seconds=2,
             ),
         ):
+            await trickle(engine, TRICKLE_SECONDS)
             jobs = [
                 NewJob(
                     "send_receipt",
@@ -196,6 +230,7 @@ async def test_write_screenshots(
                 page = await browser.new_page()
                 await sign_in(page, served.base)
                 await shoot(page, "overview")
+                await page.get_by_test_id("charts").screenshot(path=str(OUT / "charts.png"))
                 await page.goto(f"{served.base}/jobs")
                 await shoot(page, "jobs", whole=False)
                 (failed,) = pg.execute(

@@ -14,8 +14,10 @@ from starlette.responses import Response
 from jobctl.dashboard import render
 from jobctl.dashboard.actions import BULK_RETRY_LIMIT
 from jobctl.dashboard.auth import Viewer, viewer
+from jobctl.dashboard.charts import Charts, build
 from jobctl.dashboard.figures import Recent, figures
 from jobctl.metrics import Collector
+from jobctl.metrics.history import EMPTY, HistoryView
 from jobctl.service import (
     Database,
     Invalid,
@@ -99,10 +101,28 @@ async def overview(request: Request, looker: Looker) -> Response:
         looker,
         stats=found,
         figures=latency,
+        charts=_charts(request, collector),
+        interval=collector.settings.interval if collector is not None else None,
         now=found.checked_at,
         queues=sorted({q.queue for q in found.queues} | set(latency.queues)),
         by_queue={q.queue: q for q in found.queues},
     )
+
+
+def _charts(request: Request, collector: Collector | None) -> Charts:
+    """From the collector's last round: its history, never a table. Built once
+    per round (a page refreshes every few seconds, a round comes every 15 s, and
+    a hundred queues' charts take a while to add up)."""
+    if collector is None or not collector.running:
+        return build(None)
+    snapshot = collector.snapshot
+    view = EMPTY if snapshot is None else snapshot.history
+    cached: tuple[HistoryView, Charts] | None = getattr(request.app.state, "dashboard_charts", None)
+    if cached is not None and cached[0] is view:
+        return cached[1]
+    found = build(view)
+    request.app.state.dashboard_charts = (view, found)
+    return found
 
 
 @router.get("/jobs")

@@ -31,6 +31,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from jobctl.metrics.exposition import SnapshotExporter, Status
+from jobctl.metrics.history import History
 from jobctl.metrics.reading import read_round
 from jobctl.metrics.totals import Snapshot, Totals
 from plumbing.config import ConfigError, DatabaseUrl
@@ -66,6 +67,10 @@ class CollectorSettings:
     max_queues: int = 100
     max_job_types: int = 200
     forget_after: float = 3600.0
+    # What the dashboard's charts cover, and the width of one point of them
+    # (jobctl.metrics.history).
+    history_span: float = 3600.0
+    history_resolution: float = 60.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0 or not 0 <= self.jitter < 1:
@@ -74,6 +79,8 @@ class CollectorSettings:
             raise ConfigError("metrics statement timeout, overlap and batch must be positive")
         if self.max_queues < 1 or self.max_job_types < 1 or self.forget_after <= 0:
             raise ConfigError("the metrics label bounds and forget_after must be positive")
+        if self.history_resolution <= 0 or self.history_span < self.history_resolution:
+            raise ConfigError("the history resolution must be positive and within its span")
 
 
 class Collector:
@@ -94,6 +101,7 @@ class Collector:
             max_queues=self.settings.max_queues,
             max_job_types=self.settings.max_job_types,
             forget_after=timedelta(seconds=self.settings.forget_after),
+            history=History(self.settings.history_span, self.settings.history_resolution),
         )
         self._snapshot: Snapshot | None = None
         self._status = Status()

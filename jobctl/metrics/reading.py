@@ -29,6 +29,7 @@ class Attempt:
     execution_s: float
     wait_s: float | None  # None: an attempt recorded before ready_at existed
     lease_expired: bool
+    finished_at: datetime
 
 
 @dataclass
@@ -89,7 +90,7 @@ def _attempt(row: Any) -> tuple[tuple[Any, Any], datetime, Attempt]:
     return (
         (job_id, generation),
         at,
-        Attempt(queue, job_type, outcome, attempt, execution, wait, expired),
+        Attempt(queue, job_type, outcome, attempt, execution, wait, expired, at),
     )
 
 

@@ -26,6 +26,7 @@ from jobctl.metrics.histogram import (
     FrozenHistogram,
     Histogram,
 )
+from jobctl.metrics.history import EMPTY, History, HistoryView
 from jobctl.metrics.labels import LabelBudget
 from jobctl.metrics.reading import Attempt, Cursors, Reading, Worker
 from schema.states import CLAIMABLE, LEASED, JobState
@@ -87,6 +88,8 @@ class Snapshot:
     cancellation_latency: FrozenHistogram
     rate_limited: Mapping[str, int]
     expired: Mapping[str, int]
+    # The last hour by minute, for the dashboard's charts (not exported).
+    history: HistoryView = EMPTY
 
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
@@ -119,6 +122,7 @@ class Totals:
     cancellation_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     # Each worker's counters as last seen, and when, by worker id (never a label).
     workers: dict[str, tuple[tuple[int, int], datetime]] = field(default_factory=dict)
+    history: History = field(default_factory=History)
     rounds: int = 0
 
     @classmethod
@@ -130,11 +134,13 @@ class Totals:
         max_queues: int = MAX_QUEUES,
         max_job_types: int = MAX_JOB_TYPES,
         forget_after: timedelta = FORGET_AFTER,
+        history: History | None = None,
     ) -> Totals:
         return cls(
             Cursors.new(overlap, limit),
             LabelBudget(max_queues, forget_after),
             LabelBudget(max_job_types, forget_after),
+            history=history or History(),
         )
 
     @property
@@ -165,6 +171,8 @@ class Totals:
         for queue in sorted(present):
             self._queue(queue, now)
         self._attempts(attempts, now)
+        assert self.cursors.attempts.mark is not None  # taken above
+        self.history.read_until(now, self.cursors.attempts.mark)
         for latency in _take(self.cursors.cancellations, reading.cancellations, reading):
             if latency is not None:
                 self.cancellation_latency.observe(latency)
@@ -188,6 +196,7 @@ class Totals:
             key = (queue, job_type, outcome)
             self.attempts_finished[key] += 1
             self.execution.setdefault(key, Histogram(EXECUTION_BUCKETS)).observe(a.execution_s)
+            self.history.add(queue, a.finished_at, a.outcome, a.wait_s)
             if a.wait_s is not None:
                 self.queue_wait.setdefault(queue, Histogram(WAIT_BUCKETS)).observe(a.wait_s)
             if a.outcome == JobState.SUCCEEDED:
@@ -208,6 +217,7 @@ class Totals:
             del self.attempts_finished[key]
         for key in [k for k in self.execution if k[0] in queues or k[1] in job_types]:
             del self.execution[key]
+        self.history.forget(queues)
         for queue in queues:
             self.queue_wait.pop(queue, None)
             self.attempts_per_success.pop(queue, None)
@@ -286,6 +296,7 @@ class Totals:
             attempts_per_success=_frozen(self.attempts_per_success),
             scheduler_delay=self.scheduler_delay.frozen(),
             cancellation_latency=self.cancellation_latency.frozen(),
+            history=self.history.view(),
         )
 
 
