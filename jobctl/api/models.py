@@ -101,6 +101,12 @@ class EnqueueBody(BaseModel):
     """Not before this instant (with its UTC offset); null: now."""
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     """The attempt budget; null: the handler's, else 5."""
+    expires: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
+    """A deadline (with its UTC offset): no attempt starts after it, and a job still
+    waiting then ends CANCELLED with code EXPIRED; null: none."""
+    rate_limit: QueueName | None = None
+    """The rate limit whose token the job takes when it starts (outbox.set_rate_limit);
+    null: its handler's, if any."""
 
 
 class TenantLimits(BaseModel):

@@ -87,6 +87,8 @@ class NewJobRequest:
     run_after: datetime | None = None
     max_attempts: int | None = None
     dedup_key: str | None = None
+    expires: datetime | None = None
+    rate_limit: str | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -104,6 +106,10 @@ class NewJobRequest:
             # Absent rather than null: fingerprints stored before the field existed
             # still match their requests.
             document["dedup_key"] = self.dedup_key
+        if self.expires is not None:
+            document["expires"] = self.expires.astimezone(UTC)
+        if self.rate_limit is not None:
+            document["rate_limit"] = self.rate_limit
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -329,6 +335,8 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             max_attempts=request.max_attempts,
             priority=request.priority,
             tenant=request.tenant,
+            expires=request.expires,
+            rate_limit=request.rate_limit,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

@@ -122,6 +122,8 @@ async def enqueue(
         body.run_after,
         body.max_attempts,
         body.dedup_key,
+        body.expires,
+        body.rate_limit,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
