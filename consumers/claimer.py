@@ -46,6 +46,7 @@ from consumers.ledger import Ledger
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
 from consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
+from plumbing import tracing
 from plumbing.logfmt import describe_error
 from plumbing.transient import is_transient_db_error, retry_forever
 
@@ -224,6 +225,7 @@ class Claimer:
         """Claim these ids and start what was claimed; the failure, if the database
         could not be reached (the deliveries went back)."""
         sent_at = time.monotonic()
+        began = tracing.now_ns()
         ambiguous = False
         try:
             # A dropped connection is worth two quick retries on a fresh connection
@@ -269,6 +271,8 @@ class Claimer:
                 return None
             return exc
         self.failures = 0
+        if claimed and tracing.recording():
+            _claim_span(began, len(job_ids), claimed)
         if claimed and log.isEnabledFor(logging.DEBUG):  # a trace, for latency work
             log.debug(
                 "consumer.claimed",
@@ -409,3 +413,32 @@ class Claimer:
         if not self.stopping:
             await self.inbox.start()
             log.info("consumer.database_available", extra={"action": "consuming resumed"})
+
+
+def _claim_span(began: int, asked: int, claimed: list[Claimed]) -> None:
+    """The claim as a CLIENT span (the conventions' "receive"), linked to the trace
+    of each job it claimed: one claim takes jobs enqueued in many traces. A claim of
+    one job is in that job's trace too."""
+    queues = {row.queue for row in claimed}
+    queue = next(iter(queues)) if len(queues) == 1 else None
+    tenants = {row.tenant for row in claimed}
+    tracing.record(
+        "claim" if queue is None else f"claim {queue}",
+        "client",
+        start_ns=began,
+        attributes={
+            tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+            tracing.MESSAGING_DESTINATION_NAME: queue,
+            tracing.MESSAGING_OPERATION_TYPE: "receive",
+            tracing.MESSAGING_OPERATION_NAME: "claim",
+            tracing.MESSAGING_BATCH_MESSAGE_COUNT: asked,
+            tracing.CLAIMED: len(claimed),
+            tracing.JOB_QUEUE: queue,
+            tracing.JOB_TENANT: next(iter(tenants)) if len(tenants) == 1 else None,
+        },
+        links=[
+            (row.trace_context, {tracing.JOB_ID: str(row.job_id), tracing.JOB_ATTEMPT: row.attempt})
+            for row in claimed
+        ],
+        parent=claimed[0].trace_context if asked == 1 and len(claimed) == 1 else None,
+    )

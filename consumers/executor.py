@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import traceback
@@ -26,6 +27,7 @@ from consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from consumers.job import Job
 from consumers.outcome import TIMEOUT, Outcome, encode_result
 from consumers.registry import Handler
+from plumbing import tracing
 from plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
@@ -72,7 +74,8 @@ class Threads:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(reservation.release)
 
-        future = loop.run_in_executor(self.executor, call)
+        # In the caller's context: the handler's run span is current in its thread.
+        future = loop.run_in_executor(self.executor, contextvars.copy_context().run, call)
         try:
             return await _bounded(future, limit)
         except _TimedOut:
@@ -148,13 +151,49 @@ async def execute(
     transaction recorded it, or the lease was lost). A plain-function handler runs
     on the thread ``reservation`` holds for it."""
     began = time.monotonic()
-    try:
-        outcome = await _attempt(job, handler, threads, reservation, default_timeout)
-    finally:
-        job.ran_seconds = time.monotonic() - began
+    with tracing.running(
+        f"process {job.queue}", parent=job.trace_context, attributes=_span_attributes(job)
+    ) as span:
+        try:
+            outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+        except asyncio.CancelledError:
+            span.outcome("interrupted", ("interrupted", "the consumer stopped the attempt"))
+            raise
+        finally:
+            job.ran_seconds = time.monotonic() - began
+        _traced_outcome(span, job, outcome)
     if outcome is not None and job.unwritten_progress() is not None:
         outcome = replace(outcome, progress=job.unwritten_progress())
     return outcome
+
+
+def _span_attributes(job: Job) -> dict[str, Any]:
+    return {
+        tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+        tracing.MESSAGING_DESTINATION_NAME: job.queue,
+        tracing.MESSAGING_OPERATION_TYPE: "process",
+        tracing.MESSAGING_OPERATION_NAME: "process",
+        tracing.MESSAGING_MESSAGE_ID: str(job.id),
+        tracing.JOB_ID: str(job.id),
+        tracing.JOB_TYPE: job.job_type,
+        tracing.JOB_ATTEMPT: job.attempt,
+        tracing.JOB_QUEUE: job.queue,
+        tracing.JOB_TENANT: job.tenant,
+    }
+
+
+def _traced_outcome(span: tracing.Running, job: Job, outcome: Outcome | None) -> None:
+    if outcome is None:
+        # nothing to report: its own transaction recorded it, or the lease is gone
+        span.outcome("succeeded" if job.recorded else "lease_lost")
+    elif outcome.kind == "succeeded":
+        span.outcome("succeeded")
+    else:
+        error = (outcome.error_code or outcome.kind, outcome.error_message or "")
+        kind: str = outcome.kind
+        if kind == "retry" and job.max_attempts is not None and job.attempt >= job.max_attempts:
+            kind = "failed"  # its budget is spent: the outcome's statement fails it
+        span.outcome(kind, error)
 
 
 async def _attempt(

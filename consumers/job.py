@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,7 +27,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from consumers.errors import LeaseLost
 from consumers.outcome import Outcome, encode_result, json_problem
-from consumers.store import Claimed, finish_on, finish_params
+from consumers.store import Claimed, finish_params
+from plumbing.config import DatabaseUrl
+from plumbing.db import make_pool, make_sync_pool
 from plumbing.logfmt import describe_error
 from schema import queries as q
 from schema.states import JobState
@@ -54,6 +57,33 @@ class Resources:
     loop: asyncio.AbstractEventLoop
 
 
+class HandlerPools:
+    """The connections ``job.connection()`` and ``job.transaction()`` hand out: a pool
+    for async handlers and, opened when a plain handler first asks, one for plain
+    handlers' threads. Both are made here by the same rules (no daemon timeouts: a
+    handler's statements are its own; the same wait for a free connection), so a
+    plain handler's transaction behaves as an async one's."""
+
+    def __init__(self, database: DatabaseUrl, names: tuple[str, str], max_size: int) -> None:
+        self._database, self._sync_name, self._max_size = database, names[1], max_size
+        self.pool = make_pool(database, names[0], max_size, options=None)
+        self._sync: ConnectionPool[Connection] | None = None
+        self._lock = threading.Lock()
+
+    def sync(self) -> ConnectionPool[Connection]:
+        with self._lock:
+            if self._sync is None:
+                self._sync = make_sync_pool(
+                    self._database, self._sync_name, self._max_size, options=None
+                )
+            return self._sync
+
+    def close_sync(self) -> None:
+        with self._lock:
+            if self._sync is not None:
+                self._sync.close()
+
+
 @dataclass(eq=False)
 class Job:
     """One claimed attempt of a job.
@@ -79,6 +109,8 @@ class Job:
     worker: str
     scheduled_for: datetime | None = None
     cancel_requested: bool = False
+    # The stored trace context of the enqueuing code (plumbing.tracing), if any.
+    trace_context: Any = field(default=None, repr=False)
     # Monotonic time by which the lease surely ends unless a heartbeat extends it.
     lease_deadline: float = 0.0
     # Set while the job's own transaction commits its completion, and once it has.
@@ -107,6 +139,7 @@ class Job:
             created_at=c.created_at,
             worker=resources.worker,
             scheduled_for=c.scheduled_for,
+            trace_context=c.trace_context,
             lease_deadline=claim_sent_at + lease,
             _resources=resources,
         )
@@ -291,13 +324,8 @@ async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[As
             async with conn.transaction():
                 tx = AsyncTx(conn, job)
                 yield tx
-                job.committing = True
-                done = Outcome(
-                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
-                )
-                success = [(job.id, job.generation, done)]
-                if (await finish_on(conn, job.worker, success)).get(job.id) != JobState.SUCCEEDED:
-                    raise _lost(job)
+                cur = await conn.execute(q.JOB_FINISH_MANY_IN_TX, _completion(job, tx))
+                _check_completed(job, await cur.fetchall())
             job.recorded = True
         finally:
             # However the completion or its commit failed, the job is not "writing"
@@ -312,18 +340,33 @@ def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
             with conn.transaction():
                 tx = SyncTx(conn, job)
                 yield tx
-                job.committing = True
-                done = Outcome(
-                    "succeeded", result=tx.encoded_result, progress=job.unwritten_progress()
-                )
-                success = [(job.id, job.generation, done)]
-                params = finish_params(job.worker, success)
-                rows = conn.execute(q.JOB_FINISH_MANY_IN_TX, params).fetchall()
-                if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
-                    raise _lost(job)
+                cur = conn.execute(q.JOB_FINISH_MANY_IN_TX, _completion(job, tx))
+                _check_completed(job, cur.fetchall())
             job.recorded = True
         finally:
             job.committing = False
+
+
+# What both kinds of job transaction do, apart from awaiting: one body each.
+
+
+def _completion(job: Job, tx: _Result) -> dict[str, str]:
+    """JOB_FINISH_MANY_IN_TX's parameters for the job's success in ``tx`` (from now on
+    the job is writing: a lost lease no longer stops its handler)."""
+    job.committing = True
+    done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
+    return finish_params(job.worker, [(job.id, job.generation, done)])
+
+
+def _check_completed(job: Job, rows: list[Any]) -> None:
+    """``LeaseLost`` unless the fenced completion applied (the rows are
+    JOB_FINISH_MANY_IN_TX's: job id and new state of each outcome applied)."""
+    if {row[0]: row[1] for row in rows}.get(job.id) != JobState.SUCCEEDED:
+        raise _lost(job)
+
+
+def _effect(job: Job, effect_key: str) -> dict[str, Any]:
+    return {"effect_key": effect_key, "job_id": job.id}
 
 
 class _Result:
@@ -355,9 +398,7 @@ class AsyncTx(_Result):
         """True the first time ``effect_key`` is seen: perform the effect then. False
         on any later attempt (or any other job) with the same key: skip it. The key is
         recorded in this transaction, so it commits with the effect, or not at all."""
-        cur = await self.connection.execute(
-            q.JOB_EFFECT_CLAIM, {"effect_key": effect_key, "job_id": self.job.id}
-        )
+        cur = await self.connection.execute(q.JOB_EFFECT_CLAIM, _effect(self.job, effect_key))
         return await cur.fetchone() is not None
 
 
@@ -369,10 +410,10 @@ class SyncTx(_Result):
         self.job = job
 
     def execute(self, query: LiteralString, params: Params | None = None) -> Any:
+        """Run a statement in the job's transaction; returns the psycopg cursor."""
         return self.connection.execute(query, params)
 
     def once(self, effect_key: str) -> bool:
-        cur = self.connection.execute(
-            q.JOB_EFFECT_CLAIM, {"effect_key": effect_key, "job_id": self.job.id}
-        )
+        """:meth:`AsyncTx.once`, in a plain handler."""
+        cur = self.connection.execute(q.JOB_EFFECT_CLAIM, _effect(self.job, effect_key))
         return cur.fetchone() is not None

@@ -37,6 +37,8 @@ class Claimed:
     created_at: datetime
     # The schedule occurrence that fired the job (None: not fired by a schedule).
     scheduled_for: datetime | None = None
+    # The W3C trace context of the code that enqueued it (the otel extra), as stored.
+    trace_context: Any = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ async def finish_on(
     conn: AsyncConnection,
     worker: str,
     batch: Sequence[tuple[uuid.UUID, int, Outcome]],
-    statement: LiteralString = q.JOB_FINISH_MANY_IN_TX,
+    statement: LiteralString,
 ) -> dict[uuid.UUID, str]:
     """Apply outcomes on ``conn`` (in the caller's transaction): each applied one's
     new state, or 'LOCKED'. An outcome missing from the result was stale."""

@@ -27,22 +27,18 @@ lease).
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
-
 from consumers.executor import Reservation, Threads, execute
-from consumers.job import Job, Resources
+from consumers.job import HandlerPools, Job, Resources
 from consumers.outcome import Outcome
 from consumers.registry import Registry, default_registry
 from consumers.store import JobStore
 from plumbing.config import DatabaseUrl, database_url
-from plumbing.db import connection_kwargs, make_pool
+from plumbing.db import make_pool
 from schema.queries import JOB_RETRIES_DUE_NOW
 
 _DUE = """
@@ -84,19 +80,20 @@ class JobRunner:
         self.pool = make_pool(self.database, "test-runner", max_size=4)
         self.store = JobStore(self.pool, self.worker, lease_seconds)
         self.threads = Threads(8)
-        self._sync_pool: ConnectionPool[Connection] | None = None
-        self._lock = threading.Lock()
+        # As a consumer's: what a handler's transaction does here, it does there.
+        self.handlers = HandlerPools(self.database, ("test-runner-handlers", "test-runner-sync"), 4)
 
     async def __aenter__(self) -> JobRunner:
         await self.pool.open()
+        await self.handlers.pool.open()
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.pool.close()
-        if self._sync_pool is not None:
-            self._sync_pool.close()
+        await self.handlers.pool.close()
+        self.handlers.close_sync()
         self.threads.shutdown()
 
     async def run_due(
@@ -112,7 +109,7 @@ class JobRunner:
             ids, self.registry.claim_terms(), free_threads=self.threads.size, worker_ttl=60
         )
         resources = Resources(
-            self.worker, self.pool, self._get_sync_pool, asyncio.get_running_loop()
+            self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()
         )
         ran = []
         for row in claimed.claimed:
@@ -153,19 +150,6 @@ class JobRunner:
             row = await (await conn.execute(_STATE, [job.id])).fetchone()
         assert row is not None
         return Ran(job.id, job.job_type, job.attempt, row[0], row[1], row[2])
-
-    def _get_sync_pool(self) -> ConnectionPool[Connection]:
-        with self._lock:
-            if self._sync_pool is None:
-                self._sync_pool = ConnectionPool(
-                    self.database.conninfo,
-                    min_size=1,
-                    max_size=4,
-                    kwargs=connection_kwargs("test-runner-sync", self.database)
-                    | {"autocommit": True},
-                    open=True,
-                )
-            return self._sync_pool
 
 
 def run_jobs(

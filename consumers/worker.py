@@ -27,18 +27,14 @@ import logging
 import os
 import secrets
 import socket
-import threading
 from collections import Counter
-
-from psycopg import Connection
-from psycopg_pool import ConnectionPool
 
 from consumers.claimer import Claimer
 from consumers.executor import Reservation, Threads, execute
 from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from consumers.inbox import Delivery, Inbox
 from consumers.intake import Intake
-from consumers.job import Job, Resources
+from consumers.job import HandlerPools, Job, Resources
 from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
 from consumers.ledger import Held, Ledger, Phase
@@ -47,7 +43,7 @@ from consumers.registry import Registry
 from consumers.reporter import Reporter
 from consumers.settings import ConsumerSettings
 from consumers.store import Claimed, JobStore
-from plumbing.db import connection_kwargs, make_pool
+from plumbing.db import make_pool
 from plumbing.logfmt import describe_error
 from plumbing.stopping import cancel_and_wait
 from plumbing.transient import retry_forever, unless_stopped
@@ -75,11 +71,9 @@ class Consumer:
         # The consumer's own statements (claims, heartbeats, outcomes) get a small pool
         # of their own, so handlers holding connections can never starve a heartbeat.
         self.pool = make_pool(settings.database, "consumer", max_size=4)
-        self.handler_pool = make_pool(
-            settings.database, "consumer-handlers", max_size=settings.concurrency, options=None
+        self.handlers = HandlerPools(
+            settings.database, ("consumer-handlers", "consumer-sync"), settings.concurrency
         )
-        self._sync_pool: ConnectionPool[Connection] | None = None
-        self._sync_pool_lock = threading.Lock()
         self.store = JobStore(self.pool, self.worker, settings.lease_seconds)
         self.ledger = Ledger()
         self.inbox = Inbox(
@@ -139,10 +133,10 @@ class Consumer:
         )
         self._warn_about_queues()
         self.resources = Resources(
-            self.worker, self.handler_pool, self._get_sync_pool, asyncio.get_running_loop()
+            self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()
         )
         await self.pool.open(wait=False)
-        await self.handler_pool.open(wait=False)
+        await self.handlers.pool.open(wait=False)
         if not await unless_stopped(stop, self._connect()):
             await self._close()
             log.info("consumer.stopped", extra={"worker": self.worker})
@@ -295,9 +289,8 @@ class Consumer:
     async def _close(self) -> None:
         await self.inbox.close()
         await self.pool.close()
-        await self.handler_pool.close()
-        if self._sync_pool is not None:
-            self._sync_pool.close()
+        await self.handlers.pool.close()
+        self.handlers.close_sync()
         self.threads.shutdown()
 
     async def _give_back(self, jobs: list[Job]) -> None:
@@ -374,17 +367,3 @@ class Consumer:
                     "threads_overdue": self.threads.overdue,
                 },
             )
-
-    def _get_sync_pool(self) -> ConnectionPool[Connection]:
-        with self._sync_pool_lock:
-            if self._sync_pool is None:
-                self._sync_pool = ConnectionPool(
-                    self.settings.database.conninfo,
-                    min_size=1,
-                    max_size=self.settings.concurrency,
-                    kwargs=connection_kwargs("consumer-sync", self.settings.database)
-                    | {"autocommit": True},
-                    name="consumer-sync",
-                    open=True,
-                )
-            return self._sync_pool

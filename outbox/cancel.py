@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
+from outbox.twin import async_twin
 from schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
 from schema.states import JobState
 
@@ -30,11 +30,4 @@ def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:
     return None if row is None else JobState(row[0])
 
 
-async def request_cancel_async(session: AsyncSession, job_id: uuid.UUID) -> JobState | None:
-    """:func:`request_cancel` for an ``AsyncSession``."""
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id})).first()
-    if row is None:
-        row = (await conn.exec_driver_sql(JOB_STATE, {"job_id": job_id})).first()
-    return None if row is None else JobState(row[0])
+request_cancel_async = async_twin(request_cancel)

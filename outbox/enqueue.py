@@ -21,11 +21,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
 from outbox import backpressure
+from outbox.twin import async_twin
 from outbox.validation import NewJob, max_payload_bytes, to_row
+from plumbing import tracing
 from schema.queries import JOB_DEBOUNCE_MANY, JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 
 
@@ -64,10 +66,12 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     ids: list[uuid.UUID] = []
     tenants: list[str | None] = []
     debounced: dict[tuple[str, str], str] = {}
+    # The enqueuing code's span, once for the batch: every job of it was made there.
+    trace_context = tracing.capture()
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
-        job_id, row = to_row(job, limit)
+        job_id, row = to_row(job, limit, trace_context)
         if job.debounce is not None and job.dedup_key is not None:
             debounced.pop((job.job_type, job.dedup_key), None)
             debounced[(job.job_type, job.dedup_key)] = row
@@ -150,41 +154,7 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     return _resolve(plan, ids, inserted, found, debounced)
 
 
-async def enqueue_many_async(session: AsyncSession, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-    """:func:`enqueue_many` for an ``AsyncSession``."""
-    return await insert_jobs_async(session, jobs, max_payload_bytes())
-
-
-async def insert_jobs_async(
-    session: AsyncSession, jobs: Iterable[NewJob], payload_limit: int
-) -> list[uuid.UUID]:
-    """:func:`insert_jobs` for an ``AsyncSession``."""
-    plan, ids = _plan(jobs, payload_limit)
-    if not ids:
-        return []
-    conn = await session.connection()
-    check_driver(conn)
-    if plan.tenants:
-        limits = await conn.exec_driver_sql(
-            backpressure.STATEMENT, backpressure.params(plan.tenants)
-        )
-        backpressure.refuse_over_limit(plan.tenants, limits.all())
-        rates = await conn.exec_driver_sql(
-            backpressure.RATE_STATEMENT, backpressure.rate_params(plan.tenants)
-        )
-        backpressure.refuse_over_rate(rates.all())
-    result = await conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document})
-    inserted = set(result.scalars())
-    debounced: Sequence[Any] = []
-    if plan.debounce_document:
-        debounced = (
-            await conn.exec_driver_sql(JOB_DEBOUNCE_MANY, {"jobs": plan.debounce_document})
-        ).all()
-    lookup = plan.lookup_document(inserted, ids, debounced)
-    found: Sequence[Any] = []
-    if lookup:
-        found = (await conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup})).all()
-    return _resolve(plan, ids, inserted, found, debounced)
+enqueue_many_async = async_twin(enqueue_many)
 
 
 def enqueue(
@@ -240,35 +210,4 @@ def enqueue(
     return enqueue_many(session, [job])[0]
 
 
-async def enqueue_async(
-    session: AsyncSession,
-    job_type: str,
-    payload: Any,
-    *,
-    queue: str = "default",
-    dedup_key: str | None = None,
-    run_after: datetime | timedelta | None = None,
-    max_attempts: int | None = None,
-    priority: int = 0,
-    tenant: str | None = None,
-    expires: datetime | timedelta | None = None,
-    rate_limit: str | None = None,
-    debounce: timedelta | None = None,
-    debounce_max: timedelta | None = None,
-) -> uuid.UUID:
-    """:func:`enqueue` for an ``AsyncSession``."""
-    job = NewJob(
-        job_type,
-        payload,
-        queue,
-        dedup_key,
-        run_after,
-        max_attempts,
-        priority,
-        tenant,
-        expires,
-        rate_limit,
-        debounce,
-        debounce_max,
-    )
-    return (await enqueue_many_async(session, [job]))[0]
+enqueue_async = async_twin(enqueue)

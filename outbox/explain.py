@@ -71,11 +71,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.ids import job_id_arg
+from outbox.twin import async_twin
 from outbox.validation import read_json
 from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG
 from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
@@ -255,19 +255,7 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     return _explanation(job, backlog)
 
 
-async def explain_async(session: AsyncSession, job_id: uuid.UUID | str) -> Explanation:
-    """:func:`explain` for an ``AsyncSession``."""
-    key = job_id_arg(job_id)
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(JOB_EXPLAIN, _params(key))).first()
-    if row is None:
-        raise JobNotFound(key)
-    job = row._asdict()
-    backlog = None
-    if (more := _backlog_params(job)) is not None:
-        backlog = (await conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more)).one()._asdict()
-    return _explanation(job, backlog)
+explain_async = async_twin(explain)
 
 
 # ------------------------------------------------------------------- deciding

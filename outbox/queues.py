@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.ids import actor
+from outbox.twin import async_twin
 from schema import names
 from schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_PAUSED_LIST, QUEUE_RESUME
 
@@ -58,14 +58,7 @@ def pause_queue(session: Session, queue: str, *, by: str | None = None) -> Pause
     return _paused(conn.exec_driver_sql(QUEUE_PAUSE, params).one())
 
 
-async def pause_queue_async(
-    session: AsyncSession, queue: str, *, by: str | None = None
-) -> PausedQueue:
-    """:func:`pause_queue` for an ``AsyncSession``."""
-    params = {"queue": names.queue(queue), "by": actor(by)}
-    conn = await session.connection()
-    check_driver(conn)
-    return _paused((await conn.exec_driver_sql(QUEUE_PAUSE, params)).one())
+pause_queue_async = async_twin(pause_queue)
 
 
 def resume_queue(session: Session, queue: str, *, by: str | None = None) -> bool:
@@ -78,12 +71,7 @@ def resume_queue(session: Session, queue: str, *, by: str | None = None) -> bool
     return conn.exec_driver_sql(QUEUE_RESUME, params).first() is not None
 
 
-async def resume_queue_async(session: AsyncSession, queue: str, *, by: str | None = None) -> bool:
-    """:func:`resume_queue` for an ``AsyncSession``."""
-    params = {"queue": names.queue(queue), "by": actor(by)}
-    conn = await session.connection()
-    check_driver(conn)
-    return (await conn.exec_driver_sql(QUEUE_RESUME, params)).first() is not None
+resume_queue_async = async_twin(resume_queue)
 
 
 def queue_in_use(session: Session, queue: str) -> bool:
@@ -95,12 +83,7 @@ def queue_in_use(session: Session, queue: str) -> bool:
     return bool(conn.exec_driver_sql(QUEUE_IN_USE, {"queue": names.queue(queue)}).scalar())
 
 
-async def queue_in_use_async(session: AsyncSession, queue: str) -> bool:
-    """:func:`queue_in_use` for an ``AsyncSession``."""
-    conn = await session.connection()
-    check_driver(conn)
-    found = await conn.exec_driver_sql(QUEUE_IN_USE, {"queue": names.queue(queue)})
-    return bool(found.scalar())
+queue_in_use_async = async_twin(queue_in_use)
 
 
 def paused_queues(session: Session) -> list[PausedQueue]:
@@ -110,8 +93,4 @@ def paused_queues(session: Session) -> list[PausedQueue]:
     return [_paused(row) for row in conn.exec_driver_sql(QUEUE_PAUSED_LIST).all()]
 
 
-async def paused_queues_async(session: AsyncSession) -> list[PausedQueue]:
-    """:func:`paused_queues` for an ``AsyncSession``."""
-    conn = await session.connection()
-    check_driver(conn)
-    return [_paused(row) for row in (await conn.exec_driver_sql(QUEUE_PAUSED_LIST)).all()]
+paused_queues_async = async_twin(paused_queues)

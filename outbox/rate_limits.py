@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
+from outbox.twin import async_twin
 from schema import names
 from schema.queries import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 
@@ -86,19 +86,7 @@ def set_rate_limit(
     conn.exec_driver_sql(RATE_LIMIT_SET, values)
 
 
-async def set_rate_limit_async(
-    session: AsyncSession,
-    name: str,
-    *,
-    rate: float,
-    per: timedelta = timedelta(seconds=1),
-    burst: float | None = None,
-) -> None:
-    """:func:`set_rate_limit` for an ``AsyncSession``."""
-    values = _params(name, rate, per, burst)
-    conn = await session.connection()
-    check_driver(conn)
-    await conn.exec_driver_sql(RATE_LIMIT_SET, values)
+set_rate_limit_async = async_twin(set_rate_limit)
 
 
 def remove_rate_limit(session: Session, name: str) -> bool:
@@ -110,12 +98,7 @@ def remove_rate_limit(session: Session, name: str) -> bool:
     return bool(conn.exec_driver_sql(RATE_LIMIT_REMOVE, {"name": key}).scalar())
 
 
-async def remove_rate_limit_async(session: AsyncSession, name: str) -> bool:
-    """:func:`remove_rate_limit` for an ``AsyncSession``."""
-    key = names.rate_limit(name, pattern=True)
-    conn = await session.connection()
-    check_driver(conn)
-    return bool((await conn.exec_driver_sql(RATE_LIMIT_REMOVE, {"name": key})).scalar())
+remove_rate_limit_async = async_twin(remove_rate_limit)
 
 
 def rate_limits(session: Session) -> list[RateLimit]:
@@ -125,8 +108,4 @@ def rate_limits(session: Session) -> list[RateLimit]:
     return [RateLimit(*row) for row in conn.exec_driver_sql(RATE_LIMITS).all()]
 
 
-async def rate_limits_async(session: AsyncSession) -> list[RateLimit]:
-    """:func:`rate_limits` for an ``AsyncSession``."""
-    conn = await session.connection()
-    check_driver(conn)
-    return [RateLimit(*tuple(row)) for row in (await conn.exec_driver_sql(RATE_LIMITS)).all()]
+rate_limits_async = async_twin(rate_limits)

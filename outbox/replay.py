@@ -36,11 +36,11 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
 from outbox.ids import actor, job_id_arg
+from outbox.twin import async_twin
 from schema import names
 from schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
 from schema.states import JobState
@@ -120,17 +120,7 @@ def retry_job(
     return None if row is None else JobState(row[0])
 
 
-async def retry_job_async(
-    session: AsyncSession, job_id: uuid.UUID | str, *, by: str | None = None
-) -> JobState | None:
-    """:func:`retry_job` for an ``AsyncSession``."""
-    params = {"job_id": job_id_arg(job_id), "by": actor(by)}
-    conn = await session.connection()
-    check_driver(conn)
-    if (await conn.exec_driver_sql(JOB_REPLAY, params)).first() is not None:
-        return JobState.QUEUED
-    row = (await conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]})).first()
-    return None if row is None else JobState(row[0])
+retry_job_async = async_twin(retry_job)
 
 
 def retry_jobs(
@@ -158,19 +148,4 @@ def retry_jobs(
     return len(conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all())
 
 
-async def retry_jobs_async(
-    session: AsyncSession,
-    *,
-    queue: str | None = None,
-    job_type: str | None = None,
-    error_code: str | None = None,
-    finished_after: datetime | None = None,
-    limit: int = 1000,
-    by: str | None = None,
-    states: Collection[JobState | str] = REPLAYABLE_STATES,
-) -> int:
-    """:func:`retry_jobs` for an ``AsyncSession``."""
-    params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
-    conn = await session.connection()
-    check_driver(conn)
-    return len((await conn.exec_driver_sql(JOB_REPLAY_MATCHING, params)).all())
+retry_jobs_async = async_twin(retry_jobs)

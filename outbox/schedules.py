@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver, insert_jobs, insert_jobs_async
+from outbox.enqueue import check_driver, insert_jobs
 from outbox.recurrence import Recurrence, check_catchup, recurrence
+from outbox.twin import async_twin
 from outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
 from schema import names
 from schema.queries import (
@@ -171,42 +171,7 @@ def schedule(
     return result
 
 
-async def schedule_async(
-    session: AsyncSession,
-    name: str,
-    job_type: str,
-    payload: Any = None,
-    *,
-    cron: str | None = None,
-    every: timedelta | None = None,
-    timezone: str = "UTC",
-    queue: str = "default",
-    tenant: str | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-    catchup: str = "latest",
-) -> datetime:
-    """:func:`schedule` for an ``AsyncSession``."""
-    spec = _prepare(
-        name,
-        job_type,
-        payload,
-        cron=cron,
-        every=every,
-        timezone=timezone,
-        queue=queue,
-        tenant=tenant,
-        priority=priority,
-        max_attempts=max_attempts,
-        catchup=catchup,
-    )
-    conn = await session.connection()
-    check_driver(conn)
-    clock = (await conn.exec_driver_sql(SCHEDULE_CLOCK)).scalar_one()
-    result: datetime = (
-        await conn.exec_driver_sql(SCHEDULE_UPSERT, spec.upsert(clock))
-    ).scalar_one()
-    return result
+schedule_async = async_twin(schedule)
 
 
 def unschedule(session: Session, name: str) -> bool:
@@ -216,12 +181,7 @@ def unschedule(session: Session, name: str) -> bool:
     return _connection(session).exec_driver_sql(SCHEDULE_DELETE, params).first() is not None
 
 
-async def unschedule_async(session: AsyncSession, name: str) -> bool:
-    """:func:`unschedule` for an ``AsyncSession``."""
-    params = {"name": _name(name)}
-    conn = await session.connection()
-    check_driver(conn)
-    return (await conn.exec_driver_sql(SCHEDULE_DELETE, params)).first() is not None
+unschedule_async = async_twin(unschedule)
 
 
 def pause_schedule(session: Session, name: str) -> bool:
@@ -230,12 +190,7 @@ def pause_schedule(session: Session, name: str) -> bool:
     return _connection(session).exec_driver_sql(SCHEDULE_PAUSE, params).first() is not None
 
 
-async def pause_schedule_async(session: AsyncSession, name: str) -> bool:
-    """:func:`pause_schedule` for an ``AsyncSession``."""
-    params = {"name": _name(name)}
-    conn = await session.connection()
-    check_driver(conn)
-    return (await conn.exec_driver_sql(SCHEDULE_PAUSE, params)).first() is not None
+pause_schedule_async = async_twin(pause_schedule)
 
 
 def resume_schedule(session: Session, name: str) -> datetime | None:
@@ -252,17 +207,7 @@ def resume_schedule(session: Session, name: str) -> datetime | None:
     return result
 
 
-async def resume_schedule_async(session: AsyncSession, name: str) -> datetime | None:
-    """:func:`resume_schedule` for an ``AsyncSession``."""
-    params = {"name": _name(name)}
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(SCHEDULE_RULE_FOR_UPDATE, params)).first()
-    if row is None:
-        return None
-    resumed = params | {"next_fire_at": _resumed_at(row)}
-    result: datetime = (await conn.exec_driver_sql(SCHEDULE_RESUME, resumed)).scalar_one()
-    return result
+resume_schedule_async = async_twin(resume_schedule)
 
 
 def _resumed_at(row: Sequence[Any]) -> datetime | None:
@@ -295,13 +240,4 @@ def trigger_schedule(session: Session, name: str) -> uuid.UUID | None:
     return insert_jobs(session, [JobTemplate(*row).job()], NO_PAYLOAD_LIMIT)[0]
 
 
-async def trigger_schedule_async(session: AsyncSession, name: str) -> uuid.UUID | None:
-    """:func:`trigger_schedule` for an ``AsyncSession``."""
-    params = {"name": _name(name)}
-    conn = await session.connection()
-    check_driver(conn)
-    row = (await conn.exec_driver_sql(SCHEDULE_TEMPLATE, params)).first()
-    if row is None:
-        return None
-    template = JobTemplate(*tuple(row))
-    return (await insert_jobs_async(session, [template.job()], NO_PAYLOAD_LIMIT))[0]
+trigger_schedule_async = async_twin(trigger_schedule)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.enqueue import check_driver
+from outbox.twin import async_twin
 from schema import names
 from schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
 
@@ -99,20 +99,7 @@ def set_tenant_limit(
     conn.exec_driver_sql(TENANT_LIMIT_SET, values)
 
 
-async def set_tenant_limit_async(
-    session: AsyncSession,
-    tenant: str,
-    *,
-    max_running: int | None = None,
-    weight: float = 1.0,
-    max_queued: int | None = None,
-    max_enqueue_rate: float | None = None,
-) -> None:
-    """:func:`set_tenant_limit` for an ``AsyncSession``."""
-    values = _params(tenant, max_running, weight, max_queued, max_enqueue_rate)
-    conn = await session.connection()
-    check_driver(conn)
-    await conn.exec_driver_sql(TENANT_LIMIT_SET, values)
+set_tenant_limit_async = async_twin(set_tenant_limit)
 
 
 def tenant_limits(session: Session) -> list[TenantLimit]:
@@ -122,8 +109,4 @@ def tenant_limits(session: Session) -> list[TenantLimit]:
     return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMIT_LIST).all()]
 
 
-async def tenant_limits_async(session: AsyncSession) -> list[TenantLimit]:
-    conn = await session.connection()
-    check_driver(conn)
-    rows = (await conn.exec_driver_sql(TENANT_LIMIT_LIST)).all()
-    return [TenantLimit(*tuple(row)) for row in rows]
+tenant_limits_async = async_twin(tenant_limits)

@@ -194,9 +194,12 @@ def _debounce(job: NewJob) -> tuple[float | None, float | None]:
     return debounce, None if math.isinf(most) else most
 
 
-def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
+def to_row(
+    job: NewJob, limit: int, trace_context: dict[str, str] | None = None
+) -> tuple[uuid.UUID, str]:
     """A new id for the job, and the validated job as a JSON object for
-    ``JOB_INSERT_MANY`` (payload embedded)."""
+    ``JOB_INSERT_MANY`` (payload embedded; ``trace_context``, from
+    ``plumbing.tracing.capture``, stored with it)."""
     job_type = names.job_type(job.job_type)
     queue = names.queue(job.queue)
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
@@ -216,25 +219,24 @@ def to_row(job: NewJob, limit: int) -> tuple[uuid.UUID, str]:
     debounce_seconds, debounce_max_seconds = _debounce(job)
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
-    head = json.dumps(
-        {
-            "job_id": str(job_id),
-            "job_type": job_type,
-            "queue": queue,
-            "tenant": tenant,
-            "dedup_key": dedup_key,
-            "max_attempts": job.max_attempts,
-            "priority": job.priority,
-            "run_after": run_after,
-            "delay_seconds": delay_seconds,
-            "expires_at": expires_at,
-            "expires_seconds": expires_seconds,
-            "rate_limit": rate_limit,
-            "debounce_seconds": debounce_seconds,
-            "debounce_max_seconds": debounce_max_seconds,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    fields: dict[str, Any] = {
+        "job_id": str(job_id),
+        "job_type": job_type,
+        "queue": queue,
+        "tenant": tenant,
+        "dedup_key": dedup_key,
+        "max_attempts": job.max_attempts,
+        "priority": job.priority,
+        "run_after": run_after,
+        "delay_seconds": delay_seconds,
+        "expires_at": expires_at,
+        "expires_seconds": expires_seconds,
+        "rate_limit": rate_limit,
+        "debounce_seconds": debounce_seconds,
+        "debounce_max_seconds": debounce_max_seconds,
+    }
+    if trace_context is not None:
+        fields["trace_context"] = trace_context
+    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     # Splice the already-encoded payload in rather than encoding it a second time.
     return job_id, f'{head[:-1]},"payload":{payload}}}'

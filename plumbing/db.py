@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
+from psycopg import AsyncConnection, Connection
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from plumbing.config import DatabaseUrl
 
@@ -66,14 +66,43 @@ def make_pool(
         database.conninfo,
         min_size=1,
         max_size=max_size,
-        kwargs=connection_kwargs(application_name, database)
-        | {"autocommit": True}
-        # Through a transaction pooler, startup options do not reach the server (set
-        # the timeouts on the role instead: see the README).
-        | ({"options": options} if options and not database.pooled else {}),
+        kwargs=_pool_kwargs(database, application_name, options),
         open=False,
         name=application_name,
         timeout=checkout_timeout,
+    )
+
+
+def make_sync_pool(
+    database: DatabaseUrl,
+    application_name: str,
+    max_size: int,
+    *,
+    options: str | None = CONTROL_TIMEOUTS,
+    checkout_timeout: float = 5.0,
+) -> ConnectionPool[Connection]:
+    """:func:`make_pool`'s connections for threads (a plain handler's), made and
+    handed out by the same rules; open from the start."""
+    return ConnectionPool(
+        database.conninfo,
+        min_size=1,
+        max_size=max_size,
+        kwargs=_pool_kwargs(database, application_name, options),
+        open=True,
+        name=application_name,
+        timeout=checkout_timeout,
+    )
+
+
+def _pool_kwargs(
+    database: DatabaseUrl, application_name: str, options: str | None
+) -> dict[str, Any]:
+    return (
+        connection_kwargs(application_name, database)
+        | {"autocommit": True}
+        # Through a transaction pooler, startup options do not reach the server (set
+        # the timeouts on the role instead: see the README).
+        | ({"options": options} if options and not database.pooled else {})
     )
 
 

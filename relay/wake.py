@@ -16,20 +16,24 @@ nothing more; in exchange the relay does not wait for a disk flush per batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg.errors
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from plumbing import tracing
 from plumbing.logfmt import describe_error
-from relay.broker import Publisher, QueueFailure, pack
+from relay.broker import Publisher, QueueFailure, WakeUp, pack
 from relay.spread import pack_limit
-from schema.queries import OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
+from schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
 log = logging.getLogger("relay")
 
@@ -37,6 +41,8 @@ log = logging.getLogger("relay")
 # relay kills itself between the broker's confirms and the commit that marks the
 # batch sent. Never set it anywhere else.
 FAULT_ENV = "RELAY_FAULT_INJECTION"
+# How long the publish spans wait to read the woken jobs' trace contexts.
+TRACE_READ_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,23 @@ async def wake_queue(
 ) -> Woken:
     """Raises QueueFailure for a failure of this queue alone (RabbitMQ refused its
     wake-ups, or its decision timed out), anything else for one of the relay's."""
+    published: list[_Published] = []
+    try:
+        woken = await _wake(pool, publisher, queue, limits, published)
+    except Exception:
+        await _trace(pool, published)
+        raise
+    await _trace(pool, published)
+    return woken
+
+
+async def _wake(
+    pool: AsyncConnectionPool[AsyncConnection],
+    publisher: Publisher,
+    queue: str,
+    limits: WakeLimits,
+    published: list[_Published],
+) -> Woken:
     # Not in pipeline mode: it would save the round trip of BEGIN, but measured at
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
     await publisher.wait_connected(limits.publish_timeout)
@@ -106,7 +129,13 @@ async def wake_queue(
         summary = next(r for r in rows if r[0] is None)
         messages = pack(queue, sent, most)
         if messages:
-            await publisher.publish(queue, messages, limits.publish_timeout)
+            began = tracing.now_ns()
+            try:
+                await publisher.publish(queue, messages, limits.publish_timeout)
+            except Exception as exc:
+                published.append(_Published(messages, began, tracing.now_ns(), _error(exc)))
+                raise
+            published.append(_Published(messages, began, tracing.now_ns(), None))
             if log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up, for latency work
                 log.debug(
                     "relay.sent",
@@ -122,3 +151,68 @@ async def wake_queue(
         held=bool(summary[5]),
         room=int(summary[3] or 0),
     )
+
+
+@dataclass(frozen=True)
+class _Published:
+    messages: list[WakeUp]
+    began: int
+    ended: int
+    error: tuple[str, str] | None
+
+
+async def _trace(pool: AsyncConnectionPool[AsyncConnection], published: list[_Published]) -> None:
+    """The publish spans, when a tracer provider records: after the wake-up's
+    transaction, which tracing must neither lengthen nor fail."""
+    if not published or not tracing.recording():
+        return
+    job_ids = [job_id for p in published for m in p.messages for job_id in m.job_ids]
+    try:
+        async with asyncio.timeout(TRACE_READ_SECONDS), pool.connection() as conn:
+            cur = await conn.execute(JOB_TRACE_CONTEXTS, {"job_ids": job_ids})
+            traced = {row[0]: row[1] for row in await cur.fetchall()}
+    except Exception as exc:
+        log.warning("relay.trace_contexts_unread", extra={"error": describe_error(exc)})
+        traced = {}
+    for p in published:
+        _publish_spans(p.messages, traced, p.began, p.ended, p.error)
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, QueueFailure):
+        return exc.reason, exc.detail
+    return type(exc).__qualname__, describe_error(exc)
+
+
+def _publish_spans(
+    messages: list[WakeUp],
+    traced: dict[uuid.UUID, Any],
+    began: int,
+    ended: int,
+    error: tuple[str, str] | None,
+) -> None:
+    """One PRODUCER span per message, linked to the trace of each job it wakes: a
+    message carries several jobs, each enqueued in a trace of its own. A message of
+    one job is in that job's trace too (a child of the enqueuing span)."""
+    for message in messages:
+        only = traced.get(message.job_ids[0]) if len(message.job_ids) == 1 else None
+        tracing.record(
+            f"publish {message.queue}",
+            "producer",
+            start_ns=began,
+            end_ns=ended,
+            attributes={
+                tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+                tracing.MESSAGING_DESTINATION_NAME: message.queue,
+                tracing.MESSAGING_OPERATION_TYPE: "send",
+                tracing.MESSAGING_OPERATION_NAME: "publish",
+                tracing.MESSAGING_MESSAGE_ID: message.message_id,
+                tracing.MESSAGING_BATCH_MESSAGE_COUNT: len(message.job_ids),
+                tracing.JOB_QUEUE: message.queue,
+            },
+            links=[
+                (traced.get(job_id), {tracing.JOB_ID: str(job_id)}) for job_id in message.job_ids
+            ],
+            parent=only,
+            error=error,
+        )

@@ -64,6 +64,7 @@ NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
+    "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
     "JOB_REQUEST_RECORD": "record the API request (Idempotency-Key) that made a job",
@@ -469,9 +470,10 @@ SQL_HEADER: Final = f"""\
 
 
 def _with_twins(keys: Sequence[str]) -> list[str]:
-    """``f(_async)`` for a function and its async twin, both named."""
+    """``f(_async)`` for a function that has an async twin (``f_async =
+    async_twin(f)`` names no statement itself, but runs f's)."""
     return [
-        f"{key}(_async)" if _twin(key) in keys else key
+        f"{key}(_async)" if _twin(key) in references() and not key.endswith("_async") else key
         for key in keys
         if not (key.endswith("_async") and _twin(key) in keys)
     ]

@@ -30,17 +30,17 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb,
         expires_at timestamptz, expires_seconds double precision, rate_limit text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, expires_at, rate_limit)
+         scheduled_for, trace_context, expires_at, rate_limit)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for,
+           scheduled_for, trace_context,
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
            rate_limit
     FROM input
@@ -62,15 +62,16 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision)
+        debounce_max_seconds double precision, trace_context jsonb)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit)
+         run_after, debounce_until, expires_at, rate_limit, trace_context)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
-           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
+           trace_context
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
@@ -89,7 +90,7 @@ WITH input AS (
 SELECT job_type, debounce_key, job_id FROM upserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
--- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs(_async),
+-- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
 -- taken.
 -- Parameters: keys.
@@ -126,6 +127,13 @@ SELECT state FROM cancelled;
 -- nothing.
 -- Parameters: job_id.
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
+
+-- name: JOB_TRACE_CONTEXTS
+-- Run by relay.wake:_trace to read the trace contexts of the jobs a traced relay
+-- publishes.
+-- Parameters: job_ids.
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL;
 
 -- name: JOB_EFFECT_CLAIM
 -- Run by consumers.job:AsyncTx.once, consumers.job:SyncTx.once to mark a handler's
@@ -425,7 +433,8 @@ WITH types AS (
     FROM admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -440,7 +449,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -452,7 +461,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for
+       lease_generation, created_at, scheduled_for, trace_context
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -572,7 +581,7 @@ FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generati
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_MANY_IN_TX
--- Run by consumers.job:Job.transaction (through consumers.job:_transaction_sync).
+-- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
@@ -884,8 +893,8 @@ WHERE q.queue IS NOT NULL
               WHERE o.sent_at IS NULL AND o.queue = q.queue AND o.available_at <= now());
 
 -- name: OUTBOX_WAKE_QUEUE
--- Run by relay.wake:wake_queue to choose which of a queue's due wake-ups to send now,
--- and mark them sent.
+-- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
+-- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (

@@ -112,6 +112,9 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
+    # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
+    Column("trace_context", JSONB),
     # A job not started by then never starts: the claim, or the relay's sweep of
     # jobs nobody wakes, ends it CANCELLED with last_error_code EXPIRED.
     _ts("expires_at"),

@@ -34,6 +34,7 @@ from tests.conftest import ROOT
         "bench.refusals",
         "bench.rewake_backlog",
         "bench.spread",
+        "bench.enqueue_async",
         "bench.rate_limits",
     ],
 )

@@ -75,6 +75,7 @@ from schema.queries.job import (
     JOB_REQUEST_RECORD,
     JOB_RETRIES_DUE_NOW,
     JOB_STATE,
+    JOB_TRACE_CONTEXTS,
 )
 from schema.queries.lease import (
     JOB_ATTEMPT_RECORDED_MANY,
@@ -171,6 +172,7 @@ __all__ = [
     "JOB_RETRIES_DUE_NOW",
     "JOB_STATE",
     "JOB_SWEEP_EXPIRED",
+    "JOB_TRACE_CONTEXTS",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
     "MAINTENANCE_TRY_LOCK",

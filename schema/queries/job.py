@@ -19,17 +19,17 @@ WITH input AS (
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb,
         expires_at timestamptz, expires_seconds double precision, rate_limit text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, expires_at, rate_limit)
+         scheduled_for, trace_context, expires_at, rate_limit)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for,
+           scheduled_for, trace_context,
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
            rate_limit
     FROM input
@@ -60,15 +60,16 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision)
+        debounce_max_seconds double precision, trace_context jsonb)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit)
+         run_after, debounce_until, expires_at, rate_limit, trace_context)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
-           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
+           trace_context
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
@@ -119,6 +120,11 @@ SELECT state FROM cancelled
 """
 
 JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
+
+JOB_TRACE_CONTEXTS: Final = """
+SELECT job_id, trace_context FROM jobs
+WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL
+"""
 
 # Marks one effect done, once per key, in the handler's own transaction: true the
 # first time, false for every later attempt (whose transaction then skips the effect).

@@ -259,7 +259,8 @@ WITH types AS (
     FROM admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
-              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -274,7 +275,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -287,7 +288,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for
+       lease_generation, created_at, scheduled_for, trace_context
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """

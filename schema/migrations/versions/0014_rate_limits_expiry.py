@@ -13,7 +13,7 @@
   tenant's enqueue bucket, taken from by the enqueue.
 
 Revision ID: 0014
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-14
 """
 
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
