@@ -140,8 +140,12 @@ def test_ten_debounced_enqueues_within_a_second_run_one_job_with_the_last_payloa
             time.sleep(0.02)
         assert time.monotonic() - first < 1.0
         assert len(set(ids)) == 1
+        waiting = job(pg, ids[0])
+        # Trailing edge: due a second after the last enqueue, not the first.
+        assert waiting["run_after"] == waiting["updated_at"] + timedelta(seconds=1)
+        assert waiting["run_after"] > waiting["created_at"] + timedelta(seconds=1.1)
         row = asyncio.run(wait_for_state(pg, ids[0], "SUCCEEDED", timeout=30))
-        assert row["started_at"] >= row["created_at"] + timedelta(seconds=1.5)
+        assert row["started_at"] >= waiting["run_after"]
         again = enqueue(engine, "stamp", {"n": 10}, **debounce)
         assert again != ids[0], "once started, the key makes a new job"
         asyncio.run(wait_for_state(pg, again, "SUCCEEDED", timeout=30))
