@@ -234,9 +234,18 @@ def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:
         "QUEUE_PAUSE": (q.QUEUE_PAUSE, {"queue": "q1", "by": None}),
         "QUEUE_RESUME": (q.QUEUE_RESUME, {"queue": "q3", "by": None}),
         "QUEUE_PAUSED_LIST": (q.QUEUE_PAUSED_LIST, {}),
-        "JOB_EXPLAIN (queued)": (q.JOB_EXPLAIN, {"job_id": queued_last, "worker_ttl": 60.0}),
-        "JOB_EXPLAIN (running)": (q.JOB_EXPLAIN, {"job_id": running, "worker_ttl": 60.0}),
-        "JOB_EXPLAIN (finished)": (q.JOB_EXPLAIN, {"job_id": done, "worker_ttl": 60.0}),
+        "JOB_EXPLAIN (queued)": (
+            q.JOB_EXPLAIN,
+            {"job_id": queued_last, "worker_ttl": q.WORKER_TTL_SECONDS},
+        ),
+        "JOB_EXPLAIN (running)": (
+            q.JOB_EXPLAIN,
+            {"job_id": running, "worker_ttl": q.WORKER_TTL_SECONDS},
+        ),
+        "JOB_EXPLAIN (finished)": (
+            q.JOB_EXPLAIN,
+            {"job_id": done, "worker_ttl": q.WORKER_TTL_SECONDS},
+        ),
         "JOB_EXPLAIN_BACKLOG (pending, last in line)": (
             q.JOB_EXPLAIN_BACKLOG,
             explain_backlog(wake, True),

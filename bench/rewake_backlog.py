@@ -45,6 +45,7 @@ from bench.common import (
 )
 from plumbing.config import DatabaseUrl
 from relay.maintenance import OrphanWalk, wake_orphans
+from schema.queries import WORKER_TTL_SECONDS
 from schema.tables import CLAIMABLE_SQL
 from schema.topology import Topology
 from tests.support.broker import purge, queue_depth
@@ -117,7 +118,9 @@ async def walk_once(db: DatabaseUrl, size: int) -> dict[str, Any]:
     try:
         while walk.laps == 0:
             began = time.perf_counter()
-            found = await wake_orphans(pool, walk, grace=0, size=size, worker_ttl=60)
+            found = await wake_orphans(
+                pool, walk, grace=0, size=size, worker_ttl=WORKER_TTL_SECONDS
+            )
             times.append((time.perf_counter() - began) * 1000)
             woken += len(found)
             print(f"orphan round {len(times)}: {times[-1]:.1f} ms, woke {len(found)}", flush=True)

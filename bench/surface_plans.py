@@ -10,7 +10,8 @@ follow the backlog (or the page), not the finished jobs.
    per-queue statement is run under EXPLAIN (ANALYZE, BUFFERS): its time, the
    indexes it used, and the most rows one scan of jobs read. A generic plan (what
    a pooled connection runs once psycopg prepares the statement) is measured too.
-3. For comparison, the naive statements STYLE.md point 12 warns about.
+3. For comparison, the naive statements: a count over finished jobs, one
+   `state IN (...)` list spanning two partial indexes (each scans the whole table).
 
     python -m bench.surface_plans [--finished 1000000] [--backlog 20000] [--failures spread|old]
 
@@ -29,6 +30,7 @@ import psycopg
 from bench.common import argument_parser, machine, scratch_database
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
+from schema.queries import WORKER_TTL_SECONDS
 from schema.states import JobState
 from tests.support.history import fill
 from tests.support.plans import plan as explain_plan
@@ -135,7 +137,7 @@ def lists(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def per_queue(conn: psycopg.Connection) -> dict[str, Any]:
-    params = {"window": 60.0, "sample": 20_000, "worker_ttl": 60.0}
+    params = {"window": 60.0, "sample": 20_000, "worker_ttl": WORKER_TTL_SECONDS}
     statements = {
         "jobs waiting (METRICS_JOBS_WAITING)": METRICS_JOBS_WAITING,
         "jobs leased (METRICS_JOBS_LEASED)": METRICS_JOBS_LEASED,

@@ -32,7 +32,7 @@ import outbox
 from bench.common import argument_parser, machine, scratch_database
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
-from schema.queries import OUTBOX_WAKE_QUEUE
+from schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
 
 
 def names(tenants: int) -> list[str]:
@@ -64,7 +64,7 @@ def rows_handled(node: dict[str, Any]) -> int:
 
 def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
     params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
-              "worker_ttl": 60}  # fmt: skip
+              "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
     with conn.transaction(force_rollback=True):
         text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + OUTBOX_WAKE_QUEUE, params).fetchall()
     with conn.transaction(force_rollback=True):

@@ -33,13 +33,12 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 
 import psycopg.errors
 from psycopg_pool import PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from consumers.executor import Reservation, Threads
+from consumers.executor import Executor, Threads
 from consumers.inbox import Delivery, Inbox, give_back, settle
 from consumers.intake import Intake
 from consumers.ledger import Ledger
@@ -63,8 +62,6 @@ LOCKED_HOLD = 5.0
 # its time limit) goes back to the outbox's backlog, due this much later, for this
 # consumer or one with a free thread.
 NO_THREAD_WAIT = 2.0
-
-StartJob = Callable[[Claimed, float, Reservation | None], None]
 
 
 def _contention(exc: BaseException) -> bool:
@@ -99,7 +96,7 @@ class Claimer:
         threads: Threads,
         inbox: Inbox,
         intake: Intake,
-        start_job: StartJob,
+        executor: Executor,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -108,7 +105,7 @@ class Claimer:
         self.threads = threads
         self.inbox = inbox
         self.intake = intake
-        self.start_job = start_job
+        self.executor = executor
         self.waiting: dict[uuid.UUID, _Waiting] = {}
         self.wake = asyncio.Event()
         # Held while a claim is in flight; shutdown waits on it, so jobs a claim is
@@ -283,7 +280,7 @@ class Claimer:
             handler = self.registry.get(row.job_type)
             if handler is not None and not handler.is_async:
                 reservation = self.threads.reserve()
-            self.start_job(row, sent_at, reservation)
+            self.executor.start(row, sent_at, reservation)
             await self._done(row.job_id)
         self.counts["claimed"] += len(claimed)
         no_thread = []

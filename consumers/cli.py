@@ -17,7 +17,7 @@ from consumers.registry import default_registry
 from consumers.settings import ConsumerSettings
 from consumers.supervisor import Supervisor, SupervisorLink
 from consumers.worker import Consumer
-from plumbing.cli import Daemon, connection_options, run_daemon, topology
+from plumbing.cli import Daemon, connection_options, default_of, run_daemon, topology
 from plumbing.config import ConfigError, amqp_url, database_url
 from plumbing.logfmt import describe_error
 from schema import names
@@ -62,11 +62,17 @@ def _where(exc: Exception) -> str:
     metavar="NAME",
     help="Queue to consume (repeatable). Default: the queues of the registered handlers.",
 )
-@click.option("--concurrency", type=int, default=10, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    type=int,
+    default=default_of(ConsumerSettings, "concurrency"),
+    show_default=True,
+    help="Jobs run at once.",
+)
 @click.option(
     "--prefetch",
     type=int,
-    default=0,
+    default=default_of(ConsumerSettings, "prefetch"),
     show_default=True,
     help="Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
     "A consumer holds at most concurrency + prefetch ids; ids beyond that are handed back at "
@@ -75,21 +81,21 @@ def _where(exc: Exception) -> str:
 @click.option(
     "--lease-seconds",
     type=float,
-    default=60.0,
+    default=default_of(ConsumerSettings, "lease_seconds"),
     show_default=True,
     help="Lease length; a crashed worker's jobs run again after it.",
 )
 @click.option(
     "--heartbeat-seconds",
     type=float,
-    default=0.0,
+    default=default_of(ConsumerSettings, "heartbeat_seconds"),
     show_default=True,
     help="Heartbeat interval. 0 means a third of the lease.",
 )
 @click.option(
     "--default-timeout",
     type=float,
-    default=900.0,
+    default=default_of(ConsumerSettings, "default_timeout"),
     show_default=True,
     help="Time limit of an attempt whose handler sets no timeout; 0 for none. A quarter "
     "of an hour: longer than work that belongs in a job usually takes, short enough that "
@@ -98,7 +104,7 @@ def _where(exc: Exception) -> str:
 @click.option(
     "--drain-seconds",
     type=float,
-    default=30.0,
+    default=default_of(ConsumerSettings, "drain_seconds"),
     show_default=True,
     help="On SIGTERM, time for running jobs to finish before the claims of async handlers go "
     "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "

@@ -1,8 +1,12 @@
-"""Running one attempt: the handler in, one Outcome (or nothing to report) out.
+"""A claimed job's life, from the claim to its outcome in the ledger.
 
-The pipeline, in the manner of Oban's executor: resolve the handler, run it (async
-in the loop, plain functions in a thread) under its time limit, and normalise however
-it ended into the one result the reporter records.
+:meth:`Executor.call` reads top to bottom the way Oban's executor's ``call/1``
+does: resolve the handler, run it (async in the loop, plain functions in a thread)
+under its time limit, normalise however it ended into one Outcome (or nothing to
+report), and hand that to the ledger, where the reporter picks it up.
+:meth:`Executor.start` is the step before, from claimed to running: the claimer
+calls it for each job its claim took. :func:`execute` is the middle two steps
+alone, which ``consumers.testing`` runs too.
 
 A plain function cannot be stopped once it runs: a thread whose handler ran past its
 time limit stays busy until the function returns. :class:`Threads` counts such a
@@ -21,16 +25,85 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.errors import Cancel, LeaseLost, Permanent, Retry
-from consumers.job import Job
+from consumers.job import Job, Resources
 from consumers.outcome import TIMEOUT, Outcome, encode_result
-from consumers.registry import Handler
+from consumers.registry import Handler, Registry
 from plumbing import tracing
 from plumbing.logfmt import describe_error
 
+if TYPE_CHECKING:  # the ledger records Reservations: it imports this module
+    from consumers.journal import Journal
+    from consumers.ledger import Ledger
+    from consumers.settings import ConsumerSettings
+    from consumers.store import Claimed
+
 log = logging.getLogger("consumer")
+
+# A job of a type with no handler here (the claim takes only known types, so only
+# if the registry changed under it) is retried this much later.
+UNKNOWN_TYPE_RETRY_SECONDS = 60.0
+
+
+class Executor:
+    """Runs the jobs this worker claimed, each as its own task."""
+
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        registry: Registry,
+        threads: Threads,
+        ledger: Ledger,
+        journal: Journal,
+        slot_freed: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.threads = threads
+        self.ledger = ledger
+        self.journal = journal
+        self.slot_freed = slot_freed
+        # What a job's handler reaches (connection pools, the loop); set when the
+        # worker runs, before the first claim.
+        self.resources: Resources | None = None
+
+    def start(self, row: Claimed, claim_sent_at: float, reservation: Reservation | None) -> None:
+        """Claimed to running: the job's task starts, and the ledger holds it from
+        now on. ``reservation`` is the thread the claimer reserved for a plain
+        function (None for an async handler)."""
+        assert self.resources is not None
+        job = Job.from_claim(row, self.resources, claim_sent_at, self.settings.lease_seconds)
+        task = asyncio.create_task(self.call(job, reservation), name=f"job {job.id}")
+        self.ledger.start(job, task, reservation)
+
+    async def call(self, job: Job, reservation: Reservation | None) -> None:
+        """One attempt of a claimed job, top to bottom."""
+        # 1. resolve the handler
+        handler = self.registry.get(job.job_type)
+        try:
+            if handler is None:
+                outcome: Outcome | None = Outcome.retry(
+                    "UNKNOWN_JOB_TYPE",
+                    f"no handler for {job.job_type!r}",
+                    UNKNOWN_TYPE_RETRY_SECONDS,
+                )
+            else:
+                # 2. run it under its time limit, 3. normalise how it ended
+                outcome = await execute(
+                    job, handler, self.threads, reservation, self.settings.default_timeout
+                )
+        finally:
+            # The slot is free whatever happened, and so is a thread the handler
+            # never got; the claimer may take more.
+            if reservation is not None:
+                reservation.release_if_unused()
+            self.slot_freed()
+        if outcome is None and job.recorded:
+            self.journal.succeeded(job)  # its own transaction recorded it
+        # 4. hand the outcome to the ledger, for the reporter to record
+        self.ledger.handler_done(job, outcome)
 
 
 class Threads:
@@ -147,9 +220,10 @@ async def execute(
     reservation: Reservation | None,
     default_timeout: float | None,
 ) -> Outcome | None:
-    """Run one attempt; None means there is nothing to report (the job's own
-    transaction recorded it, or the lease was lost). A plain-function handler runs
-    on the thread ``reservation`` holds for it."""
+    """Run one attempt bounded by its time limit and normalise how it ended into
+    one Outcome; None means there is nothing to report (the job's own transaction
+    recorded it, or the lease was lost). A plain-function handler runs on the
+    thread ``reservation`` holds for it."""
     began = time.monotonic()
     with tracing.running(
         f"process {job.queue}", parent=job.trace_context, attributes=_span_attributes(job)
@@ -203,12 +277,15 @@ async def _attempt(
     reservation: Reservation | None,
     default_timeout: float | None,
 ) -> Outcome | None:
+    # 2. run: an async handler in the loop, a plain function on its reserved thread,
+    # bounded by the time limit
     limit = handler.time_limit(default_timeout)
     try:
         if reservation is None:
             value = await _bounded(handler.fn(job), limit)
         else:
             value = await threads.run(reservation, handler, job, limit)
+    # 3. normalise: however it ended, one Outcome, or None for nothing to report
     except LeaseLost:
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})
         return None

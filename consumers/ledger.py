@@ -59,10 +59,8 @@ class Ledger:
     def __init__(self) -> None:
         self.held: dict[uuid.UUID, Held] = {}
         self.counts: Counter[str] = Counter()
-        # Set when an outcome is ready for the reporter; when a slot frees up.
+        # Set when an outcome is ready for the reporter.
         self.outcomes_ready = asyncio.Event()
-        self.slot_freed = asyncio.Event()
-        self.emptied = asyncio.Event()
 
     # ----------------------------------------------------------------- questions
 
@@ -91,13 +89,11 @@ class Ledger:
 
     def start(self, job: Job, task: asyncio.Task[None], thread: Reservation | None) -> None:
         self.held[job.id] = Held(job, Phase.RUNNING, task, thread)
-        self.emptied.clear()
 
     def handler_done(self, job: Job, outcome: Outcome | None) -> None:
         """The handler's task ended with this outcome to record, or None: its own
         transaction recorded it, or its lease was lost."""
         held = self.held.get(job.id)
-        self.slot_freed.set()
         if held is None or held.job is not job:
             return  # lost meanwhile: nothing to report
         if outcome is None:
@@ -163,5 +159,3 @@ class Ledger:
 
     def _drop(self, job_id: uuid.UUID) -> None:
         self.held.pop(job_id, None)
-        if not self.held:
-            self.emptied.set()

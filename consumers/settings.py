@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from schema.queries import WORKER_TTL_SECONDS
 from schema.topology import Topology
 
 MESSAGES_AHEAD = 2
@@ -33,8 +34,9 @@ class ConsumerSettings:
     claim_batch: int = 100
     report_batch: int = 500
     stats_interval: float = 30.0
-    # A worker row not refreshed for this long belongs to a consumer that is gone.
-    worker_ttl: float = 60.0
+    # A worker row not refreshed for this long belongs to a consumer that is gone
+    # (WORKER_TTL_SECONDS says why one figure).
+    worker_ttl: float = WORKER_TTL_SECONDS
 
     def __post_init__(self) -> None:
         if not self.queues:

@@ -39,7 +39,7 @@ from consumers.registry import Registry, default_registry
 from consumers.store import JobStore
 from plumbing.config import DatabaseUrl, database_url
 from plumbing.db import make_pool
-from schema.queries import JOB_RETRIES_DUE_NOW
+from schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
 
 _DUE = """
 SELECT job_id FROM jobs
@@ -106,7 +106,10 @@ class JobRunner:
         if not ids:
             return []
         claimed = await self.store.claim(
-            ids, self.registry.claim_terms(), free_threads=self.threads.size, worker_ttl=60
+            ids,
+            self.registry.claim_terms(),
+            free_threads=self.threads.size,
+            worker_ttl=WORKER_TTL_SECONDS,
         )
         resources = Resources(
             self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()

@@ -1,8 +1,9 @@
 """The consumer process: wires the worker's parts together and stops it cleanly.
 
 - the inbox turns RabbitMQ deliveries into wake-ups (consumers/inbox.py);
-- the claimer claims them as slots free up and starts the jobs (claimer.py);
-- each claimed job runs as its own task and ends in one Outcome (executor.py);
+- the claimer claims them as slots free up (claimer.py);
+- the executor runs each claimed job as its own task, from the claim to one Outcome
+  in the ledger (executor.py);
 - the reporter records outcomes in batches, each row through its fence (reporter.py);
 - the intake bounds what the worker holds, handing back what it has no room for
   (intake.py);
@@ -30,7 +31,7 @@ import socket
 from collections import Counter
 
 from consumers.claimer import Claimer
-from consumers.executor import Reservation, Threads, execute
+from consumers.executor import Executor, Threads
 from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from consumers.inbox import Delivery, Inbox
 from consumers.intake import Intake
@@ -38,11 +39,10 @@ from consumers.job import HandlerPools, Job, Resources
 from consumers.journal import Journal
 from consumers.lease_keeper import LeaseKeeper
 from consumers.ledger import Held, Ledger, Phase
-from consumers.outcome import Outcome
 from consumers.registry import Registry
 from consumers.reporter import Reporter
 from consumers.settings import ConsumerSettings
-from consumers.store import Claimed, JobStore
+from consumers.store import JobStore
 from plumbing.db import make_pool
 from plumbing.logfmt import describe_error
 from plumbing.stopping import cancel_and_wait
@@ -86,6 +86,10 @@ class Consumer:
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
         self.intake = Intake(settings, self.store, self.inbox)
+        self.journal = Journal()
+        self.executor = Executor(
+            settings, registry, self.threads, self.ledger, self.journal, self._slot_freed
+        )
         self.claimer = Claimer(
             settings,
             self.store,
@@ -94,17 +98,15 @@ class Consumer:
             self.threads,
             self.inbox,
             self.intake,
-            self._start_job,
+            self.executor,
         )
         self.held_wakeups = HeldWakeups(
             self.store, self.claimer.held_ids, min(REFRESH_SECONDS, settings.effective_heartbeat)
         )
-        self.journal = Journal()
         self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
         self.lease_keeper = LeaseKeeper(
             settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
         )
-        self.resources: Resources | None = None
 
     @property
     def counts(self) -> Counter[str]:
@@ -132,7 +134,7 @@ class Consumer:
             },
         )
         self._warn_about_queues()
-        self.resources = Resources(
+        self.executor.resources = Resources(
             self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()
         )
         await self.pool.open(wait=False)
@@ -319,33 +321,6 @@ class Consumer:
 
     def _slot_freed(self) -> None:
         self.claimer.wake.set()
-
-    def _start_job(
-        self, row: Claimed, claim_sent_at: float, reservation: Reservation | None
-    ) -> None:
-        assert self.resources is not None
-        job = Job.from_claim(row, self.resources, claim_sent_at, self.settings.lease_seconds)
-        task = asyncio.create_task(self._run_job(job, reservation), name=f"job {job.id}")
-        self.ledger.start(job, task, reservation)
-
-    async def _run_job(self, job: Job, reservation: Reservation | None) -> None:
-        handler = self.registry.get(job.job_type)
-        try:
-            if handler is None:  # the claim takes only known types; defensive
-                outcome: Outcome | None = Outcome.retry(
-                    "UNKNOWN_JOB_TYPE", f"no handler for {job.job_type!r}", 60.0
-                )
-            else:
-                outcome = await execute(
-                    job, handler, self.threads, reservation, self.settings.default_timeout
-                )
-        finally:
-            if reservation is not None:
-                reservation.release_if_unused()
-            self._slot_freed()
-        if outcome is None and job.recorded:
-            self.journal.succeeded(job)  # its own transaction recorded it
-        self.ledger.handler_done(job, outcome)
 
     async def _report_stats(self) -> None:
         last: Counter[str] = Counter()

@@ -1,9 +1,9 @@
 """``jobctl``: the operator's command line.
 
 Each subcommand lives in its own module under ``jobctl/commands/`` and is imported
-only when it runs (so ``jobctl migrate`` never loads what a future ``jobctl serve``
-needs). To add one: write the module with a click command that takes
-``@json_option``, and list it in ``COMMANDS``.
+only when it runs (so ``jobctl migrate`` never loads the web server, the API and
+the dashboard that ``jobctl serve`` needs). To add one: write the module with a
+click command that takes ``@json_option``, and list it in ``COMMANDS``.
 """
 
 from __future__ import annotations

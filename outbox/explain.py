@@ -77,21 +77,15 @@ from outbox.enqueue import check_driver
 from outbox.ids import job_id_arg
 from outbox.twin import async_twin
 from outbox.validation import read_json
-from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG
-from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
+from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG, WORKER_TTL_SECONDS
+from schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
 
-# A consumer that heartbeat within this many seconds is live (the consumer's and
-# the relay's default --worker-ttl).
-LIVE_WORKER_SECONDS: Final = 60.0
 # Wake-ups ahead are counted up to this many; beyond, "at least".
 AHEAD_CAP: Final = 10_000
 # The drain rate: the queue's attempts that ended within this many seconds, among
 # at most DRAIN_SAMPLE of the newest attempts of all queues.
 DRAIN_WINDOW: Final = 60.0
 DRAIN_SAMPLE: Final = 2000
-# fair_shares.held_reason values (relay's OUTBOX_WAKE_QUEUE).
-HELD_WINDOW: Final = "WINDOW"
-HELD_FAIR_SHARE: Final = "FAIR_SHARE"
 
 
 class Why(StrEnum):
@@ -216,7 +210,7 @@ def _is_due_waiting(job: Mapping[str, Any]) -> bool:
 
 
 def _params(job_id: uuid.UUID) -> dict[str, Any]:
-    return {"job_id": job_id, "worker_ttl": LIVE_WORKER_SECONDS}
+    return {"job_id": job_id, "worker_ttl": WORKER_TTL_SECONDS}
 
 
 def _backlog_params(job: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -274,7 +268,7 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
-    parked = job["delay_reason"] == Why.NO_HANDLER
+    parked = job["delay_reason"] == DelayReason.NO_HANDLER
     found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job)
     if _is_due_waiting(job) and job["paused_at"] is None:
         found += _waiting_turn(job, backlog, parked)
@@ -291,7 +285,7 @@ def _expired(job: Mapping[str, Any]) -> list[Blocker]:
 def _rate_limited(job: Mapping[str, Any]) -> list[Blocker]:
     """Turned down by its last claim for want of a token: it is woken when its
     token is due (its wake-up's time)."""
-    if job["delay_reason"] != Why.RATE_LIMITED:
+    if job["delay_reason"] != DelayReason.RATE_LIMITED:
         return []
     facts = {
         "rate_limit": job["rate_limit"],
@@ -420,7 +414,7 @@ def _waiting_turn(
     # count); a window or fair share with nothing counted ahead still means a turn
     # to wait for.
     held = job["held_reason"] if pending else None
-    if ahead == 0 and held not in (HELD_WINDOW, HELD_FAIR_SHARE):
+    if ahead == 0 and held not in (HeldReason.WINDOW, HeldReason.FAIR_SHARE):
         return found
     drain = round(int(backlog["drained"]) / _drain_span(now, backlog), 3)
     counted = min(ahead, AHEAD_CAP)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
@@ -43,12 +43,12 @@ from outbox.ids import actor, job_id_arg
 from outbox.twin import async_twin
 from schema import names
 from schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
-from schema.states import JobState
+from schema.states import REPLAYABLE, JobState
 
 MAX_REPLAY_BATCH = 100_000
 MAX_ERROR_CODE_LENGTH = 200
 # The states a replay moves a job out of, and retry_jobs' default.
-REPLAYABLE_STATES: frozenset[JobState] = frozenset({JobState.FAILED, JobState.CANCELLED})
+REPLAYABLE_STATES: Final = REPLAYABLE
 
 
 def _states(states: Collection[JobState | str]) -> list[str]:

@@ -4,6 +4,7 @@ logging, the start-up check of their services, signals, and the event loop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Coroutine
@@ -11,7 +12,14 @@ from typing import Any, NamedTuple
 
 import click
 
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl, password_in_flag
+from plumbing.config import (
+    DEFAULT_AMQP_URL,
+    DEFAULT_DATABASE_URL,
+    AmqpUrl,
+    ConfigError,
+    DatabaseUrl,
+    password_in_flag,
+)
 from plumbing.logfmt import setup_logging
 from plumbing.preflight import preflight
 from plumbing.stopping import CLOSE_SECONDS, Stopper
@@ -34,6 +42,19 @@ class Daemon(NamedTuple):
     amqp: AmqpUrl | None  # None: the daemon does not use RabbitMQ
 
 
+def default_of(settings: type[Any], name: str, *, none: Any = None) -> Any:
+    """The default of field ``name`` of a settings dataclass, for the flag that sets
+    it: each default is written once, on the settings, and the flag (its help's
+    ``[default: ...]`` included) reads it from there. ``none``: what the flag says
+    for a field whose default is None (0 for "none" or "automatic")."""
+    for f in dataclasses.fields(settings):
+        if f.name == name:
+            if f.default is dataclasses.MISSING:
+                raise TypeError(f"{settings.__name__}.{name} has no plain default")
+            return none if f.default is None else f.default
+    raise TypeError(f"{settings.__name__} has no field {name!r}")
+
+
 def connection_options(fn: F) -> F:
     """--database-url, --amqp-url, --amqp-prefix, --queue-type, --log-level."""
     options = [
@@ -41,18 +62,18 @@ def connection_options(fn: F) -> F:
             "--database-url",
             metavar="URL",
             help="PostgreSQL URL. Default: $DATABASE_URL, or the file named by "
-            "$DATABASE_URL_FILE, or postgresql://127.0.0.1:5432/jobs.",
+            f"$DATABASE_URL_FILE, or {DEFAULT_DATABASE_URL}.",
         ),
         click.option(
             "--amqp-url",
             metavar="URL",
             help="RabbitMQ URL. Default: $AMQP_URL, or the file named by $AMQP_URL_FILE, "
-            "or amqp://127.0.0.1:5672/.",
+            f"or {DEFAULT_AMQP_URL}.",
         ),
         click.option(
             "--amqp-prefix",
             envvar="AMQP_PREFIX",
-            default="jobs",
+            default=default_of(Topology, "prefix"),
             show_default=True,
             show_envvar=True,
             help="Name of the exchange, and prefix of every queue (<prefix>.<queue>).",
@@ -61,7 +82,7 @@ def connection_options(fn: F) -> F:
             "--queue-type",
             envvar="AMQP_QUEUE_TYPE",
             type=click.Choice([t.value for t in QueueType]),
-            default=QueueType.CLASSIC.value,
+            default=default_of(Topology, "queue_type").value,
             show_default=True,
             show_envvar=True,
             help="RabbitMQ queue type for new queues.",

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from relay.broker import Publisher
+from schema.locks import LockKey
 from schema.queries import (
     JOB_EXPIRE_WAITING,
     JOB_SWEEP_EXPIRED,
@@ -35,15 +36,6 @@ from schema.queries import (
 
 log = logging.getLogger("relay")
 
-# pg_try_advisory_lock keys, one per chore.
-SWEEP_LOCK = 0x6A6F6202
-EXPIRE_LOCK = 0x6A6F6209
-REWAKE_LOCK = 0x6A6F6203
-RECONCILE_LOCK = 0x6A6F6204
-USAGE_LOCK = 0x6A6F6205
-WORKERS_LOCK = 0x6A6F6206
-ORPHANS_LOCK = 0x6A6F6207
-REFUSED_LOCK = 0x6A6F6208
 
 # The orphan walk starts below every job id.
 _FIRST = uuid.UUID(int=0)
@@ -67,7 +59,7 @@ async def sweep_expired(pool: Pool, *, batch: int, default_backoff: float) -> in
     """Move jobs whose lease expired without a report on, batch by batch."""
     total = 0
     while True:
-        async with _chore(pool, SWEEP_LOCK) as conn:
+        async with _chore(pool, LockKey.SWEEP) as conn:
             if conn is None:
                 return total
             cur = await conn.execute(
@@ -99,7 +91,7 @@ async def expire_waiting(pool: Pool, *, batch: int) -> int:
     per transaction; how many."""
     total = 0
     while True:
-        async with _chore(pool, EXPIRE_LOCK) as conn:
+        async with _chore(pool, LockKey.EXPIRE) as conn:
             if conn is None:
                 return total
             rows = await (await conn.execute(JOB_EXPIRE_WAITING, {"limit": batch})).fetchall()
@@ -133,7 +125,7 @@ async def rewake_lost(pool: Pool, publisher: Publisher, *, grace: float, worker_
     carries no session from one transaction to the next.)
     """
     params = {"grace_seconds": grace, "worker_ttl": worker_ttl}
-    async with _chore(pool, REWAKE_LOCK) as conn:
+    async with _chore(pool, LockKey.REWAKE) as conn:
         if conn is None:
             return 0
         candidates = await (await conn.execute(OUTBOX_LOST_QUEUES, params)).fetchall()
@@ -143,7 +135,7 @@ async def rewake_lost(pool: Pool, publisher: Publisher, *, grace: float, worker_
     empty = [queue for queue, _ in candidates if ready.get(queue, 0) == 0]
     if not empty:
         return 0
-    async with _chore(pool, REWAKE_LOCK) as conn:
+    async with _chore(pool, LockKey.REWAKE) as conn:
         if conn is None:
             return 0
         cur = await conn.execute(OUTBOX_REWAKE_LOST, params | {"queues": empty})
@@ -176,7 +168,7 @@ async def wake_orphans(
     A bounded slice per call, in its own transaction, so the backstop costs the same
     however many jobs wait, and nothing else waits for it or rolls back with it.
     """
-    async with _chore(pool, ORPHANS_LOCK) as conn:
+    async with _chore(pool, LockKey.ORPHANS) as conn:
         if conn is None:
             return []
         cur = await conn.execute(
@@ -211,7 +203,7 @@ async def wake_refused(pool: Pool, *, worker_ttl: float) -> tuple[list[str], boo
     """Bring forward the wake-ups turned down for want of a handler, as many as
     live consumers with the handler have free slots: the queue of each, and
     whether any job refused so waits at all."""
-    async with _chore(pool, REFUSED_LOCK) as conn:
+    async with _chore(pool, LockKey.REFUSED) as conn:
         if conn is None:
             return [], False
         cur = await conn.execute(OUTBOX_WAKE_REFUSED, {"worker_ttl": worker_ttl})
@@ -235,7 +227,7 @@ async def reconcile_tenant_slots(pool: Pool, *, batch: int = RECONCILE_BATCH) ->
     never wait for the reconciler."""
     repaired = 0
     while True:
-        async with _chore(pool, RECONCILE_LOCK) as conn:
+        async with _chore(pool, LockKey.RECONCILE) as conn:
             if conn is None:
                 return repaired
             cur = await conn.execute(TENANT_USAGE_DRIFTED, {"limit": batch})
@@ -259,14 +251,14 @@ async def reconcile_tenant_slots(pool: Pool, *, batch: int = RECONCILE_BATCH) ->
 async def refresh_tenant_usage(pool: Pool, *, tenants: int = USAGE_TENANTS_PER_ROUND) -> None:
     """Count the waiting jobs of the limited tenants (max_queued, backpressure)
     counted longest ago, each up to its limit."""
-    async with _chore(pool, USAGE_LOCK) as conn:
+    async with _chore(pool, LockKey.USAGE) as conn:
         if conn is not None:
             await conn.execute(TENANT_USAGE_REFRESH, {"limit": tenants})
 
 
 async def expire_workers(pool: Pool, *, ttl: float) -> int:
     """Forget consumers and relays not seen for ``ttl`` seconds."""
-    async with _chore(pool, WORKERS_LOCK) as conn:
+    async with _chore(pool, LockKey.WORKERS) as conn:
         if conn is None:
             return 0
         gone = await (await conn.execute(WORKER_EXPIRE, {"worker_ttl": ttl})).fetchall()

@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 
 from relay.maintenance import Pool, _chore
+from schema.locks import LockKey
 from schema.queries import EFFECT_RETENTION_DELETE, JOB_RETENTION_DELETE
 
 log = logging.getLogger("relay")
-
-RETENTION_LOCK = 0x6A6F6207
 
 
 async def delete_finished(pool: Pool, *, keep_seconds: float, batch: int) -> int:
@@ -54,7 +53,7 @@ async def delete_old_effects(pool: Pool, *, keep_seconds: float, batch: int) -> 
 async def _in_batches(pool: Pool, statement: str, keep_seconds: float, batch: int) -> int:
     total = 0
     while True:
-        async with _chore(pool, RETENTION_LOCK) as conn:
+        async with _chore(pool, LockKey.RETENTION) as conn:
             if conn is None:
                 break
             cur = await conn.execute(statement, {"keep_seconds": keep_seconds, "limit": batch})

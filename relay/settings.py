@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from schema.queries import RELAY_LIVE_SECONDS, WORKER_TTL_SECONDS
 from schema.topology import Topology
+
+HEARTBEAT_INTERVAL_MAX = RELAY_LIVE_SECONDS / 3
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,12 @@ class RelaySettings:
     reconcile_interval: float = 30.0
     # Waiting jobs of tenants with a max_queued are counted this often.
     usage_interval: float = 1.0
-    # A consumer or relay not seen for this long is gone.
-    worker_ttl: float = 60.0
+    # A consumer or relay not seen for this long is gone (WORKER_TTL_SECONDS says
+    # why one figure).
+    worker_ttl: float = WORKER_TTL_SECONDS
     # The relay's own row in `relays` (live, connected, published) is refreshed
-    # this often; it counts as live for 30 s after its last refresh.
+    # this often; it counts as live for RELAY_LIVE_SECONDS after its last refresh, so
+    # at most a third of that, to survive two lost refreshes.
     heartbeat_interval: float = 5.0
     # Due occurrences of recurring schedules are fired this often.
     schedule_interval: float = 1.0
@@ -120,8 +125,11 @@ class RelaySettings:
             )
         if self.window is not None and self.window < 1:
             raise ConfigError("window must be at least 1 (or unset, for automatic)")
-        if self.heartbeat_interval > 10:
-            raise ConfigError("heartbeat_interval must be at most 10 s (a relay is live for 30 s)")
+        if self.heartbeat_interval > HEARTBEAT_INTERVAL_MAX:
+            raise ConfigError(
+                f"heartbeat_interval must be at most {HEARTBEAT_INTERVAL_MAX:g} s "
+                f"(a relay is live for {RELAY_LIVE_SECONDS} s)"
+            )
         if self.pack > 1000:
             raise ConfigError("pack must be at most 1000 ids a message")
         if self.default_backoff < 0:

@@ -347,7 +347,8 @@ WITH types AS (
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
-                WHEN l.job_id IN (SELECT job_id FROM rate_refused) THEN 'RATE_LIMITED'
+                WHEN l.job_id IN (SELECT job_id FROM rate_refused)
+                THEN 'RATE_LIMITED'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
            COALESCE(l.delay_reason = 'NO_HANDLER'
@@ -361,7 +362,8 @@ WITH types AS (
     -- refusal, which is rare (the relay wakes a job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
         -- the handler's rate limit, for explain to name
-        rate_limit = CASE WHEN r.reason = 'RATE_LIMITED' THEN r.rate_name ELSE j.rate_limit END
+        rate_limit = CASE WHEN r.reason = 'RATE_LIMITED' THEN r.rate_name
+                          ELSE j.rate_limit END
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
 ), expired_ended AS (
@@ -408,12 +410,14 @@ WITH types AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason = 'RATE_LIMITED' THEN GREATEST(d.token_due, now())
-                WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+                WHEN r.reason <> 'NO_HANDLER'
+                     OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     LEFT JOIN rate_refused AS d USING (job_id)
-    WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+    WHERE r.reason <> 'EXPIRED'
+      AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -1110,7 +1114,8 @@ WITH RECURSIVE gate AS (
            -- share) and left it none. One that did not contend wanted its first.
            CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
+                     THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
                 ELSE 'FAIR_SHARE'
            END AS reason

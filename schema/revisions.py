@@ -14,6 +14,8 @@ from typing import Final
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from schema.locks import LockKey
+
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
 
 # Is the schema there, and at which revision? to_regclass finds the tables through
@@ -23,8 +25,8 @@ SELECT to_regclass('jobs') IS NOT NULL, to_regclass('alembic_version') IS NOT NU
 """
 SCHEMA_REVISION: Final = "SELECT version_num FROM alembic_version"
 # Held by `jobctl migrate` for its transaction, so two deployments migrating at once
-# take turns. Next to the relay's chore keys (0x6A6F62xx, "job"), not among them.
-MIGRATION_LOCK: Final = "SELECT pg_advisory_xact_lock(x'6A6F6210'::bigint)"
+# take turns (schema.locks).
+MIGRATION_LOCK: Final = f"SELECT pg_advisory_xact_lock({int(LockKey.MIGRATION)})"
 
 
 def alembic_config() -> Config:

@@ -37,6 +37,27 @@ TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 # replayed: enqueue a new job instead.
 REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
+
+class DelayReason(StrEnum):
+    """``jobs.delay_reason``: why a consumer last turned a due job down
+    (``JOB_CLAIM_MANY``); the claim that takes it clears it."""
+
+    QUEUE_PAUSED = "QUEUE_PAUSED"
+    NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met
+    TENANT_CAP = "TENANT_CAP"  # its tenant had no free slot
+    RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
+
+
+class HeldReason(StrEnum):
+    """``fair_shares.held_reason``: why the relay's last pass with room held a
+    tenant's due wake-ups back (``OUTBOX_WAKE_QUEUE``); NULL when it did not."""
+
+    QUEUE_PAUSED = "QUEUE_PAUSED"
+    TENANT_CAP = "TENANT_CAP"  # no free slot beyond its wake-ups in flight
+    WINDOW = "WINDOW"  # the queue's window was full, or this tenant got what room there was
+    FAIR_SHARE = "FAIR_SHARE"  # other tenants went first (priority or share) and left none
+
+
 # (before, after); None is no row: before the enqueue, after retention deleted it.
 Edge = tuple[JobState | None, JobState | None]
 

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, JSONB, UUID
 
-from schema.states import CLAIMABLE, LEASED, TERMINAL, JobState
+from schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, DelayReason, JobState
 
 metadata = MetaData()
 
@@ -42,6 +42,8 @@ ALL_STATES = _in(list(JobState))
 CLAIMABLE_SQL = _in(CLAIMABLE)
 LEASED_SQL = _in(LEASED)
 TERMINAL_SQL = _in(TERMINAL)
+# FAILED and CANCELLED: the unsuccessful ends, which an operator may replay.
+REPLAYABLE_SQL = _in(REPLAYABLE)
 
 # Queue and tenant names become RabbitMQ queue names and metric labels, so they keep
 # to a conservative alphabet.
@@ -186,7 +188,7 @@ Index(
     "jobs_unsuccessful_idx",
     jobs.c.queue,
     jobs.c.finished_at,
-    postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
+    postgresql_where=text(f"state IN ({REPLAYABLE_SQL})"),
 )
 # The operator surface's lists of failed and cancelled jobs, newest finished first
 # across queues: a bounded walk of this index, never of the succeeded history.
@@ -194,7 +196,7 @@ Index(
     "jobs_unsuccessful_finished_idx",
     jobs.c.finished_at,
     jobs.c.job_id,
-    postgresql_where=text("state IN ('CANCELLED', 'FAILED')"),
+    postgresql_where=text(f"state IN ({REPLAYABLE_SQL})"),
 )
 # A tenant's waiting jobs, for its backpressure count (max_queued).
 Index(
@@ -236,7 +238,9 @@ Index(
     "jobs_no_handler_idx",
     jobs.c.queue,
     jobs.c.job_type,
-    postgresql_where=text(f"delay_reason = 'NO_HANDLER' AND state IN ({CLAIMABLE_SQL})"),
+    postgresql_where=text(
+        f"delay_reason = '{DelayReason.NO_HANDLER}' AND state IN ({CLAIMABLE_SQL})"
+    ),
 )
 
 ATTEMPT_OUTCOMES = _in(
@@ -555,7 +559,7 @@ Index("dashboard_sessions_expires_at_idx", dashboard_sessions.c.expires_at)
 
 
 # --------------------------------------------------------------- recurring schedules
-# (issue 10.) A schedule enqueues a job at each of its occurrences; the relay fires
+# A schedule enqueues a job at each of its occurrences; the relay fires
 # them. schedule_fires is the ledger of occurrences: its primary key makes the
 # database the arbiter between relays, so one occurrence fires at most once, and a
 # skipped one says why.

@@ -599,7 +599,7 @@ async def test_without_a_token_the_dashboard_is_read_only(
     assert job(pg, waiting)["state"] == "QUEUED"
 
 
-# ------------------------------------------------------------------ issue 17
+# ------------------------------------------------------------------ sign-out, a proxy, names
 
 
 async def test_signing_out_ends_the_session_for_a_copied_cookie_too(db_url: DatabaseUrl) -> None:

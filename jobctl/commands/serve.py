@@ -22,6 +22,7 @@ from jobctl.api.settings import is_loopback
 from jobctl.metrics import CollectorSettings
 from plumbing.cli import (
     connection_options,
+    default_of,
     event_loop_runner,
     warn_about_passwords_in_flags,
 )
@@ -101,7 +102,7 @@ def _bind(host: str, port: int) -> socket.socket:
 @connection_options
 @click.option(
     "--host",
-    default="127.0.0.1",
+    default=default_of(ApiSettings, "bind_host"),
     show_default=True,
     envvar="JOBCTL_HOST",
     show_envvar=True,
@@ -165,7 +166,7 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.option(
     "--metrics-max-queues",
     type=click.IntRange(1, 100_000),
-    default=100,
+    default=default_of(CollectorSettings, "max_queues"),
     show_default=True,
     envvar="JOBCTL_METRICS_MAX_QUEUES",
     show_envvar=True,
@@ -174,7 +175,7 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.option(
     "--metrics-max-job-types",
     type=click.IntRange(1, 100_000),
-    default=200,
+    default=default_of(CollectorSettings, "max_job_types"),
     show_default=True,
     envvar="JOBCTL_METRICS_MAX_JOB_TYPES",
     show_envvar=True,

@@ -6,9 +6,10 @@ snapshot shared by every gauge) is the collector's business, and keeping them ap
 leaves the durable record's file to the transitions.
 
 Each one is written to match one index's predicate exactly, so its cost follows the
-backlog, or the rows that finished since the last round, never the history
-(STYLE.md point 12; bench/metrics_cost.py shows the plans at a million finished
-jobs):
+backlog, or the rows that finished since the last round, never the history: no
+``count(*)`` over finished jobs, and no ``state IN (...)`` list spanning two partial
+indexes, which makes PostgreSQL scan the whole table (bench/metrics_cost.py shows
+the plans at a million finished jobs):
 
 - jobs waiting: ``jobs_claimable_idx`` (queue, state, run_after) WHERE claimable, an
   index-only scan that also gives the oldest due ``run_after``;
@@ -31,12 +32,13 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.locks import METRICS_LOCK_NAME
 from schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
-# The key of the transaction-scoped advisory lock that lets one collection run at a
-# time across every `jobctl serve`; its own namespace, apart from the relay's keys.
-LOCK_NAME: Final = "hybrid_jobs.metrics.collector"
+# The name of the transaction-scoped advisory lock that lets one collection run at a
+# time across every `jobctl serve` (schema.locks).
+LOCK_NAME: Final = METRICS_LOCK_NAME
 
 # The first statement of a round: its statement timeout (for the rest of this
 # transaction only), whether this process may collect now, and the snapshot's clock.

@@ -1,7 +1,8 @@
-"""The one service layer under every operator surface (STYLE.md point 11).
+"""The one service layer under every operator surface: the CLI, the HTTP API and
+the dashboard call the same functions, so a rule lives once.
 
-``jobctl``'s commands, the HTTP API of ``jobctl serve`` and (next) the dashboard
-read and steer the system through these functions only. Reads are named
+``jobctl``'s commands, the HTTP API of ``jobctl serve`` and the dashboard read and
+steer the system through these functions only. Reads are named
 statements of :mod:`jobctl.service.queries`, each bounded by an index; every
 change goes through the producer API (``outbox.enqueue_async``,
 ``outbox.request_cancel_async``, ``outbox.retry_job_async``,

@@ -3,8 +3,10 @@ through the producer API (``outbox``), whose statements live in
 :mod:`schema.queries`.
 
 Each read is written to match one index, so that it costs what the backlog (or the
-page) costs, never what the history of finished jobs costs (STYLE.md point 12;
-``python -m bench.surface_plans`` prints their plans on a million finished jobs):
+page) costs, never what the history of finished jobs costs: no ``count(*)`` over
+finished jobs, and no ``state IN (...)`` list spanning two partial indexes, which
+scans the whole table (``python -m bench.surface_plans`` prints their plans on a
+million finished jobs):
 
 - a job and its attempts: primary keys;
 - waiting and running jobs: ``jobs_claimable_idx`` / ``jobs_leased_idx``, one
@@ -28,12 +30,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobctl.service.cursor import Order
-from schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
-from schema.states import CLAIMABLE, LEASED, JobState
-from schema.tables import LEASED_SQL, TERMINAL_SQL
-
-UNSUCCESSFUL: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
-UNSUCCESSFUL_SQL: Final = "'CANCELLED', 'FAILED'"
+from schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
+from schema.states import CLAIMABLE, LEASED, REPLAYABLE, JobState
+from schema.tables import LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
 
 # The columns of a JobSummary, in its order (done is computed).
 SUMMARY_COLUMNS: Final = (
@@ -138,9 +137,7 @@ SELECT {SUMMARY_COLUMNS} FROM jobs {_where(keyset)} ORDER BY job_id DESC LIMIT %
         return _bounded(_where(keyset), filters, Order.CREATED)
     # Finished: the index's predicate bounds the scan; the state picks within it.
     scanned = (
-        f"state IN ({UNSUCCESSFUL_SQL})"
-        if state in UNSUCCESSFUL
-        else (f"state IN ({TERMINAL_SQL})")
+        f"state IN ({REPLAYABLE_SQL})" if state in REPLAYABLE else (f"state IN ({TERMINAL_SQL})")
     )
     keyset = _KEYSET[Order.FINISHED] if after else ""
     return _bounded(_where(scanned, keyset), [f"state = '{state}'", *filters], Order.FINISHED)
@@ -225,10 +222,10 @@ FROM queues WHERE queue = %(queue)s
 """
 
 # Live consumers per queue they serve.
-STATS_WORKERS: Final = """
+STATS_WORKERS: Final = f"""
 SELECT q.queue, count(*), sum(w.concurrency)::int
 FROM workers AS w CROSS JOIN LATERAL unnest(w.queues) AS q(queue)
-WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
+WHERE {LIVE_WORKER}
 GROUP BY q.queue
 """
 
@@ -272,7 +269,7 @@ ORDER BY tenant, queue
 WORKERS_LIST: Final = f"""
 SELECT w.worker_id, w.host, w.pid, w.queues, w.job_types, w.concurrency, w.prefetch,
        w.started_at, w.last_seen_at, w.stopping,
-       NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s),
+       {LIVE_WORKER},
        COALESCE(r.running, 0), w.counts
 FROM workers AS w
 LEFT JOIN (SELECT lease_owner, count(*)::int AS running

@@ -15,10 +15,9 @@ from jobctl.service import queries
 from jobctl.service.errors import NotFound, invalid_argument
 from jobctl.service.models import PublishFailure, QueueState, QueueStats, Stats
 from jobctl.service.sql import fetch_all, fetch_one
+from schema.queries import WORKER_TTL_SECONDS
 from schema.states import JobState
 
-# A consumer heard from within this many seconds is live (relay --worker-ttl).
-WORKER_TTL: Final = 60.0
 # Finished counts and throughput cover this window, from at most SAMPLE jobs.
 WINDOW: Final = 60.0
 SAMPLE: Final = 20_000
@@ -41,7 +40,7 @@ async def stats(session: AsyncSession) -> Stats:
         found[queue]["in_flight"] = count
     for queue, paused, paused_at, paused_by in await fetch_all(session, queries.STATS_QUEUES):
         found[queue].update(paused=paused, paused_at=paused_at, paused_by=paused_by)
-    workers = await fetch_all(session, queries.STATS_WORKERS, {"worker_ttl": WORKER_TTL})
+    workers = await fetch_all(session, queries.STATS_WORKERS, {"worker_ttl": WORKER_TTL_SECONDS})
     for queue, count, concurrency in workers:
         found[queue].update(workers=count, concurrency=concurrency)
     finished = await fetch_all(

@@ -61,7 +61,9 @@ from schema.queries.dashboard import (
 )
 from schema.queries.fragments import (
     FENCE,
+    LIVE_WORKER,
     UNTAKEN,
+    WORKER_TTL_SECONDS,
 )
 from schema.queries.job import (
     JOB_DEBOUNCE_MANY,
@@ -175,6 +177,7 @@ __all__ = [
     "JOB_TRACE_CONTEXTS",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
+    "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
     "OUTBOX_DUE_QUEUES",
@@ -225,4 +228,5 @@ __all__ = [
     "WORKER_GONE",
     "WORKER_PACK_LIMIT",
     "WORKER_SEEN",
+    "WORKER_TTL_SECONDS",
 ]

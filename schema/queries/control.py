@@ -9,7 +9,7 @@ from typing import Final
 
 from schema.queries.fragments import LIVE_WORKER, PENDING_TENANTS, UNTAKEN
 from schema.queries.worker import RELAY_LIVE_SECONDS
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL, OUTBOX_CHANNEL, TERMINAL_SQL
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, OUTBOX_CHANNEL, REPLAYABLE_SQL, TERMINAL_SQL
 
 # Who acted, when the caller does not say: the database role, and the client's
 # application_name when it set one ("app (jobctl)").
@@ -24,8 +24,6 @@ _WHO = (
 _OWN_BUDGET = """CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_attempts - COALESCE(
     (SELECT r.attempts_before FROM job_replays AS r
      WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END"""
-
-_REPLAYABLE = "'CANCELLED', 'FAILED'"
 
 
 def _replay(target: str, *, before: str = "") -> str:
@@ -55,7 +53,7 @@ WITH RECURSIVE {before}target AS ({target}
     -- The array hands the planner the ids as one pkey probe each; joined alone, it
     -- may read every failed job (jobs_unsuccessful_idx) to hash-join a few.
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
-      AND j.state IN ({_REPLAYABLE})
+      AND j.state IN ({REPLAYABLE_SQL})
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
               t.state AS from_state, t.attempt_count
 ), woken AS (
@@ -74,7 +72,7 @@ SELECT job_id FROM replayed
 JOB_REPLAY: Final = _replay(f"""
     SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
     FROM jobs AS j
-    WHERE j.job_id = %(job_id)s AND j.state IN ({_REPLAYABLE})
+    WHERE j.job_id = %(job_id)s AND j.state IN ({REPLAYABLE_SQL})
     FOR NO KEY UPDATE""")
 
 # Failed and cancelled jobs matching the filters (NULL: any; `states` picks FAILED,
@@ -86,13 +84,13 @@ JOB_REPLAY: Final = _replay(f"""
 # failures are common enough that it meets `limit` of them soon
 # (bench/control_plans.py shows both). Rows another transaction holds are skipped: the
 # next call gets them.
-_UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({_REPLAYABLE})"
+_UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({REPLAYABLE_SQL})"
 
 JOB_REPLAY_MATCHING: Final = _replay(
     f"""
     SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
     FROM jobs AS j
-    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ({_REPLAYABLE})
+    WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ({REPLAYABLE_SQL})
     FOR NO KEY UPDATE OF j SKIP LOCKED""",
     before=f"""found AS (
     ({_UNSUCCESSFUL_QUEUE} AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
@@ -109,7 +107,7 @@ JOB_REPLAY_MATCHING: Final = _replay(
     CROSS JOIN LATERAL (
         SELECT j.job_id, j.finished_at
         FROM jobs AS j
-        WHERE j.state IN ({_REPLAYABLE}) AND j.queue = q.queue
+        WHERE j.state IN ({REPLAYABLE_SQL}) AND j.queue = q.queue
           AND j.state = ANY(%(states)s::text[])
           AND (%(finished_after)s::timestamptz IS NULL
                OR j.finished_at > %(finished_after)s::timestamptz)
@@ -166,7 +164,7 @@ QUEUE_IN_USE: Final = f"""
 SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({CLAIMABLE_SQL}))
     OR EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({LEASED_SQL}))
     OR EXISTS (SELECT 1 FROM jobs
-               WHERE queue = %(queue)s AND state IN ('CANCELLED', 'FAILED'))
+               WHERE queue = %(queue)s AND state IN ({REPLAYABLE_SQL}))
     OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NULL)
     OR EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s AND sent_at IS NOT NULL)
     OR EXISTS (SELECT 1 FROM workers WHERE %(queue)s = ANY(queues))

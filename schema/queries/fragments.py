@@ -36,6 +36,17 @@ UNTAKEN: Final = (
 # either, round and round (about 870 wake-ups per job in 10 s).
 REFUSAL_BACKSTOP_SECONDS: Final = 10
 
+# A consumer not heard from for this many seconds is gone: the relay forgets its row
+# (WORKER_EXPIRE, after --worker-ttl), and every judgement of liveness (LIVE_WORKER:
+# the claim's refusals, the relay's window and packing, explain, jobctl's stats and
+# workers) stops counting it, so they must all use the same figure: a consumer
+# judged gone while its row lives on would make explain say "no consumer" for a job
+# a live one is about to take. It is bound (%(worker_ttl)s), not formatted in,
+# because the relay takes it as a flag; its default, the consumer's, and the figure
+# explain and jobctl use (which cannot know a relay's flag) are this one constant.
+# A consumer refreshes its row at least three times per TTL (consumers.lease_keeper).
+WORKER_TTL_SECONDS: Final = 60.0
+
 # A live consumer: heartbeating within the given number of seconds, not stopping.
 LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
 

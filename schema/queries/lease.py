@@ -13,6 +13,7 @@ from schema.queries.fragments import (
     REFUSAL_BACKSTOP_SECONDS,
     lease_ended,
 )
+from schema.states import DelayReason
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
@@ -171,12 +172,13 @@ WITH types AS (
     -- no token, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
            CASE WHEN l.expired THEN 'EXPIRED'
-                WHEN l.paused THEN 'QUEUE_PAUSED'
-                WHEN NOT l.known THEN 'NO_HANDLER'
-                WHEN l.job_id IN (SELECT job_id FROM rate_refused) THEN 'RATE_LIMITED'
-                ELSE 'TENANT_CAP' END AS reason,
+                WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
+                WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'
+                WHEN l.job_id IN (SELECT job_id FROM rate_refused)
+                THEN '{DelayReason.RATE_LIMITED}'
+                ELSE '{DelayReason.TENANT_CAP}' END AS reason,
            -- turned down for want of a handler less than a second ago already
-           COALESCE(l.delay_reason = 'NO_HANDLER'
+           COALESCE(l.delay_reason = '{DelayReason.NO_HANDLER}'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
@@ -187,7 +189,8 @@ WITH types AS (
     -- refusal, which is rare (the relay wakes a job only when it can run).
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
         -- the handler's rate limit, for explain to name
-        rate_limit = CASE WHEN r.reason = 'RATE_LIMITED' THEN r.rate_name ELSE j.rate_limit END
+        rate_limit = CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN r.rate_name
+                          ELSE j.rate_limit END
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
 ), expired_ended AS (
@@ -214,7 +217,7 @@ WITH types AS (
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
     WHERE x.state IN ({LEASED_SQL})
-      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason = '{DelayReason.NO_HANDLER}')
     GROUP BY x.lease_owner
 ), capable AS (
     -- 3e. per job turned down for want of a handler: whether another live consumer has
@@ -225,7 +228,7 @@ WITH types AS (
       ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
-    WHERE r.reason = 'NO_HANDLER'
+    WHERE r.reason = '{DelayReason.NO_HANDLER}'
     GROUP BY r.job_id
 ), requeued AS (
     -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
@@ -233,13 +236,15 @@ WITH types AS (
     -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason = 'RATE_LIMITED' THEN GREATEST(d.token_due, now())
-                WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+           CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN GREATEST(d.token_due, now())
+                WHEN r.reason <> '{DelayReason.NO_HANDLER}'
+                     OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     LEFT JOIN rate_refused AS d USING (job_id)
-    WHERE r.reason <> 'EXPIRED' AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+    WHERE r.reason <> 'EXPIRED'
+      AND (r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL)
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.locks import WAKE_LOCK_PREFIX
 from schema.queries.fragments import LIVE_WORKER, UNTAKEN
+from schema.states import DelayReason, HeldReason
 from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type: woken when one announces it
@@ -14,7 +16,7 @@ JOB_WAKE_PARKED: Final = f"""
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
 SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
 FROM jobs AS j
-WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
   AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
   AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
 RETURNING job_id
@@ -37,14 +39,14 @@ RETURNING job_id
 OUTBOX_WAKE_REFUSED: Final = f"""
 WITH RECURSIVE kinds AS (
     (SELECT j.queue, j.job_type FROM jobs AS j
-     WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+     WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
      ORDER BY j.queue, j.job_type LIMIT 1)
     UNION ALL
     SELECT n.queue, n.job_type
     FROM kinds AS k
     CROSS JOIN LATERAL (
         SELECT j.queue, j.job_type FROM jobs AS j
-        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+        WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
           AND (j.queue, j.job_type) > (k.queue, k.job_type)
         ORDER BY j.queue, j.job_type LIMIT 1
     ) AS n
@@ -65,7 +67,7 @@ WITH RECURSIVE kinds AS (
     FROM room AS r
     CROSS JOIN LATERAL (
         SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
-        WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ({CLAIMABLE_SQL})
+        WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
           AND j.queue = r.queue AND j.job_type = r.job_type
           AND o.sent_at IS NULL AND o.available_at > now()
         ORDER BY j.queue, j.job_type  -- the index's order: a walk that stops at the room
@@ -182,7 +184,7 @@ def _horizon(candidates: str) -> str:
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
-    SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
+    SELECT pg_try_advisory_xact_lock(hashtextextended('{WAKE_LOCK_PREFIX}' || %(queue)s, 0)) AS ok
 ), settled AS (
     -- 1b. settle the wake-ups in flight whose job was taken up since
     DELETE FROM outbox AS o USING jobs AS j
@@ -214,7 +216,7 @@ WITH RECURSIVE gate AS (
 ), look AS (
     -- 3b. the queue's own reason (a pause) ...
     SELECT (SELECT ok FROM gate) AS ok,
-           CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
+           CASE WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}' END AS reason
 ), looking AS (
     -- 3c. ... and whether to read the tenants at all: for room to fill, or to note
     -- that a pause started or ended
@@ -358,10 +360,11 @@ WITH RECURSIVE gate AS (
            -- was and wanted more; FAIR_SHARE: others went first (by priority or
            -- share) and left it none. One that did not contend wanted its first.
            CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
-                WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
-                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room THEN 'TENANT_CAP'
-                WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
-                ELSE 'FAIR_SHARE'
+                WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}'
+                WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
+                     THEN '{HeldReason.TENANT_CAP}'
+                WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN '{HeldReason.WINDOW}'
+                ELSE '{HeldReason.FAIR_SHARE}'
            END AS reason
     FROM shares AS s LEFT JOIN tally AS t USING (tenant) LEFT JOIN moved AS m USING (tenant)
 ), shared AS (
@@ -465,7 +468,7 @@ WITH slice AS MATERIALIZED (
     WHERE s.state IN ({CLAIMABLE_SQL})
       AND s.run_after <= now() - make_interval(secs => %(grace_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
-      AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+      AND (s.delay_reason IS DISTINCT FROM '{DelayReason.NO_HANDLER}'
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
