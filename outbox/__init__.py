@@ -31,6 +31,15 @@ from outbox.queues import (
     resume_queue,
     resume_queue_async,
 )
+from outbox.rate_limits import (
+    RateLimit,
+    rate_limits,
+    rate_limits_async,
+    remove_rate_limit,
+    remove_rate_limit_async,
+    set_rate_limit,
+    set_rate_limit_async,
+)
 from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
 from outbox.schedules import (
     pause_schedule,
@@ -66,6 +75,7 @@ __all__ = [
     "NewJob",
     "NotAwaitingApproval",
     "PausedQueue",
+    "RateLimit",
     "TenantLimit",
     "Why",
     "approve",
@@ -84,8 +94,12 @@ __all__ = [
     "paused_queues_async",
     "queue_in_use",
     "queue_in_use_async",
+    "rate_limits",
+    "rate_limits_async",
     "reject",
     "reject_async",
+    "remove_rate_limit",
+    "remove_rate_limit_async",
     "request_cancel",
     "request_cancel_async",
     "resume_queue",
@@ -98,6 +112,8 @@ __all__ = [
     "retry_jobs_async",
     "schedule",
     "schedule_async",
+    "set_rate_limit",
+    "set_rate_limit_async",
     "set_tenant_limit",
     "set_tenant_limit_async",
     "tenant_limits",

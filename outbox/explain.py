@@ -40,6 +40,11 @@ RELAY_DISCONNECTED relays_live: relays run, none is connected to RabbitMQ, so no
 NO_CONSUMER        queue, live_workers (0): no live consumer serves its queue
 NO_HANDLER         job_type, workers_on_queue, parked: consumers serve the queue, none
                    has a handler for its type
+RATE_LIMITED       rate_limit, next_token_at (when its wake-up is due: its token's
+                   turn), tokens, refilled_at (its bucket as the last claim left it):
+                   a claim found no token for it
+EXPIRED            expires_at: its deadline passed before it started, so it never
+                   will (the next claim or the relay's sweep ends it CANCELLED)
 CANCEL_REQUESTED   requested_at: it runs, and was asked to stop
 LEASE_EXPIRED      worker, expired_at, expired_seconds_ago, last_heartbeat_at,
                    sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
@@ -100,6 +105,8 @@ class Why(StrEnum):
     NO_HANDLER = "NO_HANDLER"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
+    RATE_LIMITED = "RATE_LIMITED"
+    EXPIRED = "EXPIRED"
 
 
 class JobNotFound(LookupError):
@@ -273,10 +280,31 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] == DelayReason.NO_HANDLER
-    found = _not_yet(job) + _held(job)
+    found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job)
     if _is_due_waiting(job) and job["paused_at"] is None:
         found += _waiting_turn(job, backlog, parked)
     return found + _relays(job) + _consumers(job, parked)
+
+
+def _expired(job: Mapping[str, Any]) -> list[Blocker]:
+    expires = job["expires_at"]
+    if expires is None or expires > job["db_now"]:
+        return []
+    return [Blocker(Why.EXPIRED, {"expires_at": expires})]
+
+
+def _rate_limited(job: Mapping[str, Any]) -> list[Blocker]:
+    """Turned down by its last claim for want of a token: it is woken when its
+    token is due (its wake-up's time)."""
+    if job["delay_reason"] != DelayReason.RATE_LIMITED:
+        return []
+    facts = {
+        "rate_limit": job["rate_limit"],
+        "next_token_at": job["wakeup_due"] if job["wakeup_sent_at"] is None else None,
+        "tokens": job["rate_tokens"],
+        "refilled_at": job["rate_refilled_at"],
+    }
+    return [Blocker(Why.RATE_LIMITED, facts)]
 
 
 def _lapsed(job: Mapping[str, Any]) -> list[Blocker]:
@@ -488,6 +516,17 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.NO_HANDLER: lambda f: (
         f"none of the {f['workers_on_queue']} consumer(s) on its queue has a handler"
         f" for {f['job_type']!r}"
+    ),
+    Why.RATE_LIMITED: lambda f: (
+        f"no token of rate limit {f['rate_limit']!r}"
+        + (
+            f" (its token is due at {f['next_token_at']:%H:%M:%S.%f})"
+            if f["next_token_at"] is not None
+            else ""
+        )
+    ),
+    Why.EXPIRED: lambda f: (
+        f"its deadline passed at {f['expires_at']:%Y-%m-%d %H:%M:%S}: it will not start"
     ),
     Why.CANCEL_REQUESTED: lambda f: f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}",
     Why.LEASE_EXPIRED: lambda f: (

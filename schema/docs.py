@@ -90,6 +90,11 @@ NOTES: Final[dict[str, str]] = {
     # tenant
     "TENANT_BACKPRESSURE": "count the waiting jobs of an enqueue's tenants that have a max_queued",
     "TENANT_LIMIT_SET": "create or change a tenant's limits",
+    "TENANT_ENQUEUE_TAKE": "take tokens of the tenants' enqueue buckets (max_enqueue_rate)",
+    # rate
+    "RATE_LIMIT_SET": "create or change a rate limit (a name, or a prefix and ':*')",
+    "RATE_LIMIT_REMOVE": "remove a rate limit and the token buckets it governed",
+    "RATE_LIMITS": "list the rate limits with their buckets' tokens now",
     "TENANT_LIMIT_LIST": "list the tenants' limits and usage",
     "TENANT_USAGE_LOCK": "lock every tenant's usage row, for the reconciler",
     "TENANT_USAGE_DRIFTED": "find, without locking, the tenants whose count of held slots drifted",

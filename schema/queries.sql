@@ -31,17 +31,20 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
-        trace_context jsonb)
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, approval, trace_context)
+         scheduled_for, approval, trace_context, expires_at, rate_limit)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            CASE WHEN approval = 'REQUIRED' THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
-           scheduled_for, approval, trace_context
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
@@ -52,6 +55,43 @@ WITH input AS (
     WHERE approval IS NULL
 )
 SELECT job_id FROM inserted;
+
+-- name: JOB_DEBOUNCE_MANY
+-- Run by outbox.enqueue:enqueue_many (through outbox.enqueue:insert_jobs).
+-- Makes (new) -> QUEUED: a debounced enqueue whose key no unstarted job holds.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, expires_at timestamptz,
+        expires_seconds double precision, rate_limit text, debounce_seconds double precision,
+        debounce_max_seconds double precision, trace_context jsonb)
+), upserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
+         run_after, debounce_until, expires_at, rate_limit, trace_context)
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority, now() + make_interval(secs => debounce_seconds),
+           now() + make_interval(secs => debounce_max_seconds),
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
+           trace_context
+    FROM input
+    ON CONFLICT (job_type, debounce_key)
+        WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
+    DO UPDATE
+    SET payload = EXCLUDED.payload,
+        run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        updated_at = now()
+    WHERE j.state = 'QUEUED' AND j.started_at IS NULL
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+), unwoken AS (
+    DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM upserted
+)
+SELECT job_type, debounce_key, job_id FROM upserted;
 
 -- name: JOB_FIND_BY_DEDUP_MANY
 -- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
@@ -151,6 +191,36 @@ WHERE r.idempotency_key = %(key)s;
 -- once (run_until_idle(retries=True)).
 UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now();
 
+-- name: JOB_EXPIRE_WAITING
+-- Run by relay.maintenance:expire_waiting.
+-- Makes QUEUED -> CANCELLED: past its deadline while nobody wakes it: code EXPIRED.
+-- Makes RETRY_WAIT -> CANCELLED: past its deadline while it waits for a retry: EXPIRED.
+-- Parameters: limit.
+WITH due AS (
+    SELECT j.job_id
+    FROM jobs AS j
+    WHERE j.expires_at IS NOT NULL AND j.state IN ('QUEUED', 'RETRY_WAIT') AND j.expires_at <= now()
+    ORDER BY j.expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE jobs AS j
+    SET state = 'CANCELLED',
+        last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL,
+        delay_since = NULL,
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    FROM due
+    WHERE j.job_id = due.job_id AND j.state IN ('QUEUED', 'RETRY_WAIT')
+    RETURNING j.job_id, j.queue
+), unwoken AS (
+    DELETE FROM outbox AS o USING expired AS e
+    WHERE o.job_id = e.job_id AND o.sent_at IS NULL
+)
+SELECT job_id, queue FROM expired;
+
 
 -- ======================================================================================
 -- schema/queries/lease.py: A lease's life: the claim that starts it, the heartbeat that
@@ -164,6 +234,9 @@ UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now
 -- consumers.testing:JobRunner.run_due (through consumers.store:JobStore.claim).
 -- Makes QUEUED -> RUNNING: a woken consumer claims it: generation+1, attempt+1, lease.
 -- Makes RETRY_WAIT -> RUNNING: a woken consumer claims it once its run_after has passed.
+-- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
+-- started.
+-- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
 -- Built with LIVE_WORKER.
 -- Parameters: free_threads, job_ids, lease_seconds, types, worker, worker_ttl.
 WITH types AS (
@@ -171,11 +244,14 @@ WITH types AS (
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
-        backoff_cap double precision, backoff_jitter double precision, sync boolean)
+        backoff_cap double precision, backoff_jitter double precision, sync boolean,
+        rate_limit text)
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            t.job_type IS NOT NULL AS known,
+           COALESCE(j.expires_at <= now(), false) AS expired,
+           COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -191,14 +267,73 @@ WITH types AS (
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), rate_wanted AS (
+    -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
+    -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
+    -- and its turn for a token (rate_limits is the operator's short list).
+    SELECT r.job_id, r.rate_name AS bucket, m.rate / m.per_seconds AS per_second, m.burst,
+           row_number() OVER (PARTITION BY r.rate_name ORDER BY r.priority DESC, r.job_id)
+               AS token_rank
+    FROM runnable AS r
+    CROSS JOIN LATERAL (
+        SELECT x.rate, x.per_seconds, x.burst
+        FROM rate_limits AS x
+        WHERE x.name = r.rate_name
+           OR (right(x.name, 2) = ':*' AND starts_with(r.rate_name, left(x.name, -1)))
+        ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
+        LIMIT 1
+    ) AS m
+    WHERE r.rate_name IS NOT NULL
+), rate_taken AS (
+    -- 1e. the tokens taken, in bucket order, each bucket's row written once by this
+    -- upsert (which locks it and reads its latest version, committed or not yet
+    -- seen by this snapshot): refilled at per_second since refilled_at, up to the
+    -- burst, as of now(). A claim whose now() is earlier than the bucket's time (a
+    -- claim that began later wrote it first) finds the level less the refill
+    -- between the two and leaves the bucket's time as it was: the bucket's level at
+    -- its time is the least slack of every window ending then, so the starts stay
+    -- within burst + rate x t in every window of the claims' own clock. A new
+    -- bucket starts full. taken is what this claim took.
+    INSERT INTO rate_buckets AS b (name, tokens, taken, refilled_at)
+    SELECT w.bucket, w.burst - LEAST(w.wanted, floor(w.burst)), LEAST(w.wanted, floor(w.burst)),
+           now()
+    FROM (SELECT bucket, max(burst) AS burst, count(*) AS wanted
+          FROM rate_wanted GROUP BY bucket) AS w
+    ORDER BY w.bucket
+    ON CONFLICT (name) DO UPDATE
+    SET (tokens, taken, refilled_at) = (
+        SELECT a.level - k.n + w.per_second * GREATEST(0, -a.elapsed), k.n,
+               GREATEST(b.refilled_at, now())
+        FROM (SELECT bucket, max(per_second) AS per_second, max(burst) AS burst,
+                     count(*) AS wanted
+              FROM rate_wanted GROUP BY bucket) AS w
+        CROSS JOIN LATERAL (
+            SELECT EXTRACT(EPOCH FROM now() - b.refilled_at)::float8 AS elapsed) AS e
+        CROSS JOIN LATERAL (
+            SELECT e.elapsed, LEAST(w.burst, b.tokens + w.per_second * e.elapsed) AS level
+        ) AS a
+        CROSS JOIN LATERAL (SELECT LEAST(w.wanted, floor(GREATEST(0, a.level)))::int AS n) AS k
+        WHERE w.bucket = b.name)
+    RETURNING b.name, b.taken, b.tokens, b.refilled_at
+), rate_refused AS (
+    -- 1f. the jobs without a token: woken when its turn's token is due (the n-th job past the
+    -- bucket's level waits for n more tokens), not before.
+    SELECT w.job_id, w.bucket,
+           t.refilled_at + make_interval(
+               secs => (w.token_rank - t.taken - t.tokens) / w.per_second) AS token_due
+    FROM rate_wanted AS w JOIN rate_taken AS t ON t.name = w.bucket
+    WHERE w.token_rank > t.taken
+), rated AS (
+    -- 1g. the runnable jobs with a token, or under no limit
+    SELECT r.* FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM rate_refused)
 ), usage AS MATERIALIZED (
     -- 2a. their tenants' free slots, locked in tenant order (every statement that
     -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM runnable)
+    WHERE u.tenant IN (SELECT tenant FROM rated)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
@@ -206,7 +341,7 @@ WITH types AS (
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM runnable AS r) AS a
+          FROM rated AS r) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), reserved AS (
@@ -217,24 +352,45 @@ WITH types AS (
           FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
-    -- 3a. the jobs turned down, and why (paused queue, no handler, tenant's cap)
-    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN 'QUEUE_PAUSED'
+    -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
+    -- no token, tenant's cap)
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
+           CASE WHEN l.expired THEN 'EXPIRED'
+                WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN NOT l.known THEN 'NO_HANDLER'
+                WHEN l.job_id IN (SELECT job_id FROM rate_refused)
+                THEN 'RATE_LIMITED'
                 ELSE 'TENANT_CAP' END AS reason,
            -- turned down for want of a handler less than a second ago already
            COALESCE(l.delay_reason = 'NO_HANDLER'
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM admitted)
-      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
     -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
     -- refusal, which is rare (the relay wakes a job only when it can run).
-    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
+    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
+        -- the handler's rate limit, for explain to name
+        rate_limit = CASE WHEN r.reason = 'RATE_LIMITED' THEN r.rate_name
+                          ELSE j.rate_limit END
     FROM refused AS r
-    WHERE j.job_id = r.job_id
+    WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
+), expired_ended AS (
+    -- 3g. past its deadline: never started, it ends here (it holds no slot while it
+    -- waits), and its pending wake-ups go; the used one goes with used_up.
+    UPDATE jobs AS j
+    SET state = 'CANCELLED', last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL, delay_since = NULL,
+        finished_at = statement_timestamp(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
+), expired_unwoken AS (
+    -- 3h. its pending wake-ups deleted
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
     -- 3c. their used-up wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
@@ -264,11 +420,15 @@ WITH types AS (
     -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason <> 'NO_HANDLER' OR (c.has_room AND NOT r.refused_lately)
+           CASE WHEN r.reason = 'RATE_LIMITED' THEN GREATEST(d.token_due, now())
+                WHEN r.reason <> 'NO_HANDLER'
+                     OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL
+    LEFT JOIN rate_refused AS d USING (job_id)
+    WHERE r.reason <> 'EXPIRED'
+      AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -1133,15 +1293,41 @@ SELECT l.tenant, l.max_queued,
 FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
 WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL;
 
+-- name: TENANT_ENQUEUE_TAKE
+-- Run by outbox.backpressure:RATE_STATEMENT to take tokens of the tenants' enqueue
+-- buckets (max_enqueue_rate).
+-- Parameters: tenants.
+WITH wanted AS (
+    SELECT * FROM jsonb_to_recordset(%(tenants)s::jsonb) AS w(tenant text, n int)
+), level AS MATERIALIZED (
+    SELECT l.tenant, w.n, l.max_enqueue_rate AS rate,
+           LEAST(GREATEST(l.max_enqueue_rate, 1),
+                 COALESCE(l.enqueue_tokens, GREATEST(l.max_enqueue_rate, 1))
+                 + l.max_enqueue_rate * GREATEST(0, EXTRACT(EPOCH FROM
+                       now() - COALESCE(l.enqueue_refilled_at, now()))::float8)) AS tokens
+    FROM tenant_limits AS l JOIN wanted AS w USING (tenant)
+    WHERE l.max_enqueue_rate IS NOT NULL
+    ORDER BY l.tenant
+    FOR NO KEY UPDATE OF l
+), taken AS (
+    UPDATE tenant_limits AS l
+    SET enqueue_tokens = v.tokens - v.n,
+        enqueue_refilled_at = GREATEST(now(), l.enqueue_refilled_at)
+    FROM level AS v
+    WHERE l.tenant = v.tenant AND NOT EXISTS (SELECT 1 FROM level AS x WHERE x.tokens < x.n)
+)
+SELECT tenant, n, tokens, rate FROM level WHERE tokens < n ORDER BY tenant;
+
 -- name: TENANT_LIMIT_SET
 -- Run by outbox.tenants:set_tenant_limit(_async) to create or change a tenant's limits.
--- Parameters: max_queued, max_running, tenant, weight.
+-- Parameters: max_enqueue_rate, max_queued, max_running, tenant, weight.
 WITH limits AS (
-    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued)
-    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s)
+    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate)
+    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s)
     ON CONFLICT (tenant) DO UPDATE
     SET max_running = EXCLUDED.max_running, weight = EXCLUDED.weight,
-        max_queued = EXCLUDED.max_queued, updated_at = now()
+        max_queued = EXCLUDED.max_queued, max_enqueue_rate = EXCLUDED.max_enqueue_rate,
+        updated_at = now()
     RETURNING l.tenant
 ), usage AS (
     INSERT INTO tenant_usage (tenant) SELECT tenant FROM limits
@@ -1152,7 +1338,8 @@ SELECT tenant FROM limits;
 -- name: TENANT_LIMIT_LIST
 -- Run by outbox.tenants:tenant_limits(_async) to list the tenants' limits and usage.
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
-       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s
+       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
+       l.max_enqueue_rate
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant;
 
@@ -1707,6 +1894,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at,
+       j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
        l.max_running, COALESCE(u.running, 0) AS running,
@@ -1724,6 +1912,7 @@ LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
 LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant
 LEFT JOIN fair_shares AS f ON f.queue = j.queue AND f.tenant = COALESCE(j.tenant, '')
+LEFT JOIN rate_buckets AS rb ON rb.name = j.rate_limit AND j.delay_reason = 'RATE_LIMITED'
 LEFT JOIN LATERAL (
     SELECT o.id, o.available_at, o.sent_at
     FROM outbox AS o
@@ -1881,3 +2070,52 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+
+-- ======================================================================================
+-- schema/queries/rate.py: Rate limits: the operator's limits and the token buckets the
+-- claim takes from (JOB_CLAIM_MANY, steps 1d to 1g), and a tenant's enqueue bucket.
+-- ======================================================================================
+
+-- name: RATE_LIMIT_SET
+-- Run by outbox.rate_limits:set_rate_limit(_async) to create or change a rate limit (a
+-- name, or a prefix and ':*').
+-- Parameters: burst, name, per_seconds, rate.
+INSERT INTO rate_limits AS r (name, rate, per_seconds, burst)
+VALUES (%(name)s, %(rate)s, %(per_seconds)s, %(burst)s)
+ON CONFLICT (name) DO UPDATE
+SET rate = EXCLUDED.rate, per_seconds = EXCLUDED.per_seconds, burst = EXCLUDED.burst,
+    updated_at = now();
+
+-- name: RATE_LIMIT_REMOVE
+-- Run by outbox.rate_limits:remove_rate_limit(_async) to remove a rate limit and the
+-- token buckets it governed.
+-- Parameters: name.
+WITH gone AS (
+    DELETE FROM rate_limits WHERE name = %(name)s RETURNING name
+), emptied AS (
+    DELETE FROM rate_buckets AS b USING gone AS g
+    WHERE b.name = g.name
+       OR (right(g.name, 2) = ':*' AND starts_with(b.name, left(g.name, -1))
+           AND NOT EXISTS (SELECT 1 FROM rate_limits AS x WHERE x.name = b.name))
+)
+SELECT count(*) > 0 FROM gone;
+
+-- name: RATE_LIMITS
+-- Run by outbox.rate_limits:rate_limits(_async) to list the rate limits with their
+-- buckets' tokens now.
+SELECT r.name, r.rate, r.per_seconds, r.burst,
+       CASE WHEN b.name IS NULL THEN r.burst
+            ELSE LEAST(r.burst, b.tokens + r.rate / r.per_seconds
+                       * GREATEST(0, EXTRACT(EPOCH FROM now() - b.refilled_at)::float8))
+       END AS tokens,
+       b.refilled_at,
+       CASE WHEN right(r.name, 2) = ':*'
+            THEN (SELECT count(*) FROM (SELECT 1 FROM rate_buckets AS x
+                                        WHERE starts_with(x.name, left(r.name, -1))
+                                        LIMIT 10000) AS n)::int
+            ELSE (b.name IS NOT NULL)::int
+       END AS buckets
+FROM rate_limits AS r
+LEFT JOIN rate_buckets AS b ON b.name = r.name
+ORDER BY r.name;

@@ -45,6 +45,7 @@ class DelayReason(StrEnum):
     QUEUE_PAUSED = "QUEUE_PAUSED"
     NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met
     TENANT_CAP = "TENANT_CAP"  # its tenant had no free slot
+    RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
 
 
 class HeldReason(StrEnum):
@@ -93,11 +94,18 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {(_NEW, _QUEUED): "enqueued, with its wake-up, in the producer's or scheduler's commit"},
     ),
     Operation(
+        "JOB_DEBOUNCE_MANY",
+        ("outbox.enqueue:enqueue_many",),
+        {(_NEW, _QUEUED): "a debounced enqueue whose key no unstarted job holds"},
+    ),
+    Operation(
         "JOB_CLAIM_MANY",
         ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
         {
             (_QUEUED, _RUNNING): "a woken consumer claims it: generation+1, attempt+1, lease",
             (_RETRY_WAIT, _RUNNING): "a woken consumer claims it once its run_after has passed",
+            (_QUEUED, _CANCELLED): "woken past its deadline (expires): code EXPIRED, never started",
+            (_RETRY_WAIT, _CANCELLED): "woken for a retry past its deadline: code EXPIRED",
         },
     ),
     Operation(
@@ -136,6 +144,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
             (_RUNNING, _RETRY_WAIT): "the lease expired without a report, attempts left",
             (_RUNNING, _FAILED): "the lease expired without a report on the last attempt",
             (_CANCEL_REQUESTED, _CANCELLED): "the lease expired while a cancel was requested",
+        },
+    ),
+    Operation(
+        "JOB_EXPIRE_WAITING",
+        ("relay.maintenance:expire_waiting",),
+        {
+            (_QUEUED, _CANCELLED): "past its deadline while nobody wakes it: code EXPIRED",
+            (_RETRY_WAIT, _CANCELLED): "past its deadline while it waits for a retry: EXPIRED",
         },
     ),
     Operation(

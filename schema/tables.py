@@ -129,6 +129,16 @@ jobs = Table(
     # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
     # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
     Column("trace_context", JSONB),
+    # A job not started by then never starts: the claim, or the relay's sweep of
+    # jobs nobody wakes, ends it CANCELLED with last_error_code EXPIRED.
+    _ts("expires_at"),
+    # A debounced job's dedup key (its own column: a debounced key is free again
+    # once its job starts, see jobs_debounce_idx), and the latest its start may be
+    # moved to by a new enqueue (debounce_max after the first).
+    Column("debounce_key", Text),
+    _ts("debounce_until"),
+    # The rate limit (rate_limits) the job takes a token of when it is claimed.
+    Column("rate_limit", Text),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -218,6 +228,34 @@ Index(
     jobs.c.tenant,
     jobs.c.created_at,
     postgresql_where=text(f"state IN ({CLAIMABLE_SQL}) AND tenant IS NOT NULL"),
+)
+# The relay's sweep of waiting jobs past their deadline (expires_at), soonest first.
+Index(
+    "jobs_expiring_idx",
+    jobs.c.expires_at,
+    postgresql_where=text(f"expires_at IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
+)
+# Jobs waiting for a rate limit's token, and jobs that expired (kept until
+# retention deletes them): the metrics' gauges count these, and no other rows.
+Index(
+    "jobs_rate_limited_idx",
+    jobs.c.queue,
+    postgresql_where=text(f"delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE_SQL})"),
+)
+Index(
+    "jobs_expired_idx",
+    jobs.c.queue,
+    postgresql_where=text("state = 'CANCELLED' AND last_error_code = 'EXPIRED'"),
+)
+# A debounce key is held while its job has not started, and only then: an enqueue
+# with the key replaces that job (ON CONFLICT ... DO UPDATE), and once it has
+# started, makes a new one.
+Index(
+    "jobs_debounce_idx",
+    jobs.c.job_type,
+    jobs.c.debounce_key,
+    unique=True,
+    postgresql_where=text("debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL"),
 )
 # Jobs no live consumer can run wait here until one that knows their type starts.
 Index(
@@ -375,10 +413,49 @@ tenant_limits = Table(
     Column("max_queued", Integer),
     _ts("created_at", nullable=False, default=True),
     _ts("updated_at", nullable=False, default=True),
+    # Jobs per second the tenant may enqueue (NULL: any), as a token bucket of one
+    # second's worth, taken from in the enqueue's transaction.
+    Column("max_enqueue_rate", Float),
+    Column("enqueue_tokens", Float),
+    _ts("enqueue_refilled_at"),
     CheckConstraint(f"tenant ~ '{QUEUE_NAME_PATTERN}'", name="tenant_limits_name_valid"),
     CheckConstraint("max_running IS NULL OR max_running >= 0", name="tenant_limits_running"),
     CheckConstraint("weight > 0 AND weight <= 1000", name="tenant_limits_weight"),
     CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="tenant_limits_queued"),
+    CheckConstraint(
+        "max_enqueue_rate IS NULL OR max_enqueue_rate > 0", name="tenant_limits_enqueue_rate"
+    ),
+)
+
+# A rate limit name: a tenant-like name, or a prefix of names followed by ':*'
+# (the limit of every name with that prefix, each its own bucket).
+RATE_LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}(:\*)?$"
+
+# Rate limits: at most ``burst`` starts at once and ``rate`` per ``per_seconds``
+# after that, across every consumer (a token bucket per name, rate_buckets).
+rate_limits = Table(
+    "rate_limits",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("rate", Float, nullable=False),
+    Column("per_seconds", Float, nullable=False),
+    Column("burst", Float, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    CheckConstraint(f"name ~ '{RATE_LIMIT_NAME_PATTERN}'", name="rate_limits_name_valid"),
+    CheckConstraint("rate > 0 AND per_seconds > 0", name="rate_limits_rate_positive"),
+    CheckConstraint("burst >= 1", name="rate_limits_burst_positive"),
+)
+
+# The token bucket of each rate-limited name in use, written by the claim that
+# takes from it: the tokens left as of refilled_at, and how many that claim took.
+rate_buckets = Table(
+    "rate_buckets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("taken", Integer, nullable=False, server_default=text("0")),
+    _ts("refilled_at", nullable=False, default=True),
 )
 
 tenant_usage = Table(

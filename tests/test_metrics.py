@@ -29,7 +29,7 @@ from jobctl.metrics import Collector, CollectorSettings
 from jobctl.metrics.queries import LOCK_NAME
 from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.db import make_pool
-from schema.queries import JOB_SWEEP_EXPIRED, WORKER_SEEN
+from schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
 from schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, wait_for_state
@@ -47,6 +47,8 @@ EXPECTED_TYPES = {
     "hybrid_jobs_relays_live": "gauge",
     "hybrid_jobs_relays_publishing": "gauge",
     "hybrid_jobs_running_lease_expired_jobs": "gauge",
+    "hybrid_jobs_jobs_rate_limited": "gauge",
+    "hybrid_jobs_jobs_expired": "gauge",
     "hybrid_jobs_queue_publish_failing": "gauge",
     "hybrid_jobs_queue_wait_seconds": "histogram",
     "hybrid_jobs_execution_seconds": "histogram",
@@ -377,6 +379,31 @@ async def test_gauges_read_the_backlog(
         )
         == 1
     )
+
+
+async def test_gauges_of_rate_limited_and_expired_jobs(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, pool
+) -> None:
+    """A claim that finds no token leaves the job RATE_LIMITED; the relay's sweep
+    ends a job past its deadline: each counted in its queue."""
+    registry = _registry(db_url)
+    with Session(engine) as session, session.begin():
+        outbox.set_rate_limit(session, "slow", rate=1, per=timedelta(hours=1), burst=1)
+    first, second = (enqueue(engine, "ok", queue="idle", rate_limit="slow") for _ in range(2))
+    enqueue(engine, "ok", run_after=timedelta(hours=1), expires=timedelta(seconds=0))
+    store = JobStore(pool, "a-worker", lease_seconds=30)
+    claimed = await store.claim(
+        [first, second], registry.claim_terms(), free_threads=0, worker_ttl=60
+    )
+    assert len(claimed.claimed) == 1 and list(claimed.missed.values()) == ["RATE_LIMITED"]
+    assert len(pg.execute(JOB_EXPIRE_WAITING, {"limit": 10}).fetchall()) == 1
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    assert scrape.value("hybrid_jobs_jobs_rate_limited", queue="idle") == 1
+    assert scrape.value("hybrid_jobs_jobs_rate_limited", queue="default") == 0
+    assert scrape.value("hybrid_jobs_jobs_expired", queue="default") == 1
+    assert scrape.value("hybrid_jobs_jobs_expired", queue="idle") == 0
 
 
 async def test_relays_and_a_paused_queues_backlog(

@@ -134,7 +134,13 @@ class JobMachine(RuleBasedStateMachine):
         self.conn.execute("TRUNCATE jobs, tenant_limits, fair_shares, workers CASCADE")
         self.conn.execute(
             q.TENANT_LIMIT_SET,
-            {"tenant": "capped", "max_running": 1, "weight": 1.0, "max_queued": None},
+            {
+                "tenant": "capped",
+                "max_running": 1,
+                "weight": 1.0,
+                "max_queued": None,
+                "max_enqueue_rate": None,
+            },
         )
         self.jobs: list[uuid.UUID] = []
         self.handles: list[Handle] = []

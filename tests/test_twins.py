@@ -116,6 +116,13 @@ def _awaiting(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict
     return (job_id,), {"by": "alice"}
 
 
+def _rate_limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    outbox.set_rate_limit(s, "stripe", rate=100, burst=5)
+    outbox.set_rate_limit(s, "sms:*", rate=1, per=timedelta(minutes=1))
+    s.commit()
+    return (), {}
+
+
 def _retry_many(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
     for queue in ("mail", "mail", "other"):
         _failed_job(s, pg, queue)
@@ -159,6 +166,9 @@ SCENARIOS: dict[str, Scenario] = {
     "trigger_schedule": Scenario(setup=_schedule_setup()),
     "set_tenant_limit": Scenario(("acme",), {"max_running": 3, "weight": 2.5, "max_queued": 9}),
     "tenant_limits": Scenario(setup=_limited),
+    "set_rate_limit": Scenario(("stripe",), {"rate": 100, "per": timedelta(seconds=1)}),
+    "rate_limits": Scenario(setup=_rate_limited),
+    "remove_rate_limit": Scenario(setup=lambda s, pg: (_rate_limited(s, pg)[0] + ("sms:*",), {})),
 }
 
 

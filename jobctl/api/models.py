@@ -105,6 +105,13 @@ class EnqueueBody(BaseModel):
     """It waits (APPROVAL_REQUIRED) until approved (POST /v1/jobs/{id}/approve) or
     rejected (.../reject); takes no run_after."""
 
+    expires: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
+    """A deadline (with its UTC offset): no attempt starts after it, and a job still
+    waiting then ends CANCELLED with code EXPIRED; null: none."""
+    rate_limit: QueueName | None = None
+    """The rate limit whose token the job takes when it starts (outbox.set_rate_limit);
+    null: its handler's, if any."""
+
 
 class RejectBody(BaseModel):
     """Why a job is rejected (optional)."""

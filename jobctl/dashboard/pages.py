@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
+import outbox
 from jobctl.dashboard import render
 from jobctl.dashboard.actions import BULK_RETRY_LIMIT
 from jobctl.dashboard.auth import Viewer, viewer
@@ -238,7 +239,8 @@ async def schedules(request: Request, looker: Looker) -> Response:
 async def tenants(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_tenants(session), await _clock(session)
-    return render.page(request, "tenants.html", looker, tenants=found, now=now)
+        limits = await outbox.rate_limits_async(session)
+    return render.page(request, "tenants.html", looker, tenants=found, now=now, rate_limits=limits)
 
 
 @router.get("/workers")

@@ -133,6 +133,20 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.publish_failing,
     )
     yield _gauge(
+        "jobs_rate_limited",
+        "Jobs waiting for a token of their rate limit (delay_reason RATE_LIMITED): each"
+        " is woken when its token is due.",
+        ["queue"],
+        _by_queue(s.rate_limited),
+    )
+    yield _gauge(
+        "jobs_expired",
+        "Jobs that ended CANCELLED with code EXPIRED, never started before their"
+        " deadline (enqueue's expires), as long as retention keeps them.",
+        ["queue"],
+        _by_queue(s.expired),
+    )
+    yield _gauge(
         "running_lease_expired_jobs",
         "Leased jobs (RUNNING or CANCEL_REQUESTED) whose lease has expired and that the"
         " sweeper has not moved on yet: stuck RUNNING if it lasts.",

@@ -71,6 +71,10 @@ class Reading:
     queues: list[str]
     # (queue, jobs that wait for approval)
     awaiting_approval: list[tuple[str, int]] = field(default_factory=list)
+
+    # (queue, count): waiting for a rate limit's token; ended as expired
+    rate_limited: list[tuple[str, int]] = field(default_factory=list)
+    expired: list[tuple[str, int]] = field(default_factory=list)
     # None: a late attempt counted already, read as its key only
     attempts: list[Seen[Attempt | None]] = field(default_factory=list)
     # the latency of a job that ended CANCELLED; None for one that ended otherwise
@@ -151,6 +155,8 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
         ]
         queues = [r[0] for r in await _rows(conn, q.METRICS_QUEUES)]
+        rate_limited = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_RATE_LIMITED)]
+        expired = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_EXPIRED)]
         attempts = await _attempts(conn, cursors.attempts, now)
         cancellations: list[Seen[float | None]] = [
             Seen(late, (job_id, at), at, latency if state == "CANCELLED" else None)
@@ -175,6 +181,8 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         workers=workers,
         queues=queues,
         awaiting_approval=awaiting,
+        rate_limited=rate_limited,
+        expired=expired,
         attempts=attempts,
         cancellations=cancellations,
         fires=fires,

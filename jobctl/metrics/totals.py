@@ -87,6 +87,9 @@ class Snapshot:
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
     awaiting_approval: Mapping[str, int]
+
+    rate_limited: Mapping[str, int]
+    expired: Mapping[str, int]
     # The last hour by minute, for the dashboard's charts (not exported).
     history: HistoryView = EMPTY
 
@@ -271,7 +274,15 @@ class Totals:
         for name, count in reading.awaiting_approval:
             awaiting[self._queue(name, now)] += count
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
+        waits: dict[str, dict[str, int]] = {}
+        for kind, rows in (("rate_limited", reading.rate_limited), ("expired", reading.expired)):
+            counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
+            for name, count in rows:
+                queue = self._queue(name, now)
+                counts[queue] = counts.get(queue, 0) + count
         return Snapshot(
+            rate_limited=MappingProxyType(waits["rate_limited"]),
+            expired=MappingProxyType(waits["expired"]),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
             running_lease_expired=MappingProxyType(expired),

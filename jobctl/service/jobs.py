@@ -96,6 +96,9 @@ class NewJobRequest:
     dedup_key: str | None = None
     needs_approval: bool = False
 
+    expires: datetime | None = None
+    rate_limit: str | None = None
+
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
         one, whatever the order of the payload's keys."""
@@ -114,6 +117,11 @@ class NewJobRequest:
             document["dedup_key"] = self.dedup_key
         if self.needs_approval:
             document["needs_approval"] = True
+
+        if self.expires is not None:
+            document["expires"] = self.expires.astimezone(UTC)
+        if self.rate_limit is not None:
+            document["rate_limit"] = self.rate_limit
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -344,6 +352,8 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             priority=request.priority,
             tenant=request.tenant,
             needs_approval=request.needs_approval,
+            expires=request.expires,
+            rate_limit=request.rate_limit,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

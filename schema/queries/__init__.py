@@ -69,7 +69,9 @@ from schema.queries.fragments import (
     WORKER_TTL_SECONDS,
 )
 from schema.queries.job import (
+    JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
+    JOB_EXPIRE_WAITING,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_OUTCOME,
@@ -104,6 +106,7 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
 )
+from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
@@ -122,6 +125,7 @@ from schema.queries.schedule import (
 )
 from schema.queries.tenant import (
     TENANT_BACKPRESSURE,
+    TENANT_ENQUEUE_TAKE,
     TENANT_LIMIT_LIST,
     TENANT_LIMIT_SET,
     TENANT_USAGE_DRIFTED,
@@ -154,7 +158,9 @@ __all__ = [
     "JOB_APPROVE",
     "JOB_ATTEMPT_RECORDED_MANY",
     "JOB_CLAIM_MANY",
+    "JOB_DEBOUNCE_MANY",
     "JOB_EFFECT_CLAIM",
+    "JOB_EXPIRE_WAITING",
     "JOB_EXPLAIN",
     "JOB_EXPLAIN_BACKLOG",
     "JOB_FIND_BY_DEDUP_MANY",
@@ -194,6 +200,9 @@ __all__ = [
     "QUEUE_PAUSE",
     "QUEUE_PAUSED_LIST",
     "QUEUE_RESUME",
+    "RATE_LIMITS",
+    "RATE_LIMIT_REMOVE",
+    "RATE_LIMIT_SET",
     "RELAY_EXPIRE",
     "RELAY_FAILING_QUEUES",
     "RELAY_GONE",
@@ -215,6 +224,7 @@ __all__ = [
     "SCHEDULE_TEMPLATE",
     "SCHEDULE_UPSERT",
     "TENANT_BACKPRESSURE",
+    "TENANT_ENQUEUE_TAKE",
     "TENANT_LIMIT_LIST",
     "TENANT_LIMIT_SET",
     "TENANT_USAGE_DRIFTED",

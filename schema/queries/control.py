@@ -246,6 +246,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at,
+       j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
        l.max_running, COALESCE(u.running, 0) AS running,
@@ -263,6 +264,7 @@ LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
 LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant
 LEFT JOIN fair_shares AS f ON f.queue = j.queue AND f.tenant = COALESCE(j.tenant, '')
+LEFT JOIN rate_buckets AS rb ON rb.name = j.rate_limit AND j.delay_reason = 'RATE_LIMITED'
 LEFT JOIN LATERAL (
     SELECT o.id, o.available_at, o.sent_at
     FROM outbox AS o

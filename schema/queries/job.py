@@ -21,17 +21,20 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
-        trace_context jsonb)
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, approval, trace_context)
+         scheduled_for, approval, trace_context, expires_at, rate_limit)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
            CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
-           scheduled_for, approval, trace_context
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
@@ -42,6 +45,52 @@ WITH input AS (
     WHERE approval IS NULL
 )
 SELECT job_id FROM inserted
+"""
+
+# Debounced jobs (enqueue(..., dedup_key=, debounce=)): a job whose key no job
+# that has not started yet holds is inserted, due debounce from now, with its
+# wake-up; one whose key such a job holds replaces that job's payload and moves
+# its start to debounce from now, never past debounce_until (debounce_max after the
+# first enqueue), and its wake-up with it (delete and insert, as OUTBOX_HAND_BACK
+# does: a wake-up already sent would find the job not due, and be settled). The
+# key is held by jobs_debounce_idx only while its job is QUEUED and never started,
+# so a claim that starts it frees the key (the conflict is decided on the latest
+# row, the update fenced by the same state), and a later enqueue makes a new job.
+# One row per key: the caller sends each (job_type, key) once. Returns each key's
+# job (the one it replaced, for a repeat).
+JOB_DEBOUNCE_MANY: Final = """
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, expires_at timestamptz,
+        expires_seconds double precision, rate_limit text, debounce_seconds double precision,
+        debounce_max_seconds double precision, trace_context jsonb)
+), upserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
+         run_after, debounce_until, expires_at, rate_limit, trace_context)
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority, now() + make_interval(secs => debounce_seconds),
+           now() + make_interval(secs => debounce_max_seconds),
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
+           trace_context
+    FROM input
+    ON CONFLICT (job_type, debounce_key)
+        WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
+    DO UPDATE
+    SET payload = EXCLUDED.payload,
+        run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        updated_at = now()
+    WHERE j.state = 'QUEUED' AND j.started_at IS NULL
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+), unwoken AS (
+    DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM upserted
+)
+SELECT job_type, debounce_key, job_id FROM upserted
 """
 
 # A separate statement from the insert on purpose: under READ COMMITTED it takes a
@@ -136,4 +185,38 @@ WHERE r.idempotency_key = %(key)s
 # waiting out its backoff comes due at once. Moves no job: they stay RETRY_WAIT.
 JOB_RETRIES_DUE_NOW: Final = """
 UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now()
+"""
+
+# The relay's sweep of deadlines: a waiting job past its expires_at that no claim
+# looked at (delayed, parked, backed off: nobody wakes it before it is due) is
+# cancelled with code EXPIRED, and its pending wake-ups go (one in flight is
+# settled by the relay, as for any cancelled job). The claim ends the ones it is
+# woken for itself (JOB_CLAIM_MANY), so this is bounded by %(limit)s soonest first,
+# through jobs_expiring_idx. A job that waits holds no tenant slot. Returns each
+# job ended, with its queue.
+JOB_EXPIRE_WAITING: Final = f"""
+WITH due AS (
+    SELECT j.job_id
+    FROM jobs AS j
+    WHERE j.expires_at IS NOT NULL AND j.state IN ({CLAIMABLE_SQL}) AND j.expires_at <= now()
+    ORDER BY j.expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE jobs AS j
+    SET state = 'CANCELLED',
+        last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL,
+        delay_since = NULL,
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    FROM due
+    WHERE j.job_id = due.job_id AND j.state IN ({CLAIMABLE_SQL})
+    RETURNING j.job_id, j.queue
+), unwoken AS (
+    DELETE FROM outbox AS o USING expired AS e
+    WHERE o.job_id = e.job_id AND o.sent_at IS NULL
+)
+SELECT job_id, queue FROM expired
 """

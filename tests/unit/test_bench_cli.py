@@ -36,6 +36,7 @@ import pytest
         "bench.spread",
         "bench.enqueue_async",
         "bench.wait_for",
+        "bench.rate_limits",
     ],
 )
 def test_help_shows_the_whole_description_and_every_default(

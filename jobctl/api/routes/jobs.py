@@ -130,6 +130,8 @@ async def enqueue(
         body.max_attempts,
         body.dedup_key,
         body.needs_approval,
+        body.expires,
+        body.rate_limit,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
