@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import TextIO
@@ -14,6 +15,12 @@ _starts: TextIO | None = None
 @consumers.handler("noop")
 async def noop(job: consumers.Job) -> None:
     return None
+
+
+@consumers.handler("sleep")
+async def sleep(job: consumers.Job) -> None:
+    """Waits, using no CPU: how a burst spreads over consumers (bench.spread)."""
+    await asyncio.sleep(float(job.payload.get("seconds", 1)))
 
 
 def _starts_file() -> TextIO:

@@ -1,5 +1,5 @@
 """What the benchmarks share: a scratch database migrated to head and a scratch
-broker namespace (from tests.support.scratch), percentiles, the environment, and
+broker namespace (from harness.scratch), percentiles, the environment, and
 their command lines' help."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 import aiormq
 import psycopg
 
+from harness.scratch import scratch_database, scratch_topology
+from harness.services import ADMIN_URL
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL
 from schema.topology import Topology
-from tests.support.scratch import scratch_database, scratch_topology
-from tests.support.services import ADMIN_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -45,7 +45,7 @@ OURS = "hybrid-jobs"
 EXTRA = "pip install -e '.[bench]'"
 PEER_PACKAGES = ("pgqueuer", "celery")
 LATENCY_KEYS = ("p50_ms", "p95_ms", "p99_ms")
-OWN_PACKAGES = {"bench", "schema", "outbox", "relay", "consumers", "plumbing", "tests"}
+OWN_PACKAGES = {"bench", "harness", "schema", "outbox", "relay", "consumers", "plumbing", "jobctl"}
 
 
 @dataclass

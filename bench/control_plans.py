@@ -32,8 +32,8 @@ from typing import Any, LiteralString
 import psycopg
 
 from bench.common import argument_parser, machine, scratch_database
+from harness.plans import plan as explain_plan
 from schema import queries as q
-from tests.support.plans import plan as explain_plan
 
 BIG_TABLES = {"jobs", "outbox", "job_attempts"}
 

@@ -43,12 +43,12 @@ from bench.common import (
     scratch_topology,
     service_env,
 )
+from harness.broker import purge, queue_depth
 from plumbing.config import DatabaseUrl
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.queries import WORKER_TTL_SECONDS
 from schema.tables import CLAIMABLE_SQL
 from schema.topology import Topology
-from tests.support.broker import purge, queue_depth
 
 QUEUE = "backlog"
 

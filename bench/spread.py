@@ -81,7 +81,7 @@ def main() -> None:
         concurrency=args.concurrency,
         relay_args=["--pack", str(args.pack)],
         consumer_args=consumer_args,
-        app="tests.apps.basic",
+        app="bench.apps",
     ) as f:
         rounds = [
             one_round(f.db.conninfo, f.db.sqlalchemy, args.jobs, args.seconds)

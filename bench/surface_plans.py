@@ -28,12 +28,12 @@ from typing import Any
 import psycopg
 
 from bench.common import argument_parser, machine, scratch_database
+from harness.history import fill
+from harness.plans import plan as explain_plan
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
 from schema.queries import WORKER_TTL_SECONDS
 from schema.states import JobState
-from tests.support.history import fill
-from tests.support.plans import plan as explain_plan
 
 PAGE = 51  # a page of 50, and one to tell whether there is a next
 SCAN = 10_000  # jobctl.service.jobs.SCAN_LIMIT

@@ -30,6 +30,7 @@ class Handler:
     max_attempts: int | None
     timeout: float | None
     backoff: Backoff
+    rate_limit: str | None = None
 
     @property
     def is_async(self) -> bool:
@@ -54,13 +55,16 @@ class Registry:
         max_attempts: int | None = None,
         timeout: float | None = None,
         backoff: Backoff | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register the decorated function as the handler of ``job_type``.
 
         ``max_attempts`` applies to jobs enqueued without their own; ``timeout`` (in
         seconds) bounds one attempt, which then fails with code TIMEOUT (default: the
         consumer's ``--default-timeout``; ``NO_TIMEOUT`` for none); ``backoff``
-        spaces the retries (default: 5 s doubling up to 15 min, with jitter).
+        spaces the retries (default: 5 s doubling up to 15 min, with jitter);
+        ``rate_limit`` names the rate limit (:func:`outbox.set_rate_limit`) each of
+        its jobs takes a token of when it starts, unless the job names its own.
         """
         names.job_type(job_type)
         names.queue(queue)
@@ -70,6 +74,8 @@ class Registry:
             raise ValueError("max_attempts must be a positive int")
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be a positive number of seconds")
+        if rate_limit is not None:
+            names.rate_limit(rate_limit)
 
         def register(fn: HandlerFn) -> HandlerFn:
             try:
@@ -81,7 +87,7 @@ class Registry:
             if job_type in self._handlers:
                 raise ValueError(f"a handler for {job_type!r} is registered already")
             self._handlers[job_type] = Handler(
-                job_type, fn, queue, max_attempts, timeout, backoff or DEFAULT_BACKOFF
+                job_type, fn, queue, max_attempts, timeout, backoff or DEFAULT_BACKOFF, rate_limit
             )
             return fn
 
@@ -98,8 +104,8 @@ class Registry:
 
     def claim_terms(self) -> list[dict[str, Any]]:
         """What the claim needs per job type: the attempt budget for jobs enqueued
-        without one, the backoff the sweeper applies if a lease expires, and whether
-        the handler needs a thread."""
+        without one, the backoff the sweeper applies if a lease expires, whether
+        the handler needs a thread, and the rate limit its jobs take a token of."""
         return [
             {
                 "job_type": h.job_type,
@@ -108,6 +114,7 @@ class Registry:
                 "backoff_cap": h.backoff.cap,
                 "backoff_jitter": h.backoff.jitter,
                 "sync": not h.is_async,
+                "rate_limit": h.rate_limit,
             }
             for h in self._handlers.values()
         ]

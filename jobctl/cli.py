@@ -21,6 +21,7 @@ from plumbing.config import ConfigError
 COMMANDS: dict[str, str] = {
     "check": "jobctl.commands.check:check",
     "jobs": "jobctl.commands.jobs:jobs",
+    "limits": "jobctl.commands.limits:limits",
     "migrate": "jobctl.commands.migrate:migrate",
     "queues": "jobctl.commands.queues:queues",
     "schedules": "jobctl.commands.schedules:schedules",

@@ -10,9 +10,12 @@
 Nothing here commits; a rolled-back transaction leaves no job behind. The
 operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed and
 cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
-waiting?), alongside ``request_cancel``, tenant limits and schedules.
+waiting?), alongside ``request_cancel``, tenant limits and schedules; and
+``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
+``approve``/``reject`` for jobs enqueued with ``needs_approval``.
 """
 
+from outbox.approval import NotAwaitingApproval, approve, approve_async, reject, reject_async
 from outbox.backpressure import Backpressure
 from outbox.cancel import request_cancel, request_cancel_async
 from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
@@ -27,6 +30,15 @@ from outbox.queues import (
     queue_in_use_async,
     resume_queue,
     resume_queue_async,
+)
+from outbox.rate_limits import (
+    RateLimit,
+    rate_limits,
+    rate_limits_async,
+    remove_rate_limit,
+    remove_rate_limit_async,
+    set_rate_limit,
+    set_rate_limit_async,
 )
 from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
 from outbox.schedules import (
@@ -49,6 +61,7 @@ from outbox.tenants import (
     tenant_limits_async,
 )
 from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
+from outbox.waiting import Finished, wait_for, wait_for_async
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -56,12 +69,17 @@ __all__ = [
     "Backpressure",
     "Blocker",
     "Explanation",
+    "Finished",
     "JobNotFound",
     "LastError",
     "NewJob",
+    "NotAwaitingApproval",
     "PausedQueue",
+    "RateLimit",
     "TenantLimit",
     "Why",
+    "approve",
+    "approve_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
@@ -76,6 +94,12 @@ __all__ = [
     "paused_queues_async",
     "queue_in_use",
     "queue_in_use_async",
+    "rate_limits",
+    "rate_limits_async",
+    "reject",
+    "reject_async",
+    "remove_rate_limit",
+    "remove_rate_limit_async",
     "request_cancel",
     "request_cancel_async",
     "resume_queue",
@@ -88,6 +112,8 @@ __all__ = [
     "retry_jobs_async",
     "schedule",
     "schedule_async",
+    "set_rate_limit",
+    "set_rate_limit_async",
     "set_tenant_limit",
     "set_tenant_limit_async",
     "tenant_limits",
@@ -96,4 +122,6 @@ __all__ = [
     "trigger_schedule_async",
     "unschedule",
     "unschedule_async",
+    "wait_for",
+    "wait_for_async",
 ]

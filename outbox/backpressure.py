@@ -9,11 +9,12 @@ with concurrent writers.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from schema.queries import TENANT_BACKPRESSURE
+from schema.queries import TENANT_BACKPRESSURE, TENANT_ENQUEUE_TAKE
 
 # Bounds of the retry-after hint, in seconds.
 MIN_RETRY_AFTER = 1.0
@@ -23,19 +24,31 @@ UNKNOWN_DRAIN_RETRY_AFTER = 60.0
 
 
 class Backpressure(Exception):
-    """The tenant already has ``limit`` jobs waiting (its ``max_queued``), so this
-    enqueue wrote nothing. ``retry_after`` is a hint, in seconds, from how fast the
-    tenant's jobs drained lately."""
+    """The tenant already has ``limit`` jobs waiting (its ``max_queued``), or
+    enqueues faster than its ``max_enqueue_rate`` (then set here, and ``limit`` and
+    ``waiting`` are 0), so this enqueue wrote nothing. ``retry_after`` is a hint,
+    in seconds: from how fast the tenant's jobs drained lately, or when its rate
+    has room for these jobs."""
 
-    def __init__(self, tenant: str, limit: int, waiting: int, retry_after: float) -> None:
-        super().__init__(
-            f"tenant {tenant!r} has {waiting} jobs waiting, its max_queued is {limit}; "
-            f"retry in about {retry_after:.0f} s"
-        )
+    def __init__(
+        self,
+        tenant: str,
+        limit: int,
+        waiting: int,
+        retry_after: float,
+        *,
+        max_enqueue_rate: float | None = None,
+    ) -> None:
+        if max_enqueue_rate is None:
+            message = f"tenant {tenant!r} has {waiting} jobs waiting, its max_queued is {limit}"
+        else:
+            message = f"tenant {tenant!r} enqueues faster than {max_enqueue_rate:g} jobs/s"
+        super().__init__(f"{message}; retry in about {retry_after:.1f} s")
         self.tenant = tenant
         self.limit = limit
         self.waiting = waiting
         self.retry_after = retry_after
+        self.max_enqueue_rate = max_enqueue_rate
 
 
 def tenants_of(rows: Sequence[str | None]) -> Counter[str]:
@@ -60,4 +73,18 @@ def refuse_over_limit(adding: Counter[str], rows: Sequence[Any]) -> None:
             raise Backpressure(tenant, limit, waiting, round(hint, 1))
 
 
+def rate_params(adding: Counter[str]) -> dict[str, Any]:
+    return {"tenants": json.dumps([{"tenant": t, "n": n} for t, n in sorted(adding.items())])}
+
+
+def refuse_over_rate(rows: Sequence[Any]) -> None:
+    """Raise Backpressure for the first tenant short of enqueue tokens: due again
+    once its bucket holds as many as it wanted (the bucket holds a second's
+    worth: more than that at once never fits)."""
+    for tenant, wanted, tokens, rate in rows:
+        retry_after = max(0.0, (min(wanted, max(rate, 1.0)) - tokens) / rate)
+        raise Backpressure(tenant, 0, 0, round(retry_after, 3), max_enqueue_rate=rate)
+
+
 STATEMENT = TENANT_BACKPRESSURE
+RATE_STATEMENT = TENANT_ENQUEUE_TAKE

@@ -28,7 +28,12 @@ from outbox import backpressure
 from outbox.twin import async_twin
 from outbox.validation import NewJob, max_payload_bytes, to_row
 from plumbing import tracing
-from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY, JOB_KEYS_LOCK
+from schema.queries import (
+    JOB_DEBOUNCE_MANY,
+    JOB_FIND_BY_DEDUP_MANY,
+    JOB_INSERT_MANY,
+    JOB_KEYS_LOCK,
+)
 
 
 @dataclass(frozen=True)
@@ -36,18 +41,27 @@ class _Plan:
     rows: list[str]
     keys: list[tuple[str, str | None]]  # (job_type, dedup_key) per job, in order
     tenants: Counter[str]  # jobs per tenant, for backpressure
+    # Debounced jobs, by (job_type, dedup_key): the last of a batch wins.
+    debounced: dict[tuple[str, str], str]
     ordered_keys: list[str]  # keys of ordered jobs, to lock before numbering them
 
     @property
     def document(self) -> str:
         return "[" + ",".join(self.rows) + "]"
 
-    def lookup_document(self, inserted: set[uuid.UUID], ids: list[uuid.UUID]) -> str | None:
+    @property
+    def debounce_document(self) -> str | None:
+        return "[" + ",".join(self.debounced.values()) + "]" if self.debounced else None
+
+    def lookup_document(
+        self, inserted: set[uuid.UUID], ids: list[uuid.UUID], debounced: Sequence[Any] = ()
+    ) -> str | None:
         """The (job_type, dedup_key) pairs whose insert was skipped as a duplicate."""
+        found = {(row[0], row[1]) for row in debounced}
         wanted = [
             {"job_type": t, "dedup_key": k}
             for (t, k), job_id in zip(self.keys, ids, strict=True)
-            if job_id not in inserted
+            if job_id not in inserted and (t, k) not in found
         ]
         return json.dumps(wanted, ensure_ascii=False) if wanted else None
 
@@ -57,6 +71,7 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
     tenants: list[str | None] = []
+    debounced: dict[tuple[str, str], str] = {}
     ordered_keys: set[str] = set()
     # The enqueuing code's span, once for the batch: every job of it was made there.
     trace_context = tracing.capture()
@@ -64,13 +79,18 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
         job_id, row = to_row(job, limit, trace_context)
-        rows.append(row)
+        if job.debounce is not None and job.dedup_key is not None:
+            debounced.pop((job.job_type, job.dedup_key), None)
+            debounced[(job.job_type, job.dedup_key)] = row
+        else:
+            rows.append(row)
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)
         tenants.append(job.tenant)
         if job.ordered and job.key is not None:
             ordered_keys.add(job.key)
-    return _Plan(rows, keys, backpressure.tenants_of(tenants), sorted(ordered_keys)), ids
+    plan = _Plan(rows, keys, backpressure.tenants_of(tenants), debounced, sorted(ordered_keys))
+    return plan, ids
 
 
 def _resolve(
@@ -78,12 +98,19 @@ def _resolve(
     ids: list[uuid.UUID],
     inserted: set[uuid.UUID],
     found: Sequence[Any],
+    debounced_rows: Sequence[Any] = (),
 ) -> list[uuid.UUID]:
+    debounced = {(row[0], row[1]): row[2] for row in debounced_rows}
+    if len(debounced) < len(plan.debounced):
+        # The job holding the key started between the conflict and the update.
+        raise RuntimeError("a debounced job started while it was replaced; retry the transaction")
     existing = {(row[0], row[1]): row[2] for row in found}
     result: list[uuid.UUID] = []
     for (job_type, dedup_key), job_id in zip(plan.keys, ids, strict=True):
         if job_id in inserted:
             result.append(job_id)
+        elif dedup_key is not None and (job_type, dedup_key) in debounced:
+            result.append(debounced[(job_type, dedup_key)])
         elif (job_type, dedup_key) in existing:
             result.append(existing[(job_type, dedup_key)])
         else:
@@ -124,12 +151,19 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     if plan.tenants:
         limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
         backpressure.refuse_over_limit(plan.tenants, limits.all())
+        rates = conn.exec_driver_sql(
+            backpressure.RATE_STATEMENT, backpressure.rate_params(plan.tenants)
+        )
+        backpressure.refuse_over_rate(rates.all())
     if plan.ordered_keys:
         conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
     inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
-    lookup = plan.lookup_document(inserted, ids)
+    debounced: Sequence[Any] = []
+    if plan.debounce_document:
+        debounced = conn.exec_driver_sql(JOB_DEBOUNCE_MANY, {"jobs": plan.debounce_document}).all()
+    lookup = plan.lookup_document(inserted, ids, debounced)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
-    return _resolve(plan, ids, inserted, found)
+    return _resolve(plan, ids, inserted, found, debounced)
 
 
 enqueue_many_async = async_twin(enqueue_many)
@@ -146,6 +180,11 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     tenant: str | None = None,
+    needs_approval: bool = False,
+    expires: datetime | timedelta | None = None,
+    rate_limit: str | None = None,
+    debounce: timedelta | None = None,
+    debounce_max: timedelta | None = None,
     key: str | None = None,
     key_limit: int | None = None,
     ordered: bool | str = False,
@@ -157,6 +196,19 @@ def enqueue(
     or a timedelta from the database's now. Without ``max_attempts`` the job's
     handler decides (else 5). ``priority``: higher runs first. ``tenant``: whose job
     it is, for caps, fair share and backpressure (None: nobody's, no limit applies).
+    ``needs_approval``: it waits (``APPROVAL_REQUIRED``) until :func:`outbox.approve`
+    makes it due, or :func:`outbox.reject` cancels it (takes no ``run_after``).
+
+    ``expires``: a deadline (an aware datetime, or a timedelta from now): no
+    attempt starts after it; a job still waiting then ends CANCELLED with
+    last_error_code EXPIRED. ``rate_limit``: the rate limit
+    (:func:`outbox.set_rate_limit`) the job takes a token of when it starts, as a
+    handler's ``rate_limit`` would. ``debounce`` (with ``dedup_key``): while the job
+    with that key has not started, an enqueue with the key replaces its payload and
+    moves its start to ``debounce`` from now, never later than ``debounce_max``
+    after the first enqueue, and returns its id; once it has started, an enqueue
+    makes a new job.
+
     ``key``: the entity the job is about; at most ``key_limit`` (default 1) jobs
     with the same key hold a lease at once, across queues and job types; the
     others wait (KEY_BUSY) without spending an attempt. ``ordered=True``: jobs
@@ -164,8 +216,8 @@ def enqueue(
     a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
     FAILED one until it is replayed.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
-    unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued is
-    reached.
+    unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
+    max_enqueue_rate is reached.
     """
     job = NewJob(
         job_type,
@@ -176,6 +228,11 @@ def enqueue(
         max_attempts,
         priority,
         tenant,
+        needs_approval,
+        expires,
+        rate_limit,
+        debounce,
+        debounce_max,
         key=key,
         key_limit=key_limit,
         ordered=ordered,

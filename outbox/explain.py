@@ -15,6 +15,8 @@ consumer), each with a code and the facts behind it:
 =================  ===================================================================
 code               facts
 =================  ===================================================================
+APPROVAL_REQUIRED  enqueued_at: enqueued with needs_approval, it runs once approved
+                   (outbox.approve, jobctl jobs approve), never before
 NOT_DUE            run_after, in_seconds (a QUEUED job enqueued for later)
 RETRY_BACKOFF      until, in_seconds, last_error_code, last_error_message, attempt
 WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its queue's
@@ -44,6 +46,11 @@ RELAY_DISCONNECTED relays_live: relays run, none is connected to RabbitMQ, so no
 NO_CONSUMER        queue, live_workers (0): no live consumer serves its queue
 NO_HANDLER         job_type, workers_on_queue, parked: consumers serve the queue, none
                    has a handler for its type
+RATE_LIMITED       rate_limit, next_token_at (when its wake-up is due: its token's
+                   turn), tokens, refilled_at (its bucket as the last claim left it):
+                   a claim found no token for it
+EXPIRED            expires_at: its deadline passed before it started, so it never
+                   will (the next claim or the relay's sweep ends it CANCELLED)
 CANCEL_REQUESTED   requested_at: it runs, and was asked to stop
 LEASE_EXPIRED      worker, expired_at, expired_seconds_ago, last_heartbeat_at,
                    sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
@@ -56,7 +63,8 @@ A waiting job that is due and has no blocker is next in line. A running job has 
 blockers while its lease holds; ``lease`` says who holds it, until when, its last
 heartbeat and progress.
 A finished job has its ``outcome`` (its final state), ``finished_at`` and
-``last_error``.
+``last_error``. A job enqueued with needs_approval has its ``approval``: status
+(REQUIRED, APPROVED, REJECTED), by and at (who decided, when).
 
 It is cheap: key lookups and short index ranges, bounded by the queue's backlog
 (and at most 10000 entries ahead), never by the history of finished jobs. Reasons
@@ -90,6 +98,7 @@ DRAIN_SAMPLE: Final = 2000
 
 
 class Why(StrEnum):
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
     NOT_DUE = "NOT_DUE"
     RETRY_BACKOFF = "RETRY_BACKOFF"
     WAKEUP_PENDING = "WAKEUP_PENDING"
@@ -102,6 +111,8 @@ class Why(StrEnum):
     NO_HANDLER = "NO_HANDLER"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
+    RATE_LIMITED = "RATE_LIMITED"
+    EXPIRED = "EXPIRED"
     KEY_ORDER = "KEY_ORDER"
     KEY_BUSY = "KEY_BUSY"
 
@@ -149,6 +160,9 @@ class Explanation:
     summary: str
     # The database's clock when it was read.
     checked_at: datetime = field(repr=False)
+    # For a job enqueued with needs_approval: status (REQUIRED, APPROVED,
+    # REJECTED), by, at.
+    approval: dict[str, Any] | None = None
 
     @property
     def codes(self) -> list[str]:
@@ -179,6 +193,7 @@ class Explanation:
                 "blockers": [{"code": b.code, "facts": b.facts} for b in self.blockers],
                 "summary": self.summary,
                 "checked_at": self.checked_at,
+                "approval": self.approval,
             }
         )
         assert isinstance(value, dict)
@@ -269,13 +284,37 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
+    if job["approval"] == "REQUIRED":
+        # Held never due until approved: no wake-up, relay or consumer counts yet.
+        return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] == DelayReason.NO_HANDLER
     keyed = _key(job)
-    found = _not_yet(job) + _held(job) + keyed
+    found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
     if _is_due_waiting(job) and job["paused_at"] is None:
         # one waiting for its key has no wake-up: the end of the lease ahead wakes it
         found += _waiting_turn(job, backlog, parked or bool(keyed))
     return found + _relays(job) + _consumers(job, parked)
+
+
+def _expired(job: Mapping[str, Any]) -> list[Blocker]:
+    expires = job["expires_at"]
+    if expires is None or expires > job["db_now"]:
+        return []
+    return [Blocker(Why.EXPIRED, {"expires_at": expires})]
+
+
+def _rate_limited(job: Mapping[str, Any]) -> list[Blocker]:
+    """Turned down by its last claim for want of a token: it is woken when its
+    token is due (its wake-up's time)."""
+    if job["delay_reason"] != DelayReason.RATE_LIMITED:
+        return []
+    facts = {
+        "rate_limit": job["rate_limit"],
+        "next_token_at": job["wakeup_due"] if job["wakeup_sent_at"] is None else None,
+        "tokens": job["rate_tokens"],
+        "refilled_at": job["rate_refilled_at"],
+    }
+    return [Blocker(Why.RATE_LIMITED, facts)]
 
 
 def _lapsed(job: Mapping[str, Any]) -> list[Blocker]:
@@ -472,6 +511,7 @@ def _lease(job: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
+    Why.APPROVAL_REQUIRED: lambda f: "waits for approval (outbox.approve, jobctl jobs approve)",
     Why.NOT_DUE: lambda f: f"not due for {f['in_seconds']:.0f} s",
     Why.RETRY_BACKOFF: lambda f: (
         f"retrying in {f['in_seconds']:.0f} s after attempt {f['attempt']} failed"
@@ -519,6 +559,17 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         f"none of the {f['workers_on_queue']} consumer(s) on its queue has a handler"
         f" for {f['job_type']!r}"
     ),
+    Why.RATE_LIMITED: lambda f: (
+        f"no token of rate limit {f['rate_limit']!r}"
+        + (
+            f" (its token is due at {f['next_token_at']:%H:%M:%S.%f})"
+            if f["next_token_at"] is not None
+            else ""
+        )
+    ),
+    Why.EXPIRED: lambda f: (
+        f"its deadline passed at {f['expires_at']:%Y-%m-%d %H:%M:%S}: it will not start"
+    ),
     Why.CANCEL_REQUESTED: lambda f: f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}",
     Why.LEASE_EXPIRED: lambda f: (
         f"its lease expired {f['expired_seconds_ago']:.0f} s ago (worker {f['worker']}"
@@ -536,7 +587,25 @@ def error_line(code: str | None, message: str | None) -> str:
     return message
 
 
+def _approval(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    if job["approval"] is None:
+        return None
+    return {"status": job["approval"], "by": job["approval_by"], "at": job["approval_at"]}
+
+
+def _decided(job: Mapping[str, Any]) -> str:
+    """Who approved or rejected it, and when, for the summary."""
+    if job["approval"] not in ("APPROVED", "REJECTED"):
+        return ""
+    at = job["approval_at"]
+    return f"; {job['approval'].lower()} by {job['approval_by']} at {at:%Y-%m-%d %H:%M:%S}"
+
+
 def _summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
+    return _state_summary(job, blockers) + _decided(job)
+
+
+def _state_summary(job: Mapping[str, Any], blockers: list[Blocker]) -> str:
     state = JobState(job["state"])
     attempts = f"{job['attempt_count']} attempt{'s' if job['attempt_count'] != 1 else ''}"
     if state in TERMINAL:
@@ -574,4 +643,5 @@ def _explanation(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> E
         blockers=blockers,
         summary=_summary(job, blockers),
         checked_at=job["db_now"],
+        approval=_approval(job),
     )

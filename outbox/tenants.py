@@ -4,7 +4,8 @@ A tenant's ``max_running`` caps how many of its jobs run at once (a slot is
 reserved by the claim that starts a job and released by the statement that ends
 its lease); ``weight`` is its share of a busy queue against the other tenants
 (weight 2 gets twice the share of weight 1); ``max_queued`` makes ``enqueue`` raise
-:class:`outbox.Backpressure` once that many of its jobs wait. None means no limit.
+:class:`outbox.Backpressure` once that many of its jobs wait, and
+``max_enqueue_rate`` (jobs per second) when it enqueues faster. None means no limit.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class TenantLimit:
     queued: int
     queued_at: datetime | None
     drain_per_s: float | None
+    max_enqueue_rate: float | None = None
 
 
 def _limit(name: str, value: object) -> int | None:
@@ -47,8 +49,22 @@ def _limit(name: str, value: object) -> int | None:
     return value
 
 
+def _rate(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"max_enqueue_rate must be a number or None, not {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("max_enqueue_rate must be a positive number of jobs per second")
+    return float(value)
+
+
 def _params(
-    tenant: str, max_running: int | None, weight: float, max_queued: int | None
+    tenant: str,
+    max_running: int | None,
+    weight: float,
+    max_queued: int | None,
+    max_enqueue_rate: float | None = None,
 ) -> dict[str, Any]:
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise TypeError(f"weight must be a number, not {type(weight).__name__}")
@@ -59,6 +75,7 @@ def _params(
         "max_running": _limit("max_running", max_running),
         "weight": float(weight),
         "max_queued": _limit("max_queued", max_queued),
+        "max_enqueue_rate": _rate(max_enqueue_rate),
     }
 
 
@@ -69,11 +86,14 @@ def set_tenant_limit(
     max_running: int | None = None,
     weight: float = 1.0,
     max_queued: int | None = None,
+    max_enqueue_rate: float | None = None,
 ) -> None:
     """Create or change a tenant's limits through the session's transaction (never
     commits). Jobs already running when a cap is first set do not hold slots; the
-    cap counts the jobs claimed from then on."""
-    values = _params(tenant, max_running, weight, max_queued)
+    cap counts the jobs claimed from then on. ``max_enqueue_rate``: jobs per
+    second the tenant may enqueue (a second's worth at once); faster, enqueue
+    raises :class:`outbox.Backpressure`."""
+    values = _params(tenant, max_running, weight, max_queued, max_enqueue_rate)
     conn = session.connection()
     check_driver(conn)
     conn.exec_driver_sql(TENANT_LIMIT_SET, values)

@@ -47,6 +47,12 @@ class NewJob:
     max_attempts: int | None = None
     priority: int = 0
     tenant: str | None = None
+    needs_approval: bool = False
+
+    expires: datetime | timedelta | None = None
+    rate_limit: str | None = None
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None
     key: str | None = None
     key_limit: int | None = None
     ordered: bool | str = False
@@ -185,19 +191,45 @@ def encode_payload(payload: Any, limit: int) -> str:
     return encoded
 
 
-def _run_after(value: object) -> tuple[str | None, float | None]:
+def _run_after(value: object, name: str = "run_after") -> tuple[str | None, float | None]:
     if value is None:
         return None, None
     if isinstance(value, datetime):
         if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-            raise ValueError("run_after must be timezone-aware (a naive datetime is ambiguous)")
+            raise ValueError(f"{name} must be timezone-aware (a naive datetime is ambiguous)")
         return value.isoformat(), None
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
         if not math.isfinite(seconds):
-            raise ValueError("run_after is not a finite timedelta")
+            raise ValueError(f"{name} is not a finite timedelta")
         return None, seconds
-    raise TypeError(f"run_after must be a datetime or a timedelta, not {type(value).__name__}")
+    raise TypeError(f"{name} must be a datetime or a timedelta, not {type(value).__name__}")
+
+
+def _debounce(job: NewJob) -> tuple[float | None, float | None]:
+    """The debounce and its bound, in seconds (None, None: not debounced)."""
+    if job.debounce is None:
+        if job.debounce_max is not None:
+            raise ValueError("debounce_max needs debounce")
+        return None, None
+    if job.dedup_key is None:
+        raise ValueError("debounce needs a dedup_key: the key names what is debounced")
+    if job.run_after is not None:
+        raise ValueError("debounce decides the start; run_after cannot be given with it")
+    seconds: list[float] = []
+    for name, value in (("debounce", job.debounce), ("debounce_max", job.debounce_max)):
+        if value is None:
+            seconds.append(math.inf)
+            continue
+        if not isinstance(value, timedelta):
+            raise TypeError(f"{name} must be a timedelta, not {type(value).__name__}")
+        if not 0 <= value.total_seconds() < 10 * 365 * 86400:
+            raise ValueError(f"{name} must be between 0 and ten years")
+        seconds.append(value.total_seconds())
+    debounce, most = seconds
+    if most < debounce:
+        raise ValueError("debounce_max must be at least debounce")
+    return debounce, None if math.isinf(most) else most
 
 
 def to_row(
@@ -220,6 +252,19 @@ def to_row(
     if job.priority not in PRIORITY_RANGE:
         raise ValueError("priority must fit in a smallint (-32768..32767)")
     run_after, delay_seconds = _run_after(job.run_after)
+    if not isinstance(job.needs_approval, bool):
+        raise TypeError(f"needs_approval must be a bool, not {type(job.needs_approval).__name__}")
+    if job.needs_approval and job.run_after is not None:
+        # Approval makes it due now; a run_after would be silently dropped.
+        raise ValueError("needs_approval takes no run_after: the job is due when approved")
+    if job.needs_approval and job.debounce is not None:
+        # A debounced enqueue replaces a waiting job's payload: it would skip the approval
+        # given to the one before.
+        raise ValueError("needs_approval takes no debounce")
+
+    expires_at, expires_seconds = _run_after(job.expires, "expires")
+    rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)
+    debounce_seconds, debounce_max_seconds = _debounce(job)
     key, key_limit, key_order = key_fields(job.key, job.key_limit, job.ordered)
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
@@ -233,10 +278,17 @@ def to_row(
         "priority": job.priority,
         "run_after": run_after,
         "delay_seconds": delay_seconds,
+        "expires_at": expires_at,
+        "expires_seconds": expires_seconds,
+        "rate_limit": rate_limit,
+        "debounce_seconds": debounce_seconds,
+        "debounce_max_seconds": debounce_max_seconds,
         "key": key,
         "key_limit": key_limit,
         "key_order": key_order,
     }
+    if job.needs_approval:
+        fields["approval"] = "REQUIRED"
     if trace_context is not None:
         fields["trace_context"] = trace_context
     head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from relay.broker import Publisher
 from schema.locks import LockKey
 from schema.queries import (
+    JOB_EXPIRE_WAITING,
     JOB_SWEEP_EXPIRED,
     JOB_WAKE_ORPHANS,
     MAINTENANCE_TRY_LOCK,
@@ -82,6 +83,30 @@ async def sweep_expired(pool: Pool, *, batch: int, default_backoff: float) -> in
     async with pool.connection() as conn:
         await conn.execute(OUTBOX_SETTLE, {"limit": batch})
     return total
+
+
+async def expire_waiting(pool: Pool, *, batch: int) -> int:
+    """End the waiting jobs past their deadline that no claim looks at (delayed,
+    backed off, parked: nobody wakes them before they are due), one bounded batch
+    per transaction; how many."""
+    total = 0
+    while True:
+        async with _chore(pool, LockKey.EXPIRE) as conn:
+            if conn is None:
+                return total
+            rows = await (await conn.execute(JOB_EXPIRE_WAITING, {"limit": batch})).fetchall()
+        total += len(rows)
+        if rows:
+            log.info(
+                "relay.jobs_expired",
+                extra={
+                    "count": len(rows),
+                    "queues": sorted({queue for _, queue in rows}),
+                    "action": "cancelled, code EXPIRED: not started by their deadline",
+                },
+            )
+        if len(rows) < batch:
+            return total
 
 
 async def rewake_lost(pool: Pool, publisher: Publisher, *, grace: float, worker_ttl: float) -> int:

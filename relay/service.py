@@ -16,7 +16,8 @@ Tasks, all in one event loop:
   every queue with due wake-ups when it knows of none, when asked, and at least
   once per poll interval;
 - chores, each in one relay at a time (relay/maintenance.py): the sweeper moves
-  jobs whose lease expired on; the re-waker sends lost wake-ups again; the orphan
+  jobs whose lease expired on, and ends waiting jobs past their deadline that
+  nobody wakes (expires, code EXPIRED); the re-waker sends lost wake-ups again; the orphan
   walk gives a wake-up to any due job that has none, a slice of the jobs table at a
   time; wake-ups turned down for want of a handler are brought forward once a
   consumer with the handler has a free slot; the reconciler repairs tenants' slot
@@ -48,6 +49,7 @@ from relay.backoff import QueueBackoff
 from relay.broker import Publisher, QueueFailure
 from relay.maintenance import (
     OrphanWalk,
+    expire_waiting,
     expire_workers,
     reconcile_tenant_slots,
     refresh_tenant_usage,
@@ -330,6 +332,7 @@ class Relay:
     async def _sweep(self) -> None:
         s = self.settings
         await sweep_expired(self.pool, batch=s.sweep_batch, default_backoff=s.default_backoff)
+        await expire_waiting(self.pool, batch=s.sweep_batch)
 
     async def _rewake(self) -> None:
         s = self.settings

@@ -29,6 +29,7 @@ class LockKey(IntEnum):
     RETENTION = 0x6A6F6207  # finished jobs and old effect keys deleted
     REFUSED = 0x6A6F6208  # wake-ups refused for want of a handler brought forward
     ORPHANS = 0x6A6F6209  # the backstop walk for jobs with no wake-up
+    EXPIRE = 0x6A6F6211  # waiting jobs past their deadline ended (JOB_EXPIRE_WAITING)
     # `jobctl migrate`, with pg_advisory_xact_lock: two deployments migrating at
     # once take turns.
     MIGRATION = 0x6A6F6210

@@ -80,5 +80,13 @@ def dedup_key(value: object) -> str:
     return text("dedup_key", value, MAX_DEDUP_KEY_LENGTH, controls=True)
 
 
+def rate_limit(value: object, *, pattern: bool = False) -> str:
+    """A rate limit's name, like a tenant's; with ``pattern``, a set of them may also
+    be named by a prefix and ``:*`` (``"sms:*"``)."""
+    if pattern and isinstance(value, str) and value.endswith(":*"):
+        return _alphabet("rate limit", value[:-2]) + ":*"
+    return _alphabet("rate limit", value)
+
+
 def key(value: object) -> str:
     return text("key", value, MAX_KEY_LENGTH, controls=True)

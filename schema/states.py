@@ -45,6 +45,7 @@ class DelayReason(StrEnum):
     QUEUE_PAUSED = "QUEUE_PAUSED"
     NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met
     TENANT_CAP = "TENANT_CAP"  # its tenant had no free slot
+    RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
     KEY_BUSY = "KEY_BUSY"  # key_limit jobs of its key held a lease
     KEY_ORDER = "KEY_ORDER"  # an earlier ordered job of its key had not finished
 
@@ -95,11 +96,18 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {(_NEW, _QUEUED): "enqueued, with its wake-up, in the producer's or scheduler's commit"},
     ),
     Operation(
+        "JOB_DEBOUNCE_MANY",
+        ("outbox.enqueue:enqueue_many",),
+        {(_NEW, _QUEUED): "a debounced enqueue whose key no unstarted job holds"},
+    ),
+    Operation(
         "JOB_CLAIM_MANY",
         ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
         {
             (_QUEUED, _RUNNING): "a woken consumer claims it: generation+1, attempt+1, lease",
             (_RETRY_WAIT, _RUNNING): "a woken consumer claims it once its run_after has passed",
+            (_QUEUED, _CANCELLED): "woken past its deadline (expires): code EXPIRED, never started",
+            (_RETRY_WAIT, _CANCELLED): "woken for a retry past its deadline: code EXPIRED",
         },
     ),
     Operation(
@@ -141,6 +149,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         },
     ),
     Operation(
+        "JOB_EXPIRE_WAITING",
+        ("relay.maintenance:expire_waiting",),
+        {
+            (_QUEUED, _CANCELLED): "past its deadline while nobody wakes it: code EXPIRED",
+            (_RETRY_WAIT, _CANCELLED): "past its deadline while it waits for a retry: EXPIRED",
+        },
+    ),
+    Operation(
         "JOB_REQUEST_CANCEL",
         ("outbox.cancel:request_cancel",),
         {
@@ -148,6 +164,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
             (_RETRY_WAIT, _CANCELLED): "a cancel request while it waits for a retry",
             (_RUNNING, _CANCEL_REQUESTED): "a cancel request: its worker sees it at a heartbeat",
         },
+    ),
+    Operation(
+        "JOB_REJECT",
+        ("outbox.approval:reject",),
+        {(_QUEUED, _CANCELLED): "an operator rejects it while it waits for approval"},
     ),
     Operation(
         "JOB_REPLAY",

@@ -64,6 +64,12 @@ CLOCK_ROW = "*"
 
 NOW = text("now()")
 
+APPROVALS_SQL = "'APPROVED', 'REJECTED', 'REQUIRED'"
+# The run_after of a job that waits for approval: never due, so no claim, re-waker
+# or orphan walk (each looks only at due jobs) can take it before outbox.approve
+# makes it due. Finite, unlike 'infinity', which Python's datetime cannot hold.
+APPROVAL_HOLD = "'9999-12-31 00:00:00+00'::timestamptz"
+
 
 def _ts(name: str, *, nullable: bool = True, default: bool = False) -> Column[object]:
     return Column(
@@ -116,9 +122,25 @@ jobs = Table(
     # The nominal instant of the schedule occurrence that fired the job (NULL: not
     # fired by a schedule), so jobs of one schedule can tell their periods apart.
     _ts("scheduled_for"),
+    # NULL: enqueued without needs_approval. REQUIRED: it waits, held not due
+    # (run_after = APPROVAL_HOLD, no wake-up) until outbox.approve makes it due and
+    # wakes it (APPROVED) or outbox.reject cancels it (REJECTED); who decided, when.
+    Column("approval", Text),
+    Column("approval_by", Text),
+    _ts("approval_at"),
     # The W3C trace context ({"traceparent": ..., "tracestate": ...}) of the code
     # that enqueued the job, when it ran in a trace (the otel extra); NULL otherwise.
     Column("trace_context", JSONB),
+    # A job not started by then never starts: the claim, or the relay's sweep of
+    # jobs nobody wakes, ends it CANCELLED with last_error_code EXPIRED.
+    _ts("expires_at"),
+    # A debounced job's dedup key (its own column: a debounced key is free again
+    # once its job starts, see jobs_debounce_idx), and the latest its start may be
+    # moved to by a new enqueue (debounce_max after the first).
+    Column("debounce_key", Text),
+    _ts("debounce_until"),
+    # The rate limit (rate_limits) the job takes a token of when it is claimed.
+    Column("rate_limit", Text),
     # The entity the job is about (key_usage): at most key_limit jobs with one key
     # hold a lease at once. NULL: no key, no such limit.
     Column("key", Text),
@@ -152,6 +174,18 @@ jobs = Table(
         f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
     ),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
+    CheckConstraint(f"approval IN ({APPROVALS_SQL})", name="jobs_approval_valid"),
+    # Nothing claims a job that waits for approval: it is never due (and no
+    # statement but a cancel, from QUEUED, moves it).
+    CheckConstraint(
+        f"approval IS DISTINCT FROM 'REQUIRED'"
+        f" OR (state IN ('QUEUED', 'CANCELLED') AND run_after = {APPROVAL_HOLD})",
+        name="jobs_unapproved_held",
+    ),
+    CheckConstraint(
+        "(approval IN ('APPROVED', 'REJECTED')) = (approval_at IS NOT NULL)",
+        name="jobs_approval_decided_at",
+    ),
     CheckConstraint(
         f"key IS NULL OR char_length(key) BETWEEN 1 AND {MAX_KEY_LENGTH}", name="jobs_key_length"
     ),
@@ -221,6 +255,34 @@ Index(
     jobs.c.tenant,
     jobs.c.created_at,
     postgresql_where=text(f"state IN ({CLAIMABLE_SQL}) AND tenant IS NOT NULL"),
+)
+# The relay's sweep of waiting jobs past their deadline (expires_at), soonest first.
+Index(
+    "jobs_expiring_idx",
+    jobs.c.expires_at,
+    postgresql_where=text(f"expires_at IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
+)
+# Jobs waiting for a rate limit's token, and jobs that expired (kept until
+# retention deletes them): the metrics' gauges count these, and no other rows.
+Index(
+    "jobs_rate_limited_idx",
+    jobs.c.queue,
+    postgresql_where=text(f"delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE_SQL})"),
+)
+Index(
+    "jobs_expired_idx",
+    jobs.c.queue,
+    postgresql_where=text("state = 'CANCELLED' AND last_error_code = 'EXPIRED'"),
+)
+# A debounce key is held while its job has not started, and only then: an enqueue
+# with the key replaces that job (ON CONFLICT ... DO UPDATE), and once it has
+# started, makes a new one.
+Index(
+    "jobs_debounce_idx",
+    jobs.c.job_type,
+    jobs.c.debounce_key,
+    unique=True,
+    postgresql_where=text("debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL"),
 )
 # A key's waiting jobs in the order the end of a lease wakes the next of them
 # (order, then age); and the jobs an ordered job may wait behind (those waiting,
@@ -354,6 +416,10 @@ Index("outbox_job_id_idx", outbox.c.job_id)
 # The channel the outbox trigger (migration 0001) notifies on every insert, and a
 # freed tenant slot (migration 0003) too.
 OUTBOX_CHANNEL = "outbox"
+# The channel a job's end is announced on, its id the payload: a trigger on jobs
+# (migration 0012) notifies it whenever an update moves a job into a final state,
+# delivered at that commit (outbox.wait_for listens).
+JOB_FINISHED_CHANNEL = "job_finished"
 
 # Effects a handler marked done, once per key (see consumers.JobTransaction.once).
 # No foreign key: the record of an effect outlives the job that performed it (its
@@ -399,10 +465,49 @@ tenant_limits = Table(
     Column("max_queued", Integer),
     _ts("created_at", nullable=False, default=True),
     _ts("updated_at", nullable=False, default=True),
+    # Jobs per second the tenant may enqueue (NULL: any), as a token bucket of one
+    # second's worth, taken from in the enqueue's transaction.
+    Column("max_enqueue_rate", Float),
+    Column("enqueue_tokens", Float),
+    _ts("enqueue_refilled_at"),
     CheckConstraint(f"tenant ~ '{QUEUE_NAME_PATTERN}'", name="tenant_limits_name_valid"),
     CheckConstraint("max_running IS NULL OR max_running >= 0", name="tenant_limits_running"),
     CheckConstraint("weight > 0 AND weight <= 1000", name="tenant_limits_weight"),
     CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="tenant_limits_queued"),
+    CheckConstraint(
+        "max_enqueue_rate IS NULL OR max_enqueue_rate > 0", name="tenant_limits_enqueue_rate"
+    ),
+)
+
+# A rate limit name: a tenant-like name, or a prefix of names followed by ':*'
+# (the limit of every name with that prefix, each its own bucket).
+RATE_LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}(:\*)?$"
+
+# Rate limits: at most ``burst`` starts at once and ``rate`` per ``per_seconds``
+# after that, across every consumer (a token bucket per name, rate_buckets).
+rate_limits = Table(
+    "rate_limits",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("rate", Float, nullable=False),
+    Column("per_seconds", Float, nullable=False),
+    Column("burst", Float, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    CheckConstraint(f"name ~ '{RATE_LIMIT_NAME_PATTERN}'", name="rate_limits_name_valid"),
+    CheckConstraint("rate > 0 AND per_seconds > 0", name="rate_limits_rate_positive"),
+    CheckConstraint("burst >= 1", name="rate_limits_burst_positive"),
+)
+
+# The token bucket of each rate-limited name in use, written by the claim that
+# takes from it: the tokens left as of refilled_at, and how many that claim took.
+rate_buckets = Table(
+    "rate_buckets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("taken", Integer, nullable=False, server_default=text("0")),
+    _ts("refilled_at", nullable=False, default=True),
 )
 
 tenant_usage = Table(

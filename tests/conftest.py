@@ -1,10 +1,14 @@
 """Fixtures on the real services: a database per test, cloned from a migrated
 template, and a broker namespace (exchange and queue prefix) per test, so tests run
-in any order and side by side."""
+in any order and side by side.
+
+Each service is checked once, by the first fixture that needs it, not at start-up:
+tests/unit/ needs neither and runs with both down."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -66,8 +70,30 @@ def _database(prefix: str, template: str | None = None) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def _stop_unless_up(problem: str | None) -> None:
+    """End the session, saying how to start the service: every test after this one
+    would fail the same way. In a pytest-xdist worker an exit is lost in an internal
+    error, so there each test that needs the service fails with the message (the
+    session fixture's failure is kept, so the service is asked only once)."""
+    if problem is None:
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail(problem, pytrace=False)
+    pytest.exit(problem, returncode=3)
+
+
 @pytest.fixture(scope="session")
-def template_db() -> Iterator[str]:
+def postgres_up() -> None:
+    _stop_unless_up(services.postgres_problem())
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_up() -> None:
+    _stop_unless_up(services.rabbitmq_problem())
+
+
+@pytest.fixture(scope="session")
+def template_db(postgres_up: None) -> Iterator[str]:
     """Migrated once per session; each test's database is a copy of it."""
     with _database("hj_tpl") as name:
         migrate(_url_for(name))
@@ -81,7 +107,7 @@ def db_url(template_db: str) -> Iterator[DatabaseUrl]:
 
 
 @pytest.fixture
-def empty_db_url() -> Iterator[DatabaseUrl]:
+def empty_db_url(postgres_up: None) -> Iterator[DatabaseUrl]:
     """A database with no tables at all, for migration tests."""
     with _database("hj_e") as name:
         yield _url_for(name)
@@ -109,12 +135,12 @@ def pg(db_url: DatabaseUrl) -> Iterator[psycopg.Connection]:
 
 
 @pytest.fixture
-def amqp_url() -> AmqpUrl:
+def amqp_url(rabbitmq_up: None) -> AmqpUrl:
     return AmqpUrl.parse(AMQP_URL)
 
 
 @pytest.fixture
-async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
+async def topology(db_url: DatabaseUrl, rabbitmq_up: None) -> AsyncIterator[Topology]:
     """A broker namespace of the test's own; its queues are deleted afterwards."""
     topo = Topology(prefix=f"t{uuid.uuid4().hex[:10]}")
     yield topo
@@ -122,10 +148,3 @@ async def topology(db_url: DatabaseUrl) -> AsyncIterator[Topology]:
         queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs")]
     # The test apps declare "sync" whether or not a job used it.
     await delete_topology(AMQP_URL, topo, {*queues, "default", "sync"})
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Fail early, and say how to fix it, when a service is not there."""
-    found = services.problems()
-    if found:
-        pytest.exit("\n".join(found), returncode=3)

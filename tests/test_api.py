@@ -88,6 +88,19 @@ async def test_enqueue_returns_202_with_location_and_the_job(db_url: DatabaseUrl
     )
 
 
+async def test_enqueue_takes_a_deadline_and_a_rate_limit(db_url: DatabaseUrl, pg) -> None:
+    expires = datetime.now(UTC) + timedelta(minutes=5)
+    async with api_client(db_url) as client:
+        sent = await post_job(client, expires=expires.isoformat(), rate_limit="stripe")
+        assert sent.status_code == 202, sent.text
+        naive = await post_job(client, expires="2030-01-01T00:00:00")
+        assert naive.status_code == 422
+    row = pg.execute(
+        "SELECT expires_at, rate_limit FROM jobs WHERE job_id = %s", (sent.json()["id"],)
+    ).fetchone()
+    assert row == (expires, "stripe")
+
+
 async def test_unknown_and_malformed_ids_are_404(db_url: DatabaseUrl) -> None:
     async with api_client(db_url) as client:
         for path in (f"/v1/jobs/{uuid.uuid4()}", "/v1/jobs/not-a-uuid", "/v1/jobs/%00"):

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 import consumers
 import outbox
 from consumers import Backoff, Registry
-from consumers.backoff import DEFAULT_BACKOFF
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
@@ -159,24 +158,6 @@ async def test_retries_follow_the_backoff_then_fail(services, engine: Engine, pg
     assert row["attempt_count"] == 4 and row["max_attempts"] == 4
     assert row["last_error_code"] == "ConnectionResetError"
     assert "attempt 4" in row["last_error_message"]
-
-
-def test_backoff_schedule() -> None:
-    assert [Backoff(jitter=0).raw(n) for n in range(1, 11)] == [
-        5,
-        10,
-        20,
-        40,
-        80,
-        160,
-        320,
-        640,
-        900,
-        900,
-    ]
-    for n in range(1, 12):
-        assert 0.75 * DEFAULT_BACKOFF.raw(n) <= DEFAULT_BACKOFF.delay(n) <= 900
-    assert Backoff(jitter=0).raw(10_000) == 900
 
 
 async def test_permanent_fails_at_once_and_retry_takes_its_delay(
@@ -607,36 +588,6 @@ async def test_broker_connection_loss_is_survived(services, engine: Engine, pg) 
                 await wait_for_state(pg, job_id, "SUCCEEDED", timeout=60)
     finally:
         proxy.close()
-
-
-def test_message_bodies_are_job_ids_one_a_line() -> None:
-    from consumers.inbox import MAX_IDS_PER_MESSAGE, parse_job_ids
-
-    good, other = uuid.uuid4(), uuid.uuid4()
-    assert parse_job_ids(str(good).encode()) == [good]
-    assert parse_job_ids(f"urn:uuid:{good}".encode()) == [good]
-    assert parse_job_ids(f"{good}\n{other}\n".encode()) == [good, other]
-    too_many = "\n".join(str(good) for _ in range(MAX_IDS_PER_MESSAGE + 1))
-    for bad in [b"", b"\xff", b"hello", b"123", f"{good}\nnope".encode(), too_many.encode()]:
-        assert parse_job_ids(bad) is None
-
-
-def test_registry_refuses_bad_handlers() -> None:
-    registry = Registry()
-    with pytest.raises(ValueError, match="queue"):
-        registry.handler("t", queue="bad queue")
-    with pytest.raises(ValueError, match="job_type"):
-        registry.handler("")
-    with pytest.raises(ValueError, match="max_attempts"):
-        registry.handler("t", max_attempts=0)
-    with pytest.raises(TypeError, match="exactly one argument"):
-        registry.handler("t")(lambda: None)
-
-    @registry.handler("t")
-    def ok(job: consumers.Job) -> None: ...
-
-    with pytest.raises(ValueError, match="already"):
-        registry.handler("t")(ok)
 
 
 async def test_handlers_that_misbehave_fail_their_attempt_not_the_worker(

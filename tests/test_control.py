@@ -19,7 +19,6 @@ import outbox
 from consumers import Backoff, Registry
 from jobctl.check import check as chaos_check
 from outbox import Explanation, NewJob
-from outbox.explain import error_line
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from relay.settings import RelaySettings
 from schema.topology import Topology
@@ -557,15 +556,6 @@ async def test_retention_deletes_only_old_finished_jobs_and_frees_their_dedup_ke
         await wait_for_state(pg, fresh, "SUCCEEDED")
         release.set()
         await wait_for_state(pg, running, "SUCCEEDED")
-
-
-def test_an_error_line_names_its_code_once() -> None:
-    # An exception's message already starts with its class: "OSError: OSError: ..."
-    # in a failed job's summary read as two errors.
-    assert error_line("OSError", "OSError: no decoder") == "OSError: no decoder"
-    assert error_line("CARD_DECLINED", "insufficient funds") == "CARD_DECLINED: insufficient funds"
-    assert error_line("Boom", None) == "Boom"
-    assert error_line(None, "no") == "no"
 
 
 def test_explain_says_when_no_relay_can_send_a_wake_up(engine: Engine, pg) -> None:

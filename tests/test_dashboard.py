@@ -109,6 +109,7 @@ async def world_running(
     world = World(handlers(broken, release), broken, release)
     with Session(engine) as session, session.begin():
         outbox.set_tenant_limit(session, "acme", max_running=2, max_queued=100)
+        outbox.set_rate_limit(session, "stripe", rate=100, burst=10)
         outbox.schedule(session, "nightly-report", "crunch", {"day": "yesterday"}, cron="0 3 * * *")
     async with (
         relay_running(db_url, amqp_url, topology),
@@ -253,6 +254,8 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     await page.goto(f"{base}/tenants")
     acme = page.locator("[data-testid=tenant-row][data-tenant=acme]")
     await expect(acme.locator("td").nth(0)).to_have_text("0 / 2")
+    stripe = page.locator("[data-testid=rate-limit-row][data-rate-limit=stripe]")
+    await expect(stripe.locator("td").nth(2)).to_have_text("10.00")
     await page.goto(f"{base}/workers")
     worker = page.get_by_test_id("worker-row")
     await expect(worker).to_have_count(1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,11 +26,10 @@ import outbox
 from consumers import Backoff, Registry
 from consumers.store import JobStore
 from jobctl.metrics import Collector, CollectorSettings
-from jobctl.metrics.cursor import Cursor, Seen
 from jobctl.metrics.queries import LOCK_NAME
 from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.db import make_pool
-from schema.queries import JOB_SWEEP_EXPIRED, WORKER_SEEN
+from schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
 from schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, wait_for_state
@@ -41,6 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 # without their _total).
 EXPECTED_TYPES = {
     "hybrid_jobs_jobs": "gauge",
+    "hybrid_jobs_jobs_awaiting_approval": "gauge",
     "hybrid_jobs_jobs_waiting_for_key": "gauge",
     "hybrid_jobs_queue_oldest_runnable_age_seconds": "gauge",
     "hybrid_jobs_outbox_unsent_rows": "gauge",
@@ -48,6 +48,8 @@ EXPECTED_TYPES = {
     "hybrid_jobs_relays_live": "gauge",
     "hybrid_jobs_relays_publishing": "gauge",
     "hybrid_jobs_running_lease_expired_jobs": "gauge",
+    "hybrid_jobs_jobs_rate_limited": "gauge",
+    "hybrid_jobs_jobs_expired": "gauge",
     "hybrid_jobs_queue_publish_failing": "gauge",
     "hybrid_jobs_queue_wait_seconds": "histogram",
     "hybrid_jobs_execution_seconds": "histogram",
@@ -380,6 +382,31 @@ async def test_gauges_read_the_backlog(
     )
 
 
+async def test_gauges_of_rate_limited_and_expired_jobs(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, pool
+) -> None:
+    """A claim that finds no token leaves the job RATE_LIMITED; the relay's sweep
+    ends a job past its deadline: each counted in its queue."""
+    registry = _registry(db_url)
+    with Session(engine) as session, session.begin():
+        outbox.set_rate_limit(session, "slow", rate=1, per=timedelta(hours=1), burst=1)
+    first, second = (enqueue(engine, "ok", queue="idle", rate_limit="slow") for _ in range(2))
+    enqueue(engine, "ok", run_after=timedelta(hours=1), expires=timedelta(seconds=0))
+    store = JobStore(pool, "a-worker", lease_seconds=30)
+    claimed = await store.claim(
+        [first, second], registry.claim_terms(), free_threads=0, worker_ttl=60
+    )
+    assert len(claimed.claimed) == 1 and list(claimed.missed.values()) == ["RATE_LIMITED"]
+    assert len(pg.execute(JOB_EXPIRE_WAITING, {"limit": 10}).fetchall()) == 1
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    assert scrape.value("hybrid_jobs_jobs_rate_limited", queue="idle") == 1
+    assert scrape.value("hybrid_jobs_jobs_rate_limited", queue="default") == 0
+    assert scrape.value("hybrid_jobs_jobs_expired", queue="default") == 1
+    assert scrape.value("hybrid_jobs_jobs_expired", queue="idle") == 0
+
+
 async def test_relays_and_a_paused_queues_backlog(
     engine: Engine, pg: psycopg.Connection, pool
 ) -> None:
@@ -602,63 +629,6 @@ async def test_background_rounds_start_and_stop(db_url: DatabaseUrl) -> None:
         await collector.stop()
     assert not collector.running
     assert collector.status.rounds["failed"] == 0
-
-
-# ------------------------------------------------------------------ the high-water mark
-
-
-def _at(seconds: float) -> datetime:
-    return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
-
-
-def _rows(cursor: Cursor, table: dict[str, float], now: float) -> Iterator[Seen[str]]:
-    """What the statement would return from ``table`` (key -> timestamp) at ``now``."""
-    params = cursor.params(_at(now))
-    low, mark, limit = params["low"], params["cursor"], params["limit"]
-    yield from (Seen(True, k, _at(t), k) for k, t in table.items() if low <= _at(t) <= mark)
-    ahead = sorted((t, k) for k, t in table.items() if _at(t) > mark)[:limit]
-    yield from (Seen(False, k, _at(t), k) for t, k in ahead)
-
-
-def test_cursor_counts_late_rows_once_and_catches_up_in_steps() -> None:
-    cursor = Cursor(overlap=timedelta(seconds=60), limit=3)
-    table = {"old": 0.0}
-    assert cursor.take(_rows(cursor, table, 100), _at(100)) == [], "the first round notes only"
-
-    table |= {"a": 101, "b": 102}
-    assert cursor.take(_rows(cursor, table, 110), _at(110)) == ["a", "b"]
-    # "c" was written at 105 but committed only now, behind the mark: still counted
-    table |= {"c": 105, "d": 111}
-    assert cursor.take(_rows(cursor, table, 120), _at(120)) == ["c", "d"]
-    assert cursor.take(_rows(cursor, table, 130), _at(130)) == []
-
-    # After an outage, seven new rows: three per round, oldest first.
-    table |= {f"n{i}": 131 + i for i in range(7)}
-    got = [cursor.take(_rows(cursor, table, 500), _at(500)) for _ in range(3)]
-    assert got == [["n0", "n1", "n2"], ["n3", "n4", "n5"], ["n6"]]
-    # The keys it must remember are only those within the overlap of the mark.
-    assert set(cursor.counted) <= {k for k, t in table.items() if _at(t) >= _at(500 - 60)}
-
-
-def test_cursor_ties_at_the_limit_are_not_lost() -> None:
-    """A batch written by one statement shares one timestamp; a limit that cuts
-    through it leaves the rest for the next round's overlap read."""
-    cursor = Cursor(overlap=timedelta(seconds=60), limit=2)
-    cursor.take(_rows(cursor, {}, 0), _at(0))
-    table = {k: 5.0 for k in "abcde"}
-    counted: list[str] = []
-    for now in (10, 11, 12):
-        counted += cursor.take(_rows(cursor, table, now), _at(now))
-    assert sorted(counted) == list("abcde")
-
-
-def test_uuid_keys_are_only_keys() -> None:
-    # job ids serve as keys of the overlap set; the cursor never exports them
-    cursor = Cursor(overlap=timedelta(seconds=1), limit=10)
-    key = uuid.uuid4()
-    cursor.take([], _at(0))
-    assert cursor.take([Seen(False, (key, 1), _at(1), "x")], _at(2)) == ["x"]
-    assert cursor.take([Seen(True, (key, 1), _at(1), "x")], _at(2.5)) == []
 
 
 async def test_queue_labels_are_bounded_and_a_queue_that_goes_away_is_forgotten(

@@ -130,8 +130,14 @@ async def test_malformed_packed_bodies_go_to_the_dead_letter_queue_and_forms_mix
     assert len(dead) == len(bad)
 
 
-def test_two_relays_and_four_consumers_drain_20000_jobs_each_once(
-    engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+@pytest.mark.parametrize(
+    "jobs",
+    # Three batches show two relays sharing the work and every job run once; the
+    # full 20,000 (about 100 s on a loaded machine) is a soak.
+    [6_000, pytest.param(20_000, marks=pytest.mark.soak)],
+)
+def test_two_relays_and_four_consumers_drain_every_job_once(
+    jobs: int, engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
 ) -> None:
     env = service_env(db_url, amqp_url, topology)
     consumer = ["--app", "tests.apps.basic", "--concurrency", "50"]
@@ -143,18 +149,18 @@ def test_two_relays_and_four_consumers_drain_20000_jobs_each_once(
         running("consumer", consumer, env, "consumer.started"),
         running("consumer", consumer, env, "consumer.started"),
     ):
-        for _ in range(10):
+        for _ in range(jobs // 2000):
             enqueue_many(engine, [NewJob("noop", {}) for _ in range(2000)])
-        asyncio.run(wait_until_all(pg, "SUCCEEDED", 20_000, timeout=180))
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", jobs, timeout=180))
         assert r1.stop() == 0 and r2.stop() == 0
     once = pg.execute(
         "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'SUCCEEDED'"
         " GROUP BY job_id HAVING count(*) = 1) AS t"
     ).fetchone()[0]
-    assert once == 20_000, "each job succeeded exactly once"
+    assert once == jobs, "each job succeeded exactly once"
     assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone()[0] == 1
     published = [
         e["published"] for r in (r1, r2) for e in r.events() if e["event"] == "relay.stopped"
     ]
     assert all(p > 0 for p in published), f"both relays published: {published}"
-    assert sum(published) >= 20_000
+    assert sum(published) >= jobs

@@ -53,7 +53,7 @@ TENANTS = [None, "capped"]
 COLUMNS = (
     "job_id, state, attempt_count, max_attempts, lease_owner, lease_expires_at,"
     " lease_generation, last_error_code, run_after, updated_at, holds_slot, tenant,"
-    " delay_reason"
+    " delay_reason, approval"
 )
 
 
@@ -134,7 +134,13 @@ class JobMachine(RuleBasedStateMachine):
         self.conn.execute("TRUNCATE jobs, tenant_limits, fair_shares, workers CASCADE")
         self.conn.execute(
             q.TENANT_LIMIT_SET,
-            {"tenant": "capped", "max_running": 1, "weight": 1.0, "max_queued": None},
+            {
+                "tenant": "capped",
+                "max_running": 1,
+                "weight": 1.0,
+                "max_queued": None,
+                "max_enqueue_rate": None,
+            },
         )
         self.jobs: list[uuid.UUID] = []
         self.handles: list[Handle] = []
@@ -344,8 +350,14 @@ class JobMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- rules
 
-    @rule(max_attempts=st.one_of(st.none(), st.integers(1, 4)), tenant=st.sampled_from(TENANTS))
-    def enqueue(self, max_attempts: int | None, tenant: str | None) -> None:
+    @rule(
+        max_attempts=st.one_of(st.none(), st.integers(1, 4)),
+        tenant=st.sampled_from(TENANTS),
+        approval=st.sampled_from([None, None, "REQUIRED"]),
+    )
+    def enqueue(
+        self, max_attempts: int | None, tenant: str | None, approval: str | None = None
+    ) -> None:
         job_id = uuid.uuid4()
         doc = [
             {
@@ -356,6 +368,7 @@ class JobMachine(RuleBasedStateMachine):
                 "payload": {},
                 "max_attempts": max_attempts,
                 "priority": 0,
+                "approval": approval,
             }
         ]
         self.step(Step(q.JOB_INSERT_MANY, {"jobs": json.dumps(doc)}))
@@ -371,6 +384,7 @@ class JobMachine(RuleBasedStateMachine):
         after = self.rows()[job_id]
         if after["lease_generation"] > before[job_id]["lease_generation"]:
             assert before[job_id]["state"] in CLAIMABLE
+            assert before[job_id]["approval"] != "REQUIRED", "claimed before approval"
             self.handles.append(Handle(job_id, worker, after["lease_generation"]))
             if before[job_id]["max_attempts"] is None:
                 assert after["max_attempts"] == max(budget, after["attempt_count"])
@@ -453,6 +467,25 @@ class JobMachine(RuleBasedStateMachine):
         before = self.rows()[job_id]
         rows = self.step(self.replay_step(job_id))
         assert bool(rows) == (before["state"] in REPLAYABLE), "only FAILED and CANCELLED move"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def an_operator_approves_a_job(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        before = self.rows()[job_id]
+        rows = self.step(Step(q.JOB_APPROVE, {"job_id": job_id, "by": "model"}))
+        waited = before["state"] == "QUEUED" and before["approval"] == "REQUIRED"
+        assert bool(rows) == waited, "only a job that waits for approval is approved"
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def an_operator_rejects_a_job(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        before = self.rows()[job_id]
+        params = {"job_id": job_id, "by": "model", "reason": "no"}
+        rows = self.step(Step(q.JOB_REJECT, params))
+        waited = before["state"] == "QUEUED" and before["approval"] == "REQUIRED"
+        assert bool(rows) == waited, "only a job that waits for approval is rejected"
 
     @rule(limit=st.integers(1, 3))
     def an_operator_replays_by_filter(self, limit: int) -> None:
@@ -653,12 +686,24 @@ class JobMachine(RuleBasedStateMachine):
             SELECT w.job_id, w.state FROM jobs AS w
             WHERE w.state IN ('QUEUED', 'RETRY_WAIT')
               AND w.delay_reason IS DISTINCT FROM 'NO_HANDLER'
+              AND w.approval IS DISTINCT FROM 'REQUIRED'
               AND NOT EXISTS (
                 SELECT 1 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
                 WHERE o.job_id = w.job_id AND (o.sent_at IS NULL OR ({q.UNTAKEN})))
             """
         ).fetchall()
         assert stranded == [], "a job waits with no wake-up on its way"
+
+    @invariant()
+    def a_job_that_waits_for_approval_has_no_wakeup_that_counts(self) -> None:
+        woken = self.conn.execute(
+            f"""
+            SELECT j.job_id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+            WHERE j.approval = 'REQUIRED' AND j.state = 'QUEUED'
+              AND (o.sent_at IS NULL OR ({q.UNTAKEN}))
+            """
+        ).fetchall()
+        assert woken == [], "a wake-up before approval"
 
 
 def test_the_state_machine_holds_under_arbitrary_interleavings_and_races(

@@ -28,7 +28,11 @@ from consumers.worker import Consumer
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.tables import metadata
 
-TWINS = sorted(name for name in outbox.__all__ if name.endswith("_async"))
+# wait_for(_async) take an engine, not a session: each waits in its own way (a
+# thread blocks, a coroutine awaits), so they are not twins of one body.
+TWINS = sorted(
+    name for name in outbox.__all__ if name.endswith("_async") and name != "wait_for_async"
+)
 Setup = Callable[[Session, psycopg.Connection], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
@@ -106,6 +110,19 @@ def _limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[
     return (), {}
 
 
+def _awaiting(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    job_id = outbox.enqueue(s, "deploy", {"to": "prod"}, needs_approval=True)
+    s.commit()
+    return (job_id,), {"by": "alice"}
+
+
+def _rate_limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    outbox.set_rate_limit(s, "stripe", rate=100, burst=5)
+    outbox.set_rate_limit(s, "sms:*", rate=1, per=timedelta(minutes=1))
+    s.commit()
+    return (), {}
+
+
 def _retry_many(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
     for queue in ("mail", "mail", "other"):
         _failed_job(s, pg, queue)
@@ -131,6 +148,8 @@ SCENARIOS: dict[str, Scenario] = {
         view=lambda e: (e.state, e.queue, e.job_type, e.codes, e.attempt),
     ),
     "request_cancel": Scenario(setup=_job_setup()),
+    "approve": Scenario(setup=_awaiting),
+    "reject": Scenario(setup=_awaiting),
     "pause_queue": Scenario(("mail",), {"by": "alice"}),
     "resume_queue": Scenario(setup=_paused_queue),
     "queue_in_use": Scenario(setup=_used_queue),
@@ -147,6 +166,9 @@ SCENARIOS: dict[str, Scenario] = {
     "trigger_schedule": Scenario(setup=_schedule_setup()),
     "set_tenant_limit": Scenario(("acme",), {"max_running": 3, "weight": 2.5, "max_queued": 9}),
     "tenant_limits": Scenario(setup=_limited),
+    "set_rate_limit": Scenario(("stripe",), {"rate": 100, "per": timedelta(seconds=1)}),
+    "rate_limits": Scenario(setup=_rate_limited),
+    "remove_rate_limit": Scenario(setup=lambda s, pg: (_rate_limited(s, pg)[0] + ("sms:*",), {})),
 }
 
 

@@ -102,6 +102,17 @@ class EnqueueBody(BaseModel):
     """Not before this instant (with its UTC offset); null: now."""
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_LIMIT)
     """The attempt budget; null: the handler's, else 5."""
+    needs_approval: bool = False
+    """It waits (APPROVAL_REQUIRED) until approved (POST /v1/jobs/{id}/approve) or
+    rejected (.../reject); takes no run_after."""
+
+    expires: Annotated[AwareDatetime, AfterValidator(_instant)] | None = None
+    """A deadline (with its UTC offset): no attempt starts after it, and a job still
+    waiting then ends CANCELLED with code EXPIRED; null: none."""
+    rate_limit: QueueName | None = None
+    """The rate limit whose token the job takes when it starts (outbox.set_rate_limit);
+    null: its handler's, if any."""
+
     key: (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
     ) = None
@@ -113,6 +124,17 @@ class EnqueueBody(BaseModel):
     """true: jobs of its key start in enqueue order, one after the other, past one
     that FAILED or was CANCELLED; "strict": the key waits behind a FAILED one until
     it is replayed. Needs a key."""
+
+
+class RejectBody(BaseModel):
+    """Why a job is rejected (optional)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    reason: Annotated[str, Field(min_length=1, max_length=2000), AfterValidator(_text)] | None = (
+        None
+    )
+    """Kept as the job's last_error_message (default: "rejected")."""
 
 
 class TenantLimits(BaseModel):

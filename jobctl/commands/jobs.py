@@ -1,4 +1,4 @@
-"""``jobctl jobs``: list, show, cancel (and retry) jobs."""
+"""``jobctl jobs``: list, show, cancel, retry, approve and reject jobs."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from jobctl.service import (
     MAX_LIMIT,
     Database,
     JobFilter,
+    approve_job,
     cancel_jobs,
     get_job,
     jsonable,
     list_jobs,
+    reject_job,
     retry_jobs,
     retry_matching,
 )
@@ -35,7 +37,7 @@ TRACEBACK_LINES: Final = 40
 
 @click.group()
 def jobs() -> None:
-    """List, show, cancel and retry jobs."""
+    """List, show, cancel, retry, approve and reject jobs."""
 
 
 @jobs.command("list")
@@ -168,6 +170,10 @@ def _job_text(job: JobView) -> str:
         fields.append(("last error", error_line(error.code, error.message)))
     if job.delay_reason is not None:
         fields.append(("turned down", f"{job.delay_reason} since {when(job.delay_since)}"))
+    if job.approval is not None:
+        a = job.approval
+        decided = "" if a.at is None else f" by {a.by} at {when(a.at)}"
+        fields.append(("approval", f"{a.status}{decided}"))
     if job.why is not None:
         fields.append(("why", job.why.summary))
         fields.extend(("", f"{b.code}: {_compact(b.facts, 200)}") for b in job.why.blockers)
@@ -244,6 +250,57 @@ def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) ->
     emit({"jobs": jsonable(results)}, "\n".join(lines))
     if not all(r.applied for r in results):
         raise SystemExit(1)
+
+
+_BY = click.option(
+    "--by",
+    metavar="NAME",
+    default=lambda: f"{getpass.getuser()} (jobctl)",
+    show_default="your user name (jobctl)",
+    help="Who decides, as the job records it.",
+)
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@_BY
+@database_option
+@json_option
+def approve(job_id: str, by: str, database_url: str | None, as_json: bool) -> None:
+    """Let a job enqueued with needs_approval run: it is due now and woken. Exits 1,
+    changing nothing, if it does not wait for approval (approved or rejected
+    already, or never needed it)."""
+    del as_json
+    (ident,) = parse_ids((job_id,))
+
+    async def action(db: Database) -> JobStateChange:
+        async with db.writing() as session:
+            return await approve_job(session, ident, by=by)
+
+    result = run(database_url, action)
+    emit({"job": jsonable(result)}, f"{result.id}: approved, {result.state}")
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", metavar="TEXT", help="Why: kept as the job's last error message.")
+@_BY
+@database_option
+@json_option
+def reject(
+    job_id: str, reason: str | None, by: str, database_url: str | None, as_json: bool
+) -> None:
+    """Reject a job that waits for approval: CANCELLED, last error REJECTED. Exits 1,
+    changing nothing, if it does not wait for approval."""
+    del as_json
+    (ident,) = parse_ids((job_id,))
+
+    async def action(db: Database) -> JobStateChange:
+        async with db.writing() as session:
+            return await reject_job(session, ident, by=by, reason=reason)
+
+    result = run(database_url, action)
+    emit({"job": jsonable(result)}, f"{result.id}: rejected, {result.state}")
 
 
 def _filters(pairs: tuple[str, ...]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The dashboard's buttons: sign in and out, retry and cancel jobs, bulk retry,
+"""The dashboard's buttons: sign in and out, retry, cancel, approve and reject
+jobs, bulk retry,
 pause and resume queues and schedules, trigger a schedule.
 
 Every change passes :func:`jobctl.dashboard.auth.may_act` (token configured,
@@ -34,11 +35,13 @@ from jobctl.dashboard.flash import Flash
 from jobctl.service import (
     Database,
     ServiceError,
+    approve_job,
     cancel_jobs,
     parse_job_id,
     pause_queue,
     pause_schedule,
     queries,
+    reject_job,
     resume_queue,
     resume_schedule,
     retry_jobs,
@@ -197,6 +200,30 @@ async def cancel_one(job_id: str, request: Request, _actor: Actor, back: Back = 
         if change.state == JobState.CANCEL_REQUESTED:
             return Flash("ok", "Cancel requested: its handler sees it at its next heartbeat.")
         return Flash("ok", "Cancelled.")
+
+    return await _act(request, back, f"/jobs/{ident}", action)
+
+
+@router.post("/jobs/{job_id}/approve")
+async def approve_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    ident = _job_id(job_id)
+
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            await approve_job(session, ident, by=_by(request))
+        return Flash("ok", "Approved: the job is due now.")
+
+    return await _act(request, back, f"/jobs/{ident}", action)
+
+
+@router.post("/jobs/{job_id}/reject")
+async def reject_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+    ident = _job_id(job_id)
+
+    async def action() -> Flash:
+        async with _database(request).writing() as session:
+            await reject_job(session, ident, by=_by(request), reason="rejected from the dashboard")
+        return Flash("ok", "Rejected: the job is CANCELLED and will not run.")
 
     return await _act(request, back, f"/jobs/{ident}", action)
 

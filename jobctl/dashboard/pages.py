@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
+import outbox
 from jobctl.dashboard import render
 from jobctl.dashboard.actions import BULK_RETRY_LIMIT
 from jobctl.dashboard.auth import Viewer, viewer
@@ -203,6 +204,9 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         attempts_shown=ATTEMPTS_SHOWN,
         may_retry=found.state in REPLAYABLE,
         may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
+        may_approve=found.state == JobState.QUEUED
+        and found.approval is not None
+        and found.approval.status == "REQUIRED",
         leased=found.state in LEASED,
     )
 
@@ -235,7 +239,8 @@ async def schedules(request: Request, looker: Looker) -> Response:
 async def tenants(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_tenants(session), await _clock(session)
-    return render.page(request, "tenants.html", looker, tenants=found, now=now)
+        limits = await outbox.rate_limits_async(session)
+    return render.page(request, "tenants.html", looker, tenants=found, now=now, rate_limits=limits)
 
 
 @router.get("/workers")

@@ -83,6 +83,13 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.jobs,
     )
     yield _gauge(
+        "jobs_awaiting_approval",
+        "Jobs enqueued with needs_approval that wait for approval (QUEUED, counted in"
+        " jobs too), per queue, as of the last collection.",
+        ["queue"],
+        _by_queue(s.awaiting_approval),
+    )
+    yield _gauge(
         "jobs_waiting_for_key",
         "Waiting jobs a consumer last turned down for their key, per queue and reason:"
         " KEY_BUSY (key_limit jobs of the key hold a lease) or KEY_ORDER (an earlier"
@@ -133,6 +140,20 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         " its jobs wait, the other queues' go out. A series exists only while it fails.",
         ["queue", "reason"],
         s.publish_failing,
+    )
+    yield _gauge(
+        "jobs_rate_limited",
+        "Jobs waiting for a token of their rate limit (delay_reason RATE_LIMITED): each"
+        " is woken when its token is due.",
+        ["queue"],
+        _by_queue(s.rate_limited),
+    )
+    yield _gauge(
+        "jobs_expired",
+        "Jobs that ended CANCELLED with code EXPIRED, never started before their"
+        " deadline (enqueue's expires), as long as retention keeps them.",
+        ["queue"],
+        _by_queue(s.expired),
     )
     yield _gauge(
         "running_lease_expired_jobs",

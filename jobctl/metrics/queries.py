@@ -15,6 +15,7 @@ the plans at a million finished jobs):
   index-only scan that also gives the oldest due ``run_after``;
 - jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
   since one ``state IN (...)`` spanning both partial indexes scans the whole table;
+- jobs rate-limited and expired: ``jobs_rate_limited_idx`` and ``jobs_expired_idx``;
 - the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
 - attempts: ``job_attempts_finished_idx`` (finished_at);
 - cancellations: ``jobs_finished_idx`` (finished_at) WHERE terminal;
@@ -60,6 +61,15 @@ WHERE state IN ({CLAIMABLE_SQL})
 GROUP BY queue, state
 """
 
+# Per queue: jobs that wait for approval (QUEUED, held never due): a few index
+# probes of the waiting jobs' partial index, bounded like the count above.
+METRICS_JOBS_AWAITING_APPROVAL: Final = """
+SELECT queue, count(*)
+FROM jobs
+WHERE state = 'QUEUED' AND approval = 'REQUIRED'
+GROUP BY queue
+"""
+
 # Per queue, the waiting jobs a consumer last turned down for their key (KEY_BUSY,
 # KEY_ORDER): they wait for the lease ahead of them to end. Read from the same
 # waiting jobs as the count above.
@@ -78,6 +88,21 @@ SELECT queue, state, count(*), count(*) FILTER (WHERE lease_expires_at <= now())
 FROM jobs
 WHERE state IN ({LEASED_SQL})
 GROUP BY queue, state
+"""
+
+# Per queue: jobs waiting for a rate limit's token (jobs_rate_limited_idx), and jobs
+# that expired before they started, as long as retention keeps them
+# (jobs_expired_idx). Each reads only its own index.
+METRICS_JOBS_RATE_LIMITED: Final = f"""
+SELECT queue, count(*) FROM jobs
+WHERE delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE_SQL})
+GROUP BY queue
+"""
+
+METRICS_JOBS_EXPIRED: Final = """
+SELECT queue, count(*) FROM jobs
+WHERE state = 'CANCELLED' AND last_error_code = 'EXPIRED'
+GROUP BY queue
 """
 
 # Wake-ups due and unsent: the backlog beyond each queue's window, and any lag.

@@ -69,6 +69,12 @@ class Reading:
     publish_failing: list[tuple[str, str, int]]
     workers: list[Worker]
     queues: list[str]
+    # (queue, jobs that wait for approval)
+    awaiting_approval: list[tuple[str, int]] = field(default_factory=list)
+
+    # (queue, count): waiting for a rate limit's token; ended as expired
+    rate_limited: list[tuple[str, int]] = field(default_factory=list)
+    expired: list[tuple[str, int]] = field(default_factory=list)
     # None: a late attempt counted already, read as its key only
     attempts: list[Seen[Attempt | None]] = field(default_factory=list)
     # the latency of a job that ended CANCELLED; None for one that ended otherwise
@@ -133,6 +139,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             (queue, state, int(n), age)
             for queue, state, n, age in await _rows(conn, q.METRICS_JOBS_WAITING)
         ]
+        awaiting = [
+            (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_JOBS_AWAITING_APPROVAL)
+        ]
         leased = [
             (queue, state, int(n), int(expired))
             for queue, state, n, expired in await _rows(conn, q.METRICS_JOBS_LEASED)
@@ -151,6 +160,8 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             for w, queues, stale, lost in await _rows(conn, q.METRICS_WORKERS)
         ]
         queues = [r[0] for r in await _rows(conn, q.METRICS_QUEUES)]
+        rate_limited = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_RATE_LIMITED)]
+        expired = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_EXPIRED)]
         attempts = await _attempts(conn, cursors.attempts, now)
         cancellations: list[Seen[float | None]] = [
             Seen(late, (job_id, at), at, latency if state == "CANCELLED" else None)
@@ -175,6 +186,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         publish_failing=publish_failing,
         workers=workers,
         queues=queues,
+        awaiting_approval=awaiting,
+        rate_limited=rate_limited,
+        expired=expired,
         attempts=attempts,
         cancellations=cancellations,
         fires=fires,

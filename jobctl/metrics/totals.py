@@ -86,6 +86,10 @@ class Snapshot:
     attempts_per_success: Mapping[str, FrozenHistogram]
     scheduler_delay: FrozenHistogram
     cancellation_latency: FrozenHistogram
+    awaiting_approval: Mapping[str, int]
+
+    rate_limited: Mapping[str, int]
+    expired: Mapping[str, int]
     # The last hour by minute, for the dashboard's charts (not exported).
     history: HistoryView = EMPTY
     key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -275,8 +279,19 @@ class Totals:
             queue = self._queue(name, now)
             jobs[(queue, state)] += count
             expired[queue] += lapsed
+        awaiting = dict.fromkeys(self.queues, 0)
+        for name, count in reading.awaiting_approval:
+            awaiting[self._queue(name, now)] += count
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
+        waits: dict[str, dict[str, int]] = {}
+        for kind, rows in (("rate_limited", reading.rate_limited), ("expired", reading.expired)):
+            counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
+            for name, count in rows:
+                queue = self._queue(name, now)
+                counts[queue] = counts.get(queue, 0) + count
         return Snapshot(
+            rate_limited=MappingProxyType(waits["rate_limited"]),
+            expired=MappingProxyType(waits["expired"]),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
             running_lease_expired=MappingProxyType(expired),
@@ -295,6 +310,7 @@ class Totals:
             attempts_per_success=_frozen(self.attempts_per_success),
             scheduler_delay=self.scheduler_delay.frozen(),
             cancellation_latency=self.cancellation_latency.frozen(),
+            awaiting_approval=MappingProxyType(awaiting),
             history=self.history.view(),
             key_waits=MappingProxyType(key_waits),
         )

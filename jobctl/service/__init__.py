@@ -24,7 +24,7 @@ What a dashboard needs, and where it is:
 - a job page: :func:`get_job` (row, attempts, progress, result, why it waits);
 - failed jobs: ``list_jobs(JobFilter(state=JobState.FAILED))``, and bulk retry:
   :func:`retry_matching` (``dry_run`` counts first), :func:`retry_jobs` by id;
-- cancel: :func:`cancel_jobs`;
+- cancel: :func:`cancel_jobs`; approvals: :func:`approve_job`, :func:`reject_job`;
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
 - tenants: :func:`list_tenants`, :func:`set_tenant`;
@@ -39,11 +39,13 @@ from jobctl.service.jobs import (
     MAX_LIMIT,
     JobFilter,
     NewJobRequest,
+    approve_job,
     cancel_jobs,
     enqueue_job,
     get_job,
     list_jobs,
     parse_job_id,
+    reject_job,
     retry_jobs,
     retry_matching,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "NotFound",
     "ServiceError",
     "WrongState",
+    "approve_job",
     "cancel_jobs",
     "enqueue_job",
     "get_job",
@@ -86,6 +89,7 @@ __all__ = [
     "pause_queue",
     "pause_schedule",
     "readiness",
+    "reject_job",
     "resume_queue",
     "resume_schedule",
     "retry_jobs",

@@ -16,8 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 import outbox
 from jobctl.service import queries
 from jobctl.service.cursor import Cursor, Order
-from jobctl.service.errors import IdempotencyMismatch, Invalid, invalid_argument
+from jobctl.service.errors import (
+    IdempotencyMismatch,
+    Invalid,
+    NotFound,
+    WrongState,
+    invalid_argument,
+)
 from jobctl.service.models import (
+    Approval,
     Attempt,
     Blocker,
     BulkRetry,
@@ -87,6 +94,10 @@ class NewJobRequest:
     run_after: datetime | None = None
     max_attempts: int | None = None
     dedup_key: str | None = None
+    needs_approval: bool = False
+
+    expires: datetime | None = None
+    rate_limit: str | None = None
     key: str | None = None
     key_limit: int | None = None
     ordered: bool | str = False
@@ -107,6 +118,13 @@ class NewJobRequest:
             # Absent rather than null: fingerprints stored before the field existed
             # still match their requests.
             document["dedup_key"] = self.dedup_key
+        if self.needs_approval:
+            document["needs_approval"] = True
+
+        if self.expires is not None:
+            document["expires"] = self.expires.astimezone(UTC)
+        if self.rate_limit is not None:
+            document["rate_limit"] = self.rate_limit
         if self.key is not None:
             document |= {"key": self.key, "key_limit": self.key_limit, "ordered": self.ordered}
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
@@ -238,6 +256,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         lease = Lease(lease_owner, lease_generation, lease_expires_at)
     # The same rule as the producer API's: read in this transaction, so under
     # REPEATABLE READ the row above and the reasons agree.
+    approval = None
     try:
         explanation = await outbox.explain_async(session, job_id)
     except outbox.JobNotFound:
@@ -248,6 +267,8 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
             explanation.summary,
             tuple(Blocker(b.code, dict(b.facts)) for b in explanation.blockers),
         )
+        if explanation.approval is not None:
+            approval = Approval(**explanation.approval)
     return JobView(
         **{f.name: getattr(summary, f.name) for f in dataclasses.fields(JobSummary)},
         payload=payload,
@@ -264,6 +285,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         why=why,
         checked_at=checked_at,
         as_text=tuple(as_text),
+        approval=approval,
         key=key,
         key_limit=key_limit,
         key_order=key_order,
@@ -340,6 +362,9 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             max_attempts=request.max_attempts,
             priority=request.priority,
             tenant=request.tenant,
+            needs_approval=request.needs_approval,
+            expires=request.expires,
+            rate_limit=request.rate_limit,
             key=request.key,
             key_limit=request.key_limit,
             ordered=request.ordered,
@@ -399,6 +424,41 @@ async def cancel_jobs(session: AsyncSession, job_ids: Iterable[uuid.UUID]) -> li
         applied = state in (JobState.CANCELLED, JobState.CANCEL_REQUESTED)
         done.append(JobStateChange(job_id, state, applied))
     return done
+
+
+async def approve_job(
+    session: AsyncSession, job_id: uuid.UUID, *, by: str | None = None
+) -> JobStateChange:
+    """Let a job that waits for approval run (outbox.approve_async): due now, woken
+    at commit. Raises :class:`NotFound` for an unknown id and :class:`WrongState`
+    for a job that does not wait for approval (decided already, or never needed
+    it), having changed nothing. Never commits."""
+    try:
+        await outbox.approve_async(session, job_id, by=by)
+    except outbox.JobNotFound:
+        raise NotFound(f"no job {job_id}") from None
+    except outbox.NotAwaitingApproval as exc:
+        raise WrongState(str(exc), exc.state) from None
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, "by") from None
+    return JobStateChange(job_id, JobState.QUEUED, True)
+
+
+async def reject_job(
+    session: AsyncSession, job_id: uuid.UUID, *, by: str | None = None, reason: str | None = None
+) -> JobStateChange:
+    """Cancel a job that waits for approval for good (outbox.reject_async):
+    CANCELLED, last_error_code REJECTED, ``reason`` its message. Refuses like
+    :func:`approve_job`. Never commits."""
+    try:
+        state = await outbox.reject_async(session, job_id, by=by, reason=reason)
+    except outbox.JobNotFound:
+        raise NotFound(f"no job {job_id}") from None
+    except outbox.NotAwaitingApproval as exc:
+        raise WrongState(str(exc), exc.state) from None
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc) from None
+    return JobStateChange(job_id, state, True)
 
 
 async def retry_jobs(

@@ -101,11 +101,23 @@ class Blocker:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 
     code: str
-    """NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
+    """APPROVAL_REQUIRED, NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
     NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, CANCEL_REQUESTED,
     LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
     facts: dict[str, Any]
     """The figures behind it (see outbox.explain)."""
+
+
+@dataclass(frozen=True)
+class Approval:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    status: str
+    """REQUIRED (it waits: approve or reject it), APPROVED or REJECTED."""
+    by: str | None
+    """Who approved or rejected it."""
+    at: datetime | None
+    """When."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,9 @@ class JobView(JobSummary):
     """The fields (payload, progress, result) whose stored JSON nests deeper than
     MAX_PAYLOAD_DEPTH (100), served as their JSON text, a string, so that the job
     can be read at all (written before enqueue bounded nesting, or by hand)."""
+    approval: Approval | None = None
+    """For a job enqueued with needs_approval: whether it waits for approval, or
+    who approved or rejected it, and when; null otherwise."""
     key: str | None = None
     """The entity the job is about: at most key_limit jobs with it run at once."""
     key_limit: int | None = None
@@ -350,7 +365,7 @@ class Enqueued:
 
 @dataclass(frozen=True)
 class JobStateChange:
-    """What a cancel or retry did to one job."""
+    """What a cancel, retry, approval or rejection did to one job."""
 
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 

@@ -81,7 +81,13 @@ async def set_tenant(
         max_queued = None if current is None else current.max_queued
     try:
         await outbox.set_tenant_limit_async(
-            session, tenant, max_running=max_running, weight=weight, max_queued=max_queued
+            session,
+            tenant,
+            max_running=max_running,
+            weight=weight,
+            max_queued=max_queued,
+            # not an operator surface's setting yet: kept as the producer set it
+            max_enqueue_rate=None if current is None else current.max_enqueue_rate,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

@@ -43,8 +43,11 @@ from __future__ import annotations
 
 from schema.queries.control import (
     EFFECT_RETENTION_DELETE,
+    JOB_APPROVAL,
+    JOB_APPROVE,
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
+    JOB_REJECT,
     JOB_REPLAY,
     JOB_REPLAY_MATCHING,
     JOB_RETENTION_DELETE,
@@ -66,10 +69,13 @@ from schema.queries.fragments import (
     WORKER_TTL_SECONDS,
 )
 from schema.queries.job import (
+    JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
+    JOB_EXPIRE_WAITING,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_KEYS_LOCK,
+    JOB_OUTCOME,
     JOB_PROGRESS,
     JOB_REQUEST_BY_KEY,
     JOB_REQUEST_CANCEL,
@@ -101,6 +107,7 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
 )
+from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
@@ -119,6 +126,7 @@ from schema.queries.schedule import (
 )
 from schema.queries.tenant import (
     TENANT_BACKPRESSURE,
+    TENANT_ENQUEUE_TAKE,
     TENANT_LIMIT_LIST,
     TENANT_LIMIT_SET,
     TENANT_USAGE_DRIFTED,
@@ -147,9 +155,13 @@ __all__ = [
     "DASHBOARD_SESSION_VALID",
     "EFFECT_RETENTION_DELETE",
     "FENCE",
+    "JOB_APPROVAL",
+    "JOB_APPROVE",
     "JOB_ATTEMPT_RECORDED_MANY",
     "JOB_CLAIM_MANY",
+    "JOB_DEBOUNCE_MANY",
     "JOB_EFFECT_CLAIM",
+    "JOB_EXPIRE_WAITING",
     "JOB_EXPLAIN",
     "JOB_EXPLAIN_BACKLOG",
     "JOB_FIND_BY_DEDUP_MANY",
@@ -160,7 +172,9 @@ __all__ = [
     "JOB_HELD_BY",
     "JOB_INSERT_MANY",
     "JOB_KEYS_LOCK",
+    "JOB_OUTCOME",
     "JOB_PROGRESS",
+    "JOB_REJECT",
     "JOB_REPLAY",
     "JOB_REPLAY_MATCHING",
     "JOB_REQUEST_BY_KEY",
@@ -188,6 +202,9 @@ __all__ = [
     "QUEUE_PAUSE",
     "QUEUE_PAUSED_LIST",
     "QUEUE_RESUME",
+    "RATE_LIMITS",
+    "RATE_LIMIT_REMOVE",
+    "RATE_LIMIT_SET",
     "RELAY_EXPIRE",
     "RELAY_FAILING_QUEUES",
     "RELAY_GONE",
@@ -209,6 +226,7 @@ __all__ = [
     "SCHEDULE_TEMPLATE",
     "SCHEDULE_UPSERT",
     "TENANT_BACKPRESSURE",
+    "TENANT_ENQUEUE_TAKE",
     "TENANT_LIMIT_LIST",
     "TENANT_LIMIT_SET",
     "TENANT_USAGE_DRIFTED",

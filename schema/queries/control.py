@@ -9,7 +9,14 @@ from typing import Final
 
 from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, PENDING_TENANTS, UNTAKEN
 from schema.queries.worker import RELAY_LIVE_SECONDS
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL, OUTBOX_CHANNEL, REPLAYABLE_SQL, TERMINAL_SQL
+from schema.tables import (
+    APPROVAL_HOLD,
+    CLAIMABLE_SQL,
+    LEASED_SQL,
+    OUTBOX_CHANNEL,
+    REPLAYABLE_SQL,
+    TERMINAL_SQL,
+)
 
 # Who acted, when the caller does not say: the database role, and the client's
 # application_name when it set one ("app (jobctl)").
@@ -29,7 +36,8 @@ _OWN_BUDGET = """CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_att
 def _replay(target: str, *, before: str = "") -> str:
     """Replays the jobs ``target`` selects and locks (job_id, state,
     attempt_count, budget), each still FAILED or CANCELLED (``before``: CTEs the
-    target reads from): back to QUEUED, due now,
+    target reads from): back to QUEUED, due now (one that waited for approval, or
+    was rejected, waits for approval again: held, without a wake-up),
     with a fresh budget of the job's own size on top of the attempts it made (so
     attempt_count <= max_attempts holds and the history keeps numbering on), what
     belonged to the finished run cleared, a wake-up (the outbox trigger notifies the
@@ -40,7 +48,11 @@ WITH RECURSIVE {before}target AS ({target}
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = now(),
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN {APPROVAL_HOLD}
+                         ELSE now() END,
+        approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
+        approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
+        approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
         finished_at = NULL,
         result = NULL,
         progress = NULL,
@@ -55,10 +67,11 @@ WITH RECURSIVE {before}target AS ({target}
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ({REPLAYABLE_SQL})
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count
+              t.state AS from_state, t.attempt_count, j.approval
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
+    WHERE approval IS DISTINCT FROM 'REQUIRED'
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, {_WHO}), from_state, attempt_count FROM replayed
@@ -121,6 +134,50 @@ JOB_REPLAY_MATCHING: Final = _replay(
 ), """,
 )
 
+# An operator approves a job that waits for approval: due now, with its wake-up
+# (the outbox trigger notifies the relay at commit), and who and when recorded,
+# in one statement guarded by "still QUEUED and not decided yet". Returns nothing
+# for a job that was not waiting for approval: the caller reads why.
+JOB_APPROVE: Final = f"""
+WITH approved AS (
+    UPDATE jobs
+    SET approval = 'APPROVED',
+        approval_by = COALESCE(%(by)s::text, {_WHO}),
+        approval_at = now(),
+        run_after = now(),
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+    RETURNING job_id, queue, tenant, priority, run_after
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM approved
+)
+SELECT job_id FROM approved
+"""
+
+# An operator rejects a job that waits for approval: CANCELLED, with last_error_code
+# REJECTED and the reason, who and when; guarded like JOB_APPROVE. It never had a
+# wake-up to take back.
+JOB_REJECT: Final = f"""
+UPDATE jobs
+SET state = 'CANCELLED',
+    approval = 'REJECTED',
+    approval_by = COALESCE(%(by)s::text, {_WHO}),
+    approval_at = now(),
+    last_error_code = 'REJECTED',
+    last_error_message = COALESCE(%(reason)s::text, 'rejected'),
+    finished_at = statement_timestamp(),
+    updated_at = now()
+WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+RETURNING state
+"""
+
+# Why an approval or rejection changed nothing: the job's state and approval.
+JOB_APPROVAL: Final = """
+SELECT state, approval, approval_by, approval_at FROM jobs WHERE job_id = %(job_id)s
+"""
+
+
 # Pausing a paused queue keeps who paused it first, and when. The claim refuses
 # the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
 # row says paused; jobs already running finish.
@@ -172,7 +229,8 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({CLAIMAB
     OR EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s)
 """
 
-# Everything "why is my job waiting?" needs about one job, by key lookups: the row;
+# Everything "why is my job waiting?" needs about one job, by key lookups: the row
+# (its approval too);
 # its queue's pause; its tenant's cap and slots in use; why the relay last held the
 # tenant's wake-ups back in that queue; its wake-up (one in flight that was not
 # taken up yet, else the pending one); how many live consumers serve its queue and
@@ -187,6 +245,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       j.approval, j.approval_by, j.approval_at, j.created_at,
+       j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
        l.max_running, COALESCE(u.running, 0) AS running,
@@ -220,6 +280,7 @@ LEFT JOIN queues AS q ON q.queue = j.queue AND q.paused
 LEFT JOIN tenant_limits AS l ON l.tenant = j.tenant
 LEFT JOIN tenant_usage AS u ON u.tenant = j.tenant
 LEFT JOIN fair_shares AS f ON f.queue = j.queue AND f.tenant = COALESCE(j.tenant, '')
+LEFT JOIN rate_buckets AS rb ON rb.name = j.rate_limit AND j.delay_reason = 'RATE_LIMITED'
 LEFT JOIN LATERAL (
     SELECT o.id, o.available_at, o.sent_at
     FROM outbox AS o

@@ -7,38 +7,46 @@ from typing import Final
 
 from schema.locks import KEY_LOCK_PREFIX
 from schema.queries.fragments import FENCE, key_wake_next
-from schema.tables import CLAIMABLE_SQL
+from schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
-# only by the relay, for a schedule's occurrence). A job whose
+# only by the relay, for a schedule's occurrence; approval 'REQUIRED' by an enqueue
+# with needs_approval: held never due, without a wake-up). A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
 # caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
 # notifies the relay when the caller's transaction commits.
-JOB_INSERT_MANY: Final = """
+JOB_INSERT_MANY: Final = f"""
 WITH input AS (
     SELECT *
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, run_after timestamptz,
-        delay_seconds double precision, scheduled_for timestamptz, trace_context jsonb,
-        key text, key_limit integer, key_order text)
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text, key text, key_limit integer, key_order text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
-         scheduled_for, trace_context, key, key_limit, key_order, key_seq)
+         scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
+         key_order, key_seq)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))),
-           scheduled_for, trace_context, key, key_limit, key_order,
+           CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
 ), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL
 )
 SELECT job_id FROM inserted
 """
@@ -52,6 +60,52 @@ SELECT job_id FROM inserted
 JOB_KEYS_LOCK: Final = f"""
 SELECT count(pg_advisory_xact_lock(hashtextextended('{KEY_LOCK_PREFIX}' || k.key, 0)))
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k
+"""
+
+# Debounced jobs (enqueue(..., dedup_key=, debounce=)): a job whose key no job
+# that has not started yet holds is inserted, due debounce from now, with its
+# wake-up; one whose key such a job holds replaces that job's payload and moves
+# its start to debounce from now, never past debounce_until (debounce_max after the
+# first enqueue), and its wake-up with it (delete and insert, as OUTBOX_HAND_BACK
+# does: a wake-up already sent would find the job not due, and be settled). The
+# key is held by jobs_debounce_idx only while its job is QUEUED and never started,
+# so a claim that starts it frees the key (the conflict is decided on the latest
+# row, the update fenced by the same state), and a later enqueue makes a new job.
+# One row per key: the caller sends each (job_type, key) once. Returns each key's
+# job (the one it replaced, for a repeat).
+JOB_DEBOUNCE_MANY: Final = """
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, expires_at timestamptz,
+        expires_seconds double precision, rate_limit text, debounce_seconds double precision,
+        debounce_max_seconds double precision, trace_context jsonb)
+), upserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
+         run_after, debounce_until, expires_at, rate_limit, trace_context)
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority, now() + make_interval(secs => debounce_seconds),
+           now() + make_interval(secs => debounce_max_seconds),
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
+           trace_context
+    FROM input
+    ON CONFLICT (job_type, debounce_key)
+        WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
+    DO UPDATE
+    SET payload = EXCLUDED.payload,
+        run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        updated_at = now()
+    WHERE j.state = 'QUEUED' AND j.started_at IS NULL
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+), unwoken AS (
+    DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM upserted
+)
+SELECT job_type, debounce_key, job_id FROM upserted
 """
 
 # A separate statement from the insert on purpose: under READ COMMITTED it takes a
@@ -93,6 +147,13 @@ JOB_STATE: Final = "SELECT state FROM jobs WHERE job_id = %(job_id)s"
 JOB_TRACE_CONTEXTS: Final = """
 SELECT job_id, trace_context FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND trace_context IS NOT NULL
+"""
+
+# What outbox.wait_for answers with: the job's state and, once it is final, how it
+# ended (a handler's result, the last error).
+JOB_OUTCOME: Final = """
+SELECT state, result, last_error_code, last_error_message, finished_at
+FROM jobs WHERE job_id = %(job_id)s
 """
 
 # Marks one effect done, once per key, in the handler's own transaction: true the
@@ -142,4 +203,38 @@ WHERE r.idempotency_key = %(key)s
 # waiting out its backoff comes due at once. Moves no job: they stay RETRY_WAIT.
 JOB_RETRIES_DUE_NOW: Final = """
 UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now()
+"""
+
+# The relay's sweep of deadlines: a waiting job past its expires_at that no claim
+# looked at (delayed, parked, backed off: nobody wakes it before it is due) is
+# cancelled with code EXPIRED, and its pending wake-ups go (one in flight is
+# settled by the relay, as for any cancelled job). The claim ends the ones it is
+# woken for itself (JOB_CLAIM_MANY), so this is bounded by %(limit)s soonest first,
+# through jobs_expiring_idx. A job that waits holds no tenant slot. Returns each
+# job ended, with its queue.
+JOB_EXPIRE_WAITING: Final = f"""
+WITH due AS (
+    SELECT j.job_id
+    FROM jobs AS j
+    WHERE j.expires_at IS NOT NULL AND j.state IN ({CLAIMABLE_SQL}) AND j.expires_at <= now()
+    ORDER BY j.expires_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE jobs AS j
+    SET state = 'CANCELLED',
+        last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL,
+        delay_since = NULL,
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    FROM due
+    WHERE j.job_id = due.job_id AND j.state IN ({CLAIMABLE_SQL})
+    RETURNING j.job_id, j.queue
+), unwoken AS (
+    DELETE FROM outbox AS o USING expired AS e
+    WHERE o.job_id = e.job_id AND o.sent_at IS NULL
+)
+SELECT job_id, queue FROM expired
 """

@@ -29,6 +29,15 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
 # without one and the backoff the sweeper will use if the lease expires.
 #
+# A job under a rate limit (its own rate_limit, else its handler's) takes a token
+# of its bucket here, and a job without one is turned down (RATE_LIMITED) before
+# its tenant's slot is reserved; its wake-up comes due when its token will be
+# (rate_taken, rate_refused). A token taken by a job its tenant's cap then turns
+# down is spent: the limit errs towards fewer starts, never more.
+#
+# A job past its deadline (expires_at) is not started: it ends CANCELLED, code
+# EXPIRED, here (expired_ended).
+#
 # A job turned down for its queue, its type or its tenant's cap records why
 # (delay_reason, written when the reason changes) and its used-up wake-up goes back
 # to the backlog, to wait until something can change the answer: for a paused queue
@@ -48,8 +57,8 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
 # the reason it was not.
 #
-# The steps, numbered in the SQL: 1. what may run here; 2. the tenants' slots and
-# the keys' leases;
+# The steps, numbered in the SQL: 1. what may run here (its key's turn, and its
+# rate limits' tokens); 2. the tenants' slots and the keys' leases;
 # 3. the refusals, recorded and woken again; 4. the claim; 5. the answer.
 JOB_CLAIM_MANY: Final = f"""
 WITH types AS (
@@ -57,12 +66,15 @@ WITH types AS (
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
-        backoff_cap double precision, backoff_jitter double precision, sync boolean)
+        backoff_cap double precision, backoff_jitter double precision, sync boolean,
+        rate_limit text)
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            j.key, j.key_limit, j.key_seq,
            t.job_type IS NOT NULL AS known,
+           COALESCE(j.expires_at <= now(), false) AS expired,
+           COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -78,10 +90,10 @@ WITH types AS (
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused) AS r
+          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), key_behind AS (
-    -- 1d. ordered jobs with an earlier one of their key still waiting, running or, for
+    -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
     -- 'strict', FAILED: they wait for it (KEY_ORDER). key_seq follows the commit
     -- order of the enqueues (JOB_KEYS_LOCK), so no earlier one is still to appear.
     SELECT r.job_id
@@ -91,7 +103,7 @@ WITH types AS (
                   WHERE x.key = r.key AND x.key_seq < r.key_seq
                     AND {KEY_AHEAD.format(x="x")})
 ), key_ranked AS (
-    -- 1e. the others with a key, ranked per key: the first key_limit may take it
+    -- 1c2. the others with a key, ranked per key: the first key_limit may take it
     SELECT r.job_id, r.key_limit_in_batch,
            row_number() OVER (PARTITION BY r.key ORDER BY r.key_seq, r.priority DESC, r.job_id)
                AS key_rank
@@ -99,17 +111,78 @@ WITH types AS (
           FROM runnable AS r
           WHERE r.key IS NOT NULL AND r.job_id NOT IN (SELECT job_id FROM key_behind)) AS r
 ), key_waiting AS (
-    -- 1f. what waits for its key whatever the tenants say: behind in order, or past the
+    -- 1c3. what waits for its key whatever the tenants say: behind in order, or past the
     -- key's limit within this batch
     SELECT job_id FROM key_behind
     UNION ALL
     SELECT job_id FROM key_ranked WHERE key_rank > key_limit_in_batch
+), rate_wanted AS (
+    -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
+    -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
+    -- and its turn for a token (rate_limits is the operator's short list).
+    SELECT r.job_id, r.rate_name AS bucket, m.rate / m.per_seconds AS per_second, m.burst,
+           row_number() OVER (PARTITION BY r.rate_name ORDER BY r.priority DESC, r.job_id)
+               AS token_rank
+    FROM runnable AS r
+    CROSS JOIN LATERAL (
+        SELECT x.rate, x.per_seconds, x.burst
+        FROM rate_limits AS x
+        WHERE x.name = r.rate_name
+           OR (right(x.name, 2) = ':*' AND starts_with(r.rate_name, left(x.name, -1)))
+        ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
+        LIMIT 1
+    ) AS m
+    WHERE r.rate_name IS NOT NULL
+      -- one waiting for its key takes no token
+      AND r.job_id NOT IN (SELECT job_id FROM key_waiting)
+), rate_taken AS (
+    -- 1e. the tokens taken, in bucket order, each bucket's row written once by this
+    -- upsert (which locks it and reads its latest version, committed or not yet
+    -- seen by this snapshot): refilled at per_second since refilled_at, up to the
+    -- burst, as of now(). A claim whose now() is earlier than the bucket's time (a
+    -- claim that began later wrote it first) finds the level less the refill
+    -- between the two and leaves the bucket's time as it was: the bucket's level at
+    -- its time is the least slack of every window ending then, so the starts stay
+    -- within burst + rate x t in every window of the claims' own clock. A new
+    -- bucket starts full. taken is what this claim took.
+    INSERT INTO rate_buckets AS b (name, tokens, taken, refilled_at)
+    SELECT w.bucket, w.burst - LEAST(w.wanted, floor(w.burst)), LEAST(w.wanted, floor(w.burst)),
+           now()
+    FROM (SELECT bucket, max(burst) AS burst, count(*) AS wanted
+          FROM rate_wanted GROUP BY bucket) AS w
+    ORDER BY w.bucket
+    ON CONFLICT (name) DO UPDATE
+    SET (tokens, taken, refilled_at) = (
+        SELECT a.level - k.n + w.per_second * GREATEST(0, -a.elapsed), k.n,
+               GREATEST(b.refilled_at, now())
+        FROM (SELECT bucket, max(per_second) AS per_second, max(burst) AS burst,
+                     count(*) AS wanted
+              FROM rate_wanted GROUP BY bucket) AS w
+        CROSS JOIN LATERAL (
+            SELECT EXTRACT(EPOCH FROM now() - b.refilled_at)::float8 AS elapsed) AS e
+        CROSS JOIN LATERAL (
+            SELECT e.elapsed, LEAST(w.burst, b.tokens + w.per_second * e.elapsed) AS level
+        ) AS a
+        CROSS JOIN LATERAL (SELECT LEAST(w.wanted, floor(GREATEST(0, a.level)))::int AS n) AS k
+        WHERE w.bucket = b.name)
+    RETURNING b.name, b.taken, b.tokens, b.refilled_at
+), rate_refused AS (
+    -- 1f. the jobs without a token: woken when its turn's token is due (the n-th job past the
+    -- bucket's level waits for n more tokens), not before.
+    SELECT w.job_id, w.bucket,
+           t.refilled_at + make_interval(
+               secs => (w.token_rank - t.taken - t.tokens) / w.per_second) AS token_due
+    FROM rate_wanted AS w JOIN rate_taken AS t ON t.name = w.bucket
+    WHERE w.token_rank > t.taken
+), rated AS (
+    -- 1g. the runnable jobs with a token, or under no limit
+    SELECT r.* FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM rate_refused)
 ), usage AS MATERIALIZED (
     -- 2a. their tenants' free slots, locked in tenant order (every statement that
     -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM runnable)
+    WHERE u.tenant IN (SELECT tenant FROM rated)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
@@ -118,7 +191,7 @@ WITH types AS (
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
+          FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), key_wanted AS (
@@ -149,10 +222,14 @@ WITH types AS (
           FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
-    -- 3a. the jobs turned down, and why (paused queue, no handler, key, tenant's cap)
-    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type,
-           CASE WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
+    -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
+    -- no token, key, tenant's cap)
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
+           CASE WHEN l.expired THEN 'EXPIRED'
+                WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
                 WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'
+                WHEN l.job_id IN (SELECT job_id FROM rate_refused)
+                THEN '{DelayReason.RATE_LIMITED}'
                 WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN '{DelayReason.KEY_ORDER}'
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN '{DelayReason.KEY_BUSY}'
@@ -162,14 +239,31 @@ WITH types AS (
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
-      AND (l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
     -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
     -- refusal, which is rare (the relay wakes a job only when it can run).
-    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now()
+    UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
+        -- the handler's rate limit, for explain to name
+        rate_limit = CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN r.rate_name
+                          ELSE j.rate_limit END
     FROM refused AS r
-    WHERE j.job_id = r.job_id
+    WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
+), expired_ended AS (
+    -- 3g. past its deadline: never started, it ends here (it holds no slot while it
+    -- waits), and its pending wake-ups go; the used one goes with used_up.
+    UPDATE jobs AS j
+    SET state = 'CANCELLED', last_error_code = 'EXPIRED',
+        last_error_message = 'not started by its deadline, ' || j.expires_at::text,
+        delay_reason = NULL, delay_since = NULL,
+        finished_at = statement_timestamp(), updated_at = now()
+    FROM refused AS r
+    WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
+), expired_unwoken AS (
+    -- 3h. its pending wake-ups deleted
+    DELETE FROM outbox AS o USING refused AS r
+    WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
 ), used_up AS (
     -- 3c. their used-up wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
@@ -199,11 +293,15 @@ WITH types AS (
     -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason <> '{DelayReason.NO_HANDLER}' OR (c.has_room AND NOT r.refused_lately)
+           CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN GREATEST(d.token_due, now())
+                WHEN r.reason <> '{DelayReason.NO_HANDLER}'
+                     OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
-    WHERE (r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL)
+    LEFT JOIN rate_refused AS d USING (job_id)
+    WHERE r.reason <> 'EXPIRED'
+      AND (r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL)
       -- a job waiting for its key gets its wake-up back when the key frees
       AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}')
 ), claimed AS (

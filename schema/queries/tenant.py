@@ -25,16 +25,48 @@ FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
 WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL
 """
 
+# A tenant's enqueue rate (max_enqueue_rate), in the enqueue's transaction: for each
+# tenant of the batch that has one, its bucket (a second's worth, at least one),
+# refilled since it was last taken from, locked in tenant order; if every such
+# tenant has a token for each of its jobs they are taken, else none is, and the
+# tenants short of tokens come back with what they have (the producer raises
+# Backpressure). The lock is held until the producer commits: a tenant's producers
+# take turns, others' never wait. Returns (tenant, wanted, tokens, rate) per tenant
+# refused.
+TENANT_ENQUEUE_TAKE: Final = """
+WITH wanted AS (
+    SELECT * FROM jsonb_to_recordset(%(tenants)s::jsonb) AS w(tenant text, n int)
+), level AS MATERIALIZED (
+    SELECT l.tenant, w.n, l.max_enqueue_rate AS rate,
+           LEAST(GREATEST(l.max_enqueue_rate, 1),
+                 COALESCE(l.enqueue_tokens, GREATEST(l.max_enqueue_rate, 1))
+                 + l.max_enqueue_rate * GREATEST(0, EXTRACT(EPOCH FROM
+                       now() - COALESCE(l.enqueue_refilled_at, now()))::float8)) AS tokens
+    FROM tenant_limits AS l JOIN wanted AS w USING (tenant)
+    WHERE l.max_enqueue_rate IS NOT NULL
+    ORDER BY l.tenant
+    FOR NO KEY UPDATE OF l
+), taken AS (
+    UPDATE tenant_limits AS l
+    SET enqueue_tokens = v.tokens - v.n,
+        enqueue_refilled_at = GREATEST(now(), l.enqueue_refilled_at)
+    FROM level AS v
+    WHERE l.tenant = v.tenant AND NOT EXISTS (SELECT 1 FROM level AS x WHERE x.tokens < x.n)
+)
+SELECT tenant, n, tokens, rate FROM level WHERE tokens < n ORDER BY tenant
+"""
+
 # Creates or changes a tenant's limits (and its usage row), in the caller's
 # transaction. Only tenant_limits is written here; the counters a claim moves live
 # in tenant_usage, so an operator holding this transaction open blocks no claim.
 TENANT_LIMIT_SET: Final = """
 WITH limits AS (
-    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued)
-    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s)
+    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate)
+    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s)
     ON CONFLICT (tenant) DO UPDATE
     SET max_running = EXCLUDED.max_running, weight = EXCLUDED.weight,
-        max_queued = EXCLUDED.max_queued, updated_at = now()
+        max_queued = EXCLUDED.max_queued, max_enqueue_rate = EXCLUDED.max_enqueue_rate,
+        updated_at = now()
     RETURNING l.tenant
 ), usage AS (
     INSERT INTO tenant_usage (tenant) SELECT tenant FROM limits
@@ -45,7 +77,8 @@ SELECT tenant FROM limits
 
 TENANT_LIMIT_LIST: Final = """
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
-       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s
+       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
+       l.max_enqueue_rate
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant
 """

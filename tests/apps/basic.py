@@ -84,3 +84,10 @@ async def tx_returns(job: consumers.Job) -> dict[str, str]:
     async with job.transaction() as tx:
         tx.set_result({"stored": "yes"})
     return {"stored": "no"}
+
+
+@consumers.handler("echo")
+async def echo(job: consumers.Job) -> object:
+    """Returns its payload as its result, after ``seconds``."""
+    await asyncio.sleep(float(job.payload.get("seconds", 0)))
+    return job.payload

@@ -10,13 +10,25 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aio_pika
 import pytest
 
+from harness.broker import delete_topology, purge, queue_depth
 from schema.topology import Declared, Topology
+
+__all__ = [
+    "collect",
+    "collect_ids",
+    "delete_topology",
+    "publish_raw",
+    "purge",
+    "queue_depth",
+    "queue_policy",
+    "rabbitmq_account",
+]
 
 
 async def collect(
@@ -89,14 +101,6 @@ async def collect_ids(
     return ids
 
 
-async def queue_depth(amqp_url: str, topology: Topology, queue: str) -> int:
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        q = await Declared(channel, topology).queue(queue)
-        return q.declaration_result.message_count or 0
-
-
 async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes) -> None:
     connection = await aio_pika.connect(amqp_url)
     async with connection:
@@ -105,30 +109,6 @@ async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes
         await declared.queue(queue)
         exchange = await declared.base()
         await exchange.publish(aio_pika.Message(body), routing_key=queue)
-
-
-async def purge(amqp_url: str, topology: Topology, queue: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        q = await Declared(channel, topology).queue(queue)
-        with contextlib.suppress(Exception):
-            await q.purge()
-
-
-async def delete_topology(amqp_url: str, topology: Topology, queues: Iterable[str]) -> None:
-    """Delete a namespace's job queues, dead-letter queue and exchanges, whichever
-    exist (deleting one that does not closes the channel, so each gets its own)."""
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        for name in [*(topology.queue_name(q) for q in queues), topology.dead_letter_queue_name]:
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(name)
-        for name in (topology.exchange_name, topology.dead_letter_exchange_name):
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(name)
 
 
 @contextlib.contextmanager

@@ -1,50 +1,5 @@
-"""Do PostgreSQL and RabbitMQ answer? Used by scripts/test before the suite starts
-and by the test session itself; says how to start whichever does not."""
+"""Re-exported from harness.services, where the benchmarks import it too."""
 
-from __future__ import annotations
+from harness.services import ADMIN_URL, AMQP_URL, postgres_problem, problems, rabbitmq_problem
 
-import asyncio
-import os
-import sys
-
-import aio_pika
-import psycopg
-
-ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://127.0.0.1:5432/postgres")
-AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://127.0.0.1:5672/")
-
-
-def problems() -> list[str]:
-    found = []
-    try:
-        with psycopg.connect(ADMIN_URL, connect_timeout=5):
-            pass
-    except psycopg.OperationalError as exc:
-        found.append(
-            f"PostgreSQL at {ADMIN_URL} does not answer ({str(exc).strip().splitlines()[0]}).\n"
-            "  Start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-        )
-
-    async def amqp() -> None:
-        connection = await aio_pika.connect(AMQP_URL, timeout=5)
-        await connection.close()
-
-    try:
-        asyncio.run(amqp())
-    except Exception as exc:
-        found.append(
-            f"RabbitMQ at {AMQP_URL} does not answer ({type(exc).__name__}).\n"
-            "  Start it: rabbitmq-server -detached"
-        )
-    return found
-
-
-def main() -> None:
-    found = problems()
-    for problem in found:
-        print(problem, file=sys.stderr)
-    sys.exit(1 if found else 0)
-
-
-if __name__ == "__main__":
-    main()
+__all__ = ["ADMIN_URL", "AMQP_URL", "postgres_problem", "problems", "rabbitmq_problem"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from typing import Annotated, Any, Final
@@ -9,8 +10,9 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
+import outbox
 from jobctl.api.guards import GuardedRoute, may_read, may_write
-from jobctl.api.models import EnqueueBody, JobType, QueueName, RetryRequest
+from jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
 from jobctl.api.problems import responses
 from jobctl.api.routes.common import actor, database, url
 from jobctl.service import (
@@ -20,11 +22,13 @@ from jobctl.service import (
     NewJobRequest,
     NotFound,
     WrongState,
+    approve_job,
     cancel_jobs,
     enqueue_job,
     get_job,
     list_jobs,
     parse_job_id,
+    reject_job,
     retry_jobs,
     retry_matching,
 )
@@ -37,6 +41,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 # Retry-After on a job that is not done: about when to look again.
 RUNNING_POLL: Final = 2
 MAX_POLL: Final = 60
+# The longest GET /v1/jobs/{id}?wait= holds a request: well under the timeouts of
+# common proxies, and no transaction or pooled connection is held meanwhile.
+MAX_WAIT: Final = 30
 
 _HEADERS: Final[dict[str, Any]] = {
     "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
@@ -122,6 +129,9 @@ async def enqueue(
         body.run_after,
         body.max_attempts,
         body.dedup_key,
+        body.needs_approval,
+        body.expires,
+        body.rate_limit,
         body.key,
         body.key_limit,
         body.ordered,
@@ -209,12 +219,32 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     ),
     summary="Look at a job",
 )
-async def job(job_id: str, request: Request, response: Response) -> JobView:
+async def job(
+    job_id: str,
+    request: Request,
+    response: Response,
+    wait: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=MAX_WAIT,
+            description=f"Seconds (at most {MAX_WAIT}) to hold the request while the job "
+            "is not done: answered as soon as it ends (woken at the commit that ended "
+            "it), else with its state at the end of the wait.",
+        ),
+    ] = None,
+) -> JobView:
     """State, attempt and budget, last error, times, progress, result, every
     attempt, and why it waits. Retry-After while it is not done."""
     ident = _parse(job_id)
-    async with database(request).reading() as session:
+    db = database(request)
+    async with db.reading() as session:
         found = await get_job(session, ident)
+    if found is not None and not found.done and wait:
+        with contextlib.suppress(TimeoutError, outbox.JobNotFound):
+            await outbox.wait_for_async(db.engine, ident, timeout=wait, listen_url=db.url.listen)
+        async with db.reading() as session:
+            found = await get_job(session, ident)
     if found is None:
         raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
     wait = retry_after(found)
@@ -265,3 +295,36 @@ async def retry(job_id: str, request: Request) -> JobStateChange:
             result.state,
         )
     return result
+
+
+@router.post(
+    "/{job_id}/approve",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 409, 503),
+    summary="Approve a job",
+)
+async def approve(job_id: str, request: Request) -> JobStateChange:
+    """A job enqueued with needs_approval that waits for approval becomes due and
+    is woken; who approved it and when are recorded. A job approved or rejected
+    already, or that never needed approval, gets 409 and is left as it was."""
+    ident = _parse(job_id)
+    async with database(request).writing() as session:
+        return await approve_job(session, ident, by=actor(request))
+
+
+@router.post(
+    "/{job_id}/reject",
+    response_model=JobStateChange,
+    dependencies=[Depends(may_write)],
+    responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
+    summary="Reject a job",
+)
+async def reject(job_id: str, request: Request, body: RejectBody | None = None) -> JobStateChange:
+    """A job that waits for approval is CANCELLED, with last_error_code REJECTED and
+    the reason given as its message; who and when are recorded. Refused like an
+    approval (409)."""
+    ident = _parse(job_id)
+    reason = None if body is None else body.reason
+    async with database(request).writing() as session:
+        return await reject_job(session, ident, by=actor(request), reason=reason)

@@ -275,3 +275,29 @@ def test_errors_are_one_line_and_exit_non_zero(
     assert "cannot reach PostgreSQL at 127.0.0.1:1" in one_line(down, 1, "jobctl stats")
     bare = jobctl("workers", *flags, url=empty_db_url, cwd=tmp_path)
     assert "run `jobctl migrate`" in one_line(bare, 2, "jobctl workers")
+
+
+def test_limits(cli, pg, engine) -> None:
+    assert cli("limits").stdout.strip() == "no rate limits"
+    pg.execute(
+        "INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('api', 2, 3600, 4)"
+    )
+    pg.execute(
+        "INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('sms:*', 1, 60, 1)"
+    )
+    pg.execute("INSERT INTO rate_buckets (name, tokens, refilled_at) VALUES ('api', 0, now())")
+    pg.execute("INSERT INTO rate_buckets (name, tokens, refilled_at) VALUES ('sms:a', 1, now())")
+    job_id = enqueue(engine, "greet", {})
+    pg.execute(
+        "UPDATE jobs SET state = 'CANCELLED', last_error_code = 'EXPIRED', finished_at = now()"
+        " WHERE job_id = %s",
+        [job_id],
+    )
+    shown = cli.json("limits")
+    api, sms = shown["rate_limits"]
+    assert (api["name"], api["burst"], api["buckets"]) == ("api", 4.0, 1)
+    assert 0 <= api["tokens"] < 1 and 1700 < api["next_token_in_seconds"] <= 1800
+    assert (sms["name"], sms["buckets"]) == ("sms:*", 1)
+    assert shown["expired"] == {"default": 1}
+    text = cli("limits").stdout
+    assert "api" in text and "2/3600s" in text and "EXPIRED" in text

@@ -5,7 +5,6 @@ and a list that stops at its bound reads on, with no gap, through its token."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import JobFilter, list_jobs, queries
-from jobctl.service.cursor import Cursor, Order
 from schema.states import JobState
 from tests.support.history import fill
 from tests.support.plans import plan as explain_plan
@@ -134,9 +132,3 @@ async def test_a_bounded_list_reads_on_through_its_token(
             after = page.next
     assert seen == rare
     assert limited >= 3, "the scan stopped at its bound and read on"
-
-
-def test_a_token_is_bound_to_its_order() -> None:
-    created = Cursor(Order.CREATED, uuid.uuid4()).encode()
-    with pytest.raises(Exception, match="another order"):
-        Cursor.decode(created, Order.FINISHED)

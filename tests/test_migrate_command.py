@@ -212,14 +212,6 @@ def test_installed_package_migrates_without_a_checkout(
     assert Path(where.stdout.strip()).is_relative_to(target)
 
 
-def test_help_lists_the_commands(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [str(BIN / "jobctl"), "--help"], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert done.returncode == 0
-    assert "migrate" in done.stdout
-
-
 def test_alembic_from_the_checkout_says_what_it_did(empty_db_url: DatabaseUrl) -> None:
     """DESIGN.md's promise, `alembic upgrade head` from the repository root, still
     works, and now logs its steps and where the database ends."""

@@ -659,6 +659,8 @@ def test_cli_errors_are_one_line_naming_what_to_fix(
             while not admin.execute(
                 "SELECT pg_cancel_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'jobctl' AND wait_event_type = 'Lock'"
+                # This test's jobctl only, not one of a test running beside it.
+                " AND datname = current_database()"
             ).fetchall():
                 assert time.monotonic() < deadline, "jobctl never waited for the lock"
                 time.sleep(0.05)

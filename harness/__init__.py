@@ -1,0 +1,9 @@
+"""What the tests and the benchmarks both stand on, needing none of the test extra:
+whether the services answer, a scratch database migrated to head, a scratch broker
+namespace and its clean-up, EXPLAIN of a statement as the code runs it, a long
+history of finished jobs.
+
+Not part of the installed package (like ``bench/`` and ``tests/``): it is imported
+from a checkout, where ``python -m bench.x`` and pytest run. The tests re-use it
+through ``tests.support``; nothing in the product imports it (a contract of
+import-linter, in pyproject.toml)."""

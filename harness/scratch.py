@@ -1,0 +1,54 @@
+"""A migrated database and a broker namespace that exist for one run, for the
+benchmarks and the chaos soak (tests use the per-test fixtures in conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from harness.broker import delete_topology
+from harness.services import ADMIN_URL, AMQP_URL
+from plumbing.config import DatabaseUrl
+from schema.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str = "scratch", *, migrate: bool = True) -> Iterator[DatabaseUrl]:
+    """A new database, migrated to head with the real `alembic upgrade head` (or left
+    empty, for a benchmark peer that installs its own schema)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
+    try:
+        if migrate:
+            subprocess.run(
+                [sys.executable, "-m", "alembic", "upgrade", "head"],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": url.conninfo},
+                check=True,
+                capture_output=True,
+            )
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def scratch_topology(queues: list[str], prefix: str = "scratch") -> Iterator[Topology]:
+    topology = Topology(prefix=f"{prefix}{uuid.uuid4().hex[:8]}")
+    try:
+        yield topology
+    finally:
+        asyncio.run(delete_topology(AMQP_URL, topology, queues))

@@ -1,0 +1,65 @@
+"""``jobctl limits``: the rate limits with their buckets, and the jobs that expired
+before they started."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+import outbox
+from jobctl.commands.common import database_option, run
+from jobctl.metrics.queries import METRICS_JOBS_EXPIRED
+from jobctl.output import emit, json_option, table, when
+from jobctl.service import Database
+from jobctl.service.sql import fetch_all
+
+
+def _limits_table(found: list[outbox.RateLimit]) -> str:
+    rows = [
+        [
+            r.name,
+            f"{r.rate:g}/{r.per_seconds:g}s",
+            f"{r.burst:g}",
+            f"{r.tokens:.2f}" if not r.name.endswith(":*") else "-",
+            f"{r.next_token_in_seconds:.2f}s" if not r.name.endswith(":*") else "-",
+            when(r.refilled_at) if r.refilled_at is not None else "-",
+            str(r.buckets),
+        ]
+        for r in found
+    ]
+    headers = ["RATE LIMIT", "RATE", "BURST", "TOKENS", "NEXT TOKEN", "LAST TAKEN", "BUCKETS"]
+    return table(headers, rows)
+
+
+@click.command()
+@database_option
+@json_option
+def limits(database_url: str | None, as_json: bool) -> None:
+    """Rate limits: each one's rate, burst, the tokens its bucket holds now and
+    when the next is due (a 'prefix:*' limit: how many names have a bucket); and,
+    per queue, the jobs that expired (code EXPIRED) before they started, as long as
+    retention keeps them."""
+    del as_json
+
+    async def action(db: Database) -> tuple[list[outbox.RateLimit], list[tuple[Any, ...]]]:
+        async with db.reading() as session:
+            found = await outbox.rate_limits_async(session)
+            expired = await fetch_all(session, METRICS_JOBS_EXPIRED)
+            return found, expired
+
+    found, expired = run(database_url, action)
+    text = _limits_table(found) if found else "no rate limits"
+    if expired:
+        text += "\n\n" + table(["QUEUE", "EXPIRED"], [[q, str(n)] for q, n in sorted(expired)])
+    document = {
+        "rate_limits": [
+            {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in d.items()}
+            | {"next_token_in_seconds": r.next_token_in_seconds}
+            for r in found
+            for d in [dataclasses.asdict(r)]
+        ],
+        "expired": {q: int(n) for q, n in expired},
+    }
+    emit(document, text)
