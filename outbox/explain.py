@@ -389,7 +389,7 @@ def _held(job: Mapping[str, Any]) -> list[Blocker]:
 def _key(job: Mapping[str, Any]) -> list[Blocker]:
     """Waiting for its key: behind an earlier ordered job of the key, or the key
     holds as many leases as it allows (from the live leases, not the last refusal)."""
-    if job["key"] is None:
+    if job.get("key") is None:
         return []
     if job["key_ahead"] is not None:
         facts = {
