@@ -99,7 +99,9 @@ def test_liveness_is_judged_by_the_bound_ttl_never_by_a_figure_in_the_sql() -> N
         assert not re.search(r"interval '60|secs => 60\b", texts[name]), name
 
 
-_REASON = re.compile(r"'(QUEUE_PAUSED|NO_HANDLER|TENANT_CAP|RATE_LIMITED|WINDOW|FAIR_SHARE)'")
+_REASON = re.compile(
+    r"'(QUEUE_PAUSED|NO_HANDLER|TENANT_CAP|RATE_LIMITED|KEY_BUSY|KEY_ORDER|WINDOW|FAIR_SHARE)'"
+)
 
 
 def test_the_reasons_the_sql_writes_are_the_enums() -> None:
