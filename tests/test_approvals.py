@@ -17,8 +17,9 @@ from playwright.async_api import expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+import consumers
 import outbox
-import tests.apps.basic  # noqa: F401 - registers the handlers JobRunner runs
+from consumers.registry import Registry
 from consumers.testing import JobRunner
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema import queries as q
@@ -181,7 +182,15 @@ async def test_no_backstop_wakes_or_claims_an_unapproved_job(
     assert parked == []
     handed = pg.execute(q.OUTBOX_HAND_BACK, {"job_ids": [gated], "delay_seconds": 0}).fetchall()
     assert handed == []
-    async with JobRunner(db_url) as runner:
+    # A registry of its own: the default one is shared by every test module in the
+    # process (the chaos app registers handlers of the same names).
+    registry = Registry()
+
+    @registry.handler("echo")
+    async def echo(j: consumers.Job) -> object:
+        return j.payload
+
+    async with JobRunner(db_url, registry) as runner:
         assert await runner.run_until_idle(retries=True) == []
         assert job(pg, gated)["state"] == "QUEUED"
         with Session(engine) as session, session.begin():
