@@ -261,6 +261,9 @@ def to_row(
         # A debounced enqueue replaces a waiting job's payload: it would skip the approval
         # given to the one before.
         raise ValueError("needs_approval takes no debounce")
+    if job.key is not None and job.debounce is not None:
+        # The debounced insert keeps no key: the job would run outside its key's order.
+        raise ValueError("a debounced job takes no key")
 
     expires_at, expires_seconds = _run_after(job.expires, "expires")
     rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)

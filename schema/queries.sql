@@ -227,6 +227,7 @@ UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now
 -- Run by relay.maintenance:expire_waiting.
 -- Makes QUEUED -> CANCELLED: past its deadline while nobody wakes it: code EXPIRED.
 -- Makes RETRY_WAIT -> CANCELLED: past its deadline while it waits for a retry: EXPIRED.
+-- Built with key_wake_next.
 -- Parameters: limit.
 WITH due AS (
     SELECT j.job_id
@@ -250,6 +251,24 @@ WITH due AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING expired AS e
     WHERE o.job_id = e.job_id AND o.sent_at IS NULL
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM expired AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM expired)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT job_id, queue FROM expired;
 
@@ -269,7 +288,7 @@ SELECT job_id, queue FROM expired;
 -- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
--- Built with LIVE_WORKER.
+-- Built with LIVE_WORKER, key_wake_next.
 -- Parameters: free_threads, job_ids, lease_seconds, types, worker, worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
@@ -470,6 +489,25 @@ WITH types AS (
         finished_at = statement_timestamp(), updated_at = now()
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
+    RETURNING j.job_id
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM expired_ended AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM expired_ended)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 ), expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
@@ -2050,18 +2088,40 @@ SELECT job_id FROM approved;
 -- name: JOB_REJECT
 -- Run by outbox.approval:reject.
 -- Makes QUEUED -> CANCELLED: an operator rejects it while it waits for approval.
+-- Built with key_wake_next.
 -- Parameters: by, job_id, reason.
-UPDATE jobs
-SET state = 'CANCELLED',
-    approval = 'REJECTED',
-    approval_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
-    approval_at = now(),
-    last_error_code = 'REJECTED',
-    last_error_message = COALESCE(%(reason)s::text, 'rejected'),
-    finished_at = statement_timestamp(),
-    updated_at = now()
-WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
-RETURNING state;
+WITH rejected AS (
+    UPDATE jobs
+    SET state = 'CANCELLED',
+        approval = 'REJECTED',
+        approval_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
+        approval_at = now(),
+        last_error_code = 'REJECTED',
+        last_error_message = COALESCE(%(reason)s::text, 'rejected'),
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+    RETURNING job_id, state
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM rejected AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.job_id NOT IN (SELECT job_id FROM rejected)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+)
+SELECT state FROM rejected;
 
 -- name: JOB_APPROVAL
 -- Run by outbox.approval:approve(_async), outbox.approval:reject(_async) to read why an

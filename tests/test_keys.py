@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import signal
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from plumbing.db import make_pool
 from relay.maintenance import OrphanWalk, wake_orphans
+from schema.queries import JOB_EXPIRE_WAITING
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
 from tests.support.api import api_client
@@ -472,3 +474,42 @@ async def test_the_metrics_count_the_jobs_waiting_for_their_key(
     waits = "hybrid_jobs_jobs_waiting_for_key"
     assert scrape.value(waits, queue="mail", reason="KEY_BUSY") == 3
     assert scrape.value(waits, queue="mail", reason="KEY_ORDER") == 2
+
+
+def _ordered_pair(pg: psycopg.Connection, head_columns: str, head_values: str) -> uuid.UUID:
+    """An ordered key 'k' with a head made of the given columns and, behind it, a job
+    turned down for its order (so without a wake-up); returns the one behind."""
+    behind = uuid.uuid4()
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, key, key_limit, key_order, key_seq"
+        f"{head_columns}) VALUES (gen_random_uuid(), 't', 'k', 1, 'ordered', 1{head_values})"
+    )
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, key, key_limit, key_order, key_seq, delay_reason)"
+        " VALUES (%s, 't', 'k', 1, 'ordered', 2, 'KEY_ORDER')",
+        [behind],
+    )
+    return behind
+
+
+def test_an_expired_head_wakes_the_job_behind_it(pg: psycopg.Connection) -> None:
+    """The deadline sweep ends a head that never started: the next of its key must
+    not wait for the orphan walk to notice."""
+    behind = _ordered_pair(pg, ", expires_at", ", now() - interval '1 second'")
+    ended = pg.execute(JOB_EXPIRE_WAITING, {"limit": 100}).fetchall()
+    assert len(ended) == 1
+    assert pg.execute("SELECT job_id FROM outbox WHERE sent_at IS NULL").fetchall() == [(behind,)]
+
+
+def test_a_rejected_head_wakes_the_job_behind_it(engine: Engine, pg: psycopg.Connection) -> None:
+    behind = _ordered_pair(pg, ", approval, run_after", ", 'REQUIRED', '9999-12-31'::timestamptz")
+    head = pg.execute("SELECT job_id FROM jobs WHERE key_seq = 1").fetchone()[0]  # type: ignore[index]
+    with Session(engine) as session, session.begin():
+        outbox.reject(session, head, by="alice")
+    assert job(pg, head)["state"] == "CANCELLED"
+    assert pg.execute("SELECT job_id FROM outbox WHERE sent_at IS NULL").fetchall() == [(behind,)]
+
+
+def test_a_debounced_job_takes_no_key(engine: Engine) -> None:
+    with Session(engine) as session, session.begin(), pytest.raises(ValueError, match="no key"):
+        outbox.enqueue(session, "t", {}, key="k", dedup_key="d", debounce=timedelta(seconds=1))

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, PENDING_TENANTS, UNTAKEN
+from schema.queries.fragments import (
+    KEY_AHEAD,
+    LIVE_WORKER,
+    PENDING_TENANTS,
+    UNTAKEN,
+    key_wake_next,
+)
 from schema.queries.worker import RELAY_LIVE_SECONDS
 from schema.tables import (
     APPROVAL_HOLD,
@@ -157,19 +163,22 @@ SELECT job_id FROM approved
 
 # An operator rejects a job that waits for approval: CANCELLED, with last_error_code
 # REJECTED and the reason, who and when; guarded like JOB_APPROVE. It never had a
-# wake-up to take back.
+# wake-up to take back; the next job of its key (in order) need not wait for it.
 JOB_REJECT: Final = f"""
-UPDATE jobs
-SET state = 'CANCELLED',
-    approval = 'REJECTED',
-    approval_by = COALESCE(%(by)s::text, {_WHO}),
-    approval_at = now(),
-    last_error_code = 'REJECTED',
-    last_error_message = COALESCE(%(reason)s::text, 'rejected'),
-    finished_at = statement_timestamp(),
-    updated_at = now()
-WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
-RETURNING state
+WITH rejected AS (
+    UPDATE jobs
+    SET state = 'CANCELLED',
+        approval = 'REJECTED',
+        approval_by = COALESCE(%(by)s::text, {_WHO}),
+        approval_at = now(),
+        last_error_code = 'REJECTED',
+        last_error_message = COALESCE(%(reason)s::text, 'rejected'),
+        finished_at = statement_timestamp(),
+        updated_at = now()
+    WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
+    RETURNING job_id, state
+), {key_wake_next("rejected")}
+SELECT state FROM rejected
 """
 
 # Why an approval or rejection changed nothing: the job's state and approval.

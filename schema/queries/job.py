@@ -235,6 +235,6 @@ WITH due AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING expired AS e
     WHERE o.job_id = e.job_id AND o.sent_at IS NULL
-)
+), {key_wake_next("expired")}
 SELECT job_id, queue FROM expired
 """

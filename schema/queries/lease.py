@@ -12,6 +12,7 @@ from schema.queries.fragments import (
     KEY_AHEAD,
     LIVE_WORKER,
     REFUSAL_BACKSTOP_SECONDS,
+    key_wake_next,
     lease_ended,
 )
 from schema.states import DelayReason
@@ -260,7 +261,8 @@ WITH types AS (
         finished_at = statement_timestamp(), updated_at = now()
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
-), expired_unwoken AS (
+    RETURNING j.job_id
+), {key_wake_next("expired_ended")}, expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
     DELETE FROM outbox AS o USING refused AS r
     WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
