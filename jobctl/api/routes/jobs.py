@@ -215,7 +215,7 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     response_model=JobView,
     dependencies=[Depends(may_read)],
     responses=responses(
-        401, 404, 503, ok_200={"headers": {"Retry-After": _HEADERS["Retry-After"]}}
+        401, 404, 422, 503, ok_200={"headers": {"Retry-After": _HEADERS["Retry-After"]}}
     ),
     summary="Look at a job",
 )
