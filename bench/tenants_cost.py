@@ -16,7 +16,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import argument_parser, fleet_options, machine
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -41,8 +41,7 @@ def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: i
 def main() -> None:
     parser = argument_parser("bench.tenants_cost", __doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per variant")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser)
     args = parser.parse_args()
     rates: dict[str, float] = {}
     for name, (tenants, cap) in VARIANTS.items():
