@@ -28,12 +28,9 @@ APP = ["--app", "tests.apps.basic"]
 def test_every_job_that_succeeds_gets_a_line_and_a_burst_is_counted(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute("CREATE TABLE effects (key text, job_id uuid, worker text, pid int)")
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", APP, env, "consumer.started") as consumer,
@@ -64,9 +61,8 @@ def test_every_job_that_succeeds_gets_a_line_and_a_burst_is_counted(
 
 
 def test_a_queue_no_handler_names_draws_a_warning(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with running("consumer", [*APP, "--queue", "defualt"], env, "consumer.started") as consumer:
         (warning,) = [
             e for e in consumer.events() if e["event"] == "consumer.queue_without_handlers"
@@ -114,11 +110,8 @@ def test_an_app_that_fails_to_import_is_one_line_naming_the_module_and_the_error
 def test_a_value_returned_after_the_jobs_transaction_draws_one_warning(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", APP, env, "consumer.started") as consumer,

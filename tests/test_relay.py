@@ -259,11 +259,10 @@ async def test_wakeups_leave_the_outbox_once_their_job_was_taken_up(
 def test_two_relay_processes_share_5000_rows(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
     amqp_url: AmqpUrl,
     topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     # Ten queues in small batches: a queue is woken by one relay at a time (its
     # advisory lock), so while one relay holds a queue the other takes the next; with
     # one queue a fast relay could take every batch before the other woke.
@@ -300,9 +299,8 @@ def test_two_relay_processes_share_5000_rows(
 
 
 def test_sigterm_and_sigint_stop_the_relay_cleanly(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     for signum in (signal.SIGTERM, signal.SIGINT):
         with running("relay", [], env, "relay.started") as relay:
             relay.signal(signum)
@@ -360,11 +358,12 @@ def test_malformed_urls_give_one_line_naming_the_variable(
 
 
 def test_url_from_file(
-    tmp_path, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    tmp_path,
+    db_url: DatabaseUrl,
+    env: dict[str, str],
 ) -> None:
     secret = tmp_path / "database_url"
     secret.write_text(db_url.conninfo + "\n")
-    env = service_env(db_url, amqp_url, topology)
     del env["DATABASE_URL"]
     env["DATABASE_URL_FILE"] = str(secret)
     with running("relay", [], env, "relay.started") as relay:
