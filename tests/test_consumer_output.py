@@ -6,7 +6,6 @@ return value cannot be kept."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import psycopg
@@ -18,7 +17,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import BIN, ROOT, running, service_env
+from tests.support.processes import refused, running, service_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,15 +92,7 @@ def test_an_app_that_fails_to_import_is_one_line_naming_the_module_and_the_error
 ) -> None:
     (tmp_path / "brokenapp.py").write_text(source)
     env = service_env(db_url, amqp_url, topology, PYTHONPATH=str(tmp_path))
-    done = subprocess.run(
-        [str(BIN / "consumer"), "--app", "brokenapp"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 2, done.stderr
+    done = refused("consumer", ["--app", "brokenapp"], env)
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("consumer: --app brokenapp: importing it failed: "), done.stderr
     assert expected in done.stderr and "brokenapp.py, line " in done.stderr

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from outbox import NewJob
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import running
+from tests.support.processes import refused, running
 
 APP = ["--app", "tests.apps.basic"]
 
@@ -70,9 +70,6 @@ def test_graceful_stop_gives_the_claim_back_without_spending_the_attempt(
 def test_consumer_flags_and_bad_app(
     env: dict[str, str],
 ) -> None:
-    import subprocess
-
-    from tests.support.processes import BIN, ROOT
 
     for args, message in [
         (["--app", "no.such.module"], "--app no.such.module: cannot import it"),
@@ -83,14 +80,4 @@ def test_consumer_flags_and_bad_app(
         ),
         (["--app", "tests.apps.basic", "--concurrency", "0"], "concurrency must be at least 1"),
     ]:
-        done = subprocess.run(
-            [str(BIN / "consumer"), *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 2, done.stderr
-        assert message in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in refused("consumer", args, env).stderr
