@@ -74,6 +74,16 @@ def stopping(
             f.close()
 
 
+def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str, float]]:
+    """Each variant's drain rate (jobs/s) and, under ``ratio_key``, its ratio to the
+    first variant's: the figures a benchmark comparing variants reports."""
+    first = next(iter(rates.values()))
+    return {
+        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
+        ratio_key: {k: round(v / first, 2) for k, v in rates.items()},
+    }
+
+
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
     q = statistics.quantiles(samples_ms, n=100, method="inclusive")
     return {"p50_ms": round(q[49], 2), "p95_ms": round(q[94], 2), "p99_ms": round(q[98], 2)}
@@ -143,6 +153,7 @@ def server_versions() -> dict[str, str]:
 __all__ = [
     "AMQP",
     "BIN",
+    "against_first",
     "fleet_options",
     "machine",
     "percentiles",

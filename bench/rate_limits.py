@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, fleet_options, machine
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
@@ -46,12 +46,10 @@ def main() -> None:
     rates: dict[str, float] = {}
     for name, limited in VARIANTS.items():
         rates[name] = run(args.jobs, limited, args.consumers, args.concurrency)
-    first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "rate_limits",
         "jobs": args.jobs,
-        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
-        "ratio_to_no_rate_limit": {k: round(v / first, 2) for k, v in rates.items()},
+        **against_first(rates, "ratio_to_no_rate_limit"),
         "machine": machine(),
     }
     print(json.dumps(result, indent=2))

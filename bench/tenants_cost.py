@@ -16,7 +16,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, fleet_options, machine
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -46,12 +46,10 @@ def main() -> None:
     rates: dict[str, float] = {}
     for name, (tenants, cap) in VARIANTS.items():
         rates[name] = run(args.jobs, tenants, cap, args.consumers, args.concurrency)
-    first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "tenants_cost",
         "jobs": args.jobs,
-        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
-        "ratio_to_no_tenant": {k: round(v / first, 2) for k, v in rates.items()},
+        **against_first(rates, "ratio_to_no_tenant"),
         "machine": machine(),
     }
     print(json.dumps(result, indent=2))

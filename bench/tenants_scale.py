@@ -29,7 +29,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine, scratch_database
+from bench.common import against_first, argument_parser, fleet_options, machine, scratch_database
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 from schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
@@ -142,13 +142,11 @@ def main() -> None:
         name: drain(tenants, cap, args.jobs, args.consumers, args.concurrency)
         for name, (tenants, cap) in variants.items()
     }
-    first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "tenants_scale",
         "decision_plans": planned,
         "jobs": args.jobs,
-        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
-        "ratio_to_no_tenant": {k: round(v / first, 2) for k, v in rates.items()},
+        **against_first(rates, "ratio_to_no_tenant"),
         "seconds": round(time.monotonic() - started),
         "machine": machine(),
     }
