@@ -8,9 +8,13 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import aiormq
 import psycopg
@@ -37,6 +41,47 @@ def argument_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=f"python -m {module}", description=doc, formatter_class=_HelpFormatter
     )
+
+
+def fleet_options(
+    parser: argparse.ArgumentParser, *, consumers: int | None = 2, concurrency: int | None = 50
+) -> None:
+    """The ``--consumers`` and ``--concurrency`` options of the benchmarks that start a
+    fleet, with the given defaults; ``None`` leaves that option out."""
+    if consumers is not None:
+        parser.add_argument("--consumers", type=int, default=consumers, help="consumer processes")
+    if concurrency is not None:
+        parser.add_argument(
+            "--concurrency", type=int, default=concurrency, help="slots per consumer"
+        )
+
+
+@contextmanager
+def stopping(
+    procs: list[subprocess.Popen[bytes]], files: Iterable[IO[bytes]] = ()
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Yield ``procs``; afterwards, however the block ends, terminate them all, then
+    wait for each (so none outlives the scratch database dropped next), then close
+    ``files`` (their logs, still written until they exit)."""
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(60)
+        for f in files:
+            f.close()
+
+
+def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str, float]]:
+    """Each variant's drain rate (jobs/s) and, under ``ratio_key``, its ratio to the
+    first variant's: the figures a benchmark comparing variants reports."""
+    first = next(iter(rates.values()))
+    return {
+        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
+        ratio_key: {k: round(v / first, 2) for k, v in rates.items()},
+    }
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
@@ -108,10 +153,13 @@ def server_versions() -> dict[str, str]:
 __all__ = [
     "AMQP",
     "BIN",
+    "against_first",
+    "fleet_options",
     "machine",
     "percentiles",
     "scratch_database",
     "scratch_topology",
     "server_versions",
     "service_env",
+    "stopping",
 ]

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, cpu_seconds, machine, wait_all_done
+from bench.common import argument_parser, cpu_seconds, fleet_options, machine, wait_all_done
 from bench.fleet import Fleet, fleet
 
 
@@ -43,8 +43,7 @@ def snapshot(f: Fleet, relays: int) -> dict[str, float]:
 def main() -> None:
     parser = argument_parser("bench.cpu_split", __doc__)
     parser.add_argument("--jobs", type=int, default=60_000, help="jobs drained")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser)
     args = parser.parse_args()
 
     with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:

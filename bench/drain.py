@@ -40,6 +40,7 @@ from bench.common import (
     scratch_database,
     scratch_topology,
     service_env,
+    stopping,
     wait_all_done,
 )
 from bench.peers import skiplocked
@@ -150,15 +151,10 @@ def main() -> None:
             )
             for _ in range(args.consumers)
         ]
-        try:
+        with stopping([*consumers, relay]):
             time.sleep(3)  # connected, consuming
             drain_rate = drain(db, args.jobs)
             lat = latency(db, args.rate, args.seconds, starts_dir)
-        finally:
-            for p in [*consumers, relay]:
-                p.terminate()
-            for p in [*consumers, relay]:
-                p.wait(60)
         attempts = count(db, "SELECT count(*) FROM job_attempts")
         base_rate = skiplocked.drain(db, args.jobs, args.consumers) if args.baseline else None
 

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, fleet_options, machine, percentiles
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser = argument_parser("bench.fairness", __doc__)
     parser.add_argument("--a-jobs", type=int, default=20_000, help="tenant A's backlog")
     parser.add_argument("--b-jobs", type=int, default=200, help="tenant B's jobs, after A's")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    fleet_options(parser, consumers=2, concurrency=None)
     args = parser.parse_args()
     runs = [run(w, args.a_jobs, args.b_jobs, args.consumers) for w in (1.0, 3.0)]
     print(json.dumps({"benchmark": "fairness", "runs": runs, "machine": machine()}, indent=2))

@@ -14,7 +14,14 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import BIN, scratch_database, scratch_topology, service_env, wait_all_done
+from bench.common import (
+    BIN,
+    scratch_database,
+    scratch_topology,
+    service_env,
+    stopping,
+    wait_all_done,
+)
 from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 
@@ -60,14 +67,9 @@ def fleet(
             )
             for _ in range(consumers)
         ]
-        try:
+        with stopping(procs):
             wait_for_workers(db, consumers)
             yield Fleet(db, topology, environment, procs)
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(60)
 
 
 def wait_for_workers(db: DatabaseUrl, n: int, timeout: float = 60) -> None:

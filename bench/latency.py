@@ -37,11 +37,13 @@ from bench.common import (
     BIN,
     argument_parser,
     cpu_seconds,
+    fleet_options,
     machine,
     percentiles,
     scratch_database,
     scratch_topology,
     service_env,
+    stopping,
 )
 from bench.drain import wait_succeeded
 
@@ -71,7 +73,7 @@ def main() -> None:
     parser = argument_parser("bench.latency", __doc__)
     parser.add_argument("--rate", type=float, default=200, help="jobs committed per second")
     parser.add_argument("--seconds", type=float, default=10, help="length of the run")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
+    fleet_options(parser, consumers=2, concurrency=None)
     parser.add_argument(
         "--no-trace",
         dest="trace",
@@ -92,7 +94,7 @@ def main() -> None:
             )
             for i in range(args.consumers)
         ]
-        try:
+        with stopping(procs, files):
             time.sleep(3)  # connected, consuming
             cpu_before = [cpu_seconds(p.pid) for p in procs]
             engine = create_engine(db.sqlalchemy, pool_size=2)
@@ -111,13 +113,6 @@ def main() -> None:
             engine.dispose()
             wait_succeeded(db, "latency", total)
             cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)]
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(60)
-            for f in files:
-                f.close()
 
     at: dict[str, dict[str, float]] = {j: {"commit": t} for j, t in committed.items()}
     notified = sorted(e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified")

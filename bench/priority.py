@@ -17,7 +17,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import argument_parser, fleet_options, machine
 from bench.fleet import fleet
 
 
@@ -62,8 +62,7 @@ def run(queue_type: str, backlog: int, consumers: int, concurrency: int) -> dict
 def main() -> None:
     parser = argument_parser("bench.priority", __doc__)
     parser.add_argument("--backlog", type=int, default=10_000, help="low-priority jobs waiting")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser)
     args = parser.parse_args()
     runs = [run(t, args.backlog, args.consumers, args.concurrency) for t in ("classic", "quorum")]
     print(json.dumps({"benchmark": "priority", "runs": runs, "machine": machine()}, indent=2))

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import against_first, argument_parser, fleet_options, machine
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
@@ -41,18 +41,15 @@ def run(jobs: int, limited: bool, consumers: int, concurrency: int) -> float:
 def main() -> None:
     parser = argument_parser("bench.rate_limits", __doc__)
     parser.add_argument("--jobs", type=int, default=2_000, help="jobs drained per variant")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser)
     args = parser.parse_args()
     rates: dict[str, float] = {}
     for name, limited in VARIANTS.items():
         rates[name] = run(args.jobs, limited, args.consumers, args.concurrency)
-    first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "rate_limits",
         "jobs": args.jobs,
-        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
-        "ratio_to_no_rate_limit": {k: round(v / first, 2) for k, v in rates.items()},
+        **against_first(rates, "ratio_to_no_rate_limit"),
         "machine": machine(),
     }
     print(json.dumps(result, indent=2))

@@ -144,6 +144,7 @@ def main() -> None:
         scratch_database,
         scratch_topology,
         service_env,
+        stopping,
     )
 
     parser = argument_parser("bench.refusals", __doc__)
@@ -171,16 +172,9 @@ def main() -> None:
             ),
             subprocess.Popen(app, env=env | {ROLE: "other"}, stderr=files[2]),
         ]
-        try:
+        with stopping(procs, files):
             time.sleep(3)  # connected, consuming, announced
             figures = run(args, db, logs)
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(60)
-            for f in files:
-                f.close()
     print(json.dumps({"benchmark": "refusals", **figures, "machine": machine()}, indent=2))
 
 

@@ -186,6 +186,7 @@ def main() -> None:
         scratch_database,
         scratch_topology,
         service_env,
+        stopping,
     )
 
     parser = argument_parser("bench.refused_queue", __doc__)
@@ -212,15 +213,8 @@ def main() -> None:
                 [str(BIN / "consumer"), "--app", "bench.refused_queue"], env=env, stderr=files[1]
             ),
         ]
-        try:
+        with stopping(procs, files):
             figures = run(args, db, topology, logs)
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(60)
-            for f in files:
-                f.close()
     relay_log = (logs / "p0.log").read_text(errors="replace")
     alone = figures["healthy_alone"]["commit_to_claim"]["p99_ms"]
     beside = figures["healthy_beside_refused"]["commit_to_claim"]["p99_ms"]

@@ -39,10 +39,12 @@ import outbox
 from bench.common import (
     BIN,
     argument_parser,
+    fleet_options,
     machine,
     scratch_database,
     scratch_topology,
     service_env,
+    stopping,
 )
 from plumbing.config import DatabaseUrl
 
@@ -130,7 +132,7 @@ def main() -> None:
         "--keep-finished", type=float, default=60.0, help="the relay's --keep-finished, seconds"
     )
     parser.add_argument("--sample-every", type=float, default=30.0, help="seconds between samples")
-    parser.add_argument("--consumers", type=int, default=1, help="consumer processes")
+    fleet_options(parser, consumers=1, concurrency=None)
     parser.add_argument(
         "--vacuum",
         choices=["auto", "always", "never"],
@@ -167,8 +169,8 @@ def main() -> None:
         produced: list[int] = []
         samples: list[dict[str, Any]] = []
         autovacuum = vacuuming = False
-        try:
-            with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        with stopping([*consumers, relay]), psycopg.connect(db.conninfo, autocommit=True) as conn:
+            try:
                 autovacuum = conn.execute("SHOW autovacuum").fetchone() == ("on",)
                 vacuuming = args.vacuum == "always" or (args.vacuum == "auto" and not autovacuum)
                 started = time.monotonic()
@@ -183,12 +185,8 @@ def main() -> None:
                     samples.append(sample(conn, started))
                     if vacuuming:
                         vacuum(conn)
-        finally:
-            stop.set()
-            for p in [*consumers, relay]:
-                p.terminate()
-            for p in [*consumers, relay]:
-                p.wait(60)
+            finally:
+                stop.set()
 
     bound = int(args.rate * (args.keep_finished + RETENTION_INTERVAL + 10))
     warm = args.keep_finished + 2 * RETENTION_INTERVAL

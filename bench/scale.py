@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import outbox
-from bench.common import argument_parser, machine
+from bench.common import argument_parser, fleet_options, machine
 from bench.fleet import drain_rate, fleet
 
 
@@ -24,7 +24,7 @@ def main() -> None:
     parser = argument_parser("bench.scale", __doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per run")
     parser.add_argument("--relays", type=int, default=1, help="relay processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser, consumers=None, concurrency=50)
     args = parser.parse_args()
     rates = {n: round(drain(n, args.jobs, args.relays, args.concurrency)) for n in (1, 2, 4)}
     print(

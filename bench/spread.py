@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, wait_all_done
+from bench.common import argument_parser, fleet_options, machine, wait_all_done
 from bench.fleet import fleet
 
 
@@ -66,8 +66,7 @@ def main() -> None:
     parser = argument_parser("bench.spread", __doc__)
     parser.add_argument("--jobs", type=int, default=60, help="jobs committed at once")
     parser.add_argument("--seconds", type=float, default=0.5, help="how long each job sleeps")
-    parser.add_argument("--consumers", type=int, default=3, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=2, help="slots per consumer")
+    fleet_options(parser, consumers=3, concurrency=2)
     parser.add_argument("--rounds", type=int, default=3, help="bursts, one after another")
     parser.add_argument("--pack", type=int, default=50, help="the relay's --pack")
     parser.add_argument(

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, scratch_database
+from bench.common import against_first, argument_parser, fleet_options, machine, scratch_database
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 from schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
@@ -125,8 +125,7 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=1000, help="capped tenants of the drain")
     parser.add_argument("--many-tenants", type=int, default=10_000,
                         help="capped tenants of the last drain")  # fmt: skip
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser)
     parser.add_argument("--skip-plans", action="store_true", help="only the drains")
     args = parser.parse_args()
     started = time.monotonic()
@@ -143,13 +142,11 @@ def main() -> None:
         name: drain(tenants, cap, args.jobs, args.consumers, args.concurrency)
         for name, (tenants, cap) in variants.items()
     }
-    first = next(iter(rates.values()))
     result: dict[str, Any] = {
         "benchmark": "tenants_scale",
         "decision_plans": planned,
         "jobs": args.jobs,
-        "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
-        "ratio_to_no_tenant": {k: round(v / first, 2) for k, v in rates.items()},
+        **against_first(rates, "ratio_to_no_tenant"),
         "seconds": round(time.monotonic() - started),
         "machine": machine(),
     }

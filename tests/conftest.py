@@ -24,6 +24,7 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support import services
 from tests.support.broker import delete_topology
+from tests.support.processes import service_env
 from tests.support.services import ADMIN_URL, AMQP_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +149,10 @@ async def topology(db_url: DatabaseUrl, rabbitmq_up: None) -> AsyncIterator[Topo
         queues = [r[0] for r in conn.execute("SELECT DISTINCT queue FROM jobs")]
     # The test apps declare "sync" whether or not a job used it.
     await delete_topology(AMQP_URL, topo, {*queues, "default", "sync"})
+
+
+@pytest.fixture
+def env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
+    """The environment of a relay or consumer the test starts: the test's database,
+    broker and namespace."""
+    return service_env(db_url, amqp_url, topology)

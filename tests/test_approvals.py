@@ -21,13 +21,12 @@ import consumers
 import outbox
 from consumers.registry import Registry
 from consumers.testing import JobRunner
-from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.config import DatabaseUrl
 from schema import queries as q
-from schema.topology import Topology
 from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 from tests.test_jobctl_cli import jobctl
 
 APP = ["--app", "tests.apps.basic"]
@@ -50,10 +49,8 @@ def test_an_approval_waits_is_approved_through_the_api_and_runs(
     engine: Engine,
     pg: psycopg.Connection,
     db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", EAGER_RELAY, env, "relay.started"),
         running("consumer", APP, env, "consumer.started"),
@@ -90,11 +87,8 @@ def test_an_approval_waits_is_approved_through_the_api_and_runs(
 def test_a_rejected_job_never_runs(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", EAGER_RELAY, env, "relay.started"),
         running("consumer", APP, env, "consumer.started"),

@@ -6,7 +6,6 @@ return value cannot be kept."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import psycopg
@@ -18,7 +17,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import BIN, ROOT, running, service_env
+from tests.support.processes import refused, running, service_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,12 +27,9 @@ APP = ["--app", "tests.apps.basic"]
 def test_every_job_that_succeeds_gets_a_line_and_a_burst_is_counted(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute("CREATE TABLE effects (key text, job_id uuid, worker text, pid int)")
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", APP, env, "consumer.started") as consumer,
@@ -64,9 +60,8 @@ def test_every_job_that_succeeds_gets_a_line_and_a_burst_is_counted(
 
 
 def test_a_queue_no_handler_names_draws_a_warning(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with running("consumer", [*APP, "--queue", "defualt"], env, "consumer.started") as consumer:
         (warning,) = [
             e for e in consumer.events() if e["event"] == "consumer.queue_without_handlers"
@@ -97,15 +92,7 @@ def test_an_app_that_fails_to_import_is_one_line_naming_the_module_and_the_error
 ) -> None:
     (tmp_path / "brokenapp.py").write_text(source)
     env = service_env(db_url, amqp_url, topology, PYTHONPATH=str(tmp_path))
-    done = subprocess.run(
-        [str(BIN / "consumer"), "--app", "brokenapp"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 2, done.stderr
+    done = refused("consumer", ["--app", "brokenapp"], env)
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("consumer: --app brokenapp: importing it failed: "), done.stderr
     assert expected in done.stderr and "brokenapp.py, line " in done.stderr
@@ -114,11 +101,8 @@ def test_an_app_that_fails_to_import_is_one_line_naming_the_module_and_the_error
 def test_a_value_returned_after_the_jobs_transaction_draws_one_warning(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", APP, env, "consumer.started") as consumer,

@@ -16,21 +16,16 @@ from examples.shop.checkout import (
     settled,
     summary,
 )
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 
 
 def test_every_order_gets_exactly_one_receipt(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     create_shop_tables(engine)
     schedule_sales_total(engine, every=timedelta(seconds=1))
-    env = service_env(db_url, amqp_url, topology)
     app = ["--app", "examples.shop.handlers", "--concurrency", "20"]
     with (
         running("relay", [], env, "relay.started"),

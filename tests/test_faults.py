@@ -291,17 +291,9 @@ def test_bad_deliveries_to_a_real_consumer(env, engine, pg, db_url, amqp_url, to
     ],
 )
 def test_consumer_refuses_malformed_urls_in_one_line(env, variable, value, message) -> None:
-    from tests.support.processes import BIN, ROOT
+    from tests.support.processes import refused
 
-    done = subprocess.run(
-        [str(BIN / "consumer"), *CONSUMER],
-        cwd=ROOT,
-        env=env | {variable: value},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 2
+    done = refused("consumer", CONSUMER, env | {variable: value})
     assert done.stderr.strip() == f"consumer: {message}"
     assert "hunter2" not in done.stdout + done.stderr
 

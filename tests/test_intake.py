@@ -21,7 +21,7 @@ from schema.topology import Topology
 from tests.support.broker import publish_raw, queue_depth
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue_many, until, wait_for_state, wait_until_all
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 from tests.test_packing import body, silent_jobs
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,13 +39,10 @@ def cpu_seconds(pid: int) -> float:
 def test_a_backlog_of_slow_jobs_costs_a_waiting_consumer_no_cpu(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """Every slot busy and job ids waiting: the consumer sleeps until a slot frees
     up (it used to spin on a zero-second wait, a whole core)."""
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", [*APP, "--concurrency", "2"], env, "consumer.started") as consumer,
@@ -71,13 +68,10 @@ def test_a_backlog_of_slow_jobs_costs_a_waiting_consumer_no_cpu(
 def test_a_burst_spreads_over_every_consumer(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """60 jobs of 0.5 s on three consumers of two slots: each runs its share (two
     of them used to take a message of 30 ids each, and the third ran none)."""
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--concurrency", "2"]
     with (
         running("relay", [], env, "relay.started") as relay,

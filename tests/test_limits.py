@@ -17,11 +17,10 @@ import consumers
 import outbox
 from consumers import Registry
 from consumers.testing import JobRunner
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from plumbing.config import DatabaseUrl
 from tests.apps.limits import STARTS_TABLE
 from tests.support.jobs import enqueue, job, wait_for_state, wait_until_all
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,16 +37,13 @@ def started(pg: psycopg.Connection) -> list[uuid.UUID]:
 def test_an_expired_job_never_starts_and_ends_cancelled_expired(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """One consumer slot, held by a 1.5 s job: five jobs due now with a deadline
     0.5 s away wait behind it and are woken past their deadline (the claim ends
     them); one delayed past its deadline is ended by the relay's sweep, since no
     claim looks at it before then; one with a deadline far off runs."""
     pg.execute(STARTS_TABLE)
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", FAST, env, "relay.started"),
         running("consumer", [*APP, "--concurrency", "1"], env, "consumer.started"),
@@ -119,15 +115,12 @@ def test_a_deadline_is_checked_before_anything_is_written(engine: Engine) -> Non
 def test_ten_debounced_enqueues_within_a_second_run_one_job_with_the_last_payload(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """Trailing edge: each enqueue moves the start to 1 s after it; all ten return
     the same job, which runs once, with the tenth payload. Once it has started, the
     key makes a new job."""
     pg.execute(STARTS_TABLE)
-    env = service_env(db_url, amqp_url, topology)
     debounce = {"dedup_key": "reindex:42", "debounce": timedelta(seconds=1)}
     with (
         running("relay", FAST, env, "relay.started"),
@@ -200,9 +193,7 @@ def most_over_the_limit(times: list[float], burst: float, per_second: float) -> 
 def test_a_rate_limit_holds_across_two_consumer_processes(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """10 per second, burst 3, shared by jobs that name the limit and jobs whose
     handler does, over two consumers of 10 slots each (far more room than the
@@ -211,7 +202,6 @@ def test_a_rate_limit_holds_across_two_consumer_processes(
     pg.execute(STARTS_TABLE)
     with Session(engine) as session, session.begin():
         outbox.set_rate_limit(session, "paced", rate=10, per=timedelta(seconds=1), burst=3)
-    env = service_env(db_url, amqp_url, topology)
     jobs = [outbox.NewJob("stamp", {}, rate_limit="paced") for _ in range(25)]
     jobs += [outbox.NewJob("paced", {}) for _ in range(25)]
     with (

@@ -22,7 +22,7 @@ from schema.topology import Topology
 from tests.support.broker import collect, publish_raw, queue_depth
 from tests.support.inproc import consumer_running
 from tests.support.jobs import attempts, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -77,9 +77,11 @@ async def test_a_packed_message_is_claimed_as_slots_free_and_acked_when_all_are(
 
 
 def test_a_consumer_killed_holding_a_half_claimed_message_loses_nothing(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, pg
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    pg,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     consumer = ["--app", "tests.apps.basic", "--lease-seconds", "2", "--heartbeat-seconds", "0.5"]
     ids = silent_jobs(pg, "sleep", 10, seconds=1.0)
     asyncio.run(publish_raw(amqp_url.url, topology, "default", body(ids)))
@@ -137,9 +139,11 @@ async def test_malformed_packed_bodies_go_to_the_dead_letter_queue_and_forms_mix
     [6_000, pytest.param(20_000, marks=pytest.mark.soak)],
 )
 def test_two_relays_and_four_consumers_drain_every_job_once(
-    jobs: int, engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    jobs: int,
+    engine: Engine,
+    pg,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     consumer = ["--app", "tests.apps.basic", "--concurrency", "50"]
     with (
         running("relay", [], env, "relay.started") as r1,

@@ -10,10 +10,8 @@ import psycopg
 from sqlalchemy import Engine
 
 from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import running, service_env
+from tests.support.processes import refused, running
 
 APP = ["--app", "tests.apps.basic"]
 
@@ -21,12 +19,9 @@ APP = ["--app", "tests.apps.basic"]
 def test_happy_path_through_real_processes(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute("CREATE TABLE effects (key text, job_id uuid, worker text, pid int)")
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started") as relay,
         running("consumer", [*APP, "--concurrency", "20"], env, "consumer.started") as consumer,
@@ -45,11 +40,8 @@ def test_happy_path_through_real_processes(
 def test_graceful_stop_gives_the_claim_back_without_spending_the_attempt(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--drain-seconds", "0.5"]
     with running("relay", [], env, "relay.started"):
         quick = enqueue(engine, "sleep", {"seconds": 0.2})
@@ -76,13 +68,9 @@ def test_graceful_stop_gives_the_claim_back_without_spending_the_attempt(
 
 
 def test_consumer_flags_and_bad_app(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    env: dict[str, str],
 ) -> None:
-    import subprocess
 
-    from tests.support.processes import BIN, ROOT
-
-    env = service_env(db_url, amqp_url, topology)
     for args, message in [
         (["--app", "no.such.module"], "--app no.such.module: cannot import it"),
         (["--app", "tests.apps.basic", "--queue", "bad queue"], "--queue: queue must be"),
@@ -92,14 +80,4 @@ def test_consumer_flags_and_bad_app(
         ),
         (["--app", "tests.apps.basic", "--concurrency", "0"], "concurrency must be at least 1"),
     ]:
-        done = subprocess.run(
-            [str(BIN / "consumer"), *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 2, done.stderr
-        assert message in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in refused("consumer", args, env).stderr

@@ -23,7 +23,7 @@ from schema.topology import Topology
 from tests.support.api import api_client
 from tests.support.broker import queue_depth, queue_policy
 from tests.support.jobs import enqueue_many, until
-from tests.support.processes import BIN, Daemon, running, service_env
+from tests.support.processes import BIN, Daemon, running
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,11 +31,6 @@ pytestmark = pytest.mark.timeout(240)
 RELAY = ["--poll-interval", "0.5", "--queue-backoff-cap", "2", "--heartbeat-interval", "0.5"]
 CONSUMER = ["--app", "tests.apps.queues"]
 REFUSE = {"max-length": 0, "overflow": "reject-publish"}
-
-
-@pytest.fixture
-def env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
-    return service_env(db_url, amqp_url, topology)
 
 
 def states(pg: psycopg.Connection, queue: str) -> dict[str, int]:

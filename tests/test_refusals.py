@@ -18,11 +18,9 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
 from schema import queries as q
-from schema.topology import Topology
 from tests.support.jobs import enqueue, enqueue_many, until, wait_for_state
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,11 +29,6 @@ CAPABLE = ["--app", "tests.apps.refusals", "--concurrency", "1"]
 OTHER = ["--app", "tests.apps.basic"]
 # How long the measurement lasts, while the only consumer with the handler is busy.
 WINDOW = 4.0
-
-
-@pytest.fixture
-def env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
-    return service_env(db_url, amqp_url, topology)
 
 
 def written(pg: psycopg.Connection) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +22,7 @@ from schema.topology import Declared, Topology
 from tests.support import inproc
 from tests.support.broker import collect_ids, queue_depth
 from tests.support.jobs import until
-from tests.support.processes import BIN, ROOT, running, service_env
+from tests.support.processes import refused, running, service_env
 from tests.support.proxy import TcpProxy
 
 
@@ -259,11 +258,10 @@ async def test_wakeups_leave_the_outbox_once_their_job_was_taken_up(
 def test_two_relay_processes_share_5000_rows(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
     amqp_url: AmqpUrl,
     topology: Topology,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     # Ten queues in small batches: a queue is woken by one relay at a time (its
     # advisory lock), so while one relay holds a queue the other takes the next; with
     # one queue a fast relay could take every batch before the other woke.
@@ -300,9 +298,8 @@ def test_two_relay_processes_share_5000_rows(
 
 
 def test_sigterm_and_sigint_stop_the_relay_cleanly(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     for signum in (signal.SIGTERM, signal.SIGINT):
         with running("relay", [], env, "relay.started") as relay:
             relay.signal(signum)
@@ -349,22 +346,18 @@ def test_malformed_urls_give_one_line_naming_the_variable(
     message: str,
 ) -> None:
     env = service_env(db_url, amqp_url, topology) | {variable: value}
-    done = subprocess.run(
-        [str(BIN / "relay")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
-    )
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert message in lines[0]
+    done = refused("relay", [], env)
+    assert message in done.stderr
     assert "hunter2" not in done.stderr + done.stdout
 
 
 def test_url_from_file(
-    tmp_path, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    tmp_path,
+    db_url: DatabaseUrl,
+    env: dict[str, str],
 ) -> None:
     secret = tmp_path / "database_url"
     secret.write_text(db_url.conninfo + "\n")
-    env = service_env(db_url, amqp_url, topology)
     del env["DATABASE_URL"]
     env["DATABASE_URL_FILE"] = str(secret)
     with running("relay", [], env, "relay.started") as relay:

@@ -28,7 +28,7 @@ from relay.schedules import fire_due
 from schema.topology import Topology
 from tests.support import inproc
 from tests.support.inproc import consumer_running
-from tests.support.processes import running, service_env
+from tests.support.processes import running
 
 SECOND = timedelta(seconds=1)
 
@@ -480,12 +480,10 @@ async def test_a_relay_killed_mid_fire_loses_no_occurrence(
     engine: Engine,
     pg: psycopg.Connection,
     db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     # "all": the occurrences due while no relay ran fire too, each once
     schedule(engine, every=SECOND, catchup="all")
-    env = service_env(db_url, amqp_url, topology)
     args = ["--schedule-interval", "0.1"]
     blocked_fire = (
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "

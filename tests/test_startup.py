@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.config import DatabaseUrl
 from schema.revisions import scripts
-from schema.topology import Topology
 from tests.conftest import migrate
 from tests.support.broker import rabbitmq_account
 from tests.support.cluster import password_postgres
-from tests.support.processes import BIN, ROOT, Daemon, running, service_env
+from tests.support.processes import BIN, ROOT, Daemon, running
 from tests.support.proxy import TcpProxy
 
 APP = ["--app", "tests.apps.basic"]
@@ -31,11 +30,6 @@ DAEMONS = {"relay": [], "consumer": APP}
 SECRET = "hunter2"  # in every URL below; must never be printed
 # The promise: a waiting daemon says so at most every 5 s (timestamps are to the ms).
 QUIET_S = 4.9
-
-
-@pytest.fixture
-def env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
-    return service_env(db_url, amqp_url, topology)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
 from tests.support.jobs import attempts, enqueue, job, wait_for_state
-from tests.support.processes import Daemon, running, service_env
+from tests.support.processes import Daemon, running
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,14 +24,11 @@ APP = ["--app", "tests.apps.basic"]
 def test_a_graceful_stop_records_the_outcome_of_a_job_that_ends_in_the_drain(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """SIGTERM while a 1 s job runs: the job ends in the drain and its outcome is
     recorded before the process exits (it used to be cancelled mid-write, leaving the
     job RUNNING until its lease ran out). Async and plain handlers alike."""
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--drain-seconds", "10", "--lease-seconds", "300"]
     with running("relay", [], env, "relay.started"):
         for job_type in ["sleep", "sleep", "sleep", "sync_sleep", "sync_sleep"]:
@@ -73,16 +68,13 @@ async def until_span(pg: psycopg.Connection, job_id: object, generation: int) ->
 def test_a_stop_never_runs_a_plain_function_job_twice_at_once(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """The drain runs out while a plain handler's thread still runs: the claim is
     not given back (the thread cannot be stopped); its lease is kept alive until the
     function returns, its outcome is recorded, and a second consumer never starts the
     job meanwhile."""
     pg.execute(SPANS)
-    env = service_env(db_url, amqp_url, topology)
     with running("relay", [], env, "relay.started"):
         first = Daemon("consumer", [*APP, "--drain-seconds", "1", "--lease-seconds", "3"], env)
         try:
@@ -109,15 +101,12 @@ def test_a_stop_never_runs_a_plain_function_job_twice_at_once(
 def test_a_plain_function_past_its_limit_at_a_stop_is_left_to_lapse(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """The stop waits for a plain handler only up to its time limit; then its lease
     is left to lapse and the process exits without waiting for the thread (which dies
     with it), so the job's next attempt never overlaps this one."""
     pg.execute(SPANS)
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--drain-seconds", "0.5", "--lease-seconds", "3"]
     with running("relay", ["--sweep-interval", "0.2"], env, "relay.started"):
         with running("consumer", args, env, "consumer.started") as first:
@@ -143,13 +132,10 @@ def test_a_plain_function_past_its_limit_at_a_stop_is_left_to_lapse(
 def test_sigint_and_sigterm_together_are_one_graceful_stop(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """What a terminal's Ctrl-C plus a script's forwarded SIGTERM deliver: one stop,
     with the drain, not "stop now"."""
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--drain-seconds", "10"]
     with (
         running("relay", [], env, "relay.started"),
@@ -169,13 +155,13 @@ def test_sigint_and_sigterm_together_are_one_graceful_stop(
 
 @pytest.mark.parametrize("command", ["relay", "consumer"])
 def test_two_signals_right_after_start_end_the_daemon(
-    command: str, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    command: str,
+    env: dict[str, str],
 ) -> None:
     """Stop, then stop now, as soon as the daemon is up: it exits every time
     (the relay used to hang for ever about one time in three: the cancel reached
     psycopg_pool's maintenance task while it opened a connection, which swallows
     the cancellation, so the event loop never closed)."""
-    env = service_env(db_url, amqp_url, topology)
     args = APP if command == "consumer" else []
     for attempt in range(6):
         daemon = Daemon(command, args, env)
@@ -196,13 +182,10 @@ def test_two_signals_right_after_start_end_the_daemon(
 def test_a_second_signal_ends_a_consumer_whose_handler_ignores_cancellation(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """Stop now while an async handler swallows every cancellation: the process
     exits a few seconds later anyway, naming what would not stop."""
-    env = service_env(db_url, amqp_url, topology)
     with running("relay", [], env, "relay.started"):
         consumer = Daemon("consumer", [*APP, "--drain-seconds", "30"], env)
         try:
@@ -223,9 +206,7 @@ def test_a_second_signal_ends_a_consumer_whose_handler_ignores_cancellation(
 def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """A consumer of 2,000 slots stopped with no drain: every claim goes back
     (QUEUED, attempt refunded), a bounded batch per statement rather than one
@@ -235,7 +216,6 @@ def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
     from tests.support.jobs import enqueue_many
 
     n = 2000
-    env = service_env(db_url, amqp_url, topology)
     args = [*APP, "--concurrency", str(n), "--drain-seconds", "0"]
     with running("relay", [], env, "relay.started"):
         enqueue_many(engine, [NewJob("sleep", {"seconds": 600}) for _ in range(n)])

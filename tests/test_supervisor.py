@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -25,7 +24,7 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.apps.processes import RUNS_TABLE
 from tests.support.jobs import attempts, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import BIN, ROOT, Daemon, running, service_env
+from tests.support.processes import Daemon, refused, running, service_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -272,13 +271,5 @@ def test_a_killed_supervisor_leaves_no_worker_behind(
 def test_bad_process_flags_are_refused_in_one_line(
     env: dict[str, str], args: list[str], message: str
 ) -> None:
-    done = subprocess.run(
-        [str(BIN / "consumer"), *APP, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+    done = refused("consumer", [*APP, *args], env)
+    assert message in done.stderr, done.stderr

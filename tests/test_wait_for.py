@@ -37,9 +37,9 @@ def _listeners(pg: psycopg.Connection) -> int:
 
 
 def test_wait_for_returns_the_result_of_a_job_run_by_real_processes(
-    engine: Engine, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+    engine: Engine,
+    env: dict[str, str],
 ) -> None:
-    env = service_env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", APP, env, "consumer.started"),

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 import psycopg.errors
 import sqlalchemy.exc
+from sqlalchemy.ext.asyncio import AsyncSession
 
 import outbox
 from jobctl.output import Failure, warn
@@ -71,6 +72,17 @@ def run(flag: str | None, action: Callable[[Database], Awaitable[T]]) -> T:
     except sqlalchemy.exc.DBAPIError as exc:
         raise _database_failure(exc, url) from None
     return result[0]
+
+
+def write(flag: str | None, change: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """``run`` of one writing transaction: ``change`` with its session, committed
+    when it returns."""
+
+    async def action(db: Database) -> T:
+        async with db.writing() as session:
+            return await change(session)
+
+    return run(flag, action)
 
 
 def _database_failure(exc: sqlalchemy.exc.DBAPIError, url: DatabaseUrl) -> Exception:

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import click
 
-from jobctl.commands.common import database_option, parse_ids, run
+from jobctl.commands.common import database_option, parse_ids, run, write
 from jobctl.output import Failure, duration, emit, json_option, printable, table, when
 from jobctl.service import (
     DEFAULT_LIMIT,
@@ -27,7 +27,7 @@ from jobctl.service import (
     retry_matching,
 )
 from jobctl.service.jobs import RETRYABLE
-from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobSummary, JobView
+from jobctl.service.models import JobPage, JobStateChange, JobSummary, JobView
 from outbox.explain import error_line
 from schema.states import JobState
 
@@ -234,11 +234,7 @@ def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) ->
     del as_json
     ids = parse_ids(job_ids)
 
-    async def action(db: Database) -> list[Any]:
-        async with db.writing() as session:
-            return await cancel_jobs(session, ids)
-
-    results = run(database_url, action)
+    results = write(database_url, lambda session: cancel_jobs(session, ids))
     lines = []
     for r in results:
         if r.state is None:
@@ -273,11 +269,7 @@ def approve(job_id: str, by: str, database_url: str | None, as_json: bool) -> No
     del as_json
     (ident,) = parse_ids((job_id,))
 
-    async def action(db: Database) -> JobStateChange:
-        async with db.writing() as session:
-            return await approve_job(session, ident, by=by)
-
-    result = run(database_url, action)
+    result = write(database_url, lambda session: approve_job(session, ident, by=by))
     emit({"job": jsonable(result)}, f"{result.id}: approved, {result.state}")
 
 
@@ -295,11 +287,7 @@ def reject(
     del as_json
     (ident,) = parse_ids((job_id,))
 
-    async def action(db: Database) -> JobStateChange:
-        async with db.writing() as session:
-            return await reject_job(session, ident, by=by, reason=reason)
-
-    result = run(database_url, action)
+    result = write(database_url, lambda session: reject_job(session, ident, by=by, reason=reason))
     emit({"job": jsonable(result)}, f"{result.id}: rejected, {result.state}")
 
 
@@ -445,11 +433,10 @@ def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None)
 def _retry_matching(
     filters: dict[str, Any], limit: int, dry_run: bool, by: str, database_url: str | None
 ) -> None:
-    async def action(db: Database) -> BulkRetry:
-        async with db.writing() as session:
-            return await retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters)
-
-    found = run(database_url, action)
+    found = write(
+        database_url,
+        lambda session: retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters),
+    )
     shown = {k: v for k, v in filters.items() if k not in ("every", "states")}
     what = " ".join(
         f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in shown.items()

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, run, write
 from jobctl.output import emit, json_option, when
 from jobctl.service import Database, Invalid, NotFound, jsonable, pause_queue, resume_queue
 from jobctl.service.models import QueueState
@@ -74,11 +74,7 @@ def resume(queue: str, by: str, database_url: str | None, as_json: bool) -> None
     """Start QUEUE's jobs again; its waiting ones are woken at once."""
     del as_json
 
-    async def action(db: Database) -> QueueState:
-        async with db.writing() as session:
-            return await resume_queue(session, queue, by=by)
-
-    found = run(database_url, action)
+    found = write(database_url, lambda session: resume_queue(session, queue, by=by))
     emit(
         jsonable(found),
         f"{found.queue}: resumed by {found.resumed_by}"

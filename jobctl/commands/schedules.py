@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, run, write
 from jobctl.output import emit, json_option, table, when
 from jobctl.service import (
     Database,
@@ -14,7 +14,7 @@ from jobctl.service import (
     resume_schedule,
     trigger_schedule,
 )
-from jobctl.service.models import JobView, ScheduleView
+from jobctl.service.models import ScheduleView
 
 
 @click.group()
@@ -64,11 +64,7 @@ def pause(name: str, database_url: str | None, as_json: bool) -> None:
     """Stop firing NAME until it is resumed."""
     del as_json
 
-    async def action(db: Database) -> ScheduleView:
-        async with db.writing() as session:
-            return await pause_schedule(session, name)
-
-    found = run(database_url, action)
+    found = write(database_url, lambda session: pause_schedule(session, name))
     emit(jsonable(found), f"{found.name}: paused")
 
 
@@ -81,11 +77,7 @@ def resume(name: str, database_url: str | None, as_json: bool) -> None:
     it was paused do not run)."""
     del as_json
 
-    async def action(db: Database) -> ScheduleView:
-        async with db.writing() as session:
-            return await resume_schedule(session, name)
-
-    found = run(database_url, action)
+    found = write(database_url, lambda session: resume_schedule(session, name))
     emit(jsonable(found), f"{found.name}: resumed, next fire {when(found.next_fire_at)}")
 
 
@@ -97,9 +89,5 @@ def trigger(name: str, database_url: str | None, as_json: bool) -> None:
     """Enqueue one job now from NAME's template; its timetable stays as it is."""
     del as_json
 
-    async def action(db: Database) -> JobView:
-        async with db.writing() as session:
-            return await trigger_schedule(session, name)
-
-    job = run(database_url, action)
+    job = write(database_url, lambda session: trigger_schedule(session, name))
     emit(jsonable(job), f"{name}: enqueued job {job.id} ({job.job_type} on {job.queue})")

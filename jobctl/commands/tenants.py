@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, run, write
 from jobctl.output import emit, json_option, table, when
 from jobctl.service import KEEP, Database, jsonable, list_tenants, set_tenant
 from jobctl.service.models import TenantView
@@ -92,15 +92,14 @@ def set_(
     """Set TENANT's limits; a limit not given stays as it was."""
     del as_json
 
-    async def action(db: Database) -> TenantView:
-        async with db.writing() as session:
-            return await set_tenant(
-                session,
-                tenant,
-                max_running=max_running,
-                weight=KEEP if weight is None else weight,
-                max_queued=max_queued,
-            )
-
-    found = run(database_url, action)
+    found = write(
+        database_url,
+        lambda session: set_tenant(
+            session,
+            tenant,
+            max_running=max_running,
+            weight=KEEP if weight is None else weight,
+            max_queued=max_queued,
+        ),
+    )
     emit(jsonable(found), _rows([found]))

@@ -108,6 +108,17 @@ def service_env(
     return env
 
 
+def refused(command: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` with ``args``, which it must refuse before starting: exit
+    status 2 and one line on stderr (a usage or setting error, no traceback)."""
+    done = subprocess.run(
+        [str(BIN / command), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done
+
+
 @contextmanager
 def running(command: str, args: list[str], env: dict[str, str], ready: str) -> Iterator[Daemon]:
     """Start a daemon, wait for its ready event, and stop it (or kill it) afterwards."""

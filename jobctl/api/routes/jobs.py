@@ -64,8 +64,25 @@ def retry_after(job: JobView) -> int | None:
     return max(1, min(MAX_POLL, math.ceil(due)))
 
 
+def say_when_to_poll(response: Response, job: JobView) -> None:
+    """Retry-After on a job not done yet: when asking after it again is worth it."""
+    wait = retry_after(job)
+    if wait is not None:
+        response.headers["Retry-After"] = str(wait)
+
+
 def location(request: Request, job: JobView) -> str:
     return url(request, f"/v1/jobs/{job.id}")
+
+
+def _changed(result: JobStateChange, ident: uuid.UUID, refused: str) -> JobStateChange:
+    """``result`` if the change was made; else 404 for a job that is not there, 409
+    with ``refused`` (its ``{state}`` filled in) for one whose state forbids it."""
+    if result.state is None:
+        raise NotFound(f"no job {ident}")
+    if not result.applied:
+        raise WrongState(refused.format(state=result.state), result.state)
+    return result
 
 
 def _parse(job_id: str) -> uuid.UUID:
@@ -139,9 +156,7 @@ async def enqueue(
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
     response.headers["Location"] = location(request, done.job)
-    wait = retry_after(done.job)
-    if wait is not None:
-        response.headers["Retry-After"] = str(wait)
+    say_when_to_poll(response, done.job)
     if done.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     if not done.created:
@@ -247,9 +262,7 @@ async def job(
             found = await get_job(session, ident)
     if found is None:
         raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
-    wait = retry_after(found)
-    if wait is not None:
-        response.headers["Retry-After"] = str(wait)
+    say_when_to_poll(response, found)
     return found
 
 
@@ -267,11 +280,7 @@ async def cancel(job_id: str, request: Request) -> JobStateChange:
     ident = _parse(job_id)
     async with database(request).writing() as session:
         (result,) = await cancel_jobs(session, [ident])
-    if result.state is None:
-        raise NotFound(f"no job {ident}")
-    if not result.applied:
-        raise WrongState(f"job {ident} is {result.state} already; nothing to cancel", result.state)
-    return result
+    return _changed(result, ident, f"job {ident} is {{state}} already; nothing to cancel")
 
 
 @router.post(
@@ -287,14 +296,9 @@ async def retry(job_id: str, request: Request) -> JobStateChange:
     ident = _parse(job_id)
     async with database(request).writing() as session:
         (result,) = await retry_jobs(session, [ident], by=actor(request))
-    if result.state is None:
-        raise NotFound(f"no job {ident}")
-    if not result.applied:
-        raise WrongState(
-            f"job {ident} is {result.state}: only FAILED or CANCELLED jobs are retried",
-            result.state,
-        )
-    return result
+    return _changed(
+        result, ident, f"job {ident} is {{state}}: only FAILED or CANCELLED jobs are retried"
+    )
 
 
 @router.post(

@@ -17,7 +17,7 @@ from jobctl.api.models import (
 )
 from jobctl.api.problems import responses
 from jobctl.api.routes.common import actor, database
-from jobctl.api.routes.jobs import location, retry_after
+from jobctl.api.routes.jobs import location, say_when_to_poll
 from jobctl.service import (
     has_limits,
     list_schedules,
@@ -151,9 +151,7 @@ async def trigger(name: ScheduleInPath, request: Request, response: Response) ->
     async with database(request).writing() as session:
         job = await trigger_schedule(session, name)
     response.headers["Location"] = location(request, job)
-    wait = retry_after(job)
-    if wait is not None:
-        response.headers["Retry-After"] = str(wait)
+    say_when_to_poll(response, job)
     return job
 
 
