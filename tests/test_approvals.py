@@ -26,8 +26,7 @@ from schema import queries as q
 from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job
-from tests.support.processes import running
-from tests.test_jobctl_cli import jobctl
+from tests.support.processes import jobctl, running
 
 APP = ["--app", "tests.apps.basic"]
 # The relay's backstops as often as they go: none may wake a job before approval.
