@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import aiormq
 import psycopg
@@ -81,6 +81,28 @@ def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str
     return {
         "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
         ratio_key: {k: round(v / first, 2) for k, v in rates.items()},
+    }
+
+
+def rows_handled(node: dict[str, Any]) -> int:
+    """The rows a plan node and those below it produced or filtered out, over all
+    loops: the work done, free of the machine's speed."""
+    rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+    rows += node.get("Rows Removed by Join Filter", 0)
+    own = int(rows * node.get("Actual Loops", 1))
+    return own + sum(rows_handled(child) for child in node.get("Plans", []))
+
+
+def plan_summary(top: dict[str, Any]) -> dict[str, Any]:
+    """Time, buffers and rows handled of one EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+    document's top entry: what the plan benchmarks keep of each plan."""
+    plan = top["Plan"]
+    return {
+        "execution_ms": round(top["Execution Time"], 2),
+        "planning_ms": round(top["Planning Time"], 2),
+        "shared_buffers_hit": plan.get("Shared Hit Blocks", 0),
+        "shared_buffers_read": plan.get("Shared Read Blocks", 0),
+        "rows_handled": rows_handled(plan),
     }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 import outbox
-from bench.common import argument_parser, machine, scratch_database
+from bench.common import argument_parser, machine, plan_summary, scratch_database
 from bench.fleet import drain_rate, fleet
 from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE
 
@@ -60,13 +60,6 @@ def drain(keys: int, jobs: int, consumers: int, concurrency: int) -> float:
         return drain_rate(f, jobs_over(keys, jobs))
 
 
-def rows_handled(node: dict[str, Any]) -> int:
-    rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-    rows += node.get("Rows Removed by Join Filter", 0)
-    own = int(rows * node.get("Actual Loops", 1))
-    return own + sum(rows_handled(child) for child in node.get("Plans", []))
-
-
 def explain(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> tuple[str, Any]:
     with conn.transaction(force_rollback=True):
         text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
@@ -75,13 +68,8 @@ def explain(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> tuple
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params
         ).fetchone()
     top = doc[0]
-    plan = top["Plan"]
     return "\n".join(r[0] for r in text), {
-        "execution_ms": round(top["Execution Time"], 2),
-        "planning_ms": round(top["Planning Time"], 2),
-        "shared_buffers_hit": plan.get("Shared Hit Blocks", 0),
-        "shared_buffers_read": plan.get("Shared Read Blocks", 0),
-        "rows_handled": rows_handled(plan),
+        **plan_summary(top),
         # compiling the plan, inside execution_ms: PostgreSQL's JIT starts when the
         # planner's cost estimate passes jit_above_cost, which a long outbox's
         # estimates do whatever the work done

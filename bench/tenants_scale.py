@@ -29,7 +29,14 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import against_first, argument_parser, fleet_options, machine, scratch_database
+from bench.common import (
+    against_first,
+    argument_parser,
+    fleet_options,
+    machine,
+    plan_summary,
+    scratch_database,
+)
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 from schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
@@ -55,13 +62,6 @@ def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
             for i in range(jobs)]  # fmt: skip
 
 
-def rows_handled(node: dict[str, Any]) -> int:
-    rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-    rows += node.get("Rows Removed by Join Filter", 0)
-    own = int(rows * node.get("Actual Loops", 1))
-    return own + sum(rows_handled(child) for child in node.get("Plans", []))
-
-
 def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
     params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
               "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
@@ -73,13 +73,8 @@ def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]
         ).fetchone()
         sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()
     top = doc[0]
-    plan = top["Plan"]
     return "\n".join(r[0] for r in text), {
-        "execution_ms": round(top["Execution Time"], 2),
-        "planning_ms": round(top["Planning Time"], 2),
-        "shared_buffers_hit": plan.get("Shared Hit Blocks", 0),
-        "shared_buffers_read": plan.get("Shared Read Blocks", 0),
-        "rows_handled": rows_handled(plan),
+        **plan_summary(top),
         "in_flight_after": int(sent[0]) if sent else 0,
     }
 

@@ -26,8 +26,7 @@ from schema import queries as q
 from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job
-from tests.support.processes import running
-from tests.test_jobctl_cli import jobctl
+from tests.support.processes import jobctl, running
 
 APP = ["--app", "tests.apps.basic"]
 # The relay's backstops as often as they go: none may wake a job before approval.
@@ -311,21 +310,12 @@ def test_an_approval_and_a_rejection_at_once_one_wins(
 async def test_the_metrics_count_the_jobs_awaiting_approval(
     engine: Engine, db_url: DatabaseUrl
 ) -> None:
-    from jobctl.metrics.collector import Collector
-    from plumbing.db import make_pool
-    from tests.test_metrics import Scrape
+    from tests.support.metrics import scrape_once
 
     gated = [enqueue(engine, "echo", {}, needs_approval=True) for _ in range(3)]
     enqueue(engine, "echo", {})
     with Session(engine) as session, session.begin():
         outbox.reject(session, gated[0])
-    pool = make_pool(db_url, "test-metrics", max_size=1)
-    await pool.open()
-    try:
-        collector = Collector(pool)
-        assert await collector.collect_once()
-        scrape = Scrape(collector)
-    finally:
-        await pool.close()
+    scrape = await scrape_once(db_url, "test-metrics")
     assert scrape.value("hybrid_jobs_jobs_awaiting_approval", queue="default") == 2
     assert scrape.value("hybrid_jobs_jobs", queue="default", state="QUEUED") == 3

@@ -184,24 +184,21 @@ def env(cluster: RabbitCluster, db_url: DatabaseUrl, pg: psycopg.Connection) -> 
     return service_env(db_url, cluster.amqp_url, topology)
 
 
-def test_cluster_loses_the_busiest_node_short_drill(
+@pytest.mark.parametrize(
+    ("seconds", "kill_after"),
+    [
+        pytest.param(8, 3, id="short_drill"),
+        pytest.param(30, 10, id="at_100_jobs_a_second", marks=pytest.mark.soak),
+    ],
+)
+def test_cluster_loses_the_busiest_node(
     cluster: RabbitCluster,
     env: dict[str, str],
     engine: Engine,
     pg: psycopg.Connection,
     db_url: DatabaseUrl,
+    seconds: float,
+    kill_after: float,
 ) -> None:
-    found, daemons = drill(cluster, env, engine, pg, seconds=8, kill_after=3)
-    assert_every_job_ran_once(db_url, found, daemons)
-
-
-@pytest.mark.soak
-def test_cluster_loses_the_busiest_node_at_100_jobs_a_second(
-    cluster: RabbitCluster,
-    env: dict[str, str],
-    engine: Engine,
-    pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-) -> None:
-    found, daemons = drill(cluster, env, engine, pg, seconds=30, kill_after=10)
+    found, daemons = drill(cluster, env, engine, pg, seconds=seconds, kill_after=kill_after)
     assert_every_job_ran_once(db_url, found, daemons)

@@ -4,7 +4,6 @@ people, one JSON object with --json, errors in one line with a non-zero exit."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from datetime import timedelta
@@ -19,23 +18,7 @@ from sqlalchemy.orm import Session
 import outbox
 from plumbing.config import DatabaseUrl
 from tests.support.jobs import enqueue
-from tests.support.processes import BIN
-
-
-def jobctl(
-    *args: str, url: DatabaseUrl | str, cwd: Path, **env: str
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
-    environment["DATABASE_URL"] = url if isinstance(url, str) else url.conninfo
-    environment.update(env)
-    return subprocess.run(
-        [str(BIN / "jobctl"), *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.support.processes import jobctl
 
 
 @pytest.fixture

@@ -21,10 +21,8 @@ from sqlalchemy.orm import Session
 import consumers
 import outbox
 from consumers import Registry
-from jobctl.metrics import Collector
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.queries import JOB_EXPIRE_WAITING
 from schema.topology import Topology
@@ -32,8 +30,8 @@ from tests.apps.keys import RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
-from tests.support.processes import running, service_env
-from tests.test_metrics import Scrape
+from tests.support.metrics import scrape_once
+from tests.support.processes import running
 from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,19 +68,12 @@ def keyed(key: str | None, **payload: Any) -> dict[str, Any]:
     return {"key": key, **payload}
 
 
-def _env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
-    return service_env(db_url, amqp_url, topology)
-
-
 def test_a_key_capped_at_one_never_overlaps_while_fifty_others_run_at_once(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute(RUNS_TABLE)
-    env = _env(db_url, amqp_url, topology)
     hot = [NewJob("keyed", keyed("hot", seconds=0.05), key="hot") for _ in range(40)]
     others = [
         NewJob("keyed", keyed(f"k{i}", seconds=0.3), key=f"k{i}")
@@ -119,12 +110,9 @@ def test_a_key_capped_at_one_never_overlaps_while_fifty_others_run_at_once(
 def test_key_limit_two_holds_two_at_once(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute(RUNS_TABLE)
-    env = _env(db_url, amqp_url, topology)
     jobs = [NewJob("keyed", keyed("pair", seconds=0.2), key="pair", key_limit=2) for _ in range(12)]
     with (
         running("relay", [], env, "relay.started"),
@@ -164,16 +152,13 @@ def _check_order(pg: psycopg.Connection) -> dict[str, list[uuid.UUID]]:
 def test_ordered_jobs_start_in_enqueue_order_with_four_consumers_and_a_retrying_head(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """Eight keys of ten ordered jobs each, enqueued one transaction at a time from
     four producers at once (so the keys' enqueues race), run by four consumers;
     the first job of key o0 fails twice before it succeeds, and the nine behind it
     wait for it."""
     pg.execute(RUNS_TABLE)
-    env = _env(db_url, amqp_url, topology)
     head = enqueue(
         engine, "keyed", keyed("o0", fail_attempts=2, seconds=0.05), key="o0", ordered=True
     )
@@ -217,12 +202,9 @@ def test_ordered_jobs_start_in_enqueue_order_with_four_consumers_and_a_retrying_
 def test_strict_order_holds_the_key_behind_a_failed_head_until_it_is_replayed(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     pg.execute(RUNS_TABLE)
-    env = _env(db_url, amqp_url, topology)
     with (
         running("relay", [], env, "relay.started"),
         running("consumer", [*APP, "--concurrency", "10"], env, "consumer.started"),
@@ -271,9 +253,7 @@ def test_strict_order_holds_the_key_behind_a_failed_head_until_it_is_replayed(
 def test_a_key_comes_back_by_every_way_a_lease_ends(
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    env: dict[str, str],
 ) -> None:
     """Per key a head that holds it and a job waiting behind it (KEY_BUSY, no
     attempt spent): the head's consumer is killed with SIGKILL, frozen with SIGSTOP
@@ -281,7 +261,6 @@ def test_a_key_comes_back_by_every_way_a_lease_ends(
     or fails with Permanent. Each time the waiting job starts once the lease ends,
     and no key keeps a row."""
     pg.execute(RUNS_TABLE)
-    env = _env(db_url, amqp_url, topology)
     short = [*APP, "--lease-seconds", "3", "--heartbeat-seconds", "1", "--concurrency", "4"]
     heads: dict[str, uuid.UUID] = {}
     nexts: dict[str, uuid.UUID] = {}
@@ -463,14 +442,7 @@ async def test_the_metrics_count_the_jobs_waiting_for_their_key(
         " CASE WHEN g <= 3 THEN 'KEY_BUSY' ELSE 'KEY_ORDER' END"
         " FROM generate_series(1, 5) AS g"
     )
-    pool = make_pool(db_url, "test-keys-metrics", max_size=2)
-    await pool.open(wait=True)
-    try:
-        collector = Collector(pool)
-        assert await collector.collect_once()
-        scrape = Scrape(collector)
-    finally:
-        await pool.close()
+    scrape = await scrape_once(db_url, "test-keys-metrics")
     waits = "hybrid_jobs_jobs_waiting_for_key"
     assert scrape.value(waits, queue="mail", reason="KEY_BUSY") == 3
     assert scrape.value(waits, queue="mail", reason="KEY_ORDER") == 2

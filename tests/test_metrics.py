@@ -14,8 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
@@ -33,6 +31,7 @@ from schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
 from schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, wait_for_state
+from tests.support.metrics import Scrape
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,34 +63,6 @@ EXPECTED_TYPES = {
     "hybrid_jobs_collector_rounds": "counter",
 }
 LABEL_NAMES = {"queue", "state", "job_type", "outcome", "operation", "result", "reason", "le"}
-
-
-class Scrape:
-    """A parsed exposition, with lookups by sample name and labels."""
-
-    def __init__(self, collector: Collector) -> None:
-        body, content_type = collector.render()
-        assert content_type.startswith("text/plain; version=0.0.4")
-        self.families: dict[str, Metric] = {
-            f.name: f for f in text_string_to_metric_families(body.decode())
-        }
-
-    def value(self, sample: str, **labels: str) -> float:
-        """The one sample of that name whose labels include these; 0 if none."""
-        found = [
-            s.value
-            for f in self.families.values()
-            for s in f.samples
-            if s.name == sample and labels.items() <= s.labels.items()
-        ]
-        assert len(found) <= 1, f"{sample} {labels} is ambiguous: {found}"
-        return found[0] if found else 0.0
-
-    def label_values(self) -> set[str]:
-        return {v for f in self.families.values() for s in f.samples for v in s.labels.values()}
-
-    def label_names(self) -> set[str]:
-        return {n for f in self.families.values() for s in f.samples for n in s.labels}
 
 
 @pytest.fixture

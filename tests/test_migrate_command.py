@@ -14,6 +14,7 @@ import pytest
 
 from plumbing.config import DatabaseUrl
 from schema.revisions import scripts
+from tests.support import processes
 from tests.support.processes import BIN, ROOT
 
 # The migrations this release ships, base first: the tests follow them as they grow.
@@ -27,17 +28,7 @@ def jobctl(
 ) -> subprocess.CompletedProcess[str]:
     """`jobctl ...` with DATABASE_URL set, from ``cwd`` (never the checkout)."""
     assert Path(cwd).resolve() != ROOT
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
-    environment["DATABASE_URL"] = url if isinstance(url, str) else url.conninfo
-    environment.update(env)
-    return subprocess.run(
-        [str(executable or BIN / "jobctl"), *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return processes.jobctl(*args, url=url, cwd=cwd, executable=executable, **env)
 
 
 def tables(url: DatabaseUrl) -> set[str]:

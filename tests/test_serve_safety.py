@@ -5,7 +5,6 @@ proxy or a rebinding page would reach it) or the real `jobctl` command line."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -26,7 +25,7 @@ from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port, served
 from tests.support.jobs import enqueue, job
-from tests.support.processes import BIN, service_env
+from tests.support.processes import BIN, jobctl, jobctl_env, service_env
 from tests.support.proxy import TcpProxy
 from tests.support.reverse_proxy import reverse_proxy
 from tests.support.services import AMQP_URL
@@ -45,22 +44,6 @@ def nested(depth: int) -> Any:
     for _ in range(depth - 1):
         value = {"a": value}
     return value
-
-
-def jobctl(
-    *args: str, url: DatabaseUrl | str, cwd: Path, **env: str
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
-    environment["DATABASE_URL"] = url if isinstance(url, str) else url.conninfo
-    environment.update(env)
-    return subprocess.run(
-        [str(BIN / "jobctl"), *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def serve_once(
@@ -645,10 +628,9 @@ def test_cli_errors_are_one_line_naming_what_to_fix(
     # A statement cancelled (as statement_timeout does): said as such.
     with psycopg.connect(db_url.conninfo) as holder:
         holder.execute("LOCK TABLE workers IN ACCESS EXCLUSIVE MODE")
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
         running = subprocess.Popen(
             [str(BIN / "jobctl"), "workers"],
-            env=environment | {"DATABASE_URL": db_url.conninfo},
+            env=jobctl_env(db_url),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -219,13 +219,17 @@ def _hex(value: str) -> int:
     return int(value, 16)
 
 
+@pytest.fixture
+def recording(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The environment of a relay or consumer whose spans are recorded in tmp_path."""
+    return {**env, **recording_env(tmp_path)}
+
+
 def test_publish_claim_and_run_in_real_processes_join_the_enqueuing_trace(
     tracer: trace.Tracer,
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
-    topology: Topology,
+    recording: dict[str, str],
     tmp_path: Path,
 ) -> None:
     with tracer.start_as_current_span("POST /orders") as request:
@@ -235,10 +239,9 @@ def test_publish_claim_and_run_in_real_processes_join_the_enqueuing_trace(
         )
     untraced = enqueue(engine, "noop")
     req = request.get_span_context()
-    env = service_env(db_url, amqp_url, topology, **recording_env(tmp_path))
     with (
-        running("relay", [], env, "relay.started") as relay,
-        running("consumer", APP, env, "consumer.started") as consumer,
+        running("relay", [], recording, "relay.started") as relay,
+        running("consumer", APP, recording, "consumer.started") as consumer,
     ):
         for job_id in [*ids[:2], untraced]:
             asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED"))
@@ -344,17 +347,15 @@ def test_a_publish_rabbitmq_refuses_is_an_error_span_linked_to_the_job(
     tracer: trace.Tracer,
     engine: Engine,
     pg: psycopg.Connection,
-    db_url: DatabaseUrl,
-    amqp_url: AmqpUrl,
     topology: Topology,
+    recording: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    env = service_env(db_url, amqp_url, topology, **recording_env(tmp_path))
     relay_args = ["--poll-interval", "0.5", "--queue-backoff-cap", "1"]
     with (
         queue_policy(topology, "refused", {"max-length": 0, "overflow": "reject-publish"}) as lift,
-        running("relay", relay_args, env, "relay.started") as relay,
-        running("consumer", ["--app", "tests.apps.queues"], env, "consumer.started"),
+        running("relay", relay_args, recording, "relay.started") as relay,
+        running("consumer", ["--app", "tests.apps.queues"], recording, "consumer.started"),
     ):
         with tracer.start_as_current_span("POST /refunds") as request:
             job_id = enqueue(engine, "refused_noop", queue="refused")

@@ -44,30 +44,16 @@ async def collect(
     """Consume and ack messages from one queue (or the dead-letter queue) until
     ``expected`` arrived and nothing more came for ``settle`` seconds (so duplicates
     would be counted), or timeout; their bodies."""
-    connection = await aio_pika.connect(amqp_url)
-    bodies: list[str] = []
-    async with connection:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=1000)
-        declared = Declared(channel, topology)
-        if dead_letters:
-            await declared.base()
-            q = await channel.get_queue(topology.dead_letter_queue_name)
-        else:
-            q = await declared.queue(queue)
-        deadline = time.monotonic() + timeout
-        async with q.iterator() as it:
-            while time.monotonic() < deadline:
-                wait = settle if len(bodies) >= expected else deadline - time.monotonic()
-                try:
-                    message = await asyncio.wait_for(it.__anext__(), max(wait, 0.01))
-                except TimeoutError:
-                    if len(bodies) >= expected:
-                        break
-                    continue
-                bodies.append(message.body.decode(errors="replace"))
-                await message.ack()
-    return bodies
+    return await _consume(
+        amqp_url,
+        topology,
+        queue,
+        expected,
+        timeout,
+        settle,
+        lambda body: [body.decode(errors="replace")],
+        dead_letters=dead_letters,
+    )
 
 
 async def collect_ids(
@@ -80,25 +66,48 @@ async def collect_ids(
 ) -> list[str]:
     """Like :func:`collect`, counting job ids instead of messages: a message may
     name several (one a line)."""
+    return await _consume(
+        amqp_url, topology, queue, expected, timeout, settle, lambda body: body.decode().split()
+    )
+
+
+async def _consume(
+    amqp_url: str,
+    topology: Topology,
+    queue: str,
+    expected: int,
+    timeout: float,
+    settle: float,
+    items: Callable[[bytes], list[str]],
+    *,
+    dead_letters: bool = False,
+) -> list[str]:
+    """What :func:`collect` and :func:`collect_ids` share: ``items`` of each message
+    until ``expected`` of them arrived and ``settle`` seconds passed with no more."""
     connection = await aio_pika.connect(amqp_url)
-    ids: list[str] = []
+    found: list[str] = []
     async with connection:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=1000)
-        q = await Declared(channel, topology).queue(queue)
+        declared = Declared(channel, topology)
+        if dead_letters:
+            await declared.base()
+            q = await channel.get_queue(topology.dead_letter_queue_name)
+        else:
+            q = await declared.queue(queue)
         deadline = time.monotonic() + timeout
         async with q.iterator() as it:
             while time.monotonic() < deadline:
-                wait = settle if len(ids) >= expected else deadline - time.monotonic()
+                wait = settle if len(found) >= expected else deadline - time.monotonic()
                 try:
                     message = await asyncio.wait_for(it.__anext__(), max(wait, 0.01))
                 except TimeoutError:
-                    if len(ids) >= expected:
+                    if len(found) >= expected:
                         break
                     continue
-                ids += message.body.decode().split()
+                found += items(message.body)
                 await message.ack()
-    return ids
+    return found
 
 
 async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes) -> None:

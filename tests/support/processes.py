@@ -108,6 +108,29 @@ def service_env(
     return env
 
 
+def jobctl_env(url: DatabaseUrl | str, **env: str) -> dict[str, str]:
+    """This process's environment for a `jobctl` run against ``url``, with ``env``
+    over it; any DATABASE_URL* of the caller's left out."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_URL")}
+    environment["DATABASE_URL"] = url if isinstance(url, str) else url.conninfo
+    environment.update(env)
+    return environment
+
+
+def jobctl(
+    *args: str, url: DatabaseUrl | str, cwd: Path, executable: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`jobctl ...` as a user runs it, from ``cwd``: its exit and its output."""
+    return subprocess.run(
+        [str(executable or BIN / "jobctl"), *args],
+        cwd=cwd,
+        env=jobctl_env(url, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def refused(command: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run ``command`` with ``args``, which it must refuse before starting: exit
     status 2 and one line on stderr (a usage or setting error, no traceback)."""
