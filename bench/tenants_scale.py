@@ -12,8 +12,8 @@ capped tenants drain.
    tenant, over --tenants tenants each capped at --cap, and over --many-tenants
    tenants each capped at --cap.
 
-Uses only what the code before the scale work (5bfb716) has too, so the same file
-runs in a checkout of it: copy it there and run it beside this one, in one window.
+To compare with the code before the scale work (5bfb716), copy this file and
+bench/common.py into a checkout of it and run both in one window.
 
 Prints the plans, then one JSON object.
 """
