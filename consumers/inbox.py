@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from plumbing.amqp import FailoverConnection, connect_failover
+from plumbing.amqp import FailoverConnection, connect_and_set_up
 from plumbing.config import AmqpUrl
 from schema.topology import Declared, Topology
 
@@ -120,20 +120,20 @@ class Inbox:
         self.closing = False
 
     async def connect(self) -> None:
-        connection = await connect_failover(self.amqp, name=f"consumer {self.worker}")
-        try:
+        async def set_up(connection: FailoverConnection) -> None:
             channel = await connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
             declared = Declared(channel, self.topology)
             self.queues = [await declared.queue(name) for name in self.queue_names]
-        except BaseException:
-            # Retried from scratch: a robust connection left open would go on
-            # reconnecting beside its successor.
-            await connection.close()
-            raise
+
+        connection = await connect_and_set_up(
+            self.amqp,
+            name=f"consumer {self.worker}",
+            set_up=set_up,
+            on_reconnect=self._on_reconnect,
+            on_close=self._on_close,
+        )
         self.connection = connection
-        connection.reconnect_callbacks.add(self._on_reconnect)
-        connection.close_callbacks.add(self._on_close)
         log.info(
             "consumer.broker_connected",
             extra={

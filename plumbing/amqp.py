@@ -127,3 +127,26 @@ async def connect_failover(amqp: AmqpUrl, *, name: str) -> FailoverConnection:
         return connection
 
     return await first_answering(amqp, one)
+
+
+async def connect_and_set_up(
+    amqp: AmqpUrl,
+    *,
+    name: str,
+    set_up: Callable[[FailoverConnection], Awaitable[None]],
+    on_reconnect: Callable[..., Any],
+    on_close: Callable[..., Any],
+) -> FailoverConnection:
+    """:func:`connect_failover`, then ``set_up`` on the connection (its channels and
+    declarations), then the caller's callbacks. A set-up that fails closes the
+    connection before raising: retried from scratch, a robust connection left open
+    would go on reconnecting beside its successor."""
+    connection = await connect_failover(amqp, name=name)
+    try:
+        await set_up(connection)
+    except BaseException:
+        await connection.close()
+        raise
+    connection.reconnect_callbacks.add(on_reconnect)
+    connection.close_callbacks.add(on_close)
+    return connection

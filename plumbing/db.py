@@ -67,13 +67,8 @@ def make_pool(
     caller should find out soon and say so, not hang.
     """
     return AsyncConnectionPool(
-        database.conninfo,
-        min_size=1,
-        max_size=max_size,
-        kwargs=_pool_kwargs(database, application_name, options),
+        **_pool_args(database, application_name, max_size, options, checkout_timeout),
         open=False,
-        name=application_name,
-        timeout=checkout_timeout,
     )
 
 
@@ -88,14 +83,27 @@ def make_sync_pool(
     """:func:`make_pool`'s connections for threads (a plain handler's), made and
     handed out by the same rules; open from the start."""
     return ConnectionPool(
-        database.conninfo,
-        min_size=1,
-        max_size=max_size,
-        kwargs=_pool_kwargs(database, application_name, options),
+        **_pool_args(database, application_name, max_size, options, checkout_timeout),
         open=True,
-        name=application_name,
-        timeout=checkout_timeout,
     )
+
+
+def _pool_args(
+    database: DatabaseUrl,
+    application_name: str,
+    max_size: int,
+    options: str | None,
+    checkout_timeout: float,
+) -> dict[str, Any]:
+    """What both kinds of pool are made with."""
+    return {
+        "conninfo": database.conninfo,
+        "min_size": 1,
+        "max_size": max_size,
+        "kwargs": _pool_kwargs(database, application_name, options),
+        "name": application_name,
+        "timeout": checkout_timeout,
+    }
 
 
 def _pool_kwargs(

@@ -17,7 +17,7 @@ import aio_pika
 import aiormq
 import aiormq.exceptions
 
-from plumbing.amqp import FailoverConnection, connect_failover
+from plumbing.amqp import FailoverConnection, connect_and_set_up
 from plumbing.config import AmqpUrl
 from schema.topology import (
     MAX_PRIORITY,
@@ -103,10 +103,7 @@ class Publisher:
         self.closing = False
 
     async def connect(self) -> None:
-        connection = await connect_failover(
-            self.amqp, name=f"relay {socket.gethostname()}:{os.getpid()}"
-        )
-        try:
+        async def set_up(connection: FailoverConnection) -> None:
             # on_return_raises: an unroutable wake-up fails its publish instead of
             # being dropped by the broker. The exchanges and the dead-letter queue are
             # declared on the publishing channel: aio-pika declares them again after
@@ -114,14 +111,15 @@ class Publisher:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             self.declared = Declared(channel, self.topology)
             await self.declared.base()
-        except BaseException:
-            # Retried from scratch: a robust connection left open would go on
-            # reconnecting beside its successor.
-            await connection.close()
-            raise
+
+        connection = await connect_and_set_up(
+            self.amqp,
+            name=f"relay {socket.gethostname()}:{os.getpid()}",
+            set_up=set_up,
+            on_reconnect=self._on_reconnect,
+            on_close=self._on_close,
+        )
         self.connection = connection
-        connection.reconnect_callbacks.add(self._on_reconnect)
-        connection.close_callbacks.add(self._on_close)
         log.info(
             "relay.broker_connected", extra={"node": connection.node, "amqp": self.amqp.redacted()}
         )
