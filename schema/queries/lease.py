@@ -264,12 +264,18 @@ WITH types AS (
     RETURNING j.job_id
 ), {key_wake_next("expired_ended")}, expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
-    DELETE FROM outbox AS o USING refused AS r
-    WHERE o.job_id = r.job_id AND r.reason = 'EXPIRED' AND o.sent_at IS NULL
+    DELETE FROM outbox AS o
+    WHERE EXISTS (SELECT 1 FROM refused WHERE reason = 'EXPIRED')
+      AND o.job_id = ANY(ARRAY(SELECT job_id FROM refused WHERE reason = 'EXPIRED'))
+      AND o.sent_at IS NULL
 ), used_up AS (
     -- 3c. their used-up wake-ups deleted
-    DELETE FROM outbox AS o USING refused AS r
-    WHERE o.job_id = r.job_id AND o.sent_at IS NOT NULL
+    -- (An array, so that even the generic plan the consumer's prepared claim settles
+    -- on probes outbox_job_id_idx per job, where a join was planned as a scan of the
+    -- whole outbox; and nothing at all, a one-time test, when none was refused.)
+    DELETE FROM outbox AS o
+    WHERE EXISTS (SELECT 1 FROM refused)
+      AND o.job_id = ANY(ARRAY(SELECT job_id FROM refused)) AND o.sent_at IS NOT NULL
 ), held AS (
     -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
     -- something was turned down for want of a handler

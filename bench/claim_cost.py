@@ -1,0 +1,113 @@
+"""The claim statement's own cost, without a consumer around it: how long one
+JOB_CLAIM_MANY takes for a batch of 1 and of 50 due jobs, server planning and
+execution apart, with a backlog of waiting jobs in place.
+
+    python -m bench.claim_cost [--jobs 20000] [--repeat 100]
+
+Each try is a real claim, committed, of jobs no earlier try took, on one
+autocommit connection as the consumer's pool runs it (psycopg prepares the
+statement on its fifth execution, and PostgreSQL then keeps one generic plan if it
+costs no more than the custom ones). Prints one JSON object: per batch size, the
+claim's wall time (p50, p95) with the consumer's options and with a generic plan
+forced from the start. The claim's fixed cost bounds the start of every job at
+low load and the drain per batch at high load.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import argument_parser, machine, scratch_database
+from plumbing.db import CONTROL_OPTIONS
+from schema import queries as q
+
+# The consumer's own options, the planner made to use one plan without the values
+# from the first execution: whether planning per execution costs the claim anything.
+FORCED_GENERIC = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
+
+TERMS = [
+    {
+        "job_type": "noop",
+        "max_attempts": 3,
+        "backoff_base": 5.0,
+        "backoff_cap": 900.0,
+        "backoff_jitter": 0.25,
+        "sync": False,
+        "rate_limit": None,
+    }
+]
+
+
+def _params(ids: list[uuid.UUID]) -> dict[str, Any]:
+    return {
+        "job_ids": ids,
+        "types": json.dumps(TERMS),
+        "free_threads": 0,
+        "worker": "bench-claim-cost",
+        "lease_seconds": 30,
+        "worker_ttl": 60,
+    }
+
+
+def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> dict[str, float]:
+    """Claim ``ids`` ``batch`` at a time on one connection as the consumer's pool
+    makes them (autocommit, prepared after a few executions): each claim is a real
+    one, committed, of jobs no earlier try took."""
+    walls = []
+    with psycopg.connect(conninfo, options=options, autocommit=True) as conn:
+        for start in range(0, len(ids) - batch + 1, batch):
+            chosen = ids[start : start + batch]
+            started = time.perf_counter()
+            rows = conn.execute(q.JOB_CLAIM_MANY, _params(chosen)).fetchall()
+            walls.append((time.perf_counter() - started) * 1000)
+            if sum(1 for r in rows if r[0] == "claimed") != batch:
+                raise RuntimeError(f"claimed {rows[:3]}... not {batch}")
+    # the first few are planned afresh before psycopg prepares the statement
+    walls = walls[10:]
+    return {
+        "claims": len(walls),
+        "claim_ms_p50": round(statistics.median(walls), 3),
+        "claim_ms_p95": round(statistics.quantiles(walls, n=20)[-1], 3),
+    }
+
+
+def main() -> None:
+    parser = argument_parser("bench.claim_cost", __doc__)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=100)
+    args = parser.parse_args()
+    with scratch_database("bench_claim_cost") as db:
+        engine = create_engine(db.sqlalchemy)
+        with Session(engine) as session, session.begin():
+            ids = outbox.enqueue_many(
+                session, [outbox.NewJob("noop", {"i": i}) for i in range(args.jobs)]
+            )
+        engine.dispose()
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE jobs")
+        report: dict[str, object] = {
+            "bench": "claim_cost",
+            "machine": machine(),
+            "jobs_waiting": args.jobs,
+        }
+        # each measure takes its own slice of the backlog, the rest still waiting
+        slices = iter(range(0, args.jobs, args.jobs // 4))
+        for mode, options in (("consumer", CONTROL_OPTIONS), ("generic", FORCED_GENERIC)):
+            for n in (1, 50):
+                first = next(slices)
+                chosen = ids[first : first + min(args.repeat * n, args.jobs // 4)]
+                report[f"{mode}_batch_{n}"] = measure(db.conninfo, options, chosen, n)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The claim reads what its batch costs, not what the backlog costs: with thousands
+of jobs waiting and wake-ups in flight, JOB_CLAIM_MANY never scans jobs or outbox,
+in the custom plan of a first execution and in the generic plan the consumer's
+prepared statement settles on (psycopg prepares it on its fifth run; PostgreSQL then
+keeps a plan made without the values). A generic plan had planned the deletion of
+used-up wake-ups as a scan of the whole outbox, paid by every claim."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import outbox
+from schema import queries as q
+from tests.support.plans import plan as explain_plan
+
+BACKLOG = 5_000
+IN_FLIGHT = 2_000
+BATCH = 50
+
+TERMS = [
+    {
+        "job_type": "noop",
+        "max_attempts": 3,
+        "backoff_base": 5.0,
+        "backoff_cap": 900.0,
+        "backoff_jitter": 0.25,
+        "sync": False,
+        "rate_limit": None,
+    }
+]
+
+
+def _params(job_ids: list[Any]) -> dict[str, Any]:
+    return {
+        "job_ids": job_ids,
+        "types": json.dumps(TERMS),
+        "free_threads": 0,
+        "worker": "test-claim-plan",
+        "lease_seconds": 30,
+        "worker_ttl": 60,
+    }
+
+
+def scans(plan: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+    """Each scan of jobs or outbox: its relation, node type, and the rows it produced
+    or filtered away, all its loops together."""
+
+    def walk(node: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
+        if node.get("Relation Name") in ("jobs", "outbox") and "Scan" in node["Node Type"]:
+            read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            yield node["Relation Name"], node["Node Type"], read * node["Actual Loops"]
+        for child in node.get("Plans", []):
+            yield from walk(child)
+
+    return list(walk(plan[0]["Plan"]))
+
+
+@pytest.fixture
+def backlog(engine: Engine, pg: psycopg.Connection) -> list[Any]:
+    with Session(engine) as session, session.begin():
+        ids = outbox.enqueue_many(
+            session, [outbox.NewJob("noop", {"i": i}) for i in range(BACKLOG)]
+        )
+    # Statistics taken right after a burst of enqueues, before the relay sent any
+    # wake-up (autovacuum analyzes a table after many inserts): a plan made from
+    # them thinks in-flight wake-ups are nearly none. Then the relay sends some.
+    pg.commit()
+    pg.autocommit = True
+    pg.execute("VACUUM ANALYZE jobs")
+    pg.execute("VACUUM ANALYZE outbox")
+    pg.execute("UPDATE outbox SET sent_at = now() WHERE job_id = ANY(%s)", [ids[-IN_FLIGHT:]])
+    return ids
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("batch", [1, BATCH])
+def test_the_claim_reads_its_batch_not_the_backlog(
+    pg: psycopg.Connection, backlog: list[Any], generic: bool, batch: int
+) -> None:
+    chosen = backlog[:batch] if batch == 1 else backlog[-batch:]
+    for _ in range(3):  # the generic plan as a settled prepared statement runs it
+        found = explain_plan(pg, q.JOB_CLAIM_MANY, _params(chosen), generic=generic)
+    read = scans(found)
+    assert read, "the claim reads jobs"
+    for relation, node, rows in read:
+        assert node != "Seq Scan", (relation, read)
+        # each id is looked up a few times (locked, claimed, the reply), never the backlog
+        assert rows <= 4 * batch, (relation, node, rows, read)
+    claimed = sum(1 for r in found[0]["Plan"].get("Plans", []) if r.get("CTE Name") == "claimed")
+    assert claimed == 1
