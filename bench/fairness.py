@@ -11,7 +11,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
@@ -19,7 +18,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine, percentiles
+from bench.common import argument_parser, fleet_options, percentiles, report
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 
@@ -59,7 +58,7 @@ def main() -> None:
     fleet_options(parser, consumers=2, concurrency=None)
     args = parser.parse_args()
     runs = [run(w, args.a_jobs, args.b_jobs, args.consumers) for w in (1.0, 3.0)]
-    print(json.dumps({"benchmark": "fairness", "runs": runs, "machine": machine()}, indent=2))
+    report("fairness", {"runs": runs})
 
 
 if __name__ == "__main__":

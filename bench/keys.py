@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 import outbox
-from bench.common import argument_parser, machine, plan_summary, scratch_database
+from bench.common import argument_parser, plan_summary, report, scratch_database
 from bench.fleet import drain_rate, fleet
 from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE
 
@@ -181,15 +181,13 @@ def main() -> None:
         )
     first = next(iter(rates.values()), None)
     result: dict[str, Any] = {
-        "benchmark": "keys",
         "plans": planned,
         "jobs": args.jobs,
         "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
         "ratio_to_no_key": {k: round(v / first, 2) for k, v in rates.items()} if first else {},
         "seconds": round(time.monotonic() - started),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("keys", result)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ issue's target: at least 0.8).
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +17,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import against_first, argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, fleet_options, report
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
@@ -47,12 +46,10 @@ def main() -> None:
     for name, limited in VARIANTS.items():
         rates[name] = run(args.jobs, limited, args.consumers, args.concurrency)
     result: dict[str, Any] = {
-        "benchmark": "rate_limits",
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_rate_limit"),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("rate_limits", result)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import timedelta
 
@@ -22,7 +21,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, percentiles, report
 from bench.fleet import fleet
 
 
@@ -68,24 +67,20 @@ def main() -> None:
             attempts = conn.execute(
                 "SELECT count(*), count(DISTINCT job_id) FROM job_attempts"
             ).fetchone()
-    print(
-        json.dumps(
-            {
-                "benchmark": "scheduler_delay",
-                "schedules": args.schedules,
-                "seconds": args.seconds,
-                "relays": args.relays,
-                "schedule_interval_s": args.schedule_interval,
-                "fires_enqueued": len(delays),
-                "fires_skipped": skipped,
-                "fires_per_schedule": {"min": min(per_schedule), "max": max(per_schedule)},
-                "delay": percentiles(delays),
-                "jobs_by_state": jobs,
-                "attempts": {"rows": attempts[0], "jobs": attempts[1]} if attempts else None,
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "scheduler_delay",
+        {
+            "schedules": args.schedules,
+            "seconds": args.seconds,
+            "relays": args.relays,
+            "schedule_interval_s": args.schedule_interval,
+            "fires_enqueued": len(delays),
+            "fires_skipped": skipped,
+            "fires_per_schedule": {"min": min(per_schedule), "max": max(per_schedule)},
+            "delay": percentiles(delays),
+            "jobs_by_state": jobs,
+            "attempts": {"rows": attempts[0], "jobs": attempts[1]} if attempts else None,
+        },
     )
 
 

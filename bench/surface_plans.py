@@ -20,14 +20,13 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 
-from bench.common import argument_parser, machine, scratch_database
+from bench.common import argument_parser, report, scratch_database
 from harness.history import fill
 from harness.plans import plan as explain_plan
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
@@ -186,7 +185,6 @@ def main() -> None:
         fill_s = time.perf_counter() - started
         counts = dict(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
         result = {
-            "benchmark": "surface_plans",
             "jobs_by_state": counts,
             "failures": args.failures,
             "fill_seconds": round(fill_s, 1),
@@ -196,9 +194,8 @@ def main() -> None:
             "per_queue": per_queue(conn),
             "one_job": one_job(conn),
             "naive_for_comparison": {n: explain(conn, s, {}) for n, s in NAIVE.items()},
-            "machine": machine(),
         }
-    print(json.dumps(result, indent=2, default=str))
+    report("surface_plans", result)
 
 
 if __name__ == "__main__":

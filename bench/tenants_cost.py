@@ -9,14 +9,13 @@ Prints one JSON object with jobs/s and each variant's ratio to the first.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import against_first, argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, fleet_options, report
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -47,12 +46,10 @@ def main() -> None:
     for name, (tenants, cap) in VARIANTS.items():
         rates[name] = run(args.jobs, tenants, cap, args.consumers, args.concurrency)
     result: dict[str, Any] = {
-        "benchmark": "tenants_cost",
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_tenant"),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("tenants_cost", result)
 
 
 if __name__ == "__main__":

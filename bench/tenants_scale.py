@@ -20,7 +20,6 @@ Prints the plans, then one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -33,8 +32,8 @@ from bench.common import (
     against_first,
     argument_parser,
     fleet_options,
-    machine,
     plan_summary,
+    report,
     scratch_database,
 )
 from bench.fleet import drain_rate, fleet
@@ -138,14 +137,12 @@ def main() -> None:
         for name, (tenants, cap) in variants.items()
     }
     result: dict[str, Any] = {
-        "benchmark": "tenants_scale",
         "decision_plans": planned,
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_tenant"),
         "seconds": round(time.monotonic() - started),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("tenants_scale", result)
 
 
 if __name__ == "__main__":

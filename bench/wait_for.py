@@ -24,7 +24,6 @@ database flushing the commit rather than the notification reaching the waiter.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import threading
@@ -38,7 +37,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, percentiles, report
 from bench.fleet import drain_rate, fleet
 from harness.scratch import scratch_database
 from outbox.waiting import APPLICATION_NAME
@@ -176,7 +175,7 @@ def main() -> None:
             runs.append(asyncio.run(async_way(db, args.waiters)))
     if "cost" in ways:
         runs.append(cost_way(args.drain_jobs, args.drain_rounds))
-    print(json.dumps({"benchmark": "wait_for", "runs": runs, "machine": machine()}, indent=2))
+    report("wait_for", {"runs": runs})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ slower here (`--pool prefork -c 1` per worker drained 1,700 tasks/s where solo d
 `worker_prefetch_multiplier=16`, so each worker holds at most 16 unacknowledged
 messages. Without gossip, mingle, heartbeat, remote control and events: nothing a
 no-op benchmark needs, and nothing broadcast on the broker. No result backend: each
-task appends a byte to a file of its worker's own (`bench.peers.marks`), one write(2).
+task appends a byte to a file of its worker's own (`bench.marks`), one write(2).
 Publisher confirms stay off, Celery's default: with them, `apply_async` returns after
 the broker's confirm, which here often arrives after the task has already started
 (a negative "latency").
@@ -39,6 +39,7 @@ from celery import Celery
 from kombu.messaging import Producer
 
 from bench.common import AMQP
+from bench.marks import ENV, Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
@@ -51,7 +52,6 @@ from bench.peers.base import (
     wait_until,
 )
 from bench.peers.celery_app import BROKER_ENV, PREFETCH, QUEUE_ENV, make_app
-from bench.peers.marks import ENV, Marks, marks_dir
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.queries import Queries
 
 from bench.common import scratch_database
+from bench.marks import ENV, Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
@@ -43,7 +44,6 @@ from bench.peers.base import (
     running,
     wait_until,
 )
-from bench.peers.marks import ENV, Marks, marks_dir
 from plumbing.config import DatabaseUrl
 
 PGQ = [sys.executable, "-m", "pgqueuer"]

@@ -31,6 +31,7 @@ from pathlib import Path
 import psycopg
 
 from bench.common import scratch_database
+from bench.marks import Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
@@ -40,7 +41,6 @@ from bench.peers.base import (
     paced,
     wait_until,
 )
-from bench.peers.marks import Marks, marks_dir
 from plumbing.config import DatabaseUrl
 
 CHANNEL = "skiplocked_jobs"
