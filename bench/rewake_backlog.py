@@ -35,6 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.common import AMQP, System, argument_parser, report, scratch_system
 from bench.peers.base import tail
+from harness.backlog import build_backlog
 from harness.broker import purge, queue_depth
 from plumbing.config import DatabaseUrl
 from relay.maintenance import OrphanWalk, wake_orphans
@@ -43,22 +44,11 @@ from schema.tables import CLAIMABLE_SQL
 
 QUEUE = "backlog"
 
-BUILD = (
-    """
-    INSERT INTO jobs (job_id, job_type, queue, created_at, run_after)
-    SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(i), 12, '0'))::uuid, 'noop', %(queue)s,
-           now() - interval '1 hour', now() - interval '1 hour'
-    FROM generate_series(1, %(n)s) AS i
-    """,
-    """
-    INSERT INTO outbox (job_id, queue, available_at)
-    SELECT job_id, queue, run_after FROM jobs
-    """,
-    """
-    DELETE FROM outbox
-    WHERE id IN (SELECT id FROM outbox ORDER BY random() LIMIT %(orphans)s)
-    """,
-)
+# Jobs left with no wake-up at all, as a row edited by hand would be.
+ORPHAN = """
+DELETE FROM outbox
+WHERE id IN (SELECT id FROM outbox ORDER BY random() LIMIT %(orphans)s)
+"""
 
 # What every re-waker round read before: each waiting job, for a wake-up.
 FULL_SCAN = f"""
@@ -79,8 +69,8 @@ WHERE j.state IN ({CLAIMABLE_SQL})
 def build(db: DatabaseUrl, jobs: int, orphans: int) -> float:
     began = time.perf_counter()
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        for statement in BUILD:
-            conn.execute(statement, {"queue": QUEUE, "n": jobs, "orphans": orphans})
+        build_backlog(conn, jobs, QUEUE)
+        conn.execute(ORPHAN, {"orphans": orphans})
         conn.execute("VACUUM ANALYZE jobs")
         conn.execute("VACUUM ANALYZE outbox")
     return time.perf_counter() - began
