@@ -172,6 +172,21 @@ def plan_summary(top: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def explaining(
+    conn: psycopg.Connection, sql: str, params: dict[str, Any]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """EXPLAIN ANALYZE of ``sql`` as text, then as JSON (the document's top entry),
+    each in a transaction rolled back; the block runs inside the second, where what
+    the statement wrote can still be read."""
+    with conn.transaction(force_rollback=True):
+        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()
+        assert row is not None
+        yield "\n".join(r[0] for r in text), row[0][0]
+
+
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
     q = statistics.quantiles(samples_ms, n=100, method="inclusive")
     return {"p50_ms": round(q[49], 2), "p95_ms": round(q[94], 2), "p99_ms": round(q[98], 2)}
@@ -251,6 +266,7 @@ __all__ = [
     "BIN",
     "System",
     "against_first",
+    "explaining",
     "fleet_options",
     "machine",
     "percentiles",

@@ -31,7 +31,14 @@ from typing import Any
 import psycopg
 
 import outbox
-from bench.common import argument_parser, plan_summary, report, scratch_database
+from bench.common import (
+    argument_parser,
+    explaining,
+    fleet_options,
+    plan_summary,
+    report,
+    scratch_database,
+)
 from bench.fleet import drain_rate, fleet
 from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE
 
@@ -61,14 +68,9 @@ def drain(keys: int, jobs: int, consumers: int, concurrency: int) -> float:
 
 
 def explain(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> tuple[str, Any]:
-    with conn.transaction(force_rollback=True):
-        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
-    with conn.transaction(force_rollback=True):
-        (doc,) = conn.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params
-        ).fetchone()
-    top = doc[0]
-    return "\n".join(r[0] for r in text), {
+    with explaining(conn, sql, params) as (text, top):
+        pass
+    return text, {
         **plan_summary(top),
         # compiling the plan, inside execution_ms: PostgreSQL's JIT starts when the
         # planner's cost estimate passes jit_above_cost, which a long outbox's
@@ -163,8 +165,7 @@ def main() -> None:
     parser.add_argument("--plan-keys", default="1000,100000",
                         help="counts of distinct waiting keys to print the plans for")  # fmt: skip
     parser.add_argument("--batch", type=int, default=20, help="job ids in the planned claim")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser, consumers=2, concurrency=50)
     parser.add_argument("--skip-plans", action="store_true", help="only the drains")
     parser.add_argument("--skip-drains", action="store_true", help="only the plans")
     args = parser.parse_args()

@@ -31,6 +31,7 @@ import outbox
 from bench.common import (
     against_first,
     argument_parser,
+    explaining,
     fleet_options,
     plan_summary,
     report,
@@ -64,15 +65,9 @@ def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
 def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
     params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
               "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
-    with conn.transaction(force_rollback=True):
-        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + OUTBOX_WAKE_QUEUE, params).fetchall()
-    with conn.transaction(force_rollback=True):
-        (doc,) = conn.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + OUTBOX_WAKE_QUEUE, params
-        ).fetchone()
+    with explaining(conn, OUTBOX_WAKE_QUEUE, params) as (text, top):
         sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()
-    top = doc[0]
-    return "\n".join(r[0] for r in text), {
+    return text, {
         **plan_summary(top),
         "in_flight_after": int(sent[0]) if sent else 0,
     }
