@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import JobFilter, list_jobs, queries
 from schema.states import JobState
-from tests.support.history import fill
+from tests.support.history import fill, job_lists, middle_of_the_failed
 from tests.support.plans import plan as explain_plan
 
 HISTORY = 30_000
@@ -68,29 +68,16 @@ def test_a_list_reads_a_bounded_stretch_of_a_long_history(
     # page is full.
     nothing = {"queue": "q1", "job_type": "nope", "tenant": "t3", "limit": LIMIT + 1, "scan": SCAN}
     # A page from the middle of the failed jobs.
-    middle = history.execute(
-        "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED'"
-        " ORDER BY finished_at LIMIT 1"
-        " OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
-    ).fetchone()
-    assert middle is not None
-    params = nothing | {"after_id": middle[0], "after_finished": middle[1]}
+    params = nothing | middle_of_the_failed(history)
     bound = BACKLOG if state in (JobState.QUEUED, JobState.RUNNING) else SCAN
-    for filters in [(), ("job_type",), ("queue", "job_type", "tenant")]:
-        for after in (False, True):
-            listing = queries.job_list(
-                state,
-                queue="queue" in filters,
-                job_type="job_type" in filters,
-                tenant="tenant" in filters,
-                after=after,
-            )
-            for statement in filter(None, (listing.sql, listing.edge_sql)):
-                read = explain(history, statement, params, generic)
-                if read > bound + LIMIT + 1:
-                    plan = history.execute(f"EXPLAIN (ANALYZE) {statement}", params).fetchall()
-                    print("\n".join(r[0] for r in plan))
-                assert read <= bound + LIMIT + 1, (state, filters, after, read, statement)
+    filter_sets = [(), ("job_type",), ("queue", "job_type", "tenant")]
+    for filters, after, listing in job_lists(state, filter_sets):
+        for statement in filter(None, (listing.sql, listing.edge_sql)):
+            read = explain(history, statement, params, generic)
+            if read > bound + LIMIT + 1:
+                plan = history.execute(f"EXPLAIN (ANALYZE) {statement}", params).fetchall()
+                print("\n".join(r[0] for r in plan))
+            assert read <= bound + LIMIT + 1, (state, filters, after, read, statement)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
