@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import consumers
-from bench.marks import Marks, process_marks
+from bench.common import argument_parser, report, scratch_system
+from bench.marks import ENV, Marks, process_marks
 
 ROLE = "BENCH_REFUSALS_ROLE"
 
@@ -122,9 +123,6 @@ def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from bench.common import argument_parser, report, scratch_system
-    from bench.marks import ENV
-
     parser = argument_parser("bench.refusals", __doc__)
     parser.add_argument("--jobs", type=int, default=20, help="jobs waiting for the busy handler")
     parser.add_argument(

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import consumers
-from bench.marks import Marks, process_marks
+from bench.common import argument_parser, percentiles, report, scratch_system
+from bench.marks import ENV, Marks, process_marks
 
 HEALTHY, REFUSED = "healthy", "refused"
 POLICY = {"max-length": 0, "overflow": "reject-publish"}
@@ -79,8 +80,6 @@ def _plan(rate: float, seconds: float, job_type: str, queue: str) -> list[tuple[
 def _latencies(
     conn: Any, committed: dict[str, float], starts: dict[str, float]
 ) -> dict[str, dict[str, float]]:
-    from bench.common import percentiles
-
     claimed = {
         str(job_id): at.timestamp()
         for job_id, at in conn.execute(
@@ -159,9 +158,6 @@ def run(args: Any, db: Any, topology: Any, logs: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from bench.common import argument_parser, report, scratch_system
-    from bench.marks import ENV
-
     parser = argument_parser("bench.refused_queue", __doc__)
     parser.add_argument("--rate", type=float, default=50, help="healthy jobs committed per second")
     parser.add_argument("--seconds", type=float, default=20, help="length of each phase")

@@ -46,9 +46,9 @@ from bench.peers.base import (
     Settings,
     check_alive,
     drain_timeout,
-    latency_figures,
     paced,
     running,
+    started_latency,
     wait_until,
 )
 from bench.peers.celery_app import BROKER_ENV, PREFETCH, QUEUE_ENV, make_app
@@ -147,13 +147,7 @@ def measure(settings: Settings, *, pool: str = "solo") -> Figures:
             for _ in paced(settings.rate, settings.seconds):
                 result = latency.apply_async(producer=producer)
                 committed[result.id] = time.time()
-
-            def all_started() -> bool:
-                check()
-                return marks.start_count() >= len(committed)
-
-            wait_until(all_started, "Celery latency tasks", timeout=60)
-            lat = latency_figures(committed, marks.starts(), settings.rate)
+            lat = started_latency(marks, committed, settings.rate, "Celery", check)
     return Figures(rate, lat, {"pool": pool, "prefetch": PREFETCH, "tasks_run": ran})
 
 

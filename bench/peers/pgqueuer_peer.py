@@ -39,9 +39,9 @@ from bench.peers.base import (
     Settings,
     check_alive,
     drain_timeout,
-    latency_figures,
     paced_async,
     running,
+    started_latency,
     wait_until,
 )
 from plumbing.config import DatabaseUrl
@@ -142,13 +142,7 @@ def measure(settings: Settings, *, batch: int) -> Figures:
             rate = settings.jobs / (finished - committed)
 
             committed_at = asyncio.run(_enqueue_paced(db, settings.rate, settings.seconds))
-
-            def all_started() -> bool:
-                check()
-                return marks.start_count() >= len(committed_at)
-
-            wait_until(all_started, "PgQueuer latency jobs", timeout=60)
-            lat = latency_figures(committed_at, marks.starts(), settings.rate)
+            lat = started_latency(marks, committed_at, settings.rate, "PgQueuer", check)
     return Figures(rate, lat, {"batch_size": batch})
 
 
