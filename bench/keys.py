@@ -40,20 +40,8 @@ from bench.common import (
     scratch_database,
 )
 from bench.fleet import drain_rate, fleet
-from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE
-
-TYPES = json.dumps(
-    [
-        {
-            "job_type": "noop",
-            "max_attempts": 5,
-            "backoff_base": 1.0,
-            "backoff_cap": 60.0,
-            "backoff_jitter": 0.1,
-            "sync": False,
-        }
-    ]
-)
+from harness.claim import claim_params
+from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
 
 
 def jobs_over(keys: int, jobs: int) -> list[outbox.NewJob]:
@@ -129,16 +117,9 @@ def plans(keys: int, batch: int) -> dict[str, Any]:
                 [middle, batch],
             ).fetchall()
         ]
-        claim = {
-            "job_ids": ids,
-            "types": TYPES,
-            "free_threads": 0,
-            "worker": "bench",
-            "lease_seconds": 60,
-            "worker_ttl": 60,
-        }
+        claim = claim_params(ids, "bench") | {"lease_seconds": 60}
         decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1,
-                    "worker_ttl": 60}  # fmt: skip
+                    "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
         finish = {
             "outcomes": json.dumps(
                 [{"job_id": str(head), "generation": 1, "kind": "succeeded", "result": None}]
