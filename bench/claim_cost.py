@@ -21,11 +21,9 @@ import time
 import uuid
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, scratch_database
+from bench.common import argument_parser, committing, machine, scratch_database
 from harness.claim import claim_params
 from plumbing.db import CONTROL_OPTIONS
 from schema import queries as q
@@ -65,12 +63,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
     with scratch_database("bench_claim_cost") as db:
-        engine = create_engine(db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(db) as session:
             ids = outbox.enqueue_many(
                 session, [outbox.NewJob("noop", {"i": i}) for i in range(args.jobs)]
             )
-        engine.dispose()
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE jobs")
         report: dict[str, object] = {

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import aiormq
 import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
 from harness.scratch import scratch_database, scratch_topology
 from harness.services import ADMIN_URL
@@ -138,6 +140,19 @@ def scratch_system(
             yield system
         finally:
             system.stop()
+
+
+@contextmanager
+def committing(db: DatabaseUrl) -> Iterator[Session]:
+    """A session on ``db`` whose transaction commits when the block ends, for a
+    benchmark's set-up (its limits, caps, schedules, backlog): on an engine of its
+    own, disposed afterwards, so no connection is left to the run it sets up."""
+    engine = create_engine(db.sqlalchemy)
+    try:
+        with Session(engine) as session, session.begin():
+            yield session
+    finally:
+        engine.dispose()
 
 
 def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str, float]]:
@@ -266,6 +281,7 @@ __all__ = [
     "BIN",
     "System",
     "against_first",
+    "committing",
     "explaining",
     "fleet_options",
     "machine",

@@ -17,11 +17,16 @@ import subprocess
 import time
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, cpu_seconds, fleet_options, report, wait_all_done
+from bench.common import (
+    argument_parser,
+    committing,
+    cpu_seconds,
+    fleet_options,
+    report,
+    wait_all_done,
+)
 from bench.fleet import Fleet, fleet
 
 
@@ -46,10 +51,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(args.jobs)])
-        engine.dispose()
         before, started = snapshot(f, 1), time.perf_counter()
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
             finished = wait_all_done(conn)

@@ -14,11 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, percentiles, report
+from bench.common import argument_parser, committing, fleet_options, percentiles, report
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 
@@ -34,10 +32,8 @@ def waits(db: DatabaseUrl, tenant: str) -> dict[str, float]:
 
 def run(weight_b: float, a_jobs: int, b_jobs: int, consumers: int) -> dict[str, Any]:
     with fleet(consumers=consumers) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             outbox.set_tenant_limit(session, "tenant-b", weight=weight_b)
-        engine.dispose()
         rate = drain_rate(
             f,
             [outbox.NewJob("noop", {}, tenant="tenant-a") for _ in range(a_jobs)],

@@ -17,11 +17,9 @@ import time
 from datetime import timedelta
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, percentiles, report
+from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import fleet
 
 
@@ -37,13 +35,11 @@ def main() -> None:
 
     relay_args = ["--schedule-interval", str(args.schedule_interval)]
     with fleet(consumers=1, relays=args.relays, relay_args=relay_args) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             for i in range(args.schedules):
                 outbox.schedule(session, f"tick-{i}", "noop", every=timedelta(seconds=1))
-        engine.dispose()
         time.sleep(args.seconds)
-        with Session(create_engine(f.db.sqlalchemy)) as session, session.begin():
+        with committing(f.db) as session:
             for i in range(args.schedules):
                 outbox.pause_schedule(session, f"tick-{i}")
         time.sleep(2)  # the last fires' jobs run

@@ -24,13 +24,12 @@ import time
 from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
     against_first,
     argument_parser,
+    committing,
     explaining,
     fleet_options,
     plan_summary,
@@ -47,13 +46,9 @@ def names(tenants: int) -> list[str]:
 
 
 def set_caps(db: DatabaseUrl, tenants: int, cap: int) -> None:
-    engine = create_engine(db.sqlalchemy)
-    try:
-        with Session(engine) as session, session.begin():
-            for name in names(tenants):
-                outbox.set_tenant_limit(session, name, max_running=cap)
-    finally:
-        engine.dispose()
+    with committing(db) as session:
+        for name in names(tenants):
+            outbox.set_tenant_limit(session, name, max_running=cap)
 
 
 def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
@@ -76,10 +71,8 @@ def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]
 def plans(tenants: int, per_tenant: int, cap: int, window: int) -> dict[str, Any]:
     with scratch_database("bench_tenants_scale") as db:
         set_caps(db, tenants, cap)
-        engine = create_engine(db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(db) as session:
             outbox.enqueue_many(session, jobs_over(tenants, tenants * per_tenant))
-        engine.dispose()
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             explain(conn, window)  # warm the caches and the plan's first reads

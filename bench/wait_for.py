@@ -34,10 +34,9 @@ from typing import Any
 import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, percentiles, report
+from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import drain_rate, fleet
 from harness.scratch import scratch_database
 from outbox.waiting import APPLICATION_NAME
@@ -47,14 +46,10 @@ _END = "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now(), result = %s WH
 
 
 def _enqueue(db: DatabaseUrl, n: int) -> list[uuid.UUID]:
-    engine = create_engine(db.sqlalchemy)
-    try:
-        with Session(engine) as session, session.begin():
-            return outbox.enqueue_many(
-                session, [outbox.NewJob("bench_wait", {"i": i}) for i in range(n)]
-            )
-    finally:
-        engine.dispose()
+    with committing(db) as session:
+        return outbox.enqueue_many(
+            session, [outbox.NewJob("bench_wait", {"i": i}) for i in range(n)]
+        )
 
 
 def sync_way(db: DatabaseUrl, rounds: int) -> dict[str, Any]:
