@@ -51,6 +51,14 @@ FROM jobs
 WHERE job_id = %(job_id)s
 """
 
+# The job a debounced enqueue with this key would replace: jobs_debounce_idx, whose
+# predicate this repeats.
+DEBOUNCE_WAITING: Final = """
+SELECT job_id FROM jobs
+WHERE job_type = %(job_type)s AND debounce_key = %(debounce_key)s
+  AND debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
+"""
+
 # The newest attempts by their key (job_id, lease_generation).
 JOB_ATTEMPTS: Final = """
 SELECT attempt, lease_generation, worker, outcome, ready_at, started_at, finished_at,
