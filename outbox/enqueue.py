@@ -214,7 +214,8 @@ def enqueue(
     others wait (KEY_BUSY) without spending an attempt. ``ordered=True``: jobs
     of the key start one after the other in enqueue order (commit order), passing
     a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
-    FAILED one until it is replayed.
+    FAILED one until it is replayed. Ordered jobs of a key run one at a time, so
+    ``ordered`` with a ``key_limit`` above 1 is refused (``ValueError``).
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.

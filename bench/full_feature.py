@@ -1,0 +1,192 @@
+"""Commit-to-handler latency under steady load with the features that make a queue
+useful turned on, next to the same load with none of them, in one run.
+
+    python -m bench.full_feature [--rate 200] [--seconds 60] [--tenants 1000]
+                                 [--keys 5000] [--history 100000]
+
+Both runs: one job per transaction at a fixed rate, one relay and two consumer
+processes, from each commit to its handler's first line (p50/p95/p99).
+
+1. bare: no tenant, no key, no rate limit, an empty history;
+2. full: every job belongs to one of --tenants tenants, each capped at
+   max_running=5 with fair share; each has a key (--keys distinct, key_limit=1);
+   each takes a token of a rate limit set far above the load (100 x --rate per
+   second); --history finished jobs are in place, spread over the retention
+   period, and the relay's retention (--keep-finished of that period) deletes the
+   oldest as the run adds new ones.
+
+Prints one JSON object: both runs' percentiles, the ratio of the full run's p99 to
+the bare one's, and the sizes of the tables (rows and bytes) at the start and the
+end of the full run, which retention should keep about flat.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from bench.common import (
+    BIN,
+    argument_parser,
+    machine,
+    percentiles,
+    scratch_database,
+    scratch_topology,
+    service_env,
+    stopping,
+    wait_all_done,
+)
+from harness.history import fill
+from plumbing.config import DatabaseUrl
+
+TABLES = ("jobs", "job_attempts", "outbox", "tenant_usage", "key_usage", "rate_buckets")
+RATE_LIMIT = "bench-full"
+
+
+def sizes(db: DatabaseUrl) -> dict[str, dict[str, int]]:
+    with psycopg.connect(db.conninfo) as conn:
+        found = {}
+        for table in TABLES:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM " + table + "), pg_total_relation_size(%s)",
+                [table],
+            ).fetchone()
+            assert row is not None
+            found[table] = {"rows": int(row[0]), "bytes": int(row[1])}
+        return found
+
+
+def steady(
+    db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path, job: Any
+) -> dict[str, float]:
+    """Jobs committed one per transaction at ``rate`` for ``seconds``, each with the
+    enqueue arguments ``job(i)`` gives; their commit-to-start percentiles."""
+    engine = create_engine(db.sqlalchemy, pool_size=2)
+    committed: dict[str, float] = {}
+    total = int(rate * seconds)
+    began = time.perf_counter()
+    for i in range(total):
+        delay = began + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        with Session(engine) as session, session.begin():
+            new_id = outbox.enqueue(session, "latency", {}, **job(i))
+        committed[str(new_id)] = time.time()
+    engine.dispose()
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        wait_all_done(conn, timeout=600)
+    started: dict[str, float] = {}
+    for path in starts_dir.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            job_id, at = line.split()
+            started.setdefault(job_id, float(at))
+    missing = [j for j in committed if j not in started]
+    if missing:
+        raise RuntimeError(f"{len(missing)} jobs never started, e.g. {missing[:3]}")
+    samples = [(started[j] - c) * 1000 for j, c in committed.items()]
+    return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
+
+
+def run(
+    args: Any, *, full: bool
+) -> tuple[dict[str, float], dict[str, dict[str, dict[str, int]]] | None]:
+    starts_dir = Path(tempfile.mkdtemp(prefix="bench-full-"))
+    keep = args.keep_finished
+    with scratch_database("bench_full") as db, scratch_topology(["default"]) as topology:
+        if full:
+            with psycopg.connect(db.conninfo, autocommit=True) as conn:
+                # finished over the retention period: the oldest are due as the run goes
+                fill(conn, args.history, 0, span_seconds=keep)
+                conn.execute("VACUUM ANALYZE")
+            engine = create_engine(db.sqlalchemy)
+            with Session(engine) as session, session.begin():
+                for t in range(args.tenants):
+                    outbox.set_tenant_limit(session, f"tenant-{t}", max_running=5)
+                outbox.set_rate_limit(
+                    session, RATE_LIMIT, rate=100 * args.rate, per=timedelta(seconds=1)
+                )
+            engine.dispose()
+        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(starts_dir)}
+        relay_args = [str(BIN / "relay")]
+        if full:
+            relay_args += ["--keep-finished", str(keep)]
+        relay = subprocess.Popen(relay_args, env=env)
+        consumers = [
+            subprocess.Popen([str(BIN / "consumer"), "--app", "bench.apps"], env=env)
+            for _ in range(2)
+        ]
+        with stopping([*consumers, relay]):
+            time.sleep(3)  # connected, consuming
+            before = sizes(db) if full else None
+
+            def job(i: int) -> dict[str, Any]:
+                if not full:
+                    return {}
+                return {
+                    "tenant": f"tenant-{i % args.tenants}",
+                    "key": f"key-{i % args.keys}",
+                    "key_limit": 1,
+                    "rate_limit": RATE_LIMIT,
+                }
+
+            figures = steady(db, args.rate, args.seconds, starts_dir, job)
+            after = sizes(db) if full else None
+    return figures, ({"start": before, "end": after} if full and before and after else None)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    parser = argument_parser("bench.full_feature", __doc__)
+    parser.add_argument("--rate", type=float, default=200, help="jobs per second committed")
+    parser.add_argument("--seconds", type=float, default=60, help="length of each run")
+    parser.add_argument("--tenants", type=int, default=1000, help="capped tenants")
+    parser.add_argument("--keys", type=int, default=5000, help="distinct keys (key_limit=1)")
+    parser.add_argument("--history", type=int, default=100_000, help="finished jobs in place")
+    parser.add_argument(
+        "--keep-finished",
+        type=float,
+        default=3600,
+        help="the relay's --keep-finished in the full run; the history spans it",
+    )
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminated)
+    bare, _ = run(args, full=False)
+    full, tables = run(args, full=True)
+    print(
+        json.dumps(
+            {
+                "benchmark": "full_feature",
+                "rate_per_s": args.rate,
+                "seconds": args.seconds,
+                "tenants": args.tenants,
+                "keys": args.keys,
+                "history": args.history,
+                "bare": bare,
+                "full": full,
+                "p99_full_to_bare": round(full["p99_ms"] / bare["p99_ms"], 2),
+                "p50_full_to_bare": round(full["p50_ms"] / bare["p50_ms"], 2),
+                "tables": tables,
+                "machine": machine(),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
