@@ -6,6 +6,7 @@ statement (a JobStore claiming as a consumer does) and the relay's deadline swee
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -157,6 +158,9 @@ async def test_keys_rate_limits_and_expired_jobs_on_every_surface(
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed")
     shots = Path(str(tmp_path))
+    # The overview counts the jobs that expired in the last minute; on a loaded
+    # machine the checks above can take longer than that since the sweep ended it.
+    pg.execute("UPDATE jobs SET finished_at = now() WHERE last_error_code = 'EXPIRED'")
     async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
         page = await browser.new_page()
         await sign_in(page, served.base)
@@ -184,7 +188,8 @@ async def test_keys_rate_limits_and_expired_jobs_on_every_surface(
         await expect(ledger).to_contain_text("Boom")
         await expect(ledger.locator("td").last).to_have_text("1")
         stripe = page.locator("[data-testid=rate-limit-row][data-rate-limit=stripe]")
-        await expect(stripe.locator("[data-testid=tokens]")).to_have_text("0.00")
+        # none left: the bucket refills a token an hour, so a slow run shows 0.0x
+        await expect(stripe.locator("[data-testid=tokens]")).to_have_text(re.compile(r"^0\.0\d$"))
         await expect(stripe).to_contain_text("/ 3,600.00 s")
         await page.screenshot(path=str(shots / "keys.png"), full_page=True)
         # A holder's link opens its job.
