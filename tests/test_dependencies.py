@@ -12,10 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import outbox
 from outbox import NewJob
+from plumbing.config import DatabaseUrl
 from tests.apps.deps import RUNS_TABLE
 from tests.support.jobs import enqueue, job
 from tests.support.processes import running
@@ -24,13 +26,15 @@ APP = ["--app", "tests.apps.deps"]
 EAGER_RELAY = ["--rewake-interval", "0.2"]
 
 
-def _runs(pg: psycopg.Connection) -> dict[uuid.UUID, dict[str, Any]]:
-    cur = pg.execute("SELECT job_id, name, worker, started_at, ended_at, parents FROM dep_runs")
+def _runs(pg: psycopg.Connection, once: bool = True) -> dict[uuid.UUID, dict[str, Any]]:
+    cur = pg.execute(
+        "SELECT job_id, name, worker, started_at, ended_at, parents FROM dep_runs ORDER BY started_at"
+    )
     names = [c.name for c in cur.description or []]
     rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
     by_id: dict[uuid.UUID, dict[str, Any]] = {}
     for row in rows:
-        assert row["job_id"] not in by_id, f"job {row['name']} ran twice"
+        assert not once or row["job_id"] not in by_id, f"job {row['name']} ran twice"
         by_id[row["job_id"]] = row
     return by_id
 
@@ -172,12 +176,13 @@ def test_a_replayed_parent_that_succeeds_releases_its_dependants(
             "DEPENDENCY",
         )
         assert _outbox_rows(pg, child) == 0
-        pg.execute("UPDATE jobs SET payload = '{\"name\": \"P\"}' WHERE job_id = %s", [parent])
+        pg.execute('UPDATE jobs SET payload = \'{"name": "P"}\' WHERE job_id = %s', [parent])
         with Session(engine) as session, session.begin():
             assert outbox.retry_job(session, parent) == "QUEUED"
         assert outbox.wait_for(engine, child, timeout=30).state == "SUCCEEDED"
-    runs = _runs(pg)
+    runs = _runs(pg, once=False)  # the parent ran twice: failed, then replayed
     assert runs[child]["parents"] == [[str(parent), {"name": "P"}]]
+    assert runs[child]["started_at"] >= _ended(runs[parent])
 
 
 def test_enqueue_refuses_what_could_never_be_waited_for(
@@ -197,9 +202,7 @@ def test_enqueue_refuses_what_could_never_be_waited_for(
         with pytest.raises(ValueError, match=message), Session(engine) as session:
             with session.begin():
                 outbox.enqueue(session, "step", {}, **kw)
-    pg.execute(
-        "UPDATE jobs SET state = 'FAILED', finished_at = now() WHERE job_id = %s", [real]
-    )
+    pg.execute("UPDATE jobs SET state = 'FAILED', finished_at = now() WHERE job_id = %s", [real])
     with pytest.raises(ValueError, match="ended FAILED"), Session(engine) as session:
         with session.begin():
             outbox.enqueue(session, "step", {}, after=[real])
@@ -212,8 +215,16 @@ def test_enqueue_refuses_what_could_never_be_waited_for(
     assert count is not None and count[0] == 2, "nothing refused was written"
 
 
-def test_the_async_twin_takes_after(engine: Engine, pg: psycopg.Connection) -> None:
-    parent = enqueue(engine, "step", {"name": "p"})
-    child = enqueue(engine, "step", {}, after=[parent])
-    assert job(pg, child)["parents_pending"] == 1
-    assert "after" in outbox.enqueue_async.__doc__ if outbox.enqueue_async.__doc__ else True
+async def test_the_async_twins_take_after(db_url: DatabaseUrl, pg: psycopg.Connection) -> None:
+    async_engine = create_async_engine(db_url.sqlalchemy)
+    try:
+        async with AsyncSession(async_engine) as session, session.begin():
+            parent = await outbox.enqueue_async(session, "step", {"name": "p"})
+            (child,) = await outbox.enqueue_many_async(
+                session, [NewJob("step", {}, after=[parent], on_parent_failure="run")]
+            )
+    finally:
+        await async_engine.dispose()
+    row = job(pg, child)
+    assert (row["parents_pending"], row["on_parent_failure"]) == (1, "run")
+    assert job(pg, parent)["has_dependants"] is True
