@@ -268,7 +268,7 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     if row is None:
         raise JobNotFound(key)
     job = row._asdict()
-    if job["parents_pending"] and job["state"] == JobState.QUEUED:
+    if job.get("parents_pending") and job["state"] == JobState.QUEUED:
         parents = conn.exec_driver_sql(JOB_PARENTS_PENDING, {"job_id": key}).all()
         job["waiting_for"] = [{"job_id": p[0], "state": p[1]} for p in parents]
     backlog = None
@@ -296,7 +296,7 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
-    if job["parents_pending"] and state == JobState.QUEUED:
+    if job.get("parents_pending") and state == JobState.QUEUED:
         # Held never due until its last parent ends: no wake-up, relay or consumer counts.
         facts = {
             "pending": job["parents_pending"],

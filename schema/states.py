@@ -40,7 +40,8 @@ REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
 class DelayReason(StrEnum):
     """``jobs.delay_reason``: why a consumer last turned a due job down
-    (``JOB_CLAIM_MANY``); the claim that takes it clears it."""
+    (``JOB_CLAIM_MANY``); the claim that takes it clears it. DEPENDENCY alone is
+    written at enqueue, for a job held until its parents are done."""
 
     QUEUE_PAUSED = "QUEUE_PAUSED"
     NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met

@@ -28,7 +28,8 @@ EAGER_RELAY = ["--rewake-interval", "0.2"]
 
 def _runs(pg: psycopg.Connection, once: bool = True) -> dict[uuid.UUID, dict[str, Any]]:
     cur = pg.execute(
-        "SELECT job_id, name, worker, started_at, ended_at, parents FROM dep_runs ORDER BY started_at"
+        "SELECT job_id, name, worker, started_at, ended_at, parents"
+        " FROM dep_runs ORDER BY started_at"
     )
     names = [c.name for c in cur.description or []]
     rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -199,13 +200,19 @@ def test_enqueue_refuses_what_could_never_be_waited_for(
         ({"after": [real], "needs_approval": True}, "needs_approval"),
     ]
     for kw, message in cases:
-        with pytest.raises(ValueError, match=message), Session(engine) as session:
-            with session.begin():
-                outbox.enqueue(session, "step", {}, **kw)
+        with (
+            pytest.raises(ValueError, match=message),
+            Session(engine) as session,
+            session.begin(),
+        ):
+            outbox.enqueue(session, "step", {}, **kw)
     pg.execute("UPDATE jobs SET state = 'FAILED', finished_at = now() WHERE job_id = %s", [real])
-    with pytest.raises(ValueError, match="ended FAILED"), Session(engine) as session:
-        with session.begin():
-            outbox.enqueue(session, "step", {}, after=[real])
+    with (
+        pytest.raises(ValueError, match="ended FAILED"),
+        Session(engine) as session,
+        session.begin(),
+    ):
+        outbox.enqueue(session, "step", {}, after=[real])
     # under "run" it is accepted, settled at once, and due now
     runs = enqueue(engine, "step", {}, after=[real], on_parent_failure="run")
     row = job(pg, runs)
