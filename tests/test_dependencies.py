@@ -19,6 +19,7 @@ import outbox
 from outbox import NewJob
 from plumbing.config import DatabaseUrl
 from tests.apps.deps import RUNS_TABLE
+from tests.support.api import api_client
 from tests.support.jobs import enqueue, job
 from tests.support.processes import running
 
@@ -235,3 +236,28 @@ async def test_the_async_twins_take_after(db_url: DatabaseUrl, pg: psycopg.Conne
     row = job(pg, child)
     assert (row["parents_pending"], row["on_parent_failure"]) == (1, "run")
     assert job(pg, parent)["has_dependants"] is True
+
+
+async def test_the_api_takes_after_and_on_parent_failure(
+    db_url: DatabaseUrl, engine: Engine, pg: psycopg.Connection
+) -> None:
+    parent = enqueue(engine, "step", {"name": "p"})
+    async with api_client(db_url) as client:
+        made = await client.post(
+            "/v1/jobs",
+            json={"job_type": "step", "after": [str(parent)], "on_parent_failure": "run"},
+        )
+        unknown = await client.post(
+            "/v1/jobs", json={"job_type": "step", "after": [str(uuid.uuid4())]}
+        )
+        bad = await client.post(
+            "/v1/jobs", json={"job_type": "step", "after": [], "on_parent_failure": "maybe"}
+        )
+    assert made.status_code == 202, made.text
+    child = uuid.UUID(made.json()["id"])
+    row = job(pg, child)
+    assert (row["parents_pending"], row["on_parent_failure"]) == (1, "run")
+    codes = [b["code"] for b in made.json()["why"]["blockers"]]
+    assert codes == ["DEPENDENCY"]
+    assert unknown.status_code == 422 and "does not exist" in unknown.text
+    assert bad.status_code == 422
