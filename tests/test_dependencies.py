@@ -5,8 +5,10 @@ statement that finished the last one; it reads their results with
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -261,3 +263,50 @@ async def test_the_api_takes_after_and_on_parent_failure(
     assert codes == ["DEPENDENCY"]
     assert unknown.status_code == 422 and "does not exist" in unknown.text
     assert bad.status_code == 422
+
+
+def _end(conn: psycopg.Connection, job_id: uuid.UUID, state: str) -> None:
+    conn.execute(
+        "UPDATE jobs SET state = %s, finished_at = now() WHERE job_id = %s", [state, job_id]
+    )
+
+
+def test_the_last_two_parents_ending_at_once_wake_the_child_once(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    first = enqueue(engine, "step", {})
+    second = enqueue(engine, "step", {})
+    child = enqueue(engine, "step", {}, after=[first, second])
+    pg.execute("DELETE FROM outbox")
+    with psycopg.connect(db_url.conninfo) as one, psycopg.connect(db_url.conninfo) as two:
+        _end(one, first, "SUCCEEDED")
+        racer = threading.Thread(target=_end, args=(two, second, "SUCCEEDED"))
+        racer.start()  # waits for the child's row, which `one` counted down
+        time.sleep(0.3)
+        assert racer.is_alive(), "the second count-down waits for the first's commit"
+        one.commit()
+        racer.join(10)
+        two.commit()
+    row = job(pg, child)
+    assert (row["parents_pending"], row["delay_reason"]) == (0, None)
+    assert row["run_after"] < datetime.now(UTC)
+    assert _outbox_rows(pg, child) == 1, "woken exactly once"
+
+
+def test_a_cancelled_job_counts_as_done_for_its_run_dependants(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    a = enqueue(engine, "step", {})
+    b = enqueue(engine, "step", {}, after=[a])
+    c = enqueue(engine, "step", {}, after=[b])
+    d = enqueue(engine, "step", {}, after=[b, c], on_parent_failure="run")
+    e = enqueue(engine, "step", {}, after=[d])
+    with Session(engine) as session, session.begin():
+        assert outbox.request_cancel(session, a) == "CANCELLED"
+    for cancelled in (b, c):
+        row = job(pg, cancelled)
+        assert (row["state"], row["last_error_code"]) == ("CANCELLED", "PARENT_FAILED")
+    row = job(pg, d)
+    assert (row["state"], row["parents_pending"]) == ("QUEUED", 0), "b and c count as done"
+    assert _outbox_rows(pg, d) == 1
+    assert job(pg, e)["parents_pending"] == 1
