@@ -10,7 +10,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -122,6 +122,7 @@ class Job:
     _progress: dict[str, Any] | None = field(default=None, repr=False)
     _progress_written: float = field(default=0.0, repr=False)
     _progress_flush: asyncio.Task[None] | None = field(default=None, repr=False)
+    _parent_results: ParentResults | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(
@@ -225,6 +226,20 @@ class Job:
         resources = self._resources
         return Dual(lambda: _connection_async(resources), lambda: _connection_sync(resources))
 
+    def parent_results(self) -> ParentResults:
+        """The results of the jobs this one was enqueued ``after``: job id → result
+        (JSON, None for a parent that returned nothing), in the order of ``after``,
+        read in one query the first time and kept. ``job.parent_results()`` in a
+        plain handler, ``await job.parent_results()`` in an async one. Under
+        ``on_parent_failure="run"`` a parent that did not succeed maps to None
+        (``states`` tells); a parent deleted by retention is missing."""
+        if self._parent_results is None:
+            assert self._resources is not None, "a job from a consumer has its resources"
+            self._parent_results = ParentResults(self.id, self._resources)
+            if _running_loop() is None:
+                self._parent_results.load_sync()
+        return self._parent_results
+
     def transaction(self) -> Dual[AsyncTx, SyncTx]:
         """A database transaction that completes this job when it commits.
 
@@ -239,6 +254,55 @@ class Job:
         return Dual(
             lambda: _transaction_async(self, resources), lambda: _transaction_sync(self, resources)
         )
+
+
+class ParentResults(Mapping[uuid.UUID, Any]):
+    """``job.parent_results()``: a mapping, read once, on the job's consumer's pool;
+    awaitable in an async handler (which must await it before reading it)."""
+
+    def __init__(self, job_id: uuid.UUID, resources: Resources) -> None:
+        self._job_id = job_id
+        self._resources = resources
+        self._results: dict[uuid.UUID, Any] | None = None
+        self.states: dict[uuid.UUID, JobState] = {}
+
+    def _keep(self, rows: list[Any]) -> None:
+        self._results = {}
+        for parent_id, state, result in rows:
+            self._results[parent_id] = None if result is None else json.loads(result)
+            self.states[parent_id] = JobState(state)
+
+    def load_sync(self) -> None:
+        with self._resources.sync_pool().connection() as conn:
+            rows = conn.execute(q.JOB_PARENT_RESULTS, {"job_id": self._job_id}).fetchall()
+        self._keep(rows)
+
+    async def _load(self) -> ParentResults:
+        if self._results is None:
+            async with self._resources.pool.connection() as conn:
+                cur = await conn.execute(q.JOB_PARENT_RESULTS, {"job_id": self._job_id})
+                self._keep(await cur.fetchall())
+        return self
+
+    def __await__(self) -> Generator[Any, None, ParentResults]:
+        return self._load().__await__()
+
+    def _loaded(self) -> dict[uuid.UUID, Any]:
+        if self._results is None:
+            raise RuntimeError("in an async handler, await job.parent_results() first")
+        return self._results
+
+    def __getitem__(self, key: uuid.UUID) -> Any:
+        return self._loaded()[key]
+
+    def __iter__(self) -> Iterator[uuid.UUID]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __repr__(self) -> str:
+        return f"ParentResults({self._results!r})"
 
 
 def _progress_report(done: float, total: float | None, stage: str | None) -> dict[str, Any]:

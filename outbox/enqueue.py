@@ -26,14 +26,23 @@ from sqlalchemy.orm import Session
 
 from outbox import backpressure
 from outbox.twin import async_twin
-from outbox.validation import NewJob, max_payload_bytes, to_row
+from outbox.validation import NewJob, max_payload_bytes, parent_ids, to_row
 from plumbing import tracing
 from schema.queries import (
     JOB_DEBOUNCE_MANY,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_KEYS_LOCK,
+    JOB_PARENTS_LOCK,
 )
+from schema.states import JobState
+
+# A parent in one of these counts as done for a child, whatever it asked for.
+_SETTLED_FOR = {
+    "cancel": {JobState.SUCCEEDED},
+    "run": {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED},
+}
+_ENDED_BADLY = {JobState.FAILED, JobState.CANCELLED}
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,9 @@ class _Plan:
         return json.dumps(wanted, ensure_ascii=False) if wanted else None
 
 
-def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
+def _plan(
+    jobs: Iterable[NewJob], limit: int, parents: dict[uuid.UUID, JobState] | None = None
+) -> tuple[_Plan, list[uuid.UUID]]:
     rows: list[str] = []
     keys: list[tuple[str, str | None]] = []
     ids: list[uuid.UUID] = []
@@ -78,7 +89,7 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
-        job_id, row = to_row(job, limit, trace_context)
+        job_id, row = to_row(job, limit, trace_context, _edges(job, parents or {}))
         if job.debounce is not None and job.dedup_key is not None:
             debounced.pop((job.job_type, job.dedup_key), None)
             debounced[(job.job_type, job.dedup_key)] = row
@@ -91,6 +102,44 @@ def _plan(jobs: Iterable[NewJob], limit: int) -> tuple[_Plan, list[uuid.UUID]]:
             ordered_keys.add(job.key)
     plan = _Plan(rows, keys, backpressure.tenants_of(tenants), debounced, sorted(ordered_keys))
     return plan, ids
+
+
+def _edges(job: NewJob, states: dict[uuid.UUID, JobState]) -> list[dict[str, Any]] | None:
+    """The job's edges to its parents, each done already if the parent's state
+    settles it. Refuses a parent that does not exist, and one that ended FAILED or
+    CANCELLED for a job that would be cancelled for it at once."""
+    ids = parent_ids(job)
+    if not ids:
+        return None
+    edges: list[dict[str, Any]] = []
+    for position, parent in enumerate(ids):
+        state = states.get(parent)
+        if state is None:
+            raise ValueError(f"after names job {parent}, which does not exist")
+        if state in _ENDED_BADLY and job.on_parent_failure == "cancel":
+            raise ValueError(
+                f"after names job {parent}, which ended {state}: with"
+                " on_parent_failure='cancel' the job could never run (replay the"
+                " parent first, or pass on_parent_failure='run')"
+            )
+        done = state in _SETTLED_FOR[job.on_parent_failure]
+        edges.append({"parent_id": str(parent), "position": position, "done": done})
+    return edges
+
+
+def _lock_parents(conn: Connection, jobs: list[NewJob]) -> dict[uuid.UUID, JobState]:
+    """Locks every parent the batch names and returns its state (none named: {}).
+
+    No cycle can be written: a job's id is made by enqueue, so ``after`` can name
+    only jobs that exist already (committed, or enqueued earlier in this
+    transaction), never one of its own batch, and no existing job can wait for a
+    job that did not exist when it was enqueued. Every edge points from a newer job
+    to an older one."""
+    wanted = sorted({parent for job in jobs for parent in parent_ids(job)})
+    if not wanted:
+        return {}
+    found = conn.exec_driver_sql(JOB_PARENTS_LOCK, {"ids": wanted}).all()
+    return {row[0]: JobState(row[1]) for row in found}
 
 
 def _resolve(
@@ -143,11 +192,21 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     """:func:`enqueue_many` with the payload limit given: a schedule's job was
     checked against the limit when the schedule was written, and must not become
     unenqueueable because a process has a smaller one."""
-    plan, ids = _plan(jobs, payload_limit)
-    if not ids:
-        return []
-    conn = session.connection()
-    check_driver(conn)
+    batch = list(jobs)
+    if not any(isinstance(job, NewJob) and job.after for job in batch):
+        plan, ids = _plan(batch, payload_limit)
+        if not ids:
+            return []
+        conn = session.connection()
+        check_driver(conn)
+    else:
+        # Checked before anything is written; the lock below marks the parents only.
+        for job in batch:
+            if isinstance(job, NewJob):
+                parent_ids(job)
+        conn = session.connection()
+        check_driver(conn)
+        plan, ids = _plan(batch, payload_limit, _lock_parents(conn, batch))
     if plan.tenants:
         limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
         backpressure.refuse_over_limit(plan.tenants, limits.all())
@@ -188,6 +247,8 @@ def enqueue(
     key: str | None = None,
     key_limit: int | None = None,
     ordered: bool | str = False,
+    after: Sequence[uuid.UUID | str] = (),
+    on_parent_failure: str = "cancel",
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -216,6 +277,18 @@ def enqueue(
     a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
     FAILED one until it is replayed. Ordered jobs of a key run one at a time, so
     ``ordered`` with a ``key_limit`` above 1 is refused (``ValueError``).
+
+    ``after``: ids of jobs (existing, or enqueued earlier in this transaction, so
+    a whole graph is one commit; at most 1000) it waits for: it is held
+    (``DEPENDENCY``) until every one has SUCCEEDED, then woken by the statement
+    that ended the last. If one ends FAILED or CANCELLED, ``on_parent_failure``
+    decides: ``"cancel"`` ends the job, and the jobs waiting for it under
+    ``"cancel"``, CANCELLED with last_error_code PARENT_FAILED; ``"run"`` counts
+    that parent as done. An unknown id, one named twice, or a parent that ended
+    FAILED or CANCELLED already under ``"cancel"`` is refused (``ValueError``);
+    a job with ``after`` takes no ``run_after``, ``debounce`` or
+    ``needs_approval``. The handler reads its parents' results with
+    ``job.parent_results()``.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -237,6 +310,8 @@ def enqueue(
         key=key,
         key_limit=key_limit,
         ordered=ordered,
+        after=after,
+        on_parent_failure=on_parent_failure,
     )
     return enqueue_many(session, [job])[0]
 

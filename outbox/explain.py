@@ -17,6 +17,9 @@ code               facts
 =================  ===================================================================
 APPROVAL_REQUIRED  enqueued_at: enqueued with needs_approval, it runs once approved
                    (outbox.approve, jobctl jobs approve), never before
+DEPENDENCY         pending (parents not settled yet), waiting_for (those parents, up
+                   to 100: job_id and state), on_parent_failure, since: enqueued
+                   with after=, it is woken when the last parent succeeds
 NOT_DUE            run_after, in_seconds (a QUEUED job enqueued for later)
 RETRY_BACKOFF      until, in_seconds, last_error_code, last_error_message, attempt
 WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its queue's
@@ -86,7 +89,12 @@ from outbox.enqueue import check_driver
 from outbox.ids import job_id_arg
 from outbox.twin import async_twin
 from outbox.validation import read_json
-from schema.queries import JOB_EXPLAIN, JOB_EXPLAIN_BACKLOG, WORKER_TTL_SECONDS
+from schema.queries import (
+    JOB_EXPLAIN,
+    JOB_EXPLAIN_BACKLOG,
+    JOB_PARENTS_PENDING,
+    WORKER_TTL_SECONDS,
+)
 from schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
 
 # Wake-ups ahead are counted up to this many; beyond, "at least".
@@ -99,6 +107,7 @@ DRAIN_SAMPLE: Final = 2000
 
 class Why(StrEnum):
     APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    DEPENDENCY = "DEPENDENCY"
     NOT_DUE = "NOT_DUE"
     RETRY_BACKOFF = "RETRY_BACKOFF"
     WAKEUP_PENDING = "WAKEUP_PENDING"
@@ -259,6 +268,9 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     if row is None:
         raise JobNotFound(key)
     job = row._asdict()
+    if job.get("parents_pending") and job["state"] == JobState.QUEUED:
+        parents = conn.exec_driver_sql(JOB_PARENTS_PENDING, {"job_id": key}).all()
+        job["waiting_for"] = [{"job_id": p[0], "state": p[1]} for p in parents]
     backlog = None
     if (more := _backlog_params(job)) is not None:
         backlog = conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more).one()._asdict()
@@ -284,6 +296,15 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
+    if job.get("parents_pending") and state == JobState.QUEUED:
+        # Held never due until its last parent ends: no wake-up, relay or consumer counts.
+        facts = {
+            "pending": job["parents_pending"],
+            "waiting_for": job.get("waiting_for", []),
+            "on_parent_failure": job["on_parent_failure"],
+            "since": job["delay_since"],
+        }
+        return [Blocker(Why.DEPENDENCY, facts), *_expired(job)]
     if job["approval"] == "REQUIRED":
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
@@ -512,6 +533,11 @@ def _lease(job: Mapping[str, Any]) -> dict[str, Any] | None:
 
 _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.APPROVAL_REQUIRED: lambda f: "waits for approval (outbox.approve, jobctl jobs approve)",
+    Why.DEPENDENCY: lambda f: (
+        f"waits for {f['pending']} parent job(s) to succeed: "
+        + ", ".join(f"{p['job_id']} ({p['state']})" for p in f["waiting_for"][:5])
+        + (" ..." if len(f["waiting_for"]) > 5 else "")
+    ),
     Why.NOT_DUE: lambda f: f"not due for {f['in_seconds']:.0f} s",
     Why.RETRY_BACKOFF: lambda f: (
         f"retrying in {f['in_seconds']:.0f} s after attempt {f['attempt']} failed"

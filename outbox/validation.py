@@ -13,6 +13,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,6 +57,54 @@ class NewJob:
     key: str | None = None
     key_limit: int | None = None
     ordered: bool | str = False
+    after: Sequence[uuid.UUID | str] = ()
+    on_parent_failure: str = "cancel"
+
+
+# How many parents one job may wait for (enqueue's after=): enough for a fan-in
+# callback after a large group, small enough that one enqueue's lock of its
+# parents and the edges it writes stay bounded.
+MAX_PARENTS = 1000
+ON_PARENT_FAILURE = ("cancel", "run")
+
+
+def parent_ids(job: NewJob) -> list[uuid.UUID]:
+    """The job's ``after``, checked: UUIDs (or their text), each once, at most
+    MAX_PARENTS, and ``on_parent_failure`` one of 'cancel' and 'run'."""
+    if job.on_parent_failure not in ON_PARENT_FAILURE:
+        raise ValueError(
+            f"on_parent_failure must be 'cancel' or 'run', not {job.on_parent_failure!r}"
+        )
+    after = job.after
+    if isinstance(after, str | bytes | uuid.UUID) or not isinstance(after, Sequence):
+        raise TypeError(f"after must be a list of job ids, not {type(after).__name__}")
+    if len(after) > MAX_PARENTS:
+        raise ValueError(f"after names {len(after)} jobs; a job waits for at most {MAX_PARENTS}")
+    ids: list[uuid.UUID] = []
+    for value in after:
+        if isinstance(value, uuid.UUID):
+            ids.append(value)
+        elif isinstance(value, str):
+            try:
+                ids.append(uuid.UUID(value.strip()))
+            except ValueError:
+                raise ValueError(
+                    f"after holds a value that is not a job id: {value[:100]!r}"
+                ) from None
+        else:
+            raise TypeError(f"after must hold job ids, not {type(value).__name__}")
+    if len(set(ids)) < len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"after names job {dup} more than once")
+    if ids and job.needs_approval:
+        raise ValueError("needs_approval takes no after (not supported together yet)")
+    if ids and job.debounce is not None:
+        # A debounced enqueue may land on an existing job: whose parents would count?
+        raise ValueError("a debounced job takes no after")
+    if ids and job.run_after is not None:
+        # The last parent's end makes it due; a run_after would be silently dropped.
+        raise ValueError("after takes no run_after: the job is due when its parents are done")
+    return ids
 
 
 # How many jobs of one key may hold a lease at once when enqueue does not say.
@@ -240,11 +289,15 @@ def _debounce(job: NewJob) -> tuple[float | None, float | None]:
 
 
 def to_row(
-    job: NewJob, limit: int, trace_context: dict[str, str] | None = None
+    job: NewJob,
+    limit: int,
+    trace_context: dict[str, str] | None = None,
+    parents: list[dict[str, Any]] | None = None,
 ) -> tuple[uuid.UUID, str]:
     """A new id for the job, and the validated job as a JSON object for
     ``JOB_INSERT_MANY`` (payload embedded; ``trace_context``, from
-    ``plumbing.tracing.capture``, stored with it)."""
+    ``plumbing.tracing.capture``, stored with it; ``parents``: its edges,
+    ``{"parent_id", "position", "done"}`` each, from enqueue's look at them)."""
     job_type = names.job_type(job.job_type)
     queue = names.queue(job.queue)
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
@@ -299,6 +352,10 @@ def to_row(
     }
     if job.needs_approval:
         fields["approval"] = "REQUIRED"
+    if parents:
+        fields["parents"] = parents
+        fields["parents_pending"] = sum(not p["done"] for p in parents)
+        fields["on_parent_failure"] = job.on_parent_failure
     if trace_context is not None:
         fields["trace_context"] = trace_context
     head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))

@@ -64,6 +64,9 @@ NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_KEYS_LOCK": "lock the keys of a batch's ordered jobs: their numbers follow commits",
+    "JOB_PARENTS_LOCK": "lock and mark the parents an enqueue's after= names, with their state",
+    "JOB_PARENTS_PENDING": "read the parents a job still waits for, for outbox.explain",
+    "JOB_PARENT_RESULTS": "read a job's parents' results, for job.parent_results()",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
     "JOB_OUTCOME": "read how a job ended, for outbox.wait_for once its end was announced",
     "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",

@@ -32,32 +32,83 @@ WITH input AS (
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
-        rate_limit text, key text, key_limit integer, key_order text)
+        rate_limit text, key text, key_limit integer, key_order text,
+        parents jsonb, parents_pending integer, on_parent_failure text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq)
+         key_order, key_seq, parents_pending, on_parent_failure, delay_reason, delay_since)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           CASE WHEN approval = 'REQUIRED' THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
            scheduled_for, approval, trace_context,
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
-           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
+           CASE WHEN parents_pending > 0 THEN now() END
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending
+), edges AS (
+    -- only for jobs inserted: a dedup_key taken already means no new job to wait
+    INSERT INTO job_dependencies (child_id, parent_id, position, done)
+    SELECT i.job_id, e.parent_id, e.position, e.done
+    FROM input AS i
+    JOIN inserted AS n ON n.job_id = i.job_id
+    CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
+        AS e(parent_id uuid, position integer, done boolean)
 ), woken AS (
-    -- one that waits for approval gets its wake-up from outbox.approve
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
-    WHERE approval IS NULL
+    WHERE approval IS NULL AND parents_pending = 0
 )
 SELECT job_id FROM inserted;
+
+-- name: JOB_PARENTS_LOCK
+-- Run by outbox.enqueue:_lock_parents to lock and mark the parents an enqueue's after=
+-- names, with their state.
+-- Parameters: ids.
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY(%(ids)s::uuid[])
+    ORDER BY job_id
+    FOR NO KEY UPDATE
+)
+UPDATE jobs AS j
+SET has_dependants = true
+FROM locked AS l
+WHERE j.job_id = l.job_id
+RETURNING j.job_id, j.state;
+
+-- name: JOB_PARENT_RESULTS
+-- Run by consumers.job:ParentResults._load, consumers.job:ParentResults.load_sync to
+-- read a job's parents' results, for job.parent_results().
+-- Parameters: job_id.
+SELECT d.parent_id, p.state, p.result::text AS result
+FROM job_dependencies AS d
+JOIN jobs AS p ON p.job_id = d.parent_id
+WHERE d.child_id = %(job_id)s
+ORDER BY d.position;
+
+-- name: JOB_PARENTS_PENDING
+-- Run by outbox.explain:explain(_async) to read the parents a job still waits for, for
+-- outbox.explain.
+-- Parameters: job_id.
+SELECT d.parent_id, p.state
+FROM job_dependencies AS d
+JOIN jobs AS p ON p.job_id = d.parent_id
+WHERE d.child_id = %(job_id)s AND NOT d.done
+ORDER BY d.position
+LIMIT 100;
 
 -- name: JOB_KEYS_LOCK
 -- Run by outbox.enqueue:insert_jobs to lock the keys of a batch's ordered jobs: their
@@ -1975,8 +2026,10 @@ WITH RECURSIVE target AS (
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN '9999-12-31 00:00:00+00'::timestamptz
-                         ELSE now() END,
+        -- one whose parents have not all settled (cancelled with PARENT_FAILED, the
+        -- parent not replayed yet, or replayed and not done) waits for them again
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') OR j.parents_pending > 0
+                         THEN '9999-12-31 00:00:00+00'::timestamptz ELSE now() END,
         approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
         approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
         approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
@@ -1984,8 +2037,8 @@ WITH RECURSIVE target AS (
         result = NULL,
         progress = NULL,
         progress_at = NULL,
-        delay_reason = NULL,
-        delay_since = NULL,
+        delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
+        delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         updated_at = now()
     FROM target AS t
@@ -1994,11 +2047,11 @@ WITH RECURSIVE target AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
-    WHERE approval IS DISTINCT FROM 'REQUIRED'
+    WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
@@ -2047,8 +2100,10 @@ WITH RECURSIVE found AS (
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN '9999-12-31 00:00:00+00'::timestamptz
-                         ELSE now() END,
+        -- one whose parents have not all settled (cancelled with PARENT_FAILED, the
+        -- parent not replayed yet, or replayed and not done) waits for them again
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') OR j.parents_pending > 0
+                         THEN '9999-12-31 00:00:00+00'::timestamptz ELSE now() END,
         approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
         approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
         approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
@@ -2056,8 +2111,8 @@ WITH RECURSIVE found AS (
         result = NULL,
         progress = NULL,
         progress_at = NULL,
-        delay_reason = NULL,
-        delay_since = NULL,
+        delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
+        delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         updated_at = now()
     FROM target AS t
@@ -2066,11 +2121,11 @@ WITH RECURSIVE found AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
-    WHERE approval IS DISTINCT FROM 'REQUIRED'
+    WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
@@ -2194,7 +2249,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
-       j.approval, j.approval_by, j.approval_at, j.created_at,
+       j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
+       j.on_parent_failure,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,

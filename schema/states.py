@@ -40,7 +40,8 @@ REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 
 class DelayReason(StrEnum):
     """``jobs.delay_reason``: why a consumer last turned a due job down
-    (``JOB_CLAIM_MANY``); the claim that takes it clears it."""
+    (``JOB_CLAIM_MANY``); the claim that takes it clears it. DEPENDENCY alone is
+    written at enqueue, for a job held until its parents are done."""
 
     QUEUE_PAUSED = "QUEUE_PAUSED"
     NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met
@@ -48,6 +49,9 @@ class DelayReason(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
     KEY_BUSY = "KEY_BUSY"  # key_limit jobs of its key held a lease
     KEY_ORDER = "KEY_ORDER"  # an earlier ordered job of its key had not finished
+    # Set at enqueue (after=), cleared by the end of its last parent: it waits,
+    # held not due, for parents that have not all succeeded.
+    DEPENDENCY = "DEPENDENCY"
 
 
 class HeldReason(StrEnum):
@@ -88,7 +92,11 @@ _CANCELLED = JobState.CANCELLED
 _REPLAYS: tuple[Edge, ...] = ((_FAILED, _QUEUED), (_CANCELLED, _QUEUED))
 
 # Every statement that moves a job, as Oban's engine lists a job's lifecycle: one
-# entry per operation. Nothing else in this project changes jobs.state.
+# entry per operation. Nothing else in this project changes jobs.state, but for the
+# trigger jobs_release_dependants (migration 0015), which runs inside whichever of
+# these ends a parent and makes only an edge listed already: QUEUED -> CANCELLED,
+# code PARENT_FAILED, for the jobs waiting for a parent that ended FAILED or
+# CANCELLED under on_parent_failure 'cancel'.
 OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         "JOB_INSERT_MANY",

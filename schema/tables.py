@@ -150,6 +150,17 @@ jobs = Table(
     # replayed. key_seq comes from jobs_key_seq under the key's advisory lock, so it
     # follows the commit order of the enqueues.
     Column("key_order", Text),
+    # Dependencies (job_dependencies): how many of the job's parents have not
+    # settled yet (SUCCEEDED, or ended otherwise under on_parent_failure 'run').
+    # Kept by the trigger jobs_release_dependants (migration 0015) in the statement
+    # that ends each parent, so the last one wakes the job without a count(*). While
+    # above 0 the job is held not due (run_after = APPROVAL_HOLD, no wake-up).
+    Column("parents_pending", Integer, nullable=False, server_default=text("0")),
+    # 'cancel' or 'run' for a job enqueued with after=; NULL otherwise.
+    Column("on_parent_failure", Text),
+    # Set when a job is named in another's after=: the trigger's WHEN clause skips
+    # the end of every job nobody waits for without looking at job_dependencies.
+    Column("has_dependants", Boolean, nullable=False, server_default=text("false")),
     Column("key_seq", BigInteger),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
@@ -175,6 +186,13 @@ jobs = Table(
     ),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
     CheckConstraint(f"approval IN ({APPROVALS_SQL})", name="jobs_approval_valid"),
+    CheckConstraint("parents_pending >= 0", name="jobs_parents_pending_non_negative"),
+    CheckConstraint("on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"),
+    # A job that waits for a parent is never due: nothing claims it early.
+    CheckConstraint(
+        f"parents_pending = 0 OR state <> 'QUEUED' OR run_after = {APPROVAL_HOLD}",
+        name="jobs_dependency_held",
+    ),
     # Nothing claims a job that waits for approval: it is never due (and no
     # statement but a cancel, from QUEUED, moves it).
     CheckConstraint(
@@ -434,6 +452,34 @@ job_effects = Table(
 )
 # The effects' own retention deletes the oldest first.
 Index("job_effects_created_idx", job_effects.c.created_at)
+
+# One row per edge of enqueue(..., after=[...]): the child waits for the parent.
+# position is the parent's place in after= (job.parent_results() keeps it); done is
+# set, once, by the end of the parent that settles the edge (jobs_release_dependants),
+# so a replayed parent that succeeds again never counts twice. Both ends cascade:
+# retention deletes finished jobs, and a deleted parent has settled already (or its
+# cancelled children went with it being finished).
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column(
+        "child_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_dependencies_child_id_fkey"),
+        nullable=False,
+    ),
+    Column(
+        "parent_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_dependencies_parent_id_fkey"),
+        nullable=False,
+    ),
+    Column("position", Integer, nullable=False),
+    Column("done", Boolean, nullable=False, server_default=text("false")),
+    PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
+)
+# The end of a parent finds its children (the pkey finds a child's parents).
+Index("job_dependencies_parent_idx", job_dependencies.c.parent_id, job_dependencies.c.child_id)
 
 # ------------------------------------------------------------------ operator state
 

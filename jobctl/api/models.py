@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from jobctl.service.models import ScheduleView, TenantView, WorkerView
-from outbox.validation import MAX_ATTEMPTS_LIMIT, MAX_KEY_LIMIT, check_depth
+from outbox.validation import MAX_ATTEMPTS_LIMIT, MAX_KEY_LIMIT, MAX_PARENTS, check_depth
 from schema import names
 from schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
@@ -137,6 +137,13 @@ class EnqueueBody(BaseModel):
     that FAILED or was CANCELLED; "strict": the key waits behind a FAILED one until
     it is replayed. Needs a key, and a key_limit of 1 (ordered jobs of a key run
     one at a time)."""
+    after: list[uuid.UUID] = Field(default_factory=list, max_length=MAX_PARENTS)
+    """Ids of jobs (each once) it waits for: it starts once every one has SUCCEEDED
+    (DEPENDENCY meanwhile). An unknown id is refused (422). Takes no run_after,
+    debounce or needs_approval."""
+    on_parent_failure: Literal["cancel", "run"] = "cancel"
+    """When a parent ends FAILED or CANCELLED: "cancel" ends the job (and what
+    waits for it) CANCELLED with code PARENT_FAILED; "run" counts it as done."""
 
 
 class RejectBody(BaseModel):

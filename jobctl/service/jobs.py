@@ -103,6 +103,8 @@ class NewJobRequest:
     ordered: bool | str = False
     debounce: timedelta | None = None
     debounce_max: timedelta | None = None
+    after: tuple[uuid.UUID, ...] = ()
+    on_parent_failure: str = "cancel"
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -133,6 +135,11 @@ class NewJobRequest:
             document["debounce"] = self.debounce.total_seconds()
         if self.debounce_max is not None:
             document["debounce_max"] = self.debounce_max.total_seconds()
+        if self.after:
+            document |= {
+                "after": [str(i) for i in self.after],
+                "on_parent_failure": self.on_parent_failure,
+            }
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -382,6 +389,8 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             ordered=request.ordered,
             debounce=request.debounce,
             debounce_max=request.debounce_max,
+            after=request.after,
+            on_parent_failure=request.on_parent_failure,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

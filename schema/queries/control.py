@@ -15,6 +15,7 @@ from schema.queries.fragments import (
     key_wake_next,
 )
 from schema.queries.worker import RELAY_LIVE_SECONDS
+from schema.states import DelayReason
 from schema.tables import (
     APPROVAL_HOLD,
     CLAIMABLE_SQL,
@@ -54,8 +55,10 @@ WITH RECURSIVE {before}target AS ({target}
     UPDATE jobs AS j
     SET state = 'QUEUED',
         max_attempts = j.attempt_count + t.budget,
-        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') THEN {APPROVAL_HOLD}
-                         ELSE now() END,
+        -- one whose parents have not all settled (cancelled with PARENT_FAILED, the
+        -- parent not replayed yet, or replayed and not done) waits for them again
+        run_after = CASE WHEN j.approval IN ('REQUIRED', 'REJECTED') OR j.parents_pending > 0
+                         THEN {APPROVAL_HOLD} ELSE now() END,
         approval = CASE WHEN j.approval = 'REJECTED' THEN 'REQUIRED' ELSE j.approval END,
         approval_by = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_by END,
         approval_at = CASE WHEN j.approval = 'REJECTED' THEN NULL ELSE j.approval_at END,
@@ -63,8 +66,8 @@ WITH RECURSIVE {before}target AS ({target}
         result = NULL,
         progress = NULL,
         progress_at = NULL,
-        delay_reason = NULL,
-        delay_since = NULL,
+        delay_reason = CASE WHEN j.parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
+        delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         updated_at = now()
     FROM target AS t
@@ -73,11 +76,11 @@ WITH RECURSIVE {before}target AS ({target}
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ({REPLAYABLE_SQL})
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
-    WHERE approval IS DISTINCT FROM 'REQUIRED'
+    WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
     INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
     SELECT job_id, COALESCE(%(by)s::text, {_WHO}), from_state, attempt_count FROM replayed
@@ -254,7 +257,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
-       j.approval, j.approval_by, j.approval_at, j.created_at,
+       j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
+       j.on_parent_failure,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,

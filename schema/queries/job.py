@@ -7,6 +7,7 @@ from typing import Final
 
 from schema.locks import KEY_LOCK_PREFIX
 from schema.queries.fragments import FENCE, key_wake_next
+from schema.states import DelayReason
 from schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
@@ -23,32 +24,87 @@ WITH input AS (
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
-        rate_limit text, key text, key_limit integer, key_order text)
+        rate_limit text, key text, key_limit integer, key_order text,
+        parents jsonb, parents_pending integer, on_parent_failure text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq)
+         key_order, key_seq, parents_pending, on_parent_failure, delay_reason, delay_since)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
-           CASE WHEN approval = 'REQUIRED' THEN {APPROVAL_HOLD} ELSE
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN {APPROVAL_HOLD} ELSE
            COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
            scheduled_for, approval, trace_context,
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
-           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
+           CASE WHEN parents_pending > 0 THEN now() END
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending
+), edges AS (
+    -- only for jobs inserted: a dedup_key taken already means no new job to wait
+    INSERT INTO job_dependencies (child_id, parent_id, position, done)
+    SELECT i.job_id, e.parent_id, e.position, e.done
+    FROM input AS i
+    JOIN inserted AS n ON n.job_id = i.job_id
+    CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
+        AS e(parent_id uuid, position integer, done boolean)
 ), woken AS (
-    -- one that waits for approval gets its wake-up from outbox.approve
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
-    WHERE approval IS NULL
+    WHERE approval IS NULL AND parents_pending = 0
 )
 SELECT job_id FROM inserted
+"""
+
+# Before a batch with after= is inserted: its parents, locked in id order (two
+# producers never wait for each other in a circle) and marked has_dependants, with
+# their state. The lock makes the end of a parent that is still running wait for
+# the producer's commit, so the trigger that settles its edges sees the new ones;
+# a parent that ended already is settled here, from the state returned. A parent
+# that is not returned does not exist (or is not visible to this transaction).
+JOB_PARENTS_LOCK: Final = """
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY(%(ids)s::uuid[])
+    ORDER BY job_id
+    FOR NO KEY UPDATE
+)
+UPDATE jobs AS j
+SET has_dependants = true
+FROM locked AS l
+WHERE j.job_id = l.job_id
+RETURNING j.job_id, j.state
+"""
+
+# job.parent_results(): the results of the job's parents, in the order of after=,
+# in one read (the pkey's prefix finds the edges). A parent deleted by retention
+# has no row.
+JOB_PARENT_RESULTS: Final = """
+SELECT d.parent_id, p.state, p.result::text AS result
+FROM job_dependencies AS d
+JOIN jobs AS p ON p.job_id = d.parent_id
+WHERE d.child_id = %(job_id)s
+ORDER BY d.position
+"""
+
+# outbox.explain's DEPENDENCY: the parents a job still waits for, with their state.
+JOB_PARENTS_PENDING: Final = """
+SELECT d.parent_id, p.state
+FROM job_dependencies AS d
+JOIN jobs AS p ON p.job_id = d.parent_id
+WHERE d.child_id = %(job_id)s AND NOT d.done
+ORDER BY d.position
+LIMIT 100
 """
 
 # Taken before JOB_INSERT_MANY when the batch has ordered jobs: the

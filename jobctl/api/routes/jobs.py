@@ -156,6 +156,8 @@ async def enqueue(
         body.ordered,
         None if body.debounce is None else timedelta(seconds=body.debounce),
         None if body.debounce_max is None else timedelta(seconds=body.debounce_max),
+        tuple(body.after),
+        body.on_parent_failure,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
