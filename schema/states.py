@@ -48,6 +48,9 @@ class DelayReason(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
     KEY_BUSY = "KEY_BUSY"  # key_limit jobs of its key held a lease
     KEY_ORDER = "KEY_ORDER"  # an earlier ordered job of its key had not finished
+    # its tenant is dedicated (tenant_limits.runners) and the consumer it met does
+    # not name it (consumer --tenant)
+    NO_AUTHORIZED_RUNNER = "NO_AUTHORIZED_RUNNER"
 
 
 class HeldReason(StrEnum):

@@ -512,6 +512,7 @@ def _worker_seen(pg: psycopg.Connection, worker: str, queues: list[str], **count
             "prefetch": 2,
             "stopping": False,
             "counts": json.dumps({"claimed": 9, **counts}),
+            "tenants": [],
         },
     )
 

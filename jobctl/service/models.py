@@ -405,6 +405,9 @@ class TenantView:
     queued_at: datetime | None
     drain_per_s: float | None
     held: tuple[Held, ...]
+    runners: str = "shared"
+    """"dedicated": only consumers naming the tenant (consumer --tenant) take its
+    jobs; "shared": any consumer of the queue."""
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,25 @@ from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
 from schema.states import DelayReason, HeldReason
 from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
-# Jobs that waited for a consumer that knows their type: woken when one announces it
-# (and by the re-waker, as a backstop), without waiting for the periodic re-wake.
+# Jobs that waited for a consumer that knows their type, or (NO_AUTHORIZED_RUNNER)
+# for one that names their dedicated tenant: woken when one announces itself (and by
+# the re-waker, as a backstop), without waiting for the periodic re-wake. Each
+# branch reads its own partial index (jobs_no_handler_idx, jobs_no_runner_idx).
 JOB_WAKE_PARKED: Final = f"""
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
-  AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
+SELECT p.job_id, p.queue, COALESCE(p.tenant, ''), p.priority, now()
+FROM (SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
+        AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+      UNION ALL
+      SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}'
+        AND j.state IN ({CLAIMABLE_SQL})
+        AND j.tenant = ANY(%(tenants)s::text[]) AND j.queue = ANY(%(queues)s::text[])
+        AND j.job_type = ANY(%(job_types)s::text[])) AS p
+WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
 RETURNING job_id
 """
 
@@ -477,6 +487,14 @@ WITH slice AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
+      -- one refused for its dedicated tenant, once a consumer naming it is live, or
+      -- once the tenant is shared again
+      AND (s.delay_reason IS DISTINCT FROM '{DelayReason.NO_AUTHORIZED_RUNNER}'
+           OR NOT EXISTS (SELECT 1 FROM tenant_limits AS d
+                          WHERE d.tenant = s.tenant AND d.runners = 'dedicated')
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types) AND s.tenant = ANY(w.tenants)))
       -- one waiting for its key is woken by the end of the lease ahead of it: an
       -- orphan only once nothing holds it back any more
       AND NOT (s.delay_reason = '{DelayReason.KEY_BUSY}'
