@@ -557,8 +557,8 @@ WITH types AS (
 ), requeued AS (
     -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler (or of
     -- a runner naming its tenant): then only straight to a free slot, and not twice
-    -- in a second; else after the backstop, or, for a handler, earlier once a slot
-    -- frees (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
+    -- in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
     -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
@@ -1144,10 +1144,26 @@ WITH RECURSIVE kinds AS (
           AND (j.queue, j.job_type) > (k.queue, k.job_type)
         ORDER BY j.queue, j.job_type LIMIT 1
     ) AS n
+), tenant_kinds AS (
+    -- the same for jobs refused for want of a consumer naming their dedicated
+    -- tenant (jobs_no_runner_idx): their kinds are (tenant, queue)
+    (SELECT j.tenant, j.queue FROM jobs AS j
+     WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+     ORDER BY j.tenant, j.queue LIMIT 1)
+    UNION ALL
+    SELECT n.tenant, n.queue
+    FROM tenant_kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.tenant, j.queue FROM jobs AS j
+        WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND (j.tenant, j.queue) > (k.tenant, k.queue)
+        ORDER BY j.tenant, j.queue LIMIT 1
+    ) AS n
 ), held AS (
     SELECT j.lease_owner AS worker_id, count(*)::int AS n
     FROM jobs AS j
-    WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND EXISTS (SELECT 1 FROM kinds)
+    WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING')
+      AND (EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds))
     GROUP BY j.lease_owner
 ), room AS (
     SELECT k.queue, k.job_type,
@@ -1168,9 +1184,29 @@ WITH RECURSIVE kinds AS (
         LIMIT r.free
     ) AS c
     WHERE r.free > 0
+), tenant_room AS (
+    SELECT k.tenant, k.queue,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM tenant_kinds AS k
+), tenant_chosen AS (
+    SELECT c.id
+    FROM tenant_room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND j.tenant = r.tenant AND j.queue = r.queue
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.tenant, j.queue
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
 ), moved AS (
     SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    WHERE (o.id IN (SELECT id FROM chosen) OR o.id IN (SELECT id FROM tenant_chosen))
+      AND o.sent_at IS NULL AND o.available_at > now()
     FOR UPDATE SKIP LOCKED
 ), brought AS (
     UPDATE outbox AS o SET available_at = now()
@@ -1179,7 +1215,7 @@ WITH RECURSIVE kinds AS (
 )
 SELECT queue FROM brought
 UNION ALL
-SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds);
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds);
 
 -- name: OUTBOX_DUE_QUEUES
 -- Run by relay.wake:due_queues to list the queues with wake-ups due.

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from plumbing.config import DatabaseUrl
+from schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
 from tests.support.jobs import attempts, enqueue, job, until
 from tests.support.processes import ROOT, jobctl, running
 
@@ -84,11 +85,17 @@ def test_a_dedicated_tenant_waits_for_its_own_consumer_and_runs_only_there(
 
         with running("consumer", [*APP, "--tenant", "acme"], env, "consumer.started") as own:
             own_id = own.wait_for_event("consumer.started")["worker"]
+            t0 = time.monotonic()
             asyncio.run(until(lambda: _succeeded(pg, acme), "acme's jobs run on its consumer", 30))
             # more of both, with both consumers live: acme's go only to its own
             later = [enqueue(engine, "echo", {"n": n}, tenant="acme") for n in range(20)]
             more = [enqueue(engine, "echo", {"n": n}, tenant="beta") for n in range(20)]
+            t1 = time.monotonic()
             asyncio.run(until(lambda: _succeeded(pg, later + more), "all of them run", 30))
+            # wake-ups that met the other consumer are brought forward as soon as acme's
+            # has room (OUTBOX_WAKE_REFUSED), well before the refusal backstop
+            assert time.monotonic() - t1 < REFUSAL_BACKSTOP_SECONDS / 2, "not left to the backstop"
+            assert t1 - t0 < REFUSAL_BACKSTOP_SECONDS, "woken when their consumer announced itself"
             assert _explain(engine, later[0]).codes == []
     for i in acme + later:
         assert _workers_of(pg, i) == {own_id}, "only the consumer naming acme took its jobs"

@@ -64,7 +64,8 @@ _WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZ
 # (NO_AUTHORIZED_RUNNER) before its rate limit or its tenant's slot is looked at,
 # and its wake-up is handled as for want of a handler, among the live consumers that
 # name the tenant: due now if one has a free slot, at most once a second; after
-# the backstop if one is live but busy; none if none is live, until one announces
+# the backstop if one is live but busy (brought forward once one has room,
+# OUTBOX_WAKE_REFUSED); none if none is live, until one announces
 # itself naming the tenant (JOB_WAKE_PARKED). A worker naming tenants still takes
 # every shared tenant's jobs.
 #
@@ -325,8 +326,8 @@ WITH types AS (
 ), requeued AS (
     -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler (or of
     -- a runner naming its tenant): then only straight to a free slot, and not twice
-    -- in a second; else after the backstop, or, for a handler, earlier once a slot
-    -- frees (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
+    -- in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
     -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,

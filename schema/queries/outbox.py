@@ -32,7 +32,9 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
 RETURNING job_id
 """
 
-# Wake-ups a consumer turned down for want of a handler wait the backstop
+# Wake-ups a consumer turned down for want of a handler (or of a runner naming the
+# job's dedicated tenant, NO_AUTHORIZED_RUNNER: the same walk by tenant and queue)
+# wait the backstop
 # (REFUSAL_BACKSTOP_SECONDS, see JOB_CLAIM_MANY): run by the relay every
 # --refusal-interval, this brings them forward once a live consumer that has the
 # handler has a free slot (its concurrency, less the leases it holds), at most as
@@ -60,10 +62,26 @@ WITH RECURSIVE kinds AS (
           AND (j.queue, j.job_type) > (k.queue, k.job_type)
         ORDER BY j.queue, j.job_type LIMIT 1
     ) AS n
+), tenant_kinds AS (
+    -- the same for jobs refused for want of a consumer naming their dedicated
+    -- tenant (jobs_no_runner_idx): their kinds are (tenant, queue)
+    (SELECT j.tenant, j.queue FROM jobs AS j
+     WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+     ORDER BY j.tenant, j.queue LIMIT 1)
+    UNION ALL
+    SELECT n.tenant, n.queue
+    FROM tenant_kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.tenant, j.queue FROM jobs AS j
+        WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+          AND (j.tenant, j.queue) > (k.tenant, k.queue)
+        ORDER BY j.tenant, j.queue LIMIT 1
+    ) AS n
 ), held AS (
     SELECT j.lease_owner AS worker_id, count(*)::int AS n
     FROM jobs AS j
-    WHERE j.state IN ({LEASED_SQL}) AND EXISTS (SELECT 1 FROM kinds)
+    WHERE j.state IN ({LEASED_SQL})
+      AND (EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds))
     GROUP BY j.lease_owner
 ), room AS (
     SELECT k.queue, k.job_type,
@@ -84,9 +102,29 @@ WITH RECURSIVE kinds AS (
         LIMIT r.free
     ) AS c
     WHERE r.free > 0
+), tenant_room AS (
+    SELECT k.tenant, k.queue,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE {LIVE_WORKER} AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM tenant_kinds AS k
+), tenant_chosen AS (
+    SELECT c.id
+    FROM tenant_room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+          AND j.tenant = r.tenant AND j.queue = r.queue
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.tenant, j.queue
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
 ), moved AS (
     SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    WHERE (o.id IN (SELECT id FROM chosen) OR o.id IN (SELECT id FROM tenant_chosen))
+      AND o.sent_at IS NULL AND o.available_at > now()
     FOR UPDATE SKIP LOCKED
 ), brought AS (
     UPDATE outbox AS o SET available_at = now()
@@ -95,7 +133,7 @@ WITH RECURSIVE kinds AS (
 )
 SELECT queue FROM brought
 UNION ALL
-SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds)
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds)
 """
 
 # The queues that have wake-ups due, by a loose index scan of the backlog (a few
