@@ -55,6 +55,7 @@ def _params(ids: list[uuid.UUID]) -> dict[str, Any]:
         "worker": "bench-claim-cost",
         "lease_seconds": 30,
         "worker_ttl": 60,
+        "tenants": [],
     }
 
 

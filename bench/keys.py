@@ -134,6 +134,7 @@ def plans(keys: int, batch: int) -> dict[str, Any]:
             "worker": "bench",
             "lease_seconds": 60,
             "worker_ttl": 60,
+            "tenants": [],
         }
         decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1,
                     "worker_ttl": 60}  # fmt: skip

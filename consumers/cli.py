@@ -72,6 +72,7 @@ def _where(exc: Exception) -> str:
     "--tenant",
     "tenants",
     multiple=True,
+    default=(),
     metavar="NAME",
     help="A dedicated tenant (set_tenant_limit(..., runners='dedicated')) this consumer may "
     "serve (repeatable). Only consumers naming such a tenant take its jobs; every consumer, "

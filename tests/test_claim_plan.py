@@ -45,6 +45,7 @@ def _params(job_ids: list[Any]) -> dict[str, Any]:
         "worker": "test-claim-plan",
         "lease_seconds": 30,
         "worker_ttl": 60,
+        "tenants": [],
     }
 
 
