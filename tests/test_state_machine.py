@@ -140,6 +140,7 @@ class JobMachine(RuleBasedStateMachine):
                 "weight": 1.0,
                 "max_queued": None,
                 "max_enqueue_rate": None,
+                "runners": "shared",
             },
         )
         self.jobs: list[uuid.UUID] = []

@@ -430,6 +430,8 @@ class WorkerView:
     """Jobs it holds a lease on now."""
     counts: dict[str, Any]
     """The process's own cumulative counters (claimed, succeeded, ...)."""
+    tenants: tuple[str, ...] = ()
+    """The dedicated tenants it may serve (consumer --tenant), besides shared ones."""
 
 
 @dataclass(frozen=True)
