@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
+from jobctl.metrics.queries import METRICS_JOBS_NO_AUTHORIZED_RUNNER
 from plumbing.config import DatabaseUrl
 from schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
 from tests.support.jobs import attempts, enqueue, job, until
@@ -75,6 +76,8 @@ def test_a_dedicated_tenant_waits_for_its_own_consumer_and_runs_only_there(
             row = job(pg, i)
             assert (row["state"], row["attempt_count"]) == ("QUEUED", 0), row
             assert _wakeups(pg, i) == 0, "parked: no wake-up goes round to the wrong consumer"
+        waiting = pg.execute(METRICS_JOBS_NO_AUTHORIZED_RUNNER).fetchall()
+        assert waiting == [("default", 5)], "the metrics count them"
         why = _explain(engine, acme[0])
         assert why.codes == ["NO_AUTHORIZED_RUNNER"], why
         assert why.blocker("NO_AUTHORIZED_RUNNER").facts == {  # type: ignore[union-attr]
