@@ -18,6 +18,7 @@ import outbox
 from jobctl.metrics.queries import METRICS_JOBS_NO_AUTHORIZED_RUNNER
 from plumbing.config import DatabaseUrl
 from schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
+from tests.support.api import api_client
 from tests.support.jobs import attempts, enqueue, job, until
 from tests.support.processes import ROOT, jobctl, running
 
@@ -159,3 +160,17 @@ def test_jobctl_sets_and_shows_a_dedicated_tenant(db_url: DatabaseUrl) -> None:
     assert done.returncode == 0, done.stderr
     (shown,) = json.loads(done.stdout)["tenants"]
     assert (shown["tenant"], shown["runners"], shown["max_running"]) == ("acme", "dedicated", 3)
+
+
+async def test_the_api_sets_and_shows_a_dedicated_tenant(db_url: DatabaseUrl) -> None:
+    async with api_client(db_url) as client:
+        put = await client.put("/v1/tenants/acme", json={"runners": "dedicated"})
+        assert put.status_code == 201, put.text
+        assert put.json()["runners"] == "dedicated"
+        bad = await client.put("/v1/tenants/acme", json={"runners": "mine"})
+        assert bad.status_code == 422
+        listed = (await client.get("/v1/tenants")).json()
+        assert [(t["tenant"], t["runners"]) for t in listed["tenants"]] == [("acme", "dedicated")]
+        # a PUT replaces all of the limits: left out, runners goes back to shared
+        again = await client.put("/v1/tenants/acme", json={"max_running": 2})
+        assert again.json()["runners"] == "shared"
