@@ -68,6 +68,16 @@ def _where(exc: Exception) -> str:
     metavar="NAME",
     help="Queue to consume (repeatable). Default: the queues of the registered handlers.",
 )
+@click.option(
+    "--tenant",
+    "tenants",
+    multiple=True,
+    default=(),
+    metavar="NAME",
+    help="A dedicated tenant (set_tenant_limit(..., runners='dedicated')) this consumer may "
+    "serve (repeatable). Only consumers naming such a tenant take its jobs; every consumer, "
+    "these too, takes the jobs of shared tenants.",
+)
 @setting_option(ConsumerSettings, "concurrency", "Jobs run at once.")
 @setting_option(
     ConsumerSettings,
@@ -146,6 +156,10 @@ def main(**kwargs: Any) -> None:
             )
         except ValueError as exc:
             raise ConfigError(f"--queue: {exc}") from None
+        try:
+            tenants = tuple(dict.fromkeys(names.tenant(t) for t in kwargs["tenants"]))
+        except ValueError as exc:
+            raise ConfigError(f"--tenant: {exc}") from None
         if not len(default_registry):
             raise ConfigError(f"--app {kwargs['app']} registered no handlers")
         return ConsumerSettings(
@@ -153,6 +167,7 @@ def main(**kwargs: Any) -> None:
             amqp=amqp_url(kwargs["amqp_url"]),
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
             queues=queues,
+            tenants=tenants,
             concurrency=kwargs["concurrency"],
             prefetch=kwargs["prefetch"],
             lease_seconds=kwargs["lease_seconds"],

@@ -65,6 +65,7 @@ class LeaseKeeper:
             "pid": os.getpid(),
             "queues": list(s.queues),
             "job_types": self.job_types,
+            "tenants": list(s.tenants),
             "concurrency": s.concurrency,
             "prefetch": s.effective_prefetch,
             "stopping": self.stopping,
@@ -73,7 +74,8 @@ class LeaseKeeper:
 
     async def announce(self) -> None:
         """Register the worker and wake the jobs that waited for a consumer that
-        knows their type: they start now, not at the relay's next re-wake."""
+        knows their type, or names their dedicated tenant: they start now, not at
+        the relay's next re-wake."""
         await self.store.seen(self.worker_row())
         woken = await self.store.wake_parked(self.settings.queues, self.job_types)
         if woken:

@@ -37,6 +37,9 @@ class ConsumerSettings:
     # A worker row not refreshed for this long belongs to a consumer that is gone
     # (WORKER_TTL_SECONDS says why one figure).
     worker_ttl: float = WORKER_TTL_SECONDS
+    # The dedicated tenants (tenant_limits.runners) this consumer may serve, besides
+    # every shared one (consumer --tenant).
+    tenants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.queues:

@@ -98,11 +98,18 @@ class Finished:
 
 class JobStore:
     def __init__(
-        self, pool: AsyncConnectionPool[AsyncConnection], worker: str, lease_seconds: float
+        self,
+        pool: AsyncConnectionPool[AsyncConnection],
+        worker: str,
+        lease_seconds: float,
+        tenants: Sequence[str] = (),
     ) -> None:
         self.pool = pool
         self.worker = worker
         self.lease_seconds = lease_seconds
+        # The dedicated tenants this worker names: only it and their likes take
+        # those tenants' jobs.
+        self.tenants = list(tenants)
 
     async def claim(
         self,
@@ -122,6 +129,7 @@ class JobStore:
                     "worker": self.worker,
                     "lease_seconds": self.lease_seconds,
                     "worker_ttl": worker_ttl,
+                    "tenants": self.tenants,
                 },
             )
             rows = await cur.fetchall()
@@ -200,10 +208,12 @@ class JobStore:
             await conn.execute(q.WORKER_GONE, {"worker": self.worker})
 
     async def wake_parked(self, queues: Sequence[str], job_types: Sequence[str]) -> int:
-        """Wake the jobs that waited for a consumer knowing their type."""
+        """Wake the jobs that waited for a consumer knowing their type, or naming
+        their dedicated tenant."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                q.JOB_WAKE_PARKED, {"queues": list(queues), "job_types": list(job_types)}
+                q.JOB_WAKE_PARKED,
+                {"queues": list(queues), "job_types": list(job_types), "tenants": self.tenants},
             )
             return cur.rowcount
 

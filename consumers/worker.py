@@ -74,7 +74,7 @@ class Consumer:
         self.handlers = HandlerPools(
             settings.database, ("consumer-handlers", "consumer-sync"), settings.concurrency
         )
-        self.store = JobStore(self.pool, self.worker, settings.lease_seconds)
+        self.store = JobStore(self.pool, self.worker, settings.lease_seconds, settings.tenants)
         self.ledger = Ledger()
         self.inbox = Inbox(
             settings.amqp,
@@ -124,6 +124,7 @@ class Consumer:
                 "database": s.database.redacted(),
                 "amqp": s.amqp.redacted(),
                 "queues": list(s.queues),
+                "tenants": list(s.tenants),
                 "job_types": self.registry.job_types(),
                 "concurrency": s.concurrency,
                 "prefetch": s.effective_prefetch,

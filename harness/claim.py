@@ -29,4 +29,6 @@ def claim_params(job_ids: Sequence[Any], worker: str) -> dict[str, Any]:
         "worker": worker,
         "lease_seconds": 30,
         "worker_ttl": WORKER_TTL_SECONDS,
+        # the tenants the consumer names (consumer --tenant): none
+        "tenants": [],
     }

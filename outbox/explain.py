@@ -12,55 +12,58 @@
 the first (a job can be not yet due *and* in a paused queue *and* without a
 consumer), each with a code and the facts behind it:
 
-=================  ===================================================================
-code               facts
-=================  ===================================================================
-APPROVAL_REQUIRED  enqueued_at: enqueued with needs_approval, it runs once approved
-                   (outbox.approve, jobctl jobs approve), never before
-DEPENDENCY         pending (parents not settled yet), waiting_for (those parents, up
-                   to 100: job_id and state), on_parent_failure, since: enqueued
-                   with after=, it is woken when the last parent succeeds
-NOT_DUE            run_after, in_seconds (a QUEUED job enqueued for later)
-RETRY_BACKOFF      until, in_seconds, last_error_code, last_error_message, attempt
-WAKEUP_PENDING     sent (false), due_since, outbox_lag_seconds (the age of its queue's
-                   oldest due wake-up the relay has not sent), missing (no wake-up at
-                   all: the relay's re-waker gives it one)
-QUEUE_PAUSED       paused_at, paused_by
-TENANT_CAP         tenant, running, max_running
-KEY_ORDER          key, ahead (the job of its key it waits for: ordered, enqueued
-                   before it, still waiting or running, or FAILED under "strict"),
-                   ahead_state, strict
-KEY_BUSY           key, running, key_limit, held_by (the job holding the key
-                   longest): as many jobs with its key hold a lease as it allows;
-                   it starts when one of them ends
-BACKLOG            ahead (wake-ups of its queue that go before it: in flight, or
-                   pending with a higher priority or the same priority and older;
-                   counted up to 10000, ahead_at_least says the count was cut),
-                   in_flight, pending_ahead, drain_per_s (the queue's attempts ended
-                   per second over the last minute, or since it began draining if
-                   later), estimated_start_in_seconds
-                   (ahead / drain_per_s, Little's law; None while nothing drains),
-                   held_reason and held_since (why the relay last held the tenant's
-                   wake-ups back in this queue: WINDOW, FAIR_SHARE, TENANT_CAP)
-NO_RELAY           relays_live (0), last_seen_at (when a relay was last heard of, or
-                   None): its wake-up is not sent, and no relay runs to send it
-RELAY_DISCONNECTED relays_live: relays run, none is connected to RabbitMQ, so none
-                   sends its wake-up
-NO_CONSUMER        queue, live_workers (0): no live consumer serves its queue
-NO_HANDLER         job_type, workers_on_queue, parked: consumers serve the queue, none
-                   has a handler for its type
-RATE_LIMITED       rate_limit, next_token_at (when its wake-up is due: its token's
-                   turn), tokens, refilled_at (its bucket as the last claim left it):
-                   a claim found no token for it
-EXPIRED            expires_at: its deadline passed before it started, so it never
-                   will (the next claim or the relay's sweep ends it CANCELLED)
-CANCEL_REQUESTED   requested_at: it runs, and was asked to stop
-LEASE_EXPIRED      worker, expired_at, expired_seconds_ago, last_heartbeat_at,
-                   sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
-                   that ran out, so its worker is gone or stalled; the relay's sweeper
-                   ends the attempt and moves the job on (RETRY_WAIT, FAILED with no
-                   attempt left, CANCELLED if cancel was asked)
-=================  ===================================================================
+====================  ===================================================================
+code                  facts
+====================  ===================================================================
+APPROVAL_REQUIRED     enqueued_at: enqueued with needs_approval, it runs once approved
+                      (outbox.approve, jobctl jobs approve), never before
+DEPENDENCY            pending (parents not settled yet), waiting_for (those parents, up
+                      to 100: job_id and state), on_parent_failure, since: enqueued
+                      with after=, it is woken when the last parent succeeds
+NOT_DUE               run_after, in_seconds (a QUEUED job enqueued for later)
+RETRY_BACKOFF         until, in_seconds, last_error_code, last_error_message, attempt
+WAKEUP_PENDING        sent (false), due_since, outbox_lag_seconds (the age of its queue's
+                      oldest due wake-up the relay has not sent), missing (no wake-up at
+                      all: the relay's re-waker gives it one)
+QUEUE_PAUSED          paused_at, paused_by
+TENANT_CAP            tenant, running, max_running
+KEY_ORDER             key, ahead (the job of its key it waits for: ordered, enqueued
+                      before it, still waiting or running, or FAILED under "strict"),
+                      ahead_state, strict
+KEY_BUSY              key, running, key_limit, held_by (the job holding the key
+                      longest): as many jobs with its key hold a lease as it allows;
+                      it starts when one of them ends
+BACKLOG               ahead (wake-ups of its queue that go before it: in flight, or
+                      pending with a higher priority or the same priority and older;
+                      counted up to 10000, ahead_at_least says the count was cut),
+                      in_flight, pending_ahead, drain_per_s (the queue's attempts ended
+                      per second over the last minute, or since it began draining if
+                      later), estimated_start_in_seconds
+                      (ahead / drain_per_s, Little's law; None while nothing drains),
+                      held_reason and held_since (why the relay last held the tenant's
+                      wake-ups back in this queue: WINDOW, FAIR_SHARE, TENANT_CAP)
+NO_RELAY              relays_live (0), last_seen_at (when a relay was last heard of, or
+                      None): its wake-up is not sent, and no relay runs to send it
+RELAY_DISCONNECTED    relays_live: relays run, none is connected to RabbitMQ, so none
+                      sends its wake-up
+NO_CONSUMER           queue, live_workers (0): no live consumer serves its queue
+NO_HANDLER            job_type, workers_on_queue, parked: consumers serve the queue, none
+                      has a handler for its type
+NO_AUTHORIZED_RUNNER  tenant, handlers_on_queue, parked: its tenant is dedicated
+                      (runners="dedicated") and no live consumer with its handler names
+                      it (consumer --tenant); it starts when one does
+RATE_LIMITED          rate_limit, next_token_at (when its wake-up is due: its token's
+                      turn), tokens, refilled_at (its bucket as the last claim left it):
+                      a claim found no token for it
+EXPIRED               expires_at: its deadline passed before it started, so it never
+                      will (the next claim or the relay's sweep ends it CANCELLED)
+CANCEL_REQUESTED      requested_at: it runs, and was asked to stop
+LEASE_EXPIRED         worker, expired_at, expired_seconds_ago, last_heartbeat_at,
+                      sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
+                      that ran out, so its worker is gone or stalled; the relay's sweeper
+                      ends the attempt and moves the job on (RETRY_WAIT, FAILED with no
+                      attempt left, CANCELLED if cancel was asked)
+====================  ===================================================================
 
 A waiting job that is due and has no blocker is next in line. A running job has no
 blockers while its lease holds; ``lease`` says who holds it, until when, its last
@@ -118,6 +121,7 @@ class Why(StrEnum):
     RELAY_DISCONNECTED = "RELAY_DISCONNECTED"
     NO_CONSUMER = "NO_CONSUMER"
     NO_HANDLER = "NO_HANDLER"
+    NO_AUTHORIZED_RUNNER = "NO_AUTHORIZED_RUNNER"
     CANCEL_REQUESTED = "CANCEL_REQUESTED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     RATE_LIMITED = "RATE_LIMITED"
@@ -308,7 +312,7 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
     if job["approval"] == "REQUIRED":
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
-    parked = job["delay_reason"] == DelayReason.NO_HANDLER
+    parked = job["delay_reason"] in (DelayReason.NO_HANDLER, DelayReason.NO_AUTHORIZED_RUNNER)
     keyed = _key(job)
     found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
     if _is_due_waiting(job) and job["paused_at"] is None:
@@ -432,7 +436,8 @@ def _key(job: Mapping[str, Any]) -> list[Blocker]:
 
 
 def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
-    """Nobody live to run it: no consumer on its queue, or none with its handler."""
+    """Nobody live to run it: no consumer on its queue, none with its handler, or,
+    for a dedicated tenant, none of those naming the tenant."""
     if job["workers_on_queue"] == 0:
         return [Blocker(Why.NO_CONSUMER, {"queue": job["queue"], "live_workers": 0})]
     if job["handlers_on_queue"] == 0:
@@ -442,6 +447,13 @@ def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
             "parked": parked,
         }
         return [Blocker(Why.NO_HANDLER, facts)]
+    if job.get("dedicated") and job["runners_on_queue"] == 0:
+        facts = {
+            "tenant": job["tenant"],
+            "handlers_on_queue": job["handlers_on_queue"],
+            "parked": parked,
+        }
+        return [Blocker(Why.NO_AUTHORIZED_RUNNER, facts)]
     return []
 
 
@@ -452,7 +464,8 @@ def _waiting_turn(
     that go before it."""
     now, pending = job["db_now"], job["wakeup_sent_at"] is None
     if job["wakeup_id"] is None:
-        # Parked for a handler nobody runs: NO_HANDLER says so. Otherwise the
+        # Parked for a handler nobody runs (or a runner nobody starts): NO_HANDLER
+        # (NO_AUTHORIZED_RUNNER) says so. Otherwise the
         # re-waker gives a due job without a wake-up one within its interval.
         if parked:
             return []
@@ -584,6 +597,10 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.NO_HANDLER: lambda f: (
         f"none of the {f['workers_on_queue']} consumer(s) on its queue has a handler"
         f" for {f['job_type']!r}"
+    ),
+    Why.NO_AUTHORIZED_RUNNER: lambda f: (
+        f"tenant {f['tenant']!r} is dedicated and none of the {f['handlers_on_queue']}"
+        " consumer(s) with its handler names it (consumer --tenant)"
     ),
     Why.RATE_LIMITED: lambda f: (
         f"no token of rate limit {f['rate_limit']!r}"

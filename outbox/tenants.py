@@ -6,6 +6,9 @@ its lease); ``weight`` is its share of a busy queue against the other tenants
 (weight 2 gets twice the share of weight 1); ``max_queued`` makes ``enqueue`` raise
 :class:`outbox.Backpressure` once that many of its jobs wait, and
 ``max_enqueue_rate`` (jobs per second) when it enqueues faster. None means no limit.
+``runners`` is ``"shared"`` (any consumer of the queue takes its jobs) or
+``"dedicated"`` (only consumers started with ``--tenant`` naming it do; its jobs
+wait as NO_AUTHORIZED_RUNNER while none is live).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from schema import names
 from schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
 
 MAX_WEIGHT = 1000.0
+RUNNERS = ("shared", "dedicated")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class TenantLimit:
     queued_at: datetime | None
     drain_per_s: float | None
     max_enqueue_rate: float | None = None
+    runners: str = "shared"
 
 
 def _limit(name: str, value: object) -> int | None:
@@ -65,17 +70,21 @@ def _params(
     weight: float,
     max_queued: int | None,
     max_enqueue_rate: float | None = None,
+    runners: str = "shared",
 ) -> dict[str, Any]:
     if isinstance(weight, bool) or not isinstance(weight, int | float):
         raise TypeError(f"weight must be a number, not {type(weight).__name__}")
     if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
         raise ValueError(f"weight must be more than 0 and at most {MAX_WEIGHT:g}")
+    if runners not in RUNNERS:
+        raise ValueError(f"runners must be 'shared' or 'dedicated', not {runners!r}")
     return {
         "tenant": names.tenant(tenant),
         "max_running": _limit("max_running", max_running),
         "weight": float(weight),
         "max_queued": _limit("max_queued", max_queued),
         "max_enqueue_rate": _rate(max_enqueue_rate),
+        "runners": runners,
     }
 
 
@@ -87,13 +96,15 @@ def set_tenant_limit(
     weight: float = 1.0,
     max_queued: int | None = None,
     max_enqueue_rate: float | None = None,
+    runners: str = "shared",
 ) -> None:
     """Create or change a tenant's limits through the session's transaction (never
     commits). Jobs already running when a cap is first set do not hold slots; the
     cap counts the jobs claimed from then on. ``max_enqueue_rate``: jobs per
     second the tenant may enqueue (a second's worth at once); faster, enqueue
-    raises :class:`outbox.Backpressure`."""
-    values = _params(tenant, max_running, weight, max_queued, max_enqueue_rate)
+    raises :class:`outbox.Backpressure`. ``runners="dedicated"``: only consumers
+    naming the tenant (``consumer --tenant``) take its jobs; ``"shared"``: any."""
+    values = _params(tenant, max_running, weight, max_queued, max_enqueue_rate, runners)
     conn = session.connection()
     check_driver(conn)
     conn.exec_driver_sql(TENANT_LIMIT_SET, values)

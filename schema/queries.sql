@@ -340,7 +340,7 @@ SELECT job_id, queue FROM expired;
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
 -- Built with LIVE_WORKER, key_wake_next.
--- Parameters: free_threads, job_ids, lease_seconds, types, worker, worker_ttl.
+-- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker, worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
@@ -348,6 +348,12 @@ WITH types AS (
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
         rate_limit text)
+), dedicated AS (
+    -- 1a1. the dedicated tenants (tenant_limits.runners) this worker does not name
+    -- (%(tenants)s, consumer --tenant): their jobs are not its to take. While no
+    -- tenant is dedicated, one probe of an empty partial index.
+    SELECT d.tenant FROM tenant_limits AS d
+    WHERE d.runners = 'dedicated' AND d.tenant <> ALL(%(tenants)s::text[])
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
@@ -356,7 +362,8 @@ WITH types AS (
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            COALESCE(t.sync, false) AS sync,
-           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
+           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
+           COALESCE(j.tenant IN (SELECT tenant FROM dedicated), false) AS unauthorized
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY(%(job_ids)s::uuid[])
       AND j.state IN ('QUEUED', 'RETRY_WAIT')
@@ -365,12 +372,13 @@ WITH types AS (
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
-    -- 1c. of those, the ones with a handler, an unpaused queue and, for a plain
-    -- function, a free thread
+    -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
+    -- may serve and, for a plain function, a free thread
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
+          FROM locked AS l
+          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), key_behind AS (
     -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
@@ -507,6 +515,7 @@ WITH types AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
+                WHEN l.unauthorized THEN 'NO_AUTHORIZED_RUNNER'
                 WHEN NOT l.known THEN 'NO_HANDLER'
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN 'RATE_LIMITED'
@@ -514,12 +523,14 @@ WITH types AS (
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
                 ELSE 'TENANT_CAP' END AS reason,
-           -- turned down for want of a handler less than a second ago already
-           COALESCE(l.delay_reason = 'NO_HANDLER'
+           -- turned down for want of a handler (or of a runner naming its tenant) less
+           -- than a second ago already
+           COALESCE(l.delay_reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
-      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
+           OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
     -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
@@ -575,38 +586,42 @@ WITH types AS (
       AND o.job_id = ANY(ARRAY(SELECT job_id FROM refused)) AND o.sent_at IS NOT NULL
 ), held AS (
     -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
-    -- something was turned down for want of a handler
+    -- something was turned down for want of a handler or of a runner naming its tenant
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
     WHERE x.state IN ('CANCEL_REQUESTED', 'RUNNING')
-      AND EXISTS (SELECT 1 FROM refused WHERE reason = 'NO_HANDLER')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER'))
     GROUP BY x.lease_owner
 ), capable AS (
-    -- 3e. per job turned down for want of a handler: whether another live consumer has
-    -- it, and whether one of those has a free slot now
+    -- 3e. per job turned down for want of a handler (or of a runner naming its
+    -- tenant): whether another live consumer has it (and names the tenant), and
+    -- whether one of those has a free slot now
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
     JOIN workers AS w
       ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+     AND (r.reason = 'NO_HANDLER' OR r.tenant = ANY(w.tenants))
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
-    WHERE r.reason = 'NO_HANDLER'
+    WHERE r.reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
     GROUP BY r.job_id
 ), requeued AS (
-    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
-    -- only straight to a free slot, and not twice in a second; else after the
-    -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
+    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler (or of
+    -- a runner naming its tenant): then only straight to a free slot, and not twice
+    -- in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
+    -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason = 'RATE_LIMITED' THEN GREATEST(d.token_due, now())
-                WHEN r.reason <> 'NO_HANDLER'
+                WHEN r.reason NOT IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
                      OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     LEFT JOIN rate_refused AS d USING (job_id)
     WHERE r.reason <> 'EXPIRED'
-      AND (r.reason <> 'NO_HANDLER' OR c.job_id IS NOT NULL)
+      AND (r.reason NOT IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER') OR c.job_id IS NOT NULL)
       -- a job waiting for its key gets its wake-up back when the key frees
       AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
 ), claimed AS (
@@ -1145,13 +1160,21 @@ SELECT job_id, state, worker, run_after FROM swept;
 -- name: JOB_WAKE_PARKED
 -- Run by consumers.store:JobStore.wake_parked to wake the jobs that waited for a
 -- consumer that knows their type.
--- Parameters: job_types, queues.
+-- Parameters: job_types, queues, tenants.
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
-  AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
+SELECT p.job_id, p.queue, COALESCE(p.tenant, ''), p.priority, now()
+FROM (SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = 'NO_HANDLER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+        AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+      UNION ALL
+      SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER'
+        AND j.state IN ('QUEUED', 'RETRY_WAIT')
+        AND j.tenant = ANY(%(tenants)s::text[]) AND j.queue = ANY(%(queues)s::text[])
+        AND j.job_type = ANY(%(job_types)s::text[])) AS p
+WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
 RETURNING job_id;
 
 -- name: OUTBOX_WAKE_REFUSED
@@ -1172,10 +1195,26 @@ WITH RECURSIVE kinds AS (
           AND (j.queue, j.job_type) > (k.queue, k.job_type)
         ORDER BY j.queue, j.job_type LIMIT 1
     ) AS n
+), tenant_kinds AS (
+    -- the same for jobs refused for want of a consumer naming their dedicated
+    -- tenant (jobs_no_runner_idx): their kinds are (tenant, queue)
+    (SELECT j.tenant, j.queue FROM jobs AS j
+     WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+     ORDER BY j.tenant, j.queue LIMIT 1)
+    UNION ALL
+    SELECT n.tenant, n.queue
+    FROM tenant_kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.tenant, j.queue FROM jobs AS j
+        WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND (j.tenant, j.queue) > (k.tenant, k.queue)
+        ORDER BY j.tenant, j.queue LIMIT 1
+    ) AS n
 ), held AS (
     SELECT j.lease_owner AS worker_id, count(*)::int AS n
     FROM jobs AS j
-    WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND EXISTS (SELECT 1 FROM kinds)
+    WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING')
+      AND (EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds))
     GROUP BY j.lease_owner
 ), room AS (
     SELECT k.queue, k.job_type,
@@ -1196,9 +1235,29 @@ WITH RECURSIVE kinds AS (
         LIMIT r.free
     ) AS c
     WHERE r.free > 0
+), tenant_room AS (
+    SELECT k.tenant, k.queue,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM tenant_kinds AS k
+), tenant_chosen AS (
+    SELECT c.id
+    FROM tenant_room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = 'NO_AUTHORIZED_RUNNER' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+          AND j.tenant = r.tenant AND j.queue = r.queue
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.tenant, j.queue
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
 ), moved AS (
     SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    WHERE (o.id IN (SELECT id FROM chosen) OR o.id IN (SELECT id FROM tenant_chosen))
+      AND o.sent_at IS NULL AND o.available_at > now()
     FOR UPDATE SKIP LOCKED
 ), brought AS (
     UPDATE outbox AS o SET available_at = now()
@@ -1207,7 +1266,7 @@ WITH RECURSIVE kinds AS (
 )
 SELECT queue FROM brought
 UNION ALL
-SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds);
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds);
 
 -- name: OUTBOX_DUE_QUEUES
 -- Run by relay.wake:due_queues to list the queues with wake-ups due.
@@ -1543,6 +1602,14 @@ WITH slice AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
+      -- one refused for its dedicated tenant, once a consumer naming it is live, or
+      -- once the tenant is shared again
+      AND (s.delay_reason IS DISTINCT FROM 'NO_AUTHORIZED_RUNNER'
+           OR NOT EXISTS (SELECT 1 FROM tenant_limits AS d
+                          WHERE d.tenant = s.tenant AND d.runners = 'dedicated')
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types) AND s.tenant = ANY(w.tenants)))
       -- one waiting for its key is woken by the end of the lease ahead of it: an
       -- orphan only once nothing holds it back any more
       AND NOT (s.delay_reason = 'KEY_BUSY'
@@ -1650,14 +1717,16 @@ SELECT tenant, n, tokens, rate FROM level WHERE tokens < n ORDER BY tenant;
 
 -- name: TENANT_LIMIT_SET
 -- Run by outbox.tenants:set_tenant_limit(_async) to create or change a tenant's limits.
--- Parameters: max_enqueue_rate, max_queued, max_running, tenant, weight.
+-- Parameters: max_enqueue_rate, max_queued, max_running, runners, tenant, weight.
 WITH limits AS (
-    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate)
-    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s)
+    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate,
+                                    runners)
+    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s,
+            %(runners)s)
     ON CONFLICT (tenant) DO UPDATE
     SET max_running = EXCLUDED.max_running, weight = EXCLUDED.weight,
         max_queued = EXCLUDED.max_queued, max_enqueue_rate = EXCLUDED.max_enqueue_rate,
-        updated_at = now()
+        runners = EXCLUDED.runners, updated_at = now()
     RETURNING l.tenant
 ), usage AS (
     INSERT INTO tenant_usage (tenant) SELECT tenant FROM limits
@@ -1669,7 +1738,7 @@ SELECT tenant FROM limits;
 -- Run by outbox.tenants:tenant_limits(_async) to list the tenants' limits and usage.
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
        COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
-       l.max_enqueue_rate
+       l.max_enqueue_rate, l.runners
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant;
 
@@ -1759,11 +1828,11 @@ WHERE u.tenant = k.tenant;
 -- Run by consumers.store:JobStore.seen to announce a consumer, at start and at every
 -- heartbeat.
 -- Parameters: concurrency, counts, host, job_types, pid, prefetch, queues, stopping,
--- worker.
+-- tenants, worker.
 INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
-                          stopping, counts)
+                          stopping, counts, tenants)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)s,
-        %(prefetch)s, %(stopping)s, %(counts)s::jsonb)
+        %(prefetch)s, %(stopping)s, %(counts)s::jsonb, %(tenants)s::text[])
 ON CONFLICT (worker_id) DO UPDATE
 SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
     job_types = EXCLUDED.job_types;
@@ -2262,6 +2331,11 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS handlers_on_queue,
+       COALESCE(l.runners = 'dedicated', false) AS dedicated,
+       (SELECT count(*) FROM workers AS w
+        WHERE l.runners = 'dedicated' AND j.queue = ANY(w.queues)
+          AND j.job_type = ANY(w.job_types) AND j.tenant = ANY(w.tenants)
+          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,

@@ -52,6 +52,9 @@ class DelayReason(StrEnum):
     # Set at enqueue (after=), cleared by the end of its last parent: it waits,
     # held not due, for parents that have not all succeeded.
     DEPENDENCY = "DEPENDENCY"
+    # its tenant is dedicated (tenant_limits.runners) and the consumer it met does
+    # not name it (consumer --tenant)
+    NO_AUTHORIZED_RUNNER = "NO_AUTHORIZED_RUNNER"
 
 
 class HeldReason(StrEnum):

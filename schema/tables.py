@@ -337,6 +337,17 @@ Index(
     ),
 )
 
+# Jobs of a dedicated tenant no live consumer naming it could take wait here until
+# one starts.
+Index(
+    "jobs_no_runner_idx",
+    jobs.c.tenant,
+    jobs.c.queue,
+    postgresql_where=text(
+        f"delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND state IN ({CLAIMABLE_SQL})"
+    ),
+)
+
 ATTEMPT_OUTCOMES = _in(
     [
         JobState.SUCCEEDED,
@@ -516,6 +527,9 @@ tenant_limits = Table(
     Column("max_enqueue_rate", Float),
     Column("enqueue_tokens", Float),
     _ts("enqueue_refilled_at"),
+    # 'dedicated': only consumers that name the tenant (consumer --tenant) take its
+    # jobs; 'shared': any consumer of the queue.
+    Column("runners", Text, nullable=False, server_default=text("'shared'")),
     CheckConstraint(f"tenant ~ '{QUEUE_NAME_PATTERN}'", name="tenant_limits_name_valid"),
     CheckConstraint("max_running IS NULL OR max_running >= 0", name="tenant_limits_running"),
     CheckConstraint("weight > 0 AND weight <= 1000", name="tenant_limits_weight"),
@@ -523,6 +537,14 @@ tenant_limits = Table(
     CheckConstraint(
         "max_enqueue_rate IS NULL OR max_enqueue_rate > 0", name="tenant_limits_enqueue_rate"
     ),
+    CheckConstraint("runners IN ('shared', 'dedicated')", name="tenant_limits_runners"),
+)
+# The dedicated tenants, read by every claim: one probe of an empty index while
+# there are none.
+Index(
+    "tenant_limits_dedicated_idx",
+    tenant_limits.c.tenant,
+    postgresql_where=text("runners = 'dedicated'"),
 )
 
 # A rate limit name: a tenant-like name, or a prefix of names followed by ':*'
@@ -624,6 +646,8 @@ workers = Table(
     Column("stopping", Boolean, nullable=False, server_default=text("false")),
     # Cumulative counters of the process (claimed, succeeded, fence rejections...).
     Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # The dedicated tenants it may serve (consumer --tenant); it serves shared ones too.
+    Column("tenants", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
 )
 
 # One row per running relay, refreshed by its heartbeat: whether one is there and

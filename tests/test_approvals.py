@@ -170,7 +170,7 @@ async def test_no_backstop_wakes_or_claims_an_unapproved_job(
     ).fetchall()
     assert [r for r in orphans if r[0] == "woken"] == []
     parked = pg.execute(
-        q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["echo"]}
+        q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["echo"], "tenants": []}
     ).fetchall()
     assert parked == []
     handed = pg.execute(q.OUTBOX_HAND_BACK, {"job_ids": [gated], "delay_seconds": 0}).fetchall()

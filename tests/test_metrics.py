@@ -49,6 +49,7 @@ EXPECTED_TYPES = {
     "hybrid_jobs_running_lease_expired_jobs": "gauge",
     "hybrid_jobs_jobs_rate_limited": "gauge",
     "hybrid_jobs_jobs_expired": "gauge",
+    "hybrid_jobs_jobs_no_authorized_runner": "gauge",
     "hybrid_jobs_queue_publish_failing": "gauge",
     "hybrid_jobs_queue_wait_seconds": "histogram",
     "hybrid_jobs_execution_seconds": "histogram",
@@ -512,6 +513,7 @@ def _worker_seen(pg: psycopg.Connection, worker: str, queues: list[str], **count
             "prefetch": 2,
             "stopping": False,
             "counts": json.dumps({"claimed": 9, **counts}),
+            "tenants": [],
         },
     )
 

@@ -174,6 +174,7 @@ def claim(pg: psycopg.Connection, worker: str, ids: list[uuid.UUID], types: Any)
         "worker": worker,
         "lease_seconds": 60,
         "worker_ttl": 60,
+        "tenants": [],
     }
     return pg.execute(q.JOB_CLAIM_MANY, params).fetchall()
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobctl.metrics.queries import (
     METRICS_JOBS_LEASED,
+    METRICS_JOBS_NO_AUTHORIZED_RUNNER,
     METRICS_JOBS_RATE_LIMITED,
     METRICS_JOBS_WAITING,
     METRICS_KEY_WAITS,
@@ -94,6 +95,7 @@ def test_per_queue_figures_read_the_backlog_only(
         METRICS_JOBS_WAITING,
         METRICS_JOBS_LEASED,
         METRICS_JOBS_RATE_LIMITED,
+        METRICS_JOBS_NO_AUTHORIZED_RUNNER,
         METRICS_KEY_WAITS,
         queries.STATS_FINISHED,
         queries.WORKERS_LIST,

@@ -140,6 +140,7 @@ class JobMachine(RuleBasedStateMachine):
                 "weight": 1.0,
                 "max_queued": None,
                 "max_enqueue_rate": None,
+                "runners": "shared",
             },
         )
         self.jobs: list[uuid.UUID] = []
@@ -296,6 +297,7 @@ class JobMachine(RuleBasedStateMachine):
                 "worker": worker,
                 "lease_seconds": 60,
                 "worker_ttl": 60,
+                "tenants": [],
             },
         )
 
@@ -404,7 +406,9 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def a_consumer_with_the_handler_announces_itself(self, data: st.DataObject) -> None:
-        self.step(Step(q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["t"]}))
+        self.step(
+            Step(q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["t"], "tenants": []})
+        )
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())

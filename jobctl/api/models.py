@@ -168,6 +168,9 @@ class TenantLimits(BaseModel):
     """Its share of a busy queue against the other tenants."""
     max_queued: Limit | None = None
     """Waiting jobs past which enqueue refuses more (429); null: no limit."""
+    runners: Literal["shared", "dedicated"] = "shared"
+    """"dedicated": only consumers started with `--tenant` naming it take its jobs
+    (they wait as NO_AUTHORIZED_RUNNER while none is live); "shared": any."""
 
 
 class RetryRequest(BaseModel):

@@ -28,11 +28,12 @@ def _rows(found: list[TenantView]) -> str:
             f"{t.running}/{_limit(t.max_running)}",
             f"{t.weight:g}",
             f"{t.queued}/{_limit(t.max_queued)}" if t.max_queued is not None else "-",
+            t.runners,
             ", ".join(f"{h.queue}: {h.reason} since {when(h.since)}" for h in t.held) or "-",
         ]
         for t in found
     ]
-    return table(["TENANT", "RUNNING/MAX", "WEIGHT", "QUEUED/MAX", "HELD BACK"], rows)
+    return table(["TENANT", "RUNNING/MAX", "WEIGHT", "QUEUED/MAX", "RUNNERS", "HELD BACK"], rows)
 
 
 @tenants.command("list")
@@ -79,6 +80,13 @@ def _limit_option(
     callback=_limit_option,
     help="Waiting jobs past which enqueue refuses more; none: no limit.",
 )
+@click.option(
+    "--runners",
+    type=click.Choice(["shared", "dedicated"]),
+    default=None,
+    help="dedicated: only consumers started with --tenant TENANT take its jobs; "
+    "shared (default): any.",
+)
 @database_option
 @json_option
 def set_(
@@ -86,6 +94,7 @@ def set_(
     max_running: Any,
     weight: float | None,
     max_queued: Any,
+    runners: str | None,
     database_url: str | None,
     as_json: bool,
 ) -> None:
@@ -100,6 +109,7 @@ def set_(
             max_running=max_running,
             weight=KEEP if weight is None else weight,
             max_queued=max_queued,
+            runners=KEEP if runners is None else runners,
         ),
     )
     emit(jsonable(found), _rows([found]))

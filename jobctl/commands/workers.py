@@ -33,8 +33,18 @@ def workers(database_url: str | None, as_json: bool) -> None:
             "stopping" if w.stopping else ("live" if w.live else "silent"),
             when(w.last_seen_at),
             ",".join(w.job_types),
+            ",".join(w.tenants) or "-",
         ]
         for w in found
     ]
-    headers = ["WORKER", "HOST:PID", "QUEUES", "RUNNING", "STATUS", "LAST SEEN", "JOB TYPES"]
+    headers = [
+        "WORKER",
+        "HOST:PID",
+        "QUEUES",
+        "RUNNING",
+        "STATUS",
+        "LAST SEEN",
+        "JOB TYPES",
+        "TENANTS",
+    ]
     emit({"workers": jsonable(found)}, table(headers, rows) if found else "no consumers")

@@ -149,6 +149,14 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         _by_queue(s.rate_limited),
     )
     yield _gauge(
+        "jobs_no_authorized_runner",
+        "Jobs of a dedicated tenant that a consumer not naming it turned down"
+        " (delay_reason NO_AUTHORIZED_RUNNER): they start on a consumer run with"
+        " --tenant naming it.",
+        ["queue"],
+        _by_queue(s.no_authorized_runner),
+    )
+    yield _gauge(
         "jobs_expired",
         "Jobs that ended CANCELLED with code EXPIRED, never started before their"
         " deadline (enqueue's expires), as long as retention keeps them.",

@@ -15,7 +15,8 @@ the plans at a million finished jobs):
   index-only scan that also gives the oldest due ``run_after``;
 - jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
   since one ``state IN (...)`` spanning both partial indexes scans the whole table;
-- jobs rate-limited and expired: ``jobs_rate_limited_idx`` and ``jobs_expired_idx``;
+- jobs rate-limited, without an authorized runner, and expired:
+  ``jobs_rate_limited_idx``, ``jobs_no_runner_idx`` and ``jobs_expired_idx``;
 - the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
 - attempts: ``job_attempts_finished_idx`` (finished_at);
 - cancellations: ``jobs_finished_idx`` (finished_at) WHERE terminal;
@@ -96,6 +97,14 @@ GROUP BY queue, state
 METRICS_JOBS_RATE_LIMITED: Final = f"""
 SELECT queue, count(*) FROM jobs
 WHERE delay_reason = 'RATE_LIMITED' AND state IN ({CLAIMABLE_SQL})
+GROUP BY queue
+"""
+
+# Per queue: jobs of a dedicated tenant that a consumer turned down for not naming
+# it (NO_AUTHORIZED_RUNNER), from jobs_no_runner_idx only.
+METRICS_JOBS_NO_AUTHORIZED_RUNNER: Final = f"""
+SELECT queue, count(*) FROM jobs
+WHERE delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND state IN ({CLAIMABLE_SQL})
 GROUP BY queue
 """
 

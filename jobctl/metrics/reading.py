@@ -74,6 +74,8 @@ class Reading:
 
     # (queue, count): waiting for a rate limit's token; ended as expired
     rate_limited: list[tuple[str, int]] = field(default_factory=list)
+    # (queue, count): a dedicated tenant's jobs turned down by consumers not naming it
+    no_authorized_runner: list[tuple[str, int]] = field(default_factory=list)
     expired: list[tuple[str, int]] = field(default_factory=list)
     # None: a late attempt counted already, read as its key only
     attempts: list[Seen[Attempt | None]] = field(default_factory=list)
@@ -162,6 +164,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         queues = [r[0] for r in await _rows(conn, q.METRICS_QUEUES)]
         rate_limited = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_RATE_LIMITED)]
         expired = [(r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_EXPIRED)]
+        unauthorized = [
+            (r[0], int(r[1])) for r in await _rows(conn, q.METRICS_JOBS_NO_AUTHORIZED_RUNNER)
+        ]
         attempts = await _attempts(conn, cursors.attempts, now)
         cancellations: list[Seen[float | None]] = [
             Seen(late, (job_id, at), at, latency if state == "CANCELLED" else None)
@@ -189,6 +194,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         awaiting_approval=awaiting,
         rate_limited=rate_limited,
         expired=expired,
+        no_authorized_runner=unauthorized,
         attempts=attempts,
         cancellations=cancellations,
         fires=fires,

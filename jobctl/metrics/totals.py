@@ -93,6 +93,7 @@ class Snapshot:
     # The last hour by minute, for the dashboard's charts (not exported).
     history: HistoryView = EMPTY
     key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    no_authorized_runner: Mapping[str, int] = field(default_factory=dict)
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
@@ -284,7 +285,11 @@ class Totals:
             awaiting[self._queue(name, now)] += count
         leases = {queue: self.leases_expired.get(queue, 0) for queue in self.queues}
         waits: dict[str, dict[str, int]] = {}
-        for kind, rows in (("rate_limited", reading.rate_limited), ("expired", reading.expired)):
+        for kind, rows in (
+            ("rate_limited", reading.rate_limited),
+            ("expired", reading.expired),
+            ("no_authorized_runner", reading.no_authorized_runner),
+        ):
             counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
             for name, count in rows:
                 queue = self._queue(name, now)
@@ -292,6 +297,7 @@ class Totals:
         return Snapshot(
             rate_limited=MappingProxyType(waits["rate_limited"]),
             expired=MappingProxyType(waits["expired"]),
+            no_authorized_runner=MappingProxyType(waits["no_authorized_runner"]),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
             running_lease_expired=MappingProxyType(expired),

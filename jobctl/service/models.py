@@ -74,7 +74,8 @@ class JobSummary:
     last_error_code: str | None
     delay_reason: str | None
     """Why a consumer last turned the job's wake-up down: TENANT_CAP, QUEUE_PAUSED,
-    NO_HANDLER, KEY_BUSY or KEY_ORDER (cleared when it starts)."""
+    NO_HANDLER, NO_AUTHORIZED_RUNNER, RATE_LIMITED, KEY_BUSY or KEY_ORDER (cleared
+    when it starts)."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ class Blocker:
 
     code: str
     """APPROVAL_REQUIRED, NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
-    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, CANCEL_REQUESTED,
-    LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
+    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, NO_AUTHORIZED_RUNNER,
+    CANCEL_REQUESTED, LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
     facts: dict[str, Any]
     """The figures behind it (see outbox.explain)."""
 
@@ -405,6 +406,9 @@ class TenantView:
     queued_at: datetime | None
     drain_per_s: float | None
     held: tuple[Held, ...]
+    runners: str = "shared"
+    """"dedicated": only consumers naming the tenant (consumer --tenant) take its
+    jobs; "shared": any consumer of the queue."""
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,8 @@ class WorkerView:
     """Jobs it holds a lease on now."""
     counts: dict[str, Any]
     """The process's own cumulative counters (claimed, succeeded, ...)."""
+    tenants: tuple[str, ...] = ()
+    """The dedicated tenants it may serve (consumer --tenant), besides shared ones."""
 
 
 @dataclass(frozen=True)

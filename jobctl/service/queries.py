@@ -280,7 +280,7 @@ WORKERS_LIST: Final = f"""
 SELECT w.worker_id, w.host, w.pid, w.queues, w.job_types, w.concurrency, w.prefetch,
        w.started_at, w.last_seen_at, w.stopping,
        {LIVE_WORKER},
-       COALESCE(r.running, 0), w.counts
+       COALESCE(r.running, 0), w.counts, w.tenants
 FROM workers AS w
 LEFT JOIN (SELECT lease_owner, count(*)::int AS running
            FROM jobs WHERE state IN ({LEASED_SQL})

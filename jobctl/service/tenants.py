@@ -39,6 +39,7 @@ async def list_tenants(session: AsyncSession) -> list[TenantView]:
             t.queued_at,
             t.drain_per_s,
             tuple(held.get(t.tenant, ())),
+            t.runners,
         )
         for t in await outbox.tenant_limits_async(session)
     }
@@ -66,6 +67,7 @@ async def set_tenant(
     max_running: int | _Keep | None = KEEP,
     weight: float | _Keep = KEEP,
     max_queued: int | _Keep | None = KEEP,
+    runners: str | _Keep = KEEP,
 ) -> TenantView:
     """Change a tenant's limits (outbox.set_tenant_limit_async); a limit given as
     ``KEEP`` stays as it was (for a new tenant: none, weight 1). None removes a
@@ -79,6 +81,8 @@ async def set_tenant(
         weight = 1.0 if current is None else current.weight
     if max_queued is KEEP:
         max_queued = None if current is None else current.max_queued
+    if runners is KEEP:
+        runners = "shared" if current is None else current.runners
     try:
         await outbox.set_tenant_limit_async(
             session,
@@ -88,6 +92,7 @@ async def set_tenant(
             max_queued=max_queued,
             # not an operator surface's setting yet: kept as the producer set it
             max_enqueue_rate=None if current is None else current.max_enqueue_rate,
+            runners=runners,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

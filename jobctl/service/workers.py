@@ -29,6 +29,7 @@ async def list_workers(session: AsyncSession) -> list[WorkerView]:
             live,
             running,
             counts,
+            tuple(tenants),
         )
         for (
             worker_id,
@@ -44,5 +45,6 @@ async def list_workers(session: AsyncSession) -> list[WorkerView]:
             live,
             running,
             counts,
+            tenants,
         ) in rows
     ]

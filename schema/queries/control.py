@@ -242,15 +242,14 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ({CLAIMAB
 """
 
 # Everything "why is my job waiting?" needs about one job, by key lookups: the row
-# (its approval too);
-# its queue's pause; its tenant's cap and slots in use; why the relay last held the
-# tenant's wake-ups back in that queue; its wake-up (one in flight that was not
-# taken up yet, else the pending one); how many live consumers serve its queue and
-# how many of them have its handler (the workers table holds one row per consumer
-# process); when its lease holder last heartbeat; how many relays are live and
-# connected to RabbitMQ (the relays table: a row per relay process), and when one
-# was last seen. statement_timestamp(), not now(): the caller's transaction may have
-# begun long ago.
+# (its approval too); its queue's pause; its tenant's cap and slots in use; why the
+# relay last held the tenant's wake-ups back in that queue; its wake-up (one in
+# flight that was not taken up yet, else the pending one); how many live consumers
+# serve its queue, how many of them have its handler (the workers table holds one
+# row per consumer process) and, for a dedicated tenant, how many of those name it;
+# when its lease holder last heartbeat; how many relays are live and connected to
+# RabbitMQ (the relays table: a row per relay process), and when one was last seen.
+# statement_timestamp(), not now(): the caller's transaction may have begun long ago.
 JOB_EXPLAIN: Final = f"""
 SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_count,
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
@@ -270,6 +269,11 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
           AND {LIVE_WORKER})::int AS handlers_on_queue,
+       COALESCE(l.runners = 'dedicated', false) AS dedicated,
+       (SELECT count(*) FROM workers AS w
+        WHERE l.runners = 'dedicated' AND j.queue = ANY(w.queues)
+          AND j.job_type = ANY(w.job_types) AND j.tenant = ANY(w.tenants)
+          AND {LIVE_WORKER})::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,

@@ -18,6 +18,11 @@ from schema.queries.fragments import (
 from schema.states import DelayReason
 from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
+# Refusals for want of a consumer that could take the job: one with its handler
+# (NO_HANDLER), or one naming its dedicated tenant (NO_AUTHORIZED_RUNNER). Their
+# wake-ups go only where such a consumer has room.
+_WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZED_RUNNER}'"
+
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
 #
 # A named job is taken when it is claimable and due, its type is one this worker has
@@ -54,6 +59,16 @@ from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 # lease ahead of it wakes it (key_wake_next), so a busy key is never polled.
 # Nothing about it spends an attempt.
 #
+# A job of a dedicated tenant (tenant_limits.runners) is taken only by a worker
+# that names the tenant (%(tenants)s, consumer --tenant); any other turns it down
+# (NO_AUTHORIZED_RUNNER) before its rate limit or its tenant's slot is looked at,
+# and its wake-up is handled as for want of a handler, among the live consumers that
+# name the tenant: due now if one has a free slot, at most once a second; after
+# the backstop if one is live but busy (brought forward once one has room,
+# OUTBOX_WAKE_REFUSED); none if none is live, until one announces
+# itself naming the tenant (JOB_WAKE_PARKED). A worker naming tenants still takes
+# every shared tenant's jobs.
+#
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
 # the reason it was not.
@@ -69,6 +84,12 @@ WITH types AS (
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
         rate_limit text)
+), dedicated AS (
+    -- 1a1. the dedicated tenants (tenant_limits.runners) this worker does not name
+    -- (%(tenants)s, consumer --tenant): their jobs are not its to take. While no
+    -- tenant is dedicated, one probe of an empty partial index.
+    SELECT d.tenant FROM tenant_limits AS d
+    WHERE d.runners = 'dedicated' AND d.tenant <> ALL(%(tenants)s::text[])
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
@@ -77,7 +98,8 @@ WITH types AS (
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            COALESCE(t.sync, false) AS sync,
-           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused
+           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
+           COALESCE(j.tenant IN (SELECT tenant FROM dedicated), false) AS unauthorized
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY(%(job_ids)s::uuid[])
       AND j.state IN ({CLAIMABLE_SQL})
@@ -86,12 +108,13 @@ WITH types AS (
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
-    -- 1c. of those, the ones with a handler, an unpaused queue and, for a plain
-    -- function, a free thread
+    -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
+    -- may serve and, for a plain function, a free thread
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
-          FROM locked AS l WHERE l.known AND NOT l.paused AND NOT l.expired) AS r
+          FROM locked AS l
+          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), key_behind AS (
     -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
@@ -228,6 +251,7 @@ WITH types AS (
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'
+                WHEN l.unauthorized THEN '{DelayReason.NO_AUTHORIZED_RUNNER}'
                 WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN '{DelayReason.RATE_LIMITED}'
@@ -235,12 +259,14 @@ WITH types AS (
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN '{DelayReason.KEY_BUSY}'
                 ELSE '{DelayReason.TENANT_CAP}' END AS reason,
-           -- turned down for want of a handler less than a second ago already
-           COALESCE(l.delay_reason = '{DelayReason.NO_HANDLER}'
+           -- turned down for want of a handler (or of a runner naming its tenant) less
+           -- than a second ago already
+           COALESCE(l.delay_reason IN ({_WANTING_RUNNER})
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
-      AND (l.expired OR l.paused OR NOT l.known OR l.job_id IN (SELECT job_id FROM runnable))
+      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
+           OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
     -- turned it down: it marks the wake-up used (see UNTAKEN), so it moves on every
@@ -278,38 +304,42 @@ WITH types AS (
       AND o.job_id = ANY(ARRAY(SELECT job_id FROM refused)) AND o.sent_at IS NOT NULL
 ), held AS (
     -- 3d. leases per consumer (at most the fleet's concurrency), counted only when
-    -- something was turned down for want of a handler
+    -- something was turned down for want of a handler or of a runner naming its tenant
     SELECT x.lease_owner, count(*) AS n
     FROM jobs AS x
     WHERE x.state IN ({LEASED_SQL})
-      AND EXISTS (SELECT 1 FROM refused WHERE reason = '{DelayReason.NO_HANDLER}')
+      AND EXISTS (SELECT 1 FROM refused WHERE reason IN ({_WANTING_RUNNER}))
     GROUP BY x.lease_owner
 ), capable AS (
-    -- 3e. per job turned down for want of a handler: whether another live consumer has
-    -- it, and whether one of those has a free slot now
+    -- 3e. per job turned down for want of a handler (or of a runner naming its
+    -- tenant): whether another live consumer has it (and names the tenant), and
+    -- whether one of those has a free slot now
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
     JOIN workers AS w
       ON w.worker_id <> %(worker)s AND {LIVE_WORKER}
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+     AND (r.reason = '{DelayReason.NO_HANDLER}' OR r.tenant = ANY(w.tenants))
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
-    WHERE r.reason = '{DelayReason.NO_HANDLER}'
+    WHERE r.reason IN ({_WANTING_RUNNER})
     GROUP BY r.job_id
 ), requeued AS (
-    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler: then
-    -- only straight to a free slot, and not twice in a second; else after the
-    -- backstop, or earlier once a slot frees (OUTBOX_WAKE_REFUSED).
+    -- 3f. a fresh wake-up in the backlog. Due now, but for want of a handler (or of
+    -- a runner naming its tenant): then only straight to a free slot, and not twice
+    -- in a second; else after the backstop, or earlier once a slot frees
+    -- (OUTBOX_WAKE_REFUSED). None when no live consumer could take it: it
+    -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN GREATEST(d.token_due, now())
-                WHEN r.reason <> '{DelayReason.NO_HANDLER}'
+                WHEN r.reason NOT IN ({_WANTING_RUNNER})
                      OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS}) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     LEFT JOIN rate_refused AS d USING (job_id)
     WHERE r.reason <> 'EXPIRED'
-      AND (r.reason <> '{DelayReason.NO_HANDLER}' OR c.job_id IS NOT NULL)
+      AND (r.reason NOT IN ({_WANTING_RUNNER}) OR c.job_id IS NOT NULL)
       -- a job waiting for its key gets its wake-up back when the key frees
       AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}')
 ), claimed AS (

@@ -10,19 +10,31 @@ from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
 from schema.states import DelayReason, HeldReason
 from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
-# Jobs that waited for a consumer that knows their type: woken when one announces it
-# (and by the re-waker, as a backstop), without waiting for the periodic re-wake.
+# Jobs that waited for a consumer that knows their type, or (NO_AUTHORIZED_RUNNER)
+# for one that names their dedicated tenant: woken when one announces itself (and by
+# the re-waker, as a backstop), without waiting for the periodic re-wake. Each
+# branch reads its own partial index (jobs_no_handler_idx, jobs_no_runner_idx).
 JOB_WAKE_PARKED: Final = f"""
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-SELECT j.job_id, j.queue, COALESCE(j.tenant, ''), j.priority, now()
-FROM jobs AS j
-WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
-  AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
-  AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)
+SELECT p.job_id, p.queue, COALESCE(p.tenant, ''), p.priority, now()
+FROM (SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = '{DelayReason.NO_HANDLER}' AND j.state IN ({CLAIMABLE_SQL})
+        AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+      UNION ALL
+      SELECT j.job_id, j.queue, j.tenant, j.priority
+      FROM jobs AS j
+      WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}'
+        AND j.state IN ({CLAIMABLE_SQL})
+        AND j.tenant = ANY(%(tenants)s::text[]) AND j.queue = ANY(%(queues)s::text[])
+        AND j.job_type = ANY(%(job_types)s::text[])) AS p
+WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
 RETURNING job_id
 """
 
-# Wake-ups a consumer turned down for want of a handler wait the backstop
+# Wake-ups a consumer turned down for want of a handler (or of a runner naming the
+# job's dedicated tenant, NO_AUTHORIZED_RUNNER: the same walk by tenant and queue)
+# wait the backstop
 # (REFUSAL_BACKSTOP_SECONDS, see JOB_CLAIM_MANY): run by the relay every
 # --refusal-interval, this brings them forward once a live consumer that has the
 # handler has a free slot (its concurrency, less the leases it holds), at most as
@@ -50,10 +62,26 @@ WITH RECURSIVE kinds AS (
           AND (j.queue, j.job_type) > (k.queue, k.job_type)
         ORDER BY j.queue, j.job_type LIMIT 1
     ) AS n
+), tenant_kinds AS (
+    -- the same for jobs refused for want of a consumer naming their dedicated
+    -- tenant (jobs_no_runner_idx): their kinds are (tenant, queue)
+    (SELECT j.tenant, j.queue FROM jobs AS j
+     WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+     ORDER BY j.tenant, j.queue LIMIT 1)
+    UNION ALL
+    SELECT n.tenant, n.queue
+    FROM tenant_kinds AS k
+    CROSS JOIN LATERAL (
+        SELECT j.tenant, j.queue FROM jobs AS j
+        WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+          AND (j.tenant, j.queue) > (k.tenant, k.queue)
+        ORDER BY j.tenant, j.queue LIMIT 1
+    ) AS n
 ), held AS (
     SELECT j.lease_owner AS worker_id, count(*)::int AS n
     FROM jobs AS j
-    WHERE j.state IN ({LEASED_SQL}) AND EXISTS (SELECT 1 FROM kinds)
+    WHERE j.state IN ({LEASED_SQL})
+      AND (EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds))
     GROUP BY j.lease_owner
 ), room AS (
     SELECT k.queue, k.job_type,
@@ -74,9 +102,29 @@ WITH RECURSIVE kinds AS (
         LIMIT r.free
     ) AS c
     WHERE r.free > 0
+), tenant_room AS (
+    SELECT k.tenant, k.queue,
+           (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
+            FROM workers AS w LEFT JOIN held AS h USING (worker_id)
+            WHERE {LIVE_WORKER} AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+              AND w.concurrency > COALESCE(h.n, 0)) AS free
+    FROM tenant_kinds AS k
+), tenant_chosen AS (
+    SELECT c.id
+    FROM tenant_room AS r
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM jobs AS j JOIN outbox AS o ON o.job_id = j.job_id
+        WHERE j.delay_reason = '{DelayReason.NO_AUTHORIZED_RUNNER}' AND j.state IN ({CLAIMABLE_SQL})
+          AND j.tenant = r.tenant AND j.queue = r.queue
+          AND o.sent_at IS NULL AND o.available_at > now()
+        ORDER BY j.tenant, j.queue
+        LIMIT r.free
+    ) AS c
+    WHERE r.free > 0
 ), moved AS (
     SELECT o.id FROM outbox AS o
-    WHERE o.id IN (SELECT id FROM chosen) AND o.sent_at IS NULL AND o.available_at > now()
+    WHERE (o.id IN (SELECT id FROM chosen) OR o.id IN (SELECT id FROM tenant_chosen))
+      AND o.sent_at IS NULL AND o.available_at > now()
     FOR UPDATE SKIP LOCKED
 ), brought AS (
     UPDATE outbox AS o SET available_at = now()
@@ -85,7 +133,7 @@ WITH RECURSIVE kinds AS (
 )
 SELECT queue FROM brought
 UNION ALL
-SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds)
+SELECT NULL WHERE EXISTS (SELECT 1 FROM kinds) OR EXISTS (SELECT 1 FROM tenant_kinds)
 """
 
 # The queues that have wake-ups due, by a loose index scan of the backlog (a few
@@ -477,6 +525,14 @@ WITH slice AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM workers AS w
                       WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
+      -- one refused for its dedicated tenant, once a consumer naming it is live, or
+      -- once the tenant is shared again
+      AND (s.delay_reason IS DISTINCT FROM '{DelayReason.NO_AUTHORIZED_RUNNER}'
+           OR NOT EXISTS (SELECT 1 FROM tenant_limits AS d
+                          WHERE d.tenant = s.tenant AND d.runners = 'dedicated')
+           OR EXISTS (SELECT 1 FROM workers AS w
+                      WHERE {LIVE_WORKER} AND s.queue = ANY(w.queues)
+                        AND s.job_type = ANY(w.job_types) AND s.tenant = ANY(w.tenants)))
       -- one waiting for its key is woken by the end of the lease ahead of it: an
       -- orphan only once nothing holds it back any more
       AND NOT (s.delay_reason = '{DelayReason.KEY_BUSY}'

@@ -61,12 +61,14 @@ SELECT tenant, n, tokens, rate FROM level WHERE tokens < n ORDER BY tenant
 # in tenant_usage, so an operator holding this transaction open blocks no claim.
 TENANT_LIMIT_SET: Final = """
 WITH limits AS (
-    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate)
-    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s)
+    INSERT INTO tenant_limits AS l (tenant, max_running, weight, max_queued, max_enqueue_rate,
+                                    runners)
+    VALUES (%(tenant)s, %(max_running)s, %(weight)s, %(max_queued)s, %(max_enqueue_rate)s,
+            %(runners)s)
     ON CONFLICT (tenant) DO UPDATE
     SET max_running = EXCLUDED.max_running, weight = EXCLUDED.weight,
         max_queued = EXCLUDED.max_queued, max_enqueue_rate = EXCLUDED.max_enqueue_rate,
-        updated_at = now()
+        runners = EXCLUDED.runners, updated_at = now()
     RETURNING l.tenant
 ), usage AS (
     INSERT INTO tenant_usage (tenant) SELECT tenant FROM limits
@@ -78,7 +80,7 @@ SELECT tenant FROM limits
 TENANT_LIMIT_LIST: Final = """
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
        COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
-       l.max_enqueue_rate
+       l.max_enqueue_rate, l.runners
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant
 """

@@ -7,14 +7,14 @@ from typing import Final
 
 from schema.queries.fragments import LIVE_WORKER
 
-# A consumer announces itself at start and at every heartbeat: which queues and job
-# types it serves, with what capacity, and its counters. Upsert, so a worker whose
-# row expired while it was frozen comes back.
+# A consumer announces itself at start and at every heartbeat: which queues, job
+# types and dedicated tenants it serves, with what capacity, and its counters.
+# Upsert, so a worker whose row expired while it was frozen comes back.
 WORKER_SEEN: Final = """
 INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
-                          stopping, counts)
+                          stopping, counts, tenants)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)s,
-        %(prefetch)s, %(stopping)s, %(counts)s::jsonb)
+        %(prefetch)s, %(stopping)s, %(counts)s::jsonb, %(tenants)s::text[])
 ON CONFLICT (worker_id) DO UPDATE
 SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
     job_types = EXCLUDED.job_types

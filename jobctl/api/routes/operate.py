@@ -200,6 +200,7 @@ async def put_tenant(
             max_running=limits.max_running,
             weight=limits.weight,
             max_queued=limits.max_queued,
+            runners=limits.runners,
         )
     if not existed:
         response.status_code = 201
