@@ -12,7 +12,8 @@ operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed 
 cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
 waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
-``approve``/``reject`` for jobs enqueued with ``needs_approval``.
+``approve``/``reject`` for jobs enqueued with ``needs_approval``;
+``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
 """
 
 from outbox.approval import NotAwaitingApproval, approve, approve_async, reject, reject_async
@@ -53,6 +54,15 @@ from outbox.schedules import (
     unschedule,
     unschedule_async,
 )
+from outbox.resources import (
+    NotUncertain,
+    Resolved,
+    ResourceHold,
+    resolve_resource,
+    resolve_resource_async,
+    resource_holds,
+    resource_holds_async,
+)
 from outbox.tenants import (
     TenantLimit,
     set_tenant_limit,
@@ -74,8 +84,11 @@ __all__ = [
     "LastError",
     "NewJob",
     "NotAwaitingApproval",
+    "NotUncertain",
     "PausedQueue",
     "RateLimit",
+    "Resolved",
+    "ResourceHold",
     "TenantLimit",
     "Why",
     "approve",
@@ -101,6 +114,10 @@ __all__ = [
     "remove_rate_limit",
     "remove_rate_limit_async",
     "request_cancel",
+    "resolve_resource",
+    "resolve_resource_async",
+    "resource_holds",
+    "resource_holds_async",
     "request_cancel_async",
     "resume_queue",
     "resume_queue_async",

@@ -188,6 +188,7 @@ def enqueue(
     key: str | None = None,
     key_limit: int | None = None,
     ordered: bool | str = False,
+    resource: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -215,6 +216,12 @@ def enqueue(
     of the key start one after the other in enqueue order (commit order), passing
     a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
     FAILED one until it is replayed.
+
+    ``resource``: an exclusive target the job acts on (``"deploy:prod"``): at most
+    one job with it holds a lease at once, across queues and job types; the others
+    wait (RESOURCE_BUSY). A clean end of the holder's lease frees it; a lease that
+    expires leaves it uncertain (RESOURCE_UNCERTAIN), and no job of it starts until
+    :func:`outbox.resolve_resource`. A job takes a key or a resource, not both.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -236,6 +243,7 @@ def enqueue(
         key=key,
         key_limit=key_limit,
         ordered=ordered,
+        resource=resource,
     )
     return enqueue_many(session, [job])[0]
 

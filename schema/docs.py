@@ -96,6 +96,8 @@ NOTES: Final[dict[str, str]] = {
     "RATE_LIMIT_SET": "create or change a rate limit (a name, or a prefix and ':*')",
     "RATE_LIMIT_REMOVE": "remove a rate limit and the token buckets it governed",
     "RATE_LIMITS": "list the rate limits with their buckets' tokens now",
+    "RESOURCE_RESOLVE": "free a resource an expired lease left uncertain, and wake its next job",
+    "RESOURCE_HOLD_LIST": "list the resources held now, uncertain ones first",
     "TENANT_LIMIT_LIST": "list the tenants' limits and usage",
     "TENANT_USAGE_LOCK": "lock every tenant's usage row, for the reconciler",
     "TENANT_USAGE_DRIFTED": "find, without locking, the tenants whose count of held slots drifted",

@@ -48,6 +48,8 @@ class DelayReason(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"  # its rate limit had no token for it
     KEY_BUSY = "KEY_BUSY"  # key_limit jobs of its key held a lease
     KEY_ORDER = "KEY_ORDER"  # an earlier ordered job of its key had not finished
+    RESOURCE_BUSY = "RESOURCE_BUSY"  # another job's lease held its resource
+    RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"  # its resource's holder vanished: unresolved
 
 
 class HeldReason(StrEnum):

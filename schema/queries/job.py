@@ -23,12 +23,12 @@ WITH input AS (
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
-        rate_limit text, key text, key_limit integer, key_order text)
+        rate_limit text, key text, key_limit integer, key_order text, resource text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq)
+         key_order, key_seq, resource)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -38,7 +38,8 @@ WITH input AS (
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
-           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval
