@@ -42,6 +42,15 @@ from outbox.rate_limits import (
     set_rate_limit_async,
 )
 from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
+from outbox.resources import (
+    NotUncertain,
+    Resolved,
+    ResourceHold,
+    resolve_resource,
+    resolve_resource_async,
+    resource_holds,
+    resource_holds_async,
+)
 from outbox.schedules import (
     pause_schedule,
     pause_schedule_async,
@@ -53,15 +62,6 @@ from outbox.schedules import (
     trigger_schedule_async,
     unschedule,
     unschedule_async,
-)
-from outbox.resources import (
-    NotUncertain,
-    Resolved,
-    ResourceHold,
-    resolve_resource,
-    resolve_resource_async,
-    resource_holds,
-    resource_holds_async,
 )
 from outbox.tenants import (
     TenantLimit,
@@ -114,11 +114,11 @@ __all__ = [
     "remove_rate_limit",
     "remove_rate_limit_async",
     "request_cancel",
+    "request_cancel_async",
     "resolve_resource",
     "resolve_resource_async",
     "resource_holds",
     "resource_holds_async",
-    "request_cancel_async",
     "resume_queue",
     "resume_queue_async",
     "resume_schedule",

@@ -1634,7 +1634,7 @@ RETURNING o.job_id;
 -- Parameters: after, grace_seconds, slice, worker_ttl.
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason, j.key, j.key_limit, j.key_seq
+           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -1659,6 +1659,10 @@ WITH slice AS MATERIALIZED (
                AND EXISTS (SELECT 1 FROM jobs AS x
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
                              AND (x.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (x.state = 'FAILED' AND x.key_order = 'strict'))))
+      -- and one waiting for its resource, by the end of the hold (or its resolution)
+      AND NOT (s.delay_reason IN ('RESOURCE_BUSY',
+                                  'RESOURCE_UNCERTAIN')
+               AND EXISTS (SELECT 1 FROM resource_holds AS h WHERE h.resource = s.resource))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

@@ -32,9 +32,7 @@ def upgrade() -> None:
         "jobs",
         "resource IS NULL OR char_length(resource) BETWEEN 1 AND 500",
     )
-    op.create_check_constraint(
-        "jobs_key_or_resource", "jobs", "key IS NULL OR resource IS NULL"
-    )
+    op.create_check_constraint("jobs_key_or_resource", "jobs", "key IS NULL OR resource IS NULL")
     op.create_index(
         "jobs_resource_waiting_idx",
         "jobs",

@@ -1,0 +1,231 @@
+"""Exclusive resources on real processes: at most one lease of a resource at once
+however many consumers contend, a clean end of the lease (success, Permanent)
+frees it for the next, and a lease that expires with its consumer killed leaves the
+resource UNCERTAIN: the job goes to RETRY_WAIT as usual, nothing of the resource
+starts (explain says since when and which job) while other resources run, until
+outbox.resolve_resource, after which the waiting jobs run."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import consumers
+import outbox
+from consumers import Registry
+from outbox import NewJob
+from plumbing.config import AmqpUrl, DatabaseUrl
+from schema.topology import Topology
+from tests.apps.keys import RUNS_TABLE
+from tests.support.inproc import consumer_running, relay_running
+from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
+from tests.support.processes import running
+
+pytestmark = pytest.mark.timeout(300)
+
+# The `keyed` handler of tests.apps.keys records each run under payload.key: here,
+# the job's resource.
+APP = ["--app", "tests.apps.keys"]
+
+# Pairs of runs of one resource whose handler intervals overlap (a run still going
+# counts as open-ended), from the handlers' own clock.
+OVERLAPS = """
+SELECT a.key, a.job_id, b.job_id
+FROM key_runs AS a JOIN key_runs AS b
+  ON a.key = b.key AND (a.job_id, a.attempt) < (b.job_id, b.attempt)
+ AND a.started_at < COALESCE(b.ended_at, 'infinity')
+ AND b.started_at < COALESCE(a.ended_at, 'infinity')
+"""
+
+
+def on(resource: str, **payload: Any) -> dict[str, Any]:
+    return {"key": resource, **payload}
+
+
+def holds(pg: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return pg.execute(
+        "SELECT resource, job_id, uncertain_since IS NOT NULL FROM resource_holds ORDER BY 1"
+    ).fetchall()
+
+
+def test_one_holder_at_a_time_across_consumers_and_job_types(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    """Twelve jobs of one resource, in two queues, on two consumers with room for
+    eight each, beside jobs of other resources: never two runs of a resource at
+    once, no attempt spent on waiting, and no hold left."""
+    pg.execute(RUNS_TABLE)
+    hot = [
+        NewJob("keyed", on("deploy:prod", seconds=0.1), queue=q, resource="deploy:prod")
+        for q in ("default", "other")
+        for _ in range(6)
+    ]
+    others = [
+        NewJob("keyed", on(f"deploy:r{i}", seconds=0.2), resource=f"deploy:r{i}")
+        for i in range(6)
+        for _ in range(2)
+    ]
+    args = [*APP, "--concurrency", "8", "--queue", "default", "--queue", "other"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started"),
+        running("consumer", args, env, "consumer.started"),
+    ):
+        ids = enqueue_many(engine, hot + others)
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=180))
+    assert pg.execute(OVERLAPS).fetchall() == []
+    (runs,) = pg.execute("SELECT count(*) FROM key_runs WHERE key = 'deploy:prod'").fetchone()  # type: ignore[misc]
+    assert runs == 12
+    assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone() == (1,)
+    assert holds(pg) == []
+
+
+async def test_explain_names_the_holder_and_a_clean_failure_frees_the_resource(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    registry = Registry()
+    release = asyncio.Event()
+
+    @registry.handler("deploy", max_attempts=1)
+    async def deploy(j: consumers.Job) -> None:
+        await release.wait()
+        if (j.payload or {}).get("fail"):
+            raise consumers.Permanent("target refused the build", code="REFUSED")
+
+    async with (
+        relay_running(db_url, amqp_url, topology),
+        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
+    ):
+        holder = enqueue(engine, "deploy", {"fail": True}, resource="deploy:prod")
+        await wait_for_state(pg, holder, "RUNNING")
+        waiting = enqueue(engine, "deploy", {}, resource="deploy:prod")
+        await until(lambda: job(pg, waiting)["delay_reason"] == "RESOURCE_BUSY", "turned down")
+        with Session(engine) as session:
+            why = outbox.explain(session, waiting)
+            assert why.codes == ["RESOURCE_BUSY"], why
+            facts = why.blocker("RESOURCE_BUSY").facts  # type: ignore[union-attr]
+            assert (facts["resource"], facts["held_by"]) == ("deploy:prod", holder)
+            assert f"held by job {holder}" in why.summary
+            # a live lease's hold is not the operator's to resolve
+            with pytest.raises(outbox.NotUncertain, match="live lease"):
+                outbox.resolve_resource(session, "deploy:prod", by="alice")
+        assert holds(pg) == [("deploy:prod", holder, False)]
+        release.set()
+        # the holder fails for good, and the one waiting runs: woken by that end
+        await wait_for_state(pg, waiting, "SUCCEEDED")
+    assert job(pg, holder)["state"] == "FAILED"
+    assert job(pg, waiting)["attempt_count"] == 1
+    assert holds(pg) == []
+
+
+def test_an_expired_lease_leaves_the_resource_uncertain_until_it_is_resolved(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    """The holder's consumer is killed with SIGKILL mid-run: its lease expires, the
+    job goes to RETRY_WAIT, and the resource stays held, uncertain. Neither its
+    retry nor the job waiting behind it starts while a job of another resource
+    runs; explain names the job and since when. resolve_resource records who and
+    frees it: both then run, one at a time."""
+    pg.execute(RUNS_TABLE)
+    short = [*APP, "--lease-seconds", "3", "--heartbeat-seconds", "1", "--concurrency", "4"]
+    relay = ["--sweep-interval", "0.5", "--rewake-interval", "3"]
+    with running("relay", relay, env, "relay.started"):
+        with running("consumer", short, env, "consumer.started") as killed:
+            head = enqueue(
+                engine, "keyed", on("deploy:prod", hang_once=True), resource="deploy:prod"
+            )
+            asyncio.run(wait_for_state(pg, head, "RUNNING"))
+            behind = enqueue(engine, "keyed", on("deploy:prod"), resource="deploy:prod")
+            asyncio.run(
+                until(lambda: job(pg, behind)["delay_reason"] == "RESOURCE_BUSY", "turned down")
+            )
+            killed.kill()
+        asyncio.run(
+            until(lambda: job(pg, head)["last_error_code"] == "LEASE_EXPIRED", "lease swept")
+        )
+        assert holds(pg) == [("deploy:prod", head, True)]
+        with running("consumer", short, env, "consumer.started"):
+            # the head's retry comes due and is turned down, for the uncertain resource
+            asyncio.run(
+                until(
+                    lambda: job(pg, head)["delay_reason"] == "RESOURCE_UNCERTAIN",
+                    "the retry is turned down",
+                )
+            )
+            elsewhere = enqueue(engine, "keyed", on("deploy:staging"), resource="deploy:staging")
+            asyncio.run(wait_for_state(pg, elsewhere, "SUCCEEDED"))
+            assert (job(pg, head)["state"], job(pg, behind)["state"]) == ("RETRY_WAIT", "QUEUED")
+            (started,) = pg.execute(
+                "SELECT count(*) FROM key_runs WHERE key = 'deploy:prod'"
+            ).fetchone()  # type: ignore[misc]
+            assert started == 1, "only the killed run started"
+            with Session(engine) as session:
+                why = outbox.explain(session, behind)
+            assert why.codes == ["RESOURCE_UNCERTAIN"], why
+            facts = why.blocker("RESOURCE_UNCERTAIN").facts  # type: ignore[union-attr]
+            assert (facts["resource"], facts["job"]) == ("deploy:prod", head)
+            assert facts["since"] is not None
+            assert "uncertain since" in why.summary
+            with Session(engine) as session, session.begin():
+                listed = outbox.resource_holds(session)
+                assert [(h.resource, h.job_id, h.uncertain, h.waiting) for h in listed] == [
+                    ("deploy:prod", head, True, 1)
+                ]
+                resolved = outbox.resolve_resource(
+                    session, "deploy:prod", by="alice", outcome="rolled back by hand"
+                )
+            assert (resolved.job_id, resolved.uncertain_since) == (head, facts["since"])
+            asyncio.run(wait_until_all(pg, "SUCCEEDED", 3, timeout=60))
+    # the killed run never ended by its own clock; the two after it ran one at a time
+    assert pg.execute("SELECT job_id FROM key_runs WHERE ended_at IS NULL").fetchall() == [(head,)]
+    finished = OVERLAPS + " WHERE a.ended_at IS NOT NULL AND b.ended_at IS NOT NULL"
+    assert pg.execute(finished).fetchall() == []
+    assert holds(pg) == []
+    rows = pg.execute(
+        "SELECT resource, job_id, resolved_by, outcome FROM resource_resolutions"
+    ).fetchall()
+    assert rows == [("deploy:prod", head, "alice", "rolled back by hand")]
+
+
+def test_resolving_a_free_resource_is_refused(engine: Engine) -> None:
+    with (
+        Session(engine) as session,
+        session.begin(),
+        pytest.raises(outbox.NotUncertain, match="is free"),
+    ):
+        outbox.resolve_resource(session, "deploy:prod")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"resource": "r", "key": "k"}, ValueError, "a key or a resource"),
+        ({"resource": ""}, ValueError, "resource"),
+        ({"resource": 3}, TypeError, "resource"),
+    ],
+)
+def test_bad_resource_arguments_raise_before_writing(
+    engine: Engine, pg: psycopg.Connection, kwargs: dict[str, Any], error: type, text: str
+) -> None:
+    with Session(engine) as session, session.begin(), pytest.raises(error, match=text):
+        outbox.enqueue(session, "t", {}, **kwargs)
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
+def test_enqueue_many_and_the_async_twin_take_a_resource(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    ids = enqueue_many(engine, [NewJob("t", {}, resource="deploy:a")])
+    assert job(pg, ids[0])["resource"] == "deploy:a"
+    assert "resource" in str(outbox.enqueue_async.__signature__)  # type: ignore[attr-defined]
+    assert isinstance(ids[0], uuid.UUID)
