@@ -8,7 +8,10 @@ outbox.resolve_resource, after which the waiting jobs run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,7 +28,7 @@ from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
-from tests.support.processes import running
+from tests.support.processes import jobctl, running
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -229,3 +232,40 @@ def test_enqueue_many_and_the_async_twin_take_a_resource(
     assert job(pg, ids[0])["resource"] == "deploy:a"
     assert "resource" in str(outbox.enqueue_async.__signature__)  # type: ignore[attr-defined]
     assert isinstance(ids[0], uuid.UUID)
+
+
+def test_jobctl_lists_an_uncertain_resource_and_resolves_it(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    # the hold an expired lease leaves (see the test above for the real thing)
+    holder = enqueue(engine, "t", {}, resource="deploy:prod", run_after=timedelta(hours=1))
+    pg.execute(
+        "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
+        " VALUES ('deploy:prod', %s, 1, now())",
+        [holder],
+    )
+    waiting = enqueue(engine, "t", {}, resource="deploy:prod")
+    pg.execute("DELETE FROM outbox WHERE job_id = %s", [waiting])
+    listed = jobctl("resources", "list", "--json", url=db_url, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    (shown,) = json.loads(listed.stdout)["resources"]
+    assert (shown["resource"], shown["job_id"], shown["waiting"]) == (
+        "deploy:prod",
+        str(holder),
+        1,
+    )
+    assert shown["uncertain_since"] is not None
+    text = jobctl("resources", "list", url=db_url, cwd=tmp_path)
+    assert "UNCERTAIN since" in text.stdout, text.stdout
+    done = jobctl("resources", "resolve", "deploy:prod", "--by", "bob", url=db_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"left uncertain by job {holder}" in done.stdout
+    assert pg.execute("SELECT resolved_by FROM resource_resolutions").fetchall() == [("bob",)]
+    # freed, and the job waiting for it woken (it had no wake-up left)
+    assert pg.execute("SELECT count(*) FROM resource_holds").fetchone() == (0,)
+    assert pg.execute(
+        "SELECT count(*) FROM outbox WHERE job_id = %s AND sent_at IS NULL", [waiting]
+    ).fetchone() == (1,)
+    again = jobctl("resources", "resolve", "deploy:prod", url=db_url, cwd=tmp_path)
+    assert again.returncode == 1
+    assert "is free" in again.stderr
