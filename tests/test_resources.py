@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.async_api import expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -26,6 +27,8 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
+from tests.support.api import api_client
+from tests.support.dashboard import chromium, dashboard_served, sign_in
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.processes import jobctl, running
@@ -269,3 +272,32 @@ def test_jobctl_lists_an_uncertain_resource_and_resolves_it(
     again = jobctl("resources", "resolve", "deploy:prod", url=db_url, cwd=tmp_path)
     assert again.returncode == 1
     assert "is free" in again.stderr
+
+
+async def test_the_api_enqueues_with_a_resource_and_the_dashboard_shows_it_uncertain(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    async with api_client(db_url) as client:
+        sent = await client.post("/v1/jobs", json={"job_type": "deploy", "resource": "deploy:prod"})
+        assert sent.status_code == 202, sent.text
+        assert sent.json()["resource"] == "deploy:prod"
+        both = await client.post(
+            "/v1/jobs", json={"job_type": "deploy", "resource": "deploy:prod", "key": "k"}
+        )
+        assert both.status_code == 422, both.text
+    (holder,) = pg.execute("SELECT job_id FROM jobs").fetchone()  # type: ignore[misc]
+    pg.execute(
+        "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
+        " VALUES ('deploy:prod', %s, 1, now())",
+        [holder],
+    )
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then="/tenants")
+        row = page.locator("[data-testid=resource-row][data-resource='deploy:prod']")
+        await expect(row).to_have_attribute("data-uncertain", "true")
+        await expect(row).to_contain_text("UNCERTAIN since")
+        await page.goto(f"{served.base}/jobs/{holder}")
+        await expect(page.get_by_test_id("job-resource")).to_contain_text("deploy:prod")
+        blocker = page.locator("[data-testid=blocker][data-code=RESOURCE_UNCERTAIN]")
+        await expect(blocker).to_have_count(1)

@@ -124,6 +124,12 @@ class EnqueueBody(BaseModel):
     """true: jobs of its key start in enqueue order, one after the other, past one
     that FAILED or was CANCELLED; "strict": the key waits behind a FAILED one until
     it is replayed. Needs a key."""
+    resource: (
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
+    ) = None
+    """An exclusive target the job acts on ("deploy:prod"): at most one job with it
+    holds a lease at once; a lease that expires leaves it UNCERTAIN until resolved
+    (jobctl resources resolve). Takes no key."""
 
 
 class RejectBody(BaseModel):

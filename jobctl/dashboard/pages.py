@@ -240,7 +240,16 @@ async def tenants(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_tenants(session), await _clock(session)
         limits = await outbox.rate_limits_async(session)
-    return render.page(request, "tenants.html", looker, tenants=found, now=now, rate_limits=limits)
+        held = await outbox.resource_holds_async(session)
+    return render.page(
+        request,
+        "tenants.html",
+        looker,
+        tenants=found,
+        now=now,
+        rate_limits=limits,
+        resources=held,
+    )
 
 
 @router.get("/workers")

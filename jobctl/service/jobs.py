@@ -101,6 +101,7 @@ class NewJobRequest:
     key: str | None = None
     key_limit: int | None = None
     ordered: bool | str = False
+    resource: str | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -127,6 +128,8 @@ class NewJobRequest:
             document["rate_limit"] = self.rate_limit
         if self.key is not None:
             document |= {"key": self.key, "key_limit": self.key_limit, "ordered": self.ordered}
+        if self.resource is not None:
+            document["resource"] = self.resource
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -242,6 +245,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key,
         key_limit,
         key_order,
+        resource,
     ) = row[14:]
     summary = _summary(row)
     as_text: list[str] = []
@@ -289,6 +293,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key=key,
         key_limit=key_limit,
         key_order=key_order,
+        resource=resource,
     )
 
 
@@ -368,6 +373,7 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             key=request.key,
             key_limit=request.key_limit,
             ordered=request.ordered,
+            resource=request.resource,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

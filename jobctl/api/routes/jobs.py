@@ -152,6 +152,7 @@ async def enqueue(
         body.key,
         body.key_limit,
         body.ordered,
+        body.resource,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
