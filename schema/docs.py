@@ -98,6 +98,7 @@ NOTES: Final[dict[str, str]] = {
     "RATE_LIMITS": "list the rate limits with their buckets' tokens now",
     "RESOURCE_RESOLVE": "free a resource an expired lease left uncertain, and wake its next job",
     "RESOURCE_HOLD_LIST": "list the resources held now, uncertain ones first",
+    "RESOURCE_UNCERTAIN_FOR": "the uncertain holds of some jobs' resources, for reconcile hooks",
     "TENANT_LIMIT_LIST": "list the tenants' limits and usage",
     "TENANT_USAGE_LOCK": "lock every tenant's usage row, for the reconciler",
     "TENANT_USAGE_DRIFTED": "find, without locking, the tenants whose count of held slots drifted",

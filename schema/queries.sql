@@ -2614,8 +2614,9 @@ ORDER BY r.name;
 -- ======================================================================================
 
 -- name: RESOURCE_RESOLVE
--- Run by outbox.resources:resolve_resource(_async) to free a resource an expired lease
--- left uncertain, and wake its next job.
+-- Run by consumers.store:JobStore.resolve_resource,
+-- outbox.resources:resolve_resource(_async) to free a resource an expired lease left
+-- uncertain, and wake its next job.
 -- Built with resource_wake_next.
 -- Parameters: by, outcome, resource.
 WITH freed AS (
@@ -2642,6 +2643,17 @@ WITH freed AS (
     WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT job_id, uncertain_since FROM freed;
+
+-- name: RESOURCE_UNCERTAIN_FOR
+-- Run by consumers.store:JobStore.uncertain_for to the uncertain holds of some jobs'
+-- resources, for reconcile hooks.
+-- Parameters: job_ids.
+SELECT DISTINCT ON (h.resource) h.resource, h.job_id, x.job_type, x.payload, h.uncertain_since
+FROM jobs AS j
+JOIN resource_holds AS h ON h.resource = j.resource AND h.uncertain_since IS NOT NULL
+JOIN jobs AS x ON x.job_id = h.job_id
+WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.resource IS NOT NULL
+ORDER BY h.resource;
 
 -- name: RESOURCE_HOLD_LIST
 -- Run by outbox.resources:_holds to list the resources held now, uncertain ones first.

@@ -301,3 +301,60 @@ async def test_the_api_enqueues_with_a_resource_and_the_dashboard_shows_it_uncer
         await expect(page.get_by_test_id("job-resource")).to_contain_text("deploy:prod")
         blocker = page.locator("[data-testid=blocker][data-code=RESOURCE_UNCERTAIN]")
         await expect(blocker).to_have_count(1)
+
+
+async def test_a_reconcile_hook_resolves_what_it_can_tell_and_leaves_the_rest(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """A job of an uncertain resource is turned down; the consumer asks the hook of
+    the type whose lease left it so. On deploy:prod the hook can tell (the resource
+    is resolved, recorded as the hook's, and the job runs); on deploy:lab it cannot
+    (None), and the resource stays uncertain, its job waiting."""
+    registry = Registry()
+    asked: list[consumers.Uncertain] = []
+    ran: list[str] = []
+
+    def look(hold: consumers.Uncertain) -> str | None:
+        asked.append(hold)
+        return "the target runs build 7" if hold.resource == "deploy:prod" else None
+
+    @registry.handler("deploy", reconcile=look)
+    async def deploy(j: consumers.Job) -> None:
+        ran.append((j.payload or {})["to"])
+
+    holders = {}
+    for target in ("deploy:prod", "deploy:lab"):
+        # the job whose lease expired holding it (see the kill -9 test for the real thing)
+        holders[target] = enqueue(
+            engine, "deploy", {"to": "never"}, resource=target, run_after=timedelta(hours=1)
+        )
+        pg.execute(
+            "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
+            " VALUES (%s, %s, 1, now())",
+            [target, holders[target]],
+        )
+    async with (
+        relay_running(db_url, amqp_url, topology),
+        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
+    ):
+        prod = enqueue(engine, "deploy", {"to": "prod"}, resource="deploy:prod")
+        lab = enqueue(engine, "deploy", {"to": "lab"}, resource="deploy:lab")
+        await wait_for_state(pg, prod, "SUCCEEDED")
+        await until(lambda: len(asked) == 2, "both resources asked about")
+        assert job(pg, lab)["delay_reason"] == "RESOURCE_UNCERTAIN"
+        await asyncio.sleep(0.5)
+        assert job(pg, lab)["state"] == "QUEUED"
+    assert ran == ["prod"]
+    assert {(h.resource, h.job_id, h.job_type) for h in asked} == {
+        ("deploy:prod", holders["deploy:prod"], "deploy"),
+        ("deploy:lab", holders["deploy:lab"], "deploy"),
+    }
+    (by, outcome) = pg.execute(
+        "SELECT resolved_by, outcome FROM resource_resolutions WHERE resource = 'deploy:prod'"
+    ).fetchone()  # type: ignore[misc]
+    assert by.startswith("reconcile (") and outcome == "the target runs build 7"
+    assert holds(pg) == [("deploy:lab", holders["deploy:lab"], True)]

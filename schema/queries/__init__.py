@@ -108,7 +108,11 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_REFUSED,
 )
 from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
-from schema.queries.resource import RESOURCE_HOLD_LIST, RESOURCE_RESOLVE
+from schema.queries.resource import (
+    RESOURCE_HOLD_LIST,
+    RESOURCE_RESOLVE,
+    RESOURCE_UNCERTAIN_FOR,
+)
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
@@ -214,6 +218,7 @@ __all__ = [
     "RELAY_SEEN",
     "RESOURCE_HOLD_LIST",
     "RESOURCE_RESOLVE",
+    "RESOURCE_UNCERTAIN_FOR",
     "SCHEDULE_ADVANCE",
     "SCHEDULE_CLAIM_DUE",
     "SCHEDULE_CLOCK",

@@ -33,6 +33,18 @@ WITH freed AS (
 SELECT job_id, uncertain_since FROM freed
 """
 
+# The uncertain holds of the named jobs' resources, each once, with the job that
+# left it so (its type, whose handler's reconcile hook looks at the target, and its
+# payload): for a consumer whose claim turned them down RESOURCE_UNCERTAIN.
+RESOURCE_UNCERTAIN_FOR: Final = """
+SELECT DISTINCT ON (h.resource) h.resource, h.job_id, x.job_type, x.payload, h.uncertain_since
+FROM jobs AS j
+JOIN resource_holds AS h ON h.resource = j.resource AND h.uncertain_since IS NOT NULL
+JOIN jobs AS x ON x.job_id = h.job_id
+WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.resource IS NOT NULL
+ORDER BY h.resource
+"""
+
 # The resources held now, uncertain ones first (oldest first), with their holder's
 # state and how many jobs wait for each. The table holds a row per resource held,
 # so this reads it whole; the waiting count is one index range per row.
