@@ -25,6 +25,7 @@ import outbox
 from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
+from relay.maintenance import OrphanWalk, wake_orphans
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
 from tests.support.api import api_client
@@ -32,6 +33,7 @@ from tests.support.dashboard import chromium, dashboard_served, sign_in
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.processes import jobctl, running
+from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -358,3 +360,30 @@ async def test_a_reconcile_hook_resolves_what_it_can_tell_and_leaves_the_rest(
     ).fetchone()  # type: ignore[misc]
     assert by.startswith("reconcile (") and outcome == "the target runs build 7"
     assert holds(pg) == [("deploy:lab", holders["deploy:lab"], True)]
+
+
+async def test_the_orphan_walk_leaves_a_job_waiting_for_its_resource_until_it_frees(
+    pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """A job turned down for its resource has no wake-up on purpose: the end of the
+    hold (or its resolution) wakes it. The orphan walk wakes it only once the hold
+    is gone; while it stands the job would be turned down again, once per lap."""
+    busy, uncertain = uuid.uuid4(), uuid.uuid4()
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, resource, delay_reason) VALUES"
+        " (%s, 't', 'r1', 'RESOURCE_BUSY'), (%s, 't', 'r2', 'RESOURCE_UNCERTAIN')",
+        [busy, uncertain],
+    )
+    pg.execute(
+        "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
+        " VALUES ('r1', gen_random_uuid(), 1, NULL), ('r2', gen_random_uuid(), 1, now())"
+    )
+    pool = relay_pool(db_url)
+    await pool.open()
+    try:
+        assert await wake_orphans(pool, OrphanWalk(), grace=0, size=100, worker_ttl=60) == []
+        pg.execute("DELETE FROM resource_holds")
+        found = await wake_orphans(pool, OrphanWalk(), grace=0, size=100, worker_ttl=60)
+    finally:
+        await pool.close()
+    assert sorted(job_id for job_id, _queue in found) == sorted([busy, uncertain])

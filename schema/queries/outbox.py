@@ -482,9 +482,10 @@ WITH slice AS MATERIALIZED (
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
                              AND {KEY_AHEAD.format(x="x")}))
       -- and one waiting for its resource, by the end of the hold (or its resolution)
-      AND NOT (s.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
-                                  '{DelayReason.RESOURCE_UNCERTAIN}')
-               AND EXISTS (SELECT 1 FROM resource_holds AS h WHERE h.resource = s.resource))
+      -- (the holds read once, hashed: a few rows, one per resource held)
+      AND NOT (COALESCE(s.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
+                                           '{DelayReason.RESOURCE_UNCERTAIN}'), false)
+               AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
