@@ -23,15 +23,20 @@ from sqlalchemy.orm import Session
 import consumers
 import outbox
 from consumers import Registry
+from consumers.store import JobStore
+from jobctl.metrics import Collector
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.db import make_pool
 from relay.maintenance import OrphanWalk, wake_orphans
+from schema.queries import JOB_SWEEP_EXPIRED
 from schema.topology import Topology
 from tests.apps.keys import RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.dashboard import chromium, dashboard_served, sign_in
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
+from tests.support.metrics import Scrape
 from tests.support.processes import jobctl, running
 from tests.test_rewaker import relay_pool
 
@@ -387,3 +392,39 @@ async def test_the_orphan_walk_leaves_a_job_waiting_for_its_resource_until_it_fr
     finally:
         await pool.close()
     assert sorted(job_id for job_id, _queue in found) == sorted([busy, uncertain])
+
+
+async def test_the_sweep_of_an_expired_holder_is_counted_uncertain_in_the_metrics(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """The claim's and the sweeper's own statements: a lease of a second runs out,
+    the sweep moves the job to RETRY_WAIT and leaves its resource uncertain, and
+    hybrid_jobs_resources_uncertain says so until it is resolved."""
+    registry = Registry()
+
+    @registry.handler("deploy")
+    async def deploy(j: consumers.Job) -> None:
+        return None
+
+    held = enqueue(engine, "deploy", {}, resource="deploy:prod")
+    pool = make_pool(db_url, "test-resources", 2)
+    await pool.open()
+    try:
+        store = JobStore(pool, "a-worker", lease_seconds=0.2)
+        claimed = await store.claim([held], registry.claim_terms(), free_threads=0, worker_ttl=60)
+        assert [c.job_id for c in claimed.claimed] == [held]
+        collector = Collector(pool)
+        assert await collector.collect_once()
+        assert Scrape(collector).value("hybrid_jobs_resources_uncertain") == 0
+        await asyncio.sleep(0.3)
+        swept = pg.execute(JOB_SWEEP_EXPIRED, {"limit": 10, "default_backoff": 5}).fetchall()
+        assert [(r[0], r[1]) for r in swept] == [(held, "RETRY_WAIT")]
+        assert holds(pg) == [("deploy:prod", held, True)]
+        assert await collector.collect_once()
+        assert Scrape(collector).value("hybrid_jobs_resources_uncertain") == 1
+        with Session(engine) as session, session.begin():
+            outbox.resolve_resource(session, "deploy:prod", by="alice")
+        assert await collector.collect_once()
+        assert Scrape(collector).value("hybrid_jobs_resources_uncertain") == 0
+    finally:
+        await pool.close()

@@ -93,6 +93,7 @@ class Snapshot:
     # The last hour by minute, for the dashboard's charts (not exported).
     history: HistoryView = EMPTY
     key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    resources_uncertain: int = 0
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
@@ -313,6 +314,7 @@ class Totals:
             awaiting_approval=MappingProxyType(awaiting),
             history=self.history.view(),
             key_waits=MappingProxyType(key_waits),
+            resources_uncertain=reading.resources_uncertain,
         )
 
 
