@@ -24,6 +24,7 @@ import consumers
 import outbox
 from consumers import Registry
 from consumers.store import JobStore
+from jobctl.check import check
 from jobctl.metrics import Collector
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
@@ -68,7 +69,7 @@ def holds(pg: psycopg.Connection) -> list[tuple[Any, ...]]:
 
 
 def test_one_holder_at_a_time_across_consumers_and_job_types(
-    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str], db_url: DatabaseUrl
 ) -> None:
     """Twelve jobs of one resource, in two queues, on two consumers with room for
     eight each, beside jobs of other resources: never two runs of a resource at
@@ -97,6 +98,7 @@ def test_one_holder_at_a_time_across_consumers_and_job_types(
     assert runs == 12
     assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone() == (1,)
     assert holds(pg) == []
+    assert check(db_url.conninfo)["resource_holds_without_their_lease"] == 0
 
 
 async def test_explain_names_the_holder_and_a_clean_failure_frees_the_resource(
@@ -142,7 +144,7 @@ async def test_explain_names_the_holder_and_a_clean_failure_frees_the_resource(
 
 
 def test_an_expired_lease_leaves_the_resource_uncertain_until_it_is_resolved(
-    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str], db_url: DatabaseUrl
 ) -> None:
     """The holder's consumer is killed with SIGKILL mid-run: its lease expires, the
     job goes to RETRY_WAIT, and the resource stays held, uncertain. Neither its
@@ -167,6 +169,7 @@ def test_an_expired_lease_leaves_the_resource_uncertain_until_it_is_resolved(
             until(lambda: job(pg, head)["last_error_code"] == "LEASE_EXPIRED", "lease swept")
         )
         assert holds(pg) == [("deploy:prod", head, True)]
+        assert check(db_url.conninfo)["resource_holds_without_their_lease"] == 0
         with running("consumer", short, env, "consumer.started"):
             # the head's retry comes due and is turned down, for the uncertain resource
             asyncio.run(
@@ -383,6 +386,8 @@ async def test_the_orphan_walk_leaves_a_job_waiting_for_its_resource_until_it_fr
         "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
         " VALUES ('r1', gen_random_uuid(), 1, NULL), ('r2', gen_random_uuid(), 1, now())"
     )
+    # a hold of no live lease that is not uncertain is a leak, and jobctl check says so
+    assert check(db_url.conninfo)["resource_holds_without_their_lease"] == 1
     pool = relay_pool(db_url)
     await pool.open()
     try:
