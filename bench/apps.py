@@ -1,41 +1,18 @@
-"""Handlers the benchmarks run: `consumer --app bench.apps`."""
+"""Handlers the benchmarks run: `consumer --app bench.apps`, with the no-op and the
+sleep the tests' app has too."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-from typing import TextIO
-
 import consumers
-
-_starts: TextIO | None = None
-
-
-@consumers.handler("noop")
-async def noop(job: consumers.Job) -> None:
-    return None
-
-
-@consumers.handler("sleep")
-async def sleep(job: consumers.Job) -> None:
-    """Waits, using no CPU: how a burst spreads over consumers (bench.spread)."""
-    await asyncio.sleep(float(job.payload.get("seconds", 1)))
-
-
-def _starts_file() -> TextIO:
-    global _starts
-    if _starts is None:
-        path = os.path.join(os.environ["BENCH_STARTS_DIR"], f"{os.getpid()}.txt")
-        _starts = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-    return _starts
+from bench.marks import process_marks
+from harness.handlers import noop, sleep
 
 
 @consumers.handler("latency")
 async def latency(job: consumers.Job) -> None:
-    """Notes when the handler started, for commit-to-start latency. One line per job
-    to a file of this process's own (all processes share the machine's clock)."""
-    _starts_file().write(f"{job.id} {time.time()}\n")
+    """Notes when the handler started, for commit-to-start latency (all processes
+    share the machine's clock)."""
+    process_marks().started(job.id)
 
 
 @consumers.handler("effect")
@@ -59,3 +36,6 @@ def cpu(job: consumers.Job) -> None:
     total = 0
     for i in range(int(job.payload["work"])):
         total += i * i % 7
+
+
+__all__ = ["cpu", "effect", "fails", "latency", "noop", "sleep"]

@@ -19,43 +19,18 @@ import json
 import statistics
 import time
 import uuid
-from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, scratch_database
+from bench.common import argument_parser, committing, machine, scratch_database
+from harness.claim import claim_params
 from plumbing.db import CONTROL_OPTIONS
 from schema import queries as q
 
 # The consumer's own options, the planner made to use one plan without the values
 # from the first execution: whether planning per execution costs the claim anything.
 FORCED_GENERIC = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
-
-TERMS = [
-    {
-        "job_type": "noop",
-        "max_attempts": 3,
-        "backoff_base": 5.0,
-        "backoff_cap": 900.0,
-        "backoff_jitter": 0.25,
-        "sync": False,
-        "rate_limit": None,
-    }
-]
-
-
-def _params(ids: list[uuid.UUID]) -> dict[str, Any]:
-    return {
-        "job_ids": ids,
-        "types": json.dumps(TERMS),
-        "free_threads": 0,
-        "worker": "bench-claim-cost",
-        "lease_seconds": 30,
-        "worker_ttl": 60,
-    }
 
 
 def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> dict[str, float]:
@@ -67,7 +42,9 @@ def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> di
         for start in range(0, len(ids) - batch + 1, batch):
             chosen = ids[start : start + batch]
             started = time.perf_counter()
-            rows = conn.execute(q.JOB_CLAIM_MANY, _params(chosen)).fetchall()
+            rows = conn.execute(
+                q.JOB_CLAIM_MANY, claim_params(chosen, "bench-claim-cost")
+            ).fetchall()
             walls.append((time.perf_counter() - started) * 1000)
             if sum(1 for r in rows if r[0] == "claimed") != batch:
                 raise RuntimeError(f"claimed {rows[:3]}... not {batch}")
@@ -86,12 +63,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
     with scratch_database("bench_claim_cost") as db:
-        engine = create_engine(db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(db) as session:
             ids = outbox.enqueue_many(
                 session, [outbox.NewJob("noop", {"i": i}) for i in range(args.jobs)]
             )
-        engine.dispose()
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE jobs")
         report: dict[str, object] = {

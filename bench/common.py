@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -18,6 +19,8 @@ from typing import IO, Any
 
 import aiormq
 import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
 from harness.scratch import scratch_database, scratch_topology
 from harness.services import ADMIN_URL
@@ -66,12 +69,90 @@ def stopping(
     try:
         yield procs
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(60)
-        for f in files:
-            f.close()
+        stop(procs, files)
+
+
+def stop(procs: list[subprocess.Popen[bytes]], files: Iterable[IO[bytes]] = ()) -> None:
+    """Terminate ``procs`` all, then wait for each, then close ``files``."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(60)
+    for f in files:
+        f.close()
+
+
+class System:
+    """A scratch database and broker namespace, and the relay and consumer processes
+    of one benchmark run in them: each started from this environment's bin/ with
+    their environment (``env``, plus a process's own). With ``logs``, each one's
+    stderr goes to a file of its own there, ``p0.log``, ``p1.log``... in the order
+    they started; without, to the benchmark's own."""
+
+    def __init__(
+        self, db: DatabaseUrl, topology: Topology, env: dict[str, str], logs: Path | None
+    ) -> None:
+        self.db = db
+        self.topology = topology
+        self.env = env
+        self.logs = logs
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.files: list[IO[bytes]] = []
+
+    def start(
+        self, program: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        stderr = None
+        if self.logs is not None:
+            stderr = (self.logs / f"p{len(self.processes)}.log").open("wb")
+            self.files.append(stderr)
+        process = subprocess.Popen(
+            [str(BIN / program), *args], env=self.env | (env or {}), stderr=stderr
+        )
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Stop every process started so far (the database and namespace stay, for
+        what the benchmark reads or runs after them)."""
+        stop(self.processes, self.files)
+        self.processes.clear()
+        self.files.clear()
+
+
+@contextmanager
+def scratch_system(
+    prefix: str = "scratch",
+    queues: Iterable[str] = ("default",),
+    *,
+    env: dict[str, str] | None = None,
+    logs: Path | None = None,
+) -> Iterator[System]:
+    """A database named for ``prefix`` and a namespace for ``queues``, both dropped
+    afterwards; before that, every process started in them is stopped, so none
+    outlives them."""
+    with (
+        scratch_database(prefix) as db,
+        scratch_topology(list(queues)) as topology,
+    ):
+        system = System(db, topology, service_env(db, topology) | (env or {}), logs)
+        try:
+            yield system
+        finally:
+            system.stop()
+
+
+@contextmanager
+def committing(db: DatabaseUrl) -> Iterator[Session]:
+    """A session on ``db`` whose transaction commits when the block ends, for a
+    benchmark's set-up (its limits, caps, schedules, backlog): on an engine of its
+    own, disposed afterwards, so no connection is left to the run it sets up."""
+    engine = create_engine(db.sqlalchemy)
+    try:
+        with Session(engine) as session, session.begin():
+            yield session
+    finally:
+        engine.dispose()
 
 
 def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str, float]]:
@@ -104,6 +185,21 @@ def plan_summary(top: dict[str, Any]) -> dict[str, Any]:
         "shared_buffers_read": plan.get("Shared Read Blocks", 0),
         "rows_handled": rows_handled(plan),
     }
+
+
+@contextmanager
+def explaining(
+    conn: psycopg.Connection, sql: str, params: dict[str, Any]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """EXPLAIN ANALYZE of ``sql`` as text, then as JSON (the document's top entry),
+    each in a transaction rolled back; the block runs inside the second, where what
+    the statement wrote can still be read."""
+    with conn.transaction(force_rollback=True):
+        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()
+        assert row is not None
+        yield "\n".join(r[0] for r in text), row[0][0]
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
@@ -155,6 +251,14 @@ def machine() -> dict[str, object]:
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
+def report(benchmark: str, figures: dict[str, Any]) -> None:
+    """Print the one JSON object a benchmark prints: its name, its figures, and the
+    machine it ran on, last."""
+    print(
+        json.dumps({"benchmark": benchmark, **figures, "machine": machine()}, indent=2, default=str)
+    )
+
+
 def server_versions() -> dict[str, str]:
     """The PostgreSQL and RabbitMQ the benchmarks run against, as they report it."""
     with psycopg.connect(ADMIN_URL) as conn:
@@ -175,11 +279,16 @@ def server_versions() -> dict[str, str]:
 __all__ = [
     "AMQP",
     "BIN",
+    "System",
     "against_first",
+    "committing",
+    "explaining",
     "fleet_options",
     "machine",
     "percentiles",
+    "report",
     "scratch_database",
+    "scratch_system",
     "scratch_topology",
     "server_versions",
     "service_env",

@@ -12,17 +12,21 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, cpu_seconds, fleet_options, machine, wait_all_done
+from bench.common import (
+    argument_parser,
+    committing,
+    cpu_seconds,
+    fleet_options,
+    report,
+    wait_all_done,
+)
 from bench.fleet import Fleet, fleet
 
 
@@ -47,10 +51,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             outbox.enqueue_many(session, [outbox.NewJob("noop", {}) for _ in range(args.jobs)])
-        engine.dispose()
         before, started = snapshot(f, 1), time.perf_counter()
         with psycopg.connect(f.db.conninfo, autocommit=True) as conn:
             finished = wait_all_done(conn)
@@ -58,19 +60,15 @@ def main() -> None:
     elapsed = finished - started
     available = elapsed * (os.cpu_count() or 1)
     used = {side: after[side] - before[side] for side in before}
-    print(
-        json.dumps(
-            {
-                "benchmark": "cpu_split",
-                "jobs": args.jobs,
-                "drain_jobs_per_s": round(args.jobs / elapsed),
-                "cpu_share_of_machine": {s: round(u / available, 3) for s, u in used.items()},
-                "cpu_ms_per_job": {s: round(1000 * u / args.jobs, 4) for s, u in used.items()},
-                "machine_busy": round(sum(used.values()) / available, 3),
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "cpu_split",
+        {
+            "jobs": args.jobs,
+            "drain_jobs_per_s": round(args.jobs / elapsed),
+            "cpu_share_of_machine": {s: round(u / available, 3) for s, u in used.items()},
+            "cpu_ms_per_job": {s: round(1000 * u / args.jobs, 4) for s, u in used.items()},
+            "machine_busy": round(sum(used.values()) / available, 3),
+        },
     )
 
 

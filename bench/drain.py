@@ -19,9 +19,7 @@ Prints one JSON object; `bench.compare` reads its `drain_jobs_per_s` and
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -33,17 +31,14 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
-    BIN,
     argument_parser,
-    machine,
-    percentiles,
-    scratch_database,
-    scratch_topology,
-    service_env,
-    stopping,
+    report,
+    scratch_system,
     wait_all_done,
 )
+from bench.marks import ENV, Marks
 from bench.peers import skiplocked
+from bench.peers.base import latency_figures, paced
 from plumbing.config import DatabaseUrl
 
 
@@ -74,28 +69,16 @@ def drain(db: DatabaseUrl, n: int) -> float:
     return n / (wait_succeeded(db, "noop", n) - committed)
 
 
-def latency(db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path) -> dict[str, float]:
+def latency(db: DatabaseUrl, rate: float, seconds: float, marks: Marks) -> dict[str, float]:
     engine = create_engine(db.sqlalchemy, pool_size=2)
     committed: dict[str, float] = {}
-    total = int(rate * seconds)
-    began = time.perf_counter()
-    for i in range(total):
-        # A fixed schedule, not "as fast as possible": the target moment of job i.
-        delay = began + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+    for _ in paced(rate, seconds):
         with Session(engine) as session, session.begin():
             new_id = outbox.enqueue(session, "latency", {})
         committed[str(new_id)] = time.time()
     engine.dispose()
-    wait_succeeded(db, "latency", total)
-    started: dict[str, float] = {}
-    for path in starts_dir.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            job_id, at = line.split()
-            started.setdefault(job_id, float(at))
-    samples = [(started[j] - c) * 1000 for j, c in committed.items() if j in started]
-    return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
+    wait_succeeded(db, "latency", len(committed))
+    return latency_figures(committed, marks.starts(), rate)
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
@@ -132,34 +115,24 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
     signal.signal(signal.SIGTERM, _terminated)
 
-    starts_dir = Path(tempfile.mkdtemp(prefix="bench-starts-"))
-    with scratch_database() as db, scratch_topology(["default"]) as topology:
-        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(starts_dir)}
-        relay = subprocess.Popen([str(BIN / "relay"), "--pack", str(args.pack)], env=env)
-        consumers = [
-            subprocess.Popen(
-                [
-                    str(BIN / "consumer"),
-                    "--app",
-                    "bench.apps",
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--prefetch",
-                    str(args.prefetch),
-                ],
-                env=env,
+    marks = Marks(Path(tempfile.mkdtemp(prefix="bench-starts-")))
+    with scratch_system(env={ENV: str(marks.path)}) as system:
+        db = system.db
+        system.start("relay", "--pack", str(args.pack))
+        for _ in range(args.consumers):
+            system.start(
+                "consumer",
+                *("--app", "bench.apps", "--concurrency", str(args.concurrency)),
+                *("--prefetch", str(args.prefetch)),
             )
-            for _ in range(args.consumers)
-        ]
-        with stopping([*consumers, relay]):
-            time.sleep(3)  # connected, consuming
-            drain_rate = drain(db, args.jobs)
-            lat = latency(db, args.rate, args.seconds, starts_dir)
+        time.sleep(3)  # connected, consuming
+        drain_rate = drain(db, args.jobs)
+        lat = latency(db, args.rate, args.seconds, marks)
+        system.stop()
         attempts = count(db, "SELECT count(*) FROM job_attempts")
         base_rate = skiplocked.drain(db, args.jobs, args.consumers) if args.baseline else None
 
     figures: dict[str, object] = {
-        "benchmark": "drain",
         "jobs": args.jobs,
         "consumer_processes": args.consumers,
         "concurrency_per_process": args.concurrency,
@@ -171,8 +144,8 @@ def main() -> None:
     if base_rate is not None:
         figures["baseline_skip_locked_jobs_per_s"] = round(base_rate)
         figures["drain_to_baseline_ratio"] = round(drain_rate / base_rate, 2)
-    figures |= {"attempt_rows": attempts, "machine": machine()}
-    print(json.dumps(figures, indent=2))
+    figures["attempt_rows"] = attempts
+    report("drain", figures)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ CPU above 1: run_sync costs more).
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -37,7 +36,7 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 import outbox
-from bench.common import argument_parser, machine, percentiles, scratch_database
+from bench.common import argument_parser, percentiles, report, scratch_database
 from outbox import backpressure
 from outbox.enqueue import _plan, _resolve, check_driver
 from outbox.validation import max_payload_bytes
@@ -180,19 +179,15 @@ def main() -> None:
     args = parser.parse_args()
     with scratch_database("bench_enqueue_async") as db:
         shapes = asyncio.run(run(db.conninfo, db.sqlalchemy, args))
-    print(
-        json.dumps(
-            {
-                "benchmark": "enqueue_async",
-                "jobs": args.jobs,
-                "batch": args.batch,
-                "repeats": args.repeats,
-                "concurrency": args.concurrency,
-                "shapes": shapes,
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "enqueue_async",
+        {
+            "jobs": args.jobs,
+            "batch": args.batch,
+            "repeats": args.repeats,
+            "concurrency": args.concurrency,
+            "shapes": shapes,
+        },
     )
 
 

@@ -11,15 +11,12 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine, percentiles
+from bench.common import argument_parser, committing, fleet_options, percentiles, report
 from bench.fleet import drain_rate, fleet
 from plumbing.config import DatabaseUrl
 
@@ -35,10 +32,8 @@ def waits(db: DatabaseUrl, tenant: str) -> dict[str, float]:
 
 def run(weight_b: float, a_jobs: int, b_jobs: int, consumers: int) -> dict[str, Any]:
     with fleet(consumers=consumers) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             outbox.set_tenant_limit(session, "tenant-b", weight=weight_b)
-        engine.dispose()
         rate = drain_rate(
             f,
             [outbox.NewJob("noop", {}, tenant="tenant-a") for _ in range(a_jobs)],
@@ -59,7 +54,7 @@ def main() -> None:
     fleet_options(parser, consumers=2, concurrency=None)
     args = parser.parse_args()
     runs = [run(w, args.a_jobs, args.b_jobs, args.consumers) for w in (1.0, 3.0)]
-    print(json.dumps({"benchmark": "fairness", "runs": runs, "machine": machine()}, indent=2))
+    report("fairness", {"runs": runs})
 
 
 if __name__ == "__main__":

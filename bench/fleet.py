@@ -14,14 +14,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import (
-    BIN,
-    scratch_database,
-    scratch_topology,
-    service_env,
-    stopping,
-    wait_all_done,
-)
+from bench.common import scratch_system, wait_all_done
 from plumbing.config import DatabaseUrl
 from schema.topology import Topology
 
@@ -47,29 +40,16 @@ def fleet(
 ) -> Iterator[Fleet]:
     """Start the processes and wait until every consumer has announced itself (so
     the relay's window counts them), then yield; terminate them all afterwards."""
-    with scratch_database() as db, scratch_topology(["default"]) as topology:
-        environment = service_env(db, topology) | (env or {})
-        procs = [
-            subprocess.Popen([str(BIN / "relay"), *(relay_args or [])], env=environment)
-            for _ in range(relays)
-        ]
-        procs += [
-            subprocess.Popen(
-                [
-                    str(BIN / "consumer"),
-                    "--app",
-                    app,
-                    "--concurrency",
-                    str(concurrency),
-                    *(consumer_args or []),
-                ],
-                env=environment,
+    with scratch_system(env=env) as system:
+        for _ in range(relays):
+            system.start("relay", *(relay_args or []))
+        for _ in range(consumers):
+            system.start(
+                "consumer",
+                *("--app", app, "--concurrency", str(concurrency), *(consumer_args or [])),
             )
-            for _ in range(consumers)
-        ]
-        with stopping(procs):
-            wait_for_workers(db, consumers)
-            yield Fleet(db, topology, environment, procs)
+        wait_for_workers(system.db, consumers)
+        yield Fleet(system.db, system.topology, system.env, system.processes)
 
 
 def wait_for_workers(db: DatabaseUrl, n: int, timeout: float = 60) -> None:

@@ -22,9 +22,7 @@ end of the full run, which retention should keep about flat.
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import tempfile
 import time
 from datetime import timedelta
@@ -38,16 +36,15 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
-    BIN,
     argument_parser,
-    machine,
+    committing,
     percentiles,
-    scratch_database,
-    scratch_topology,
-    service_env,
-    stopping,
+    report,
+    scratch_system,
     wait_all_done,
 )
+from bench.marks import ENV, Marks
+from bench.peers.base import paced
 from harness.history import fill
 from plumbing.config import DatabaseUrl
 
@@ -69,29 +66,20 @@ def sizes(db: DatabaseUrl) -> dict[str, dict[str, int]]:
 
 
 def steady(
-    db: DatabaseUrl, rate: float, seconds: float, starts_dir: Path, job: Any
+    db: DatabaseUrl, rate: float, seconds: float, marks: Marks, job: Any
 ) -> dict[str, float]:
     """Jobs committed one per transaction at ``rate`` for ``seconds``, each with the
     enqueue arguments ``job(i)`` gives; their commit-to-start percentiles."""
     engine = create_engine(db.sqlalchemy, pool_size=2)
     committed: dict[str, float] = {}
-    total = int(rate * seconds)
-    began = time.perf_counter()
-    for i in range(total):
-        delay = began + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+    for i in paced(rate, seconds):
         with Session(engine) as session, session.begin():
             new_id = outbox.enqueue(session, "latency", {}, **job(i))
         committed[str(new_id)] = time.time()
     engine.dispose()
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
         wait_all_done(conn, timeout=600)
-    started: dict[str, float] = {}
-    for path in starts_dir.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            job_id, at = line.split()
-            started.setdefault(job_id, float(at))
+    started = marks.starts()
     missing = [j for j in committed if j not in started]
     if missing:
         raise RuntimeError(f"{len(missing)} jobs never started, e.g. {missing[:3]}")
@@ -102,47 +90,39 @@ def steady(
 def run(
     args: Any, *, full: bool
 ) -> tuple[dict[str, float], dict[str, dict[str, dict[str, int]]] | None]:
-    starts_dir = Path(tempfile.mkdtemp(prefix="bench-full-"))
+    marks = Marks(Path(tempfile.mkdtemp(prefix="bench-full-")))
     keep = args.keep_finished
-    with scratch_database("bench_full") as db, scratch_topology(["default"]) as topology:
+    with scratch_system("bench_full", env={ENV: str(marks.path)}) as system:
+        db = system.db
         if full:
             with psycopg.connect(db.conninfo, autocommit=True) as conn:
                 # finished over the retention period: the oldest are due as the run goes
                 fill(conn, args.history, 0, span_seconds=keep)
                 conn.execute("VACUUM ANALYZE")
-            engine = create_engine(db.sqlalchemy)
-            with Session(engine) as session, session.begin():
+            with committing(db) as session:
                 for t in range(args.tenants):
                     outbox.set_tenant_limit(session, f"tenant-{t}", max_running=5)
                 outbox.set_rate_limit(
                     session, RATE_LIMIT, rate=100 * args.rate, per=timedelta(seconds=1)
                 )
-            engine.dispose()
-        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(starts_dir)}
-        relay_args = [str(BIN / "relay")]
-        if full:
-            relay_args += ["--keep-finished", str(keep)]
-        relay = subprocess.Popen(relay_args, env=env)
-        consumers = [
-            subprocess.Popen([str(BIN / "consumer"), "--app", "bench.apps"], env=env)
-            for _ in range(2)
-        ]
-        with stopping([*consumers, relay]):
-            time.sleep(3)  # connected, consuming
-            before = sizes(db) if full else None
+        system.start("relay", *(["--keep-finished", str(keep)] if full else []))
+        for _ in range(2):
+            system.start("consumer", "--app", "bench.apps")
+        time.sleep(3)  # connected, consuming
+        before = sizes(db) if full else None
 
-            def job(i: int) -> dict[str, Any]:
-                if not full:
-                    return {}
-                return {
-                    "tenant": f"tenant-{i % args.tenants}",
-                    "key": f"key-{i % args.keys}",
-                    "key_limit": 1,
-                    "rate_limit": RATE_LIMIT,
-                }
+        def job(i: int) -> dict[str, Any]:
+            if not full:
+                return {}
+            return {
+                "tenant": f"tenant-{i % args.tenants}",
+                "key": f"key-{i % args.keys}",
+                "key_limit": 1,
+                "rate_limit": RATE_LIMIT,
+            }
 
-            figures = steady(db, args.rate, args.seconds, starts_dir, job)
-            after = sizes(db) if full else None
+        figures = steady(db, args.rate, args.seconds, marks, job)
+        after = sizes(db) if full else None
     return figures, ({"start": before, "end": after} if full and before and after else None)
 
 
@@ -167,24 +147,20 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     bare, _ = run(args, full=False)
     full, tables = run(args, full=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "full_feature",
-                "rate_per_s": args.rate,
-                "seconds": args.seconds,
-                "tenants": args.tenants,
-                "keys": args.keys,
-                "history": args.history,
-                "bare": bare,
-                "full": full,
-                "p99_full_to_bare": round(full["p99_ms"] / bare["p99_ms"], 2),
-                "p50_full_to_bare": round(full["p50_ms"] / bare["p50_ms"], 2),
-                "tables": tables,
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "full_feature",
+        {
+            "rate_per_s": args.rate,
+            "seconds": args.seconds,
+            "tenants": args.tenants,
+            "keys": args.keys,
+            "history": args.history,
+            "bare": bare,
+            "full": full,
+            "p99_full_to_bare": round(full["p99_ms"] / bare["p99_ms"], 2),
+            "p50_full_to_bare": round(full["p50_ms"] / bare["p50_ms"], 2),
+            "tables": tables,
+        },
     )
 
 

@@ -31,22 +31,17 @@ from typing import Any
 import psycopg
 
 import outbox
-from bench.common import argument_parser, machine, plan_summary, scratch_database
-from bench.fleet import drain_rate, fleet
-from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE
-
-TYPES = json.dumps(
-    [
-        {
-            "job_type": "noop",
-            "max_attempts": 5,
-            "backoff_base": 1.0,
-            "backoff_cap": 60.0,
-            "backoff_jitter": 0.1,
-            "sync": False,
-        }
-    ]
+from bench.common import (
+    argument_parser,
+    explaining,
+    fleet_options,
+    plan_summary,
+    report,
+    scratch_database,
 )
+from bench.fleet import drain_rate, fleet
+from harness.claim import claim_params
+from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
 
 
 def jobs_over(keys: int, jobs: int) -> list[outbox.NewJob]:
@@ -61,14 +56,9 @@ def drain(keys: int, jobs: int, consumers: int, concurrency: int) -> float:
 
 
 def explain(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> tuple[str, Any]:
-    with conn.transaction(force_rollback=True):
-        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
-    with conn.transaction(force_rollback=True):
-        (doc,) = conn.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params
-        ).fetchone()
-    top = doc[0]
-    return "\n".join(r[0] for r in text), {
+    with explaining(conn, sql, params) as (text, top):
+        pass
+    return text, {
         **plan_summary(top),
         # compiling the plan, inside execution_ms: PostgreSQL's JIT starts when the
         # planner's cost estimate passes jit_above_cost, which a long outbox's
@@ -127,16 +117,9 @@ def plans(keys: int, batch: int) -> dict[str, Any]:
                 [middle, batch],
             ).fetchall()
         ]
-        claim = {
-            "job_ids": ids,
-            "types": TYPES,
-            "free_threads": 0,
-            "worker": "bench",
-            "lease_seconds": 60,
-            "worker_ttl": 60,
-        }
+        claim = claim_params(ids, "bench") | {"lease_seconds": 60}
         decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1,
-                    "worker_ttl": 60}  # fmt: skip
+                    "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
         finish = {
             "outcomes": json.dumps(
                 [{"job_id": str(head), "generation": 1, "kind": "succeeded", "result": None}]
@@ -163,8 +146,7 @@ def main() -> None:
     parser.add_argument("--plan-keys", default="1000,100000",
                         help="counts of distinct waiting keys to print the plans for")  # fmt: skip
     parser.add_argument("--batch", type=int, default=20, help="job ids in the planned claim")
-    parser.add_argument("--consumers", type=int, default=2, help="consumer processes")
-    parser.add_argument("--concurrency", type=int, default=50, help="slots per consumer")
+    fleet_options(parser, consumers=2, concurrency=50)
     parser.add_argument("--skip-plans", action="store_true", help="only the drains")
     parser.add_argument("--skip-drains", action="store_true", help="only the plans")
     args = parser.parse_args()
@@ -181,15 +163,13 @@ def main() -> None:
         )
     first = next(iter(rates.values()), None)
     result: dict[str, Any] = {
-        "benchmark": "keys",
         "plans": planned,
         "jobs": args.jobs,
         "drain_jobs_per_s": {k: round(v) for k, v in rates.items()},
         "ratio_to_no_key": {k: round(v / first, 2) for k, v in rates.items()} if first else {},
         "seconds": round(time.monotonic() - started),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("keys", result)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -34,18 +33,16 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
-    BIN,
     argument_parser,
     cpu_seconds,
     fleet_options,
-    machine,
     percentiles,
-    scratch_database,
-    scratch_topology,
-    service_env,
-    stopping,
+    report,
+    scratch_system,
 )
 from bench.drain import wait_succeeded
+from bench.marks import ENV, Marks
+from bench.peers.base import paced
 
 # (the figure's name, from, to): "committing" is when the producer sent COMMIT,
 # "commit" when COMMIT returned.
@@ -83,36 +80,25 @@ def main() -> None:
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    with scratch_database() as db, scratch_topology(["default"]) as topology:
-        level = "DEBUG" if args.trace else "INFO"
-        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(logs), "LOG_LEVEL": level}
-        files = [(logs / f"p{i}.log").open("wb") for i in range(args.consumers + 1)]
-        procs = [subprocess.Popen([str(BIN / "relay")], env=env, stderr=files[0])]
-        procs += [
-            subprocess.Popen(
-                [str(BIN / "consumer"), "--app", "bench.apps"], env=env, stderr=files[i + 1]
-            )
-            for i in range(args.consumers)
-        ]
-        with stopping(procs, files):
-            time.sleep(3)  # connected, consuming
-            cpu_before = [cpu_seconds(p.pid) for p in procs]
-            engine = create_engine(db.sqlalchemy, pool_size=2)
-            committed: dict[str, float] = {}
-            committing: dict[str, float] = {}
-            total = int(args.rate * args.seconds)
-            began = time.perf_counter()
-            for i in range(total):
-                delay = began + i / args.rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                with Session(engine) as session, session.begin():
-                    job_id = outbox.enqueue(session, "latency", {})
-                    committing[str(job_id)] = time.time()
-                committed[str(job_id)] = time.time()
-            engine.dispose()
-            wait_succeeded(db, "latency", total)
-            cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)]
+    level = "DEBUG" if args.trace else "INFO"
+    with scratch_system(env={ENV: str(logs), "LOG_LEVEL": level}, logs=logs) as system:
+        db = system.db
+        procs = [system.start("relay")]
+        procs += [system.start("consumer", "--app", "bench.apps") for _ in range(args.consumers)]
+        time.sleep(3)  # connected, consuming
+        cpu_before = [cpu_seconds(p.pid) for p in procs]
+        engine = create_engine(db.sqlalchemy, pool_size=2)
+        committed: dict[str, float] = {}
+        committing: dict[str, float] = {}
+        for _ in paced(args.rate, args.seconds):
+            with Session(engine) as session, session.begin():
+                job_id = outbox.enqueue(session, "latency", {})
+                committing[str(job_id)] = time.time()
+            committed[str(job_id)] = time.time()
+        engine.dispose()
+        total = len(committed)
+        wait_succeeded(db, "latency", total)
+        cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)]
 
     at: dict[str, dict[str, float]] = {j: {"commit": t} for j, t in committed.items()}
     notified = sorted(e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified")
@@ -123,10 +109,8 @@ def main() -> None:
             if kind:
                 for job_id in e["job_ids"]:
                     at.get(job_id, {}).setdefault(kind, e["t"])
-    for path in logs.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            job_id, t = line.split()
-            at.get(job_id, {}).setdefault("started", float(t))
+    for job_id, t in Marks(logs).starts().items():
+        at.get(job_id, {}).setdefault("started", t)
     # The NOTIFY a job's commit caused is the first one the relay heard after the
     # producer sent COMMIT (not after COMMIT returned: the notification can be
     # faster than the reply, and the next job's would be matched instead).
@@ -135,7 +119,7 @@ def main() -> None:
         if k < len(notified):
             times["notified"] = notified[k]
         times["committing"] = committing[job_id]
-    result: dict[str, Any] = {"benchmark": "latency", "rate_per_s": args.rate, "jobs": len(at)}
+    result: dict[str, Any] = {"rate_per_s": args.rate, "jobs": len(at)}
     for name, a, b in HOPS:
         samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
         result[name] = percentiles(samples) if len(samples) > 10 else None
@@ -143,8 +127,7 @@ def main() -> None:
         "relay": round(cpu[0] * 1000 / total, 3),
         "consumers": round(sum(cpu[1:]) * 1000 / total, 3),
     }
-    result["machine"] = machine()
-    print(json.dumps(result, indent=2))
+    report("latency", result)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -25,13 +24,10 @@ from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
-    BIN,
     argument_parser,
     machine,
     percentiles,
-    scratch_database,
-    scratch_topology,
-    service_env,
+    scratch_system,
 )
 from plumbing.config import DatabaseUrl
 
@@ -94,53 +90,38 @@ def measure(db: DatabaseUrl) -> dict[str, Any]:
 
 def run(producers: int, seconds: float, consumers: int, concurrency: int) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="load-logs-"))
-    with scratch_database() as db, scratch_topology(["default"]) as topology:
-        env = service_env(db, topology) | {"LOG_LEVEL": "INFO"}
-        daemons = [
-            subprocess.Popen(
-                [str(BIN / "relay")], env=env, stderr=(log_dir / "relay.log").open("wb")
-            )
+    with scratch_system(env={"LOG_LEVEL": "INFO"}, logs=log_dir) as system:
+        db = system.db
+        system.start("relay")
+        for _ in range(consumers):
+            system.start("consumer", "--app", "bench.apps", "--concurrency", str(concurrency))
+        time.sleep(3)
+        out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+        procs = [
+            multiprocessing.Process(target=producer, args=(db.sqlalchemy, seconds, out))
+            for _ in range(producers)
         ]
-        daemons += [
-            subprocess.Popen(
-                [str(BIN / "consumer"), "--app", "bench.apps", "--concurrency", str(concurrency)],
-                env=env,
-                stderr=(log_dir / f"consumer{i}.log").open("wb"),
-            )
-            for i in range(consumers)
-        ]
-        try:
-            time.sleep(3)
-            out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-            procs = [
-                multiprocessing.Process(target=producer, args=(db.sqlalchemy, seconds, out))
-                for _ in range(producers)
-            ]
-            started = time.perf_counter()
-            for p in procs:
-                p.start()
-            results = [out.get() for _ in procs]
-            for p in procs:
-                p.join()
-            enqueue_seconds = time.perf_counter() - started
-            enqueued = sum(r[0] for r in results)
-            producer_errors: Counter[str] = Counter()
-            for _, errs in results:
-                producer_errors.update(errs)
-            deadline = time.monotonic() + 600
-            with psycopg.connect(db.conninfo, autocommit=True) as conn:
-                while time.monotonic() < deadline:
-                    done = conn.execute(
-                        "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'"
-                    ).fetchone()[0]  # type: ignore[index]
-                    if done >= enqueued:
-                        break
-                    time.sleep(0.2)
-        finally:
-            for d in daemons:
-                d.terminate()
-            for d in daemons:
-                d.wait(60)
+        started = time.perf_counter()
+        for p in procs:
+            p.start()
+        results = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+        enqueue_seconds = time.perf_counter() - started
+        enqueued = sum(r[0] for r in results)
+        producer_errors: Counter[str] = Counter()
+        for _, errs in results:
+            producer_errors.update(errs)
+        deadline = time.monotonic() + 600
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                done = conn.execute(
+                    "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'"
+                ).fetchone()[0]  # type: ignore[index]
+                if done >= enqueued:
+                    break
+                time.sleep(0.2)
+        system.stop()
         result = measure(db)
     return {
         "benchmark": "load",

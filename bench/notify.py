@@ -14,13 +14,12 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 from typing import Any
 
 import psycopg
 
-from bench.common import argument_parser, machine, percentiles, wait_all_done
+from bench.common import argument_parser, percentiles, report, wait_all_done
 from bench.fleet import fleet
 from bench.load import producer
 
@@ -67,7 +66,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     runs = [run(w, args.producers, args.seconds, args.poll_interval) for w in ("notify", "poll")]
-    print(json.dumps({"benchmark": "notify", "runs": runs, "machine": machine()}, indent=2))
+    report("notify", {"runs": runs})
 
 
 if __name__ == "__main__":

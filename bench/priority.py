@@ -8,7 +8,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -17,7 +16,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine
+from bench.common import argument_parser, fleet_options, report
 from bench.fleet import fleet
 
 
@@ -65,7 +64,7 @@ def main() -> None:
     fleet_options(parser)
     args = parser.parse_args()
     runs = [run(t, args.backlog, args.consumers, args.concurrency) for t in ("classic", "quorum")]
-    print(json.dumps({"benchmark": "priority", "runs": runs, "machine": machine()}, indent=2))
+    report("priority", {"runs": runs})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 
@@ -27,7 +26,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles, wait_all_done
+from bench.common import argument_parser, percentiles, report, wait_all_done
 from bench.fleet import fleet, wait_for_workers
 
 
@@ -81,19 +80,15 @@ def main() -> None:
     args = parser.parse_args()
     runs = {n: drain(n, args.jobs, args.work, args.concurrency) for n in args.processes}
     first = runs[args.processes[0]].jobs_per_s
-    print(
-        json.dumps(
-            {
-                "benchmark": "processes",
-                "jobs": args.jobs,
-                "work": args.work,
-                "concurrency_per_process": args.concurrency,
-                "runs": {str(n): asdict(run) for n, run in runs.items()},
-                "ratio_to_first": {str(n): round(r.jobs_per_s / first, 2) for n, r in runs.items()},
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "processes",
+        {
+            "jobs": args.jobs,
+            "work": args.work,
+            "concurrency_per_process": args.concurrency,
+            "runs": {str(n): asdict(run) for n, run in runs.items()},
+            "ratio_to_first": {str(n): round(r.jobs_per_s / first, 2) for n, r in runs.items()},
+        },
     )
 
 

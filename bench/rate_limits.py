@@ -10,15 +10,11 @@ issue's target: at least 0.8).
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
-
 import outbox
-from bench.common import against_first, argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, committing, fleet_options, report
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
@@ -27,14 +23,12 @@ FAR_ABOVE = 1_000_000
 
 def run(jobs: int, limited: bool, consumers: int, concurrency: int) -> float:
     with fleet(consumers=consumers, concurrency=concurrency) as f:
-        engine = create_engine(f.db.sqlalchemy)
         if limited:
-            with Session(engine) as session, session.begin():
+            with committing(f.db) as session:
                 outbox.set_rate_limit(session, "bench", rate=FAR_ABOVE, per=timedelta(seconds=1))
         batch = [
             outbox.NewJob("noop", {}, rate_limit="bench" if limited else None) for _ in range(jobs)
         ]
-        engine.dispose()
         return drain_rate(f, batch)
 
 
@@ -47,12 +41,10 @@ def main() -> None:
     for name, limited in VARIANTS.items():
         rates[name] = run(args.jobs, limited, args.consumers, args.concurrency)
     result: dict[str, Any] = {
-        "benchmark": "rate_limits",
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_rate_limit"),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("rate_limits", result)
 
 
 if __name__ == "__main__":

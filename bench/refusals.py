@@ -12,37 +12,26 @@ them it must turn down (NO_HANDLER).
 Prints, for the busy stretch, the wake-ups written (outbox rows, each job's first
 one included) per waiting job per 10 s (the target is at most 2), and once the slot
 frees, the delay from "handler free" (the previous job's handler returned) to the
-next job's start, p50/p95/max, and how long the waiting jobs took to run. It uses
-only what every release has, so it runs against an older checkout too (copy this
-file into its bench/). Prints one JSON object.
+next job's start, p50/p95/max, and how long the waiting jobs took to run. Prints one
+JSON object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import consumers
+from bench.common import argument_parser, report, scratch_system
+from bench.marks import ENV, Marks, process_marks
 
 ROLE = "BENCH_REFUSALS_ROLE"
-
-_times: TextIO | None = None
-
-
-def _times_file() -> TextIO:
-    global _times
-    if _times is None:
-        path = os.path.join(os.environ["BENCH_STARTS_DIR"], f"{os.getpid()}.txt")
-        _times = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-    return _times
 
 
 if os.environ.get(ROLE) == "capable":
@@ -50,9 +39,9 @@ if os.environ.get(ROLE) == "capable":
     @consumers.handler("rare")
     async def rare(job: consumers.Job) -> None:
         """Notes when it started and when it returned."""
-        _times_file().write(f"start {job.id} {time.time()}\n")
+        process_marks().started(job.id)
         await asyncio.sleep(float(job.payload.get("seconds", 0)))
-        _times_file().write(f"end {job.id} {time.time()}\n")
+        process_marks().ended(job.id)
 
 else:
 
@@ -112,11 +101,8 @@ def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
             time.sleep(0.02)
         drained = time.monotonic() - drained_from
     engine.dispose()
-    starts, ends = {}, {}
-    for path in logs.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            kind, job_id, t = line.split()
-            (starts if kind == "start" else ends)[job_id] = float(t)
+    marks = Marks(logs)
+    starts, ends = marks.starts(), marks.ends()
     # One slot: each job starts after the one before it returned.
     order = sorted(ids, key=lambda j: starts[j])
     delays = [(starts[b] - ends[a]) * 1000 for a, b in itertools.pairwise(order)]
@@ -137,16 +123,6 @@ def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from bench.common import (
-        BIN,
-        argument_parser,
-        machine,
-        scratch_database,
-        scratch_topology,
-        service_env,
-        stopping,
-    )
-
     parser = argument_parser("bench.refusals", __doc__)
     parser.add_argument("--jobs", type=int, default=20, help="jobs waiting for the busy handler")
     parser.add_argument(
@@ -161,21 +137,14 @@ def main() -> None:
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-refusals-"))
-    with scratch_database("bench_refusals") as db, scratch_topology(["default"]) as topology:
-        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(logs)}
-        app = [str(BIN / "consumer"), "--app", "bench.refusals"]
-        files = [(logs / f"p{i}.log").open("wb") for i in range(3)]
-        procs = [
-            subprocess.Popen([str(BIN / "relay")], env=env, stderr=files[0]),
-            subprocess.Popen(
-                [*app, "--concurrency", "1"], env=env | {ROLE: "capable"}, stderr=files[1]
-            ),
-            subprocess.Popen(app, env=env | {ROLE: "other"}, stderr=files[2]),
-        ]
-        with stopping(procs, files):
-            time.sleep(3)  # connected, consuming, announced
-            figures = run(args, db, logs)
-    print(json.dumps({"benchmark": "refusals", **figures, "machine": machine()}, indent=2))
+    with scratch_system("bench_refusals", env={ENV: str(logs)}, logs=logs) as system:
+        app = ["--app", "bench.refusals"]
+        system.start("relay")
+        system.start("consumer", *app, "--concurrency", "1", env={ROLE: "capable"})
+        system.start("consumer", *app, env={ROLE: "other"})
+        time.sleep(3)  # connected, consuming, announced
+        figures = run(args, system.db, logs)
+    report("refusals", figures)
 
 
 if __name__ == "__main__":

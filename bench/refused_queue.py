@@ -15,42 +15,32 @@ serves both queues), in one run:
    were lost (none should be).
 
 For the healthy queue in phases 1 and 2: commit to claim (the claim's database
-time, jobs.started_at) and commit to the handler's first line, p50/p95/p99. It
-uses only what every release has, so it runs against an older checkout too (copy
-this file into its bench/). Prints one JSON object.
+time, jobs.started_at) and commit to the handler's first line, p50/p95/p99. Prints
+one JSON object.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import consumers
+from bench.common import argument_parser, percentiles, report, scratch_system
+from bench.marks import ENV, Marks, process_marks
 
 HEALTHY, REFUSED = "healthy", "refused"
 POLICY = {"max-length": 0, "overflow": "reject-publish"}
 
-_starts: TextIO | None = None
-
-
-def _starts_file() -> TextIO:
-    global _starts
-    if _starts is None:
-        path = os.path.join(os.environ["BENCH_STARTS_DIR"], f"{os.getpid()}.txt")
-        _starts = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-    return _starts
-
 
 @consumers.handler("rq_healthy", queue=HEALTHY)
 async def rq_healthy(job: consumers.Job) -> None:
-    """Notes when it started (one line per job, to a file of this process's own)."""
-    _starts_file().write(f"{job.id} {time.time()}\n")
+    """Notes when it started."""
+    process_marks().started(job.id)
 
 
 @consumers.handler("rq_refused", queue=REFUSED)
@@ -90,8 +80,6 @@ def _plan(rate: float, seconds: float, job_type: str, queue: str) -> list[tuple[
 def _latencies(
     conn: Any, committed: dict[str, float], starts: dict[str, float]
 ) -> dict[str, dict[str, float]]:
-    from bench.common import percentiles
-
     claimed = {
         str(job_id): at.timestamp()
         for job_id, at in conn.execute(
@@ -134,15 +122,6 @@ def _wait_succeeded(db: Any, queue: str, want: int, timeout: float) -> float:
     return time.monotonic() - began
 
 
-def _starts_seen(logs: Path) -> dict[str, float]:
-    starts: dict[str, float] = {}
-    for path in logs.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            job_id, t = line.split()
-            starts.setdefault(job_id, float(t))
-    return starts
-
-
 def run(args: Any, db: Any, topology: Any, logs: Path) -> dict[str, Any]:
     import psycopg
 
@@ -164,7 +143,7 @@ def run(args: Any, db: Any, topology: Any, logs: Path) -> dict[str, Any]:
         _policy("clear", policy)
     refused = int(args.refused_rate * args.seconds)
     drained = _wait_succeeded(db, REFUSED, 10 + refused, args.drain_timeout)
-    starts = _starts_seen(logs)
+    starts = Marks(logs).starts()
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
         return {
             "healthy_alone": _latencies(conn, alone, starts),
@@ -179,16 +158,6 @@ def run(args: Any, db: Any, topology: Any, logs: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from bench.common import (
-        BIN,
-        argument_parser,
-        machine,
-        scratch_database,
-        scratch_topology,
-        service_env,
-        stopping,
-    )
-
     parser = argument_parser("bench.refused_queue", __doc__)
     parser.add_argument("--rate", type=float, default=50, help="healthy jobs committed per second")
     parser.add_argument("--seconds", type=float, default=20, help="length of each phase")
@@ -201,25 +170,16 @@ def main() -> None:
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-refused-"))
-    with (
-        scratch_database("bench_refused") as db,
-        scratch_topology([HEALTHY, REFUSED]) as topology,
-    ):
-        env = service_env(db, topology) | {"BENCH_STARTS_DIR": str(logs)}
-        files = [(logs / f"p{i}.log").open("wb") for i in range(2)]
-        procs = [
-            subprocess.Popen([str(BIN / "relay")], env=env, stderr=files[0]),
-            subprocess.Popen(
-                [str(BIN / "consumer"), "--app", "bench.refused_queue"], env=env, stderr=files[1]
-            ),
-        ]
-        with stopping(procs, files):
-            figures = run(args, db, topology, logs)
+    with scratch_system(
+        "bench_refused", [HEALTHY, REFUSED], env={ENV: str(logs)}, logs=logs
+    ) as system:
+        system.start("relay")
+        system.start("consumer", "--app", "bench.refused_queue")
+        figures = run(args, system.db, system.topology, logs)
     relay_log = (logs / "p0.log").read_text(errors="replace")
     alone = figures["healthy_alone"]["commit_to_claim"]["p99_ms"]
     beside = figures["healthy_beside_refused"]["commit_to_claim"]["p99_ms"]
     result = {
-        "benchmark": "refused_queue",
         "rate_per_s": args.rate,
         "refused_rate_per_s": args.refused_rate,
         "seconds_per_phase": args.seconds,
@@ -229,9 +189,8 @@ def main() -> None:
             event: relay_log.count(f'"{event}"')
             for event in ("relay.drain_failed", "relay.queue_publish_failing")
         },
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("refused_queue", result)
 
 
 if __name__ == "__main__":

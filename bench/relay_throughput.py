@@ -13,8 +13,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import time
 
 import aio_pika
@@ -23,15 +21,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import (
-    AMQP,
-    BIN,
-    argument_parser,
-    machine,
-    scratch_database,
-    scratch_topology,
-    service_env,
-)
+from bench.common import AMQP, argument_parser, report, scratch_system
 from plumbing.cli import event_loop_runner
 from schema.topology import Declared, Topology
 
@@ -83,60 +73,44 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    with scratch_database() as db, scratch_topology(["default", "bare"]) as topology:
-        bare = event_loop_runner()(bare_publisher(topology, args.rows, args.batch_size))
-        relay = subprocess.Popen(
-            [
-                str(BIN / "relay"),
-                "--publishers",
-                str(args.publishers),
-                "--batch-size",
-                str(args.batch_size),
-                "--pack",
-                str(args.pack),
-                "--window",
-                str(args.window or args.rows),
-            ],
-            env=service_env(db, topology),
+    with scratch_system(queues=["default", "bare"]) as system:
+        db = system.db
+        bare = event_loop_runner()(bare_publisher(system.topology, args.rows, args.batch_size))
+        relay = system.start(
+            "relay",
+            *("--publishers", str(args.publishers), "--batch-size", str(args.batch_size)),
+            *("--pack", str(args.pack), "--window", str(args.window or args.rows)),
         )
-        try:
-            time.sleep(2)  # connected and listening
-            engine = create_engine(db.sqlalchemy)
-            jobs = [outbox.NewJob("noop", {"i": i}) for i in range(args.rows)]
-            with Session(engine) as session, session.begin():
-                outbox.enqueue_many(session, jobs)
-            committed = time.perf_counter()
-            with psycopg.connect(db.conninfo, autocommit=True) as conn:
-                while True:
-                    sent = conn.execute("SELECT count(sent_at) FROM outbox").fetchone()[0]
-                    if sent >= args.rows:
-                        break
-                    if relay.poll() is not None:
-                        raise SystemExit(f"relay exited with {relay.returncode}")
-                    time.sleep(0.02)
-            elapsed = time.perf_counter() - committed
-            engine.dispose()
-        finally:
-            relay.terminate()
-            relay.wait(30)
+        time.sleep(2)  # connected and listening
+        engine = create_engine(db.sqlalchemy)
+        jobs = [outbox.NewJob("noop", {"i": i}) for i in range(args.rows)]
+        with Session(engine) as session, session.begin():
+            outbox.enqueue_many(session, jobs)
+        committed = time.perf_counter()
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            while True:
+                sent = conn.execute("SELECT count(sent_at) FROM outbox").fetchone()[0]
+                if sent >= args.rows:
+                    break
+                if relay.poll() is not None:
+                    raise SystemExit(f"relay exited with {relay.returncode}")
+                time.sleep(0.02)
+        elapsed = time.perf_counter() - committed
+        engine.dispose()
 
     relay_rate = args.rows / elapsed
-    print(
-        json.dumps(
-            {
-                "benchmark": "relay_throughput",
-                "rows": args.rows,
-                "publishers": args.publishers,
-                "batch_size": args.batch_size,
-                "pack": args.pack,
-                "relay_rows_per_s": round(relay_rate),
-                "bare_aio_pika_msgs_per_s": round(bare),
-                "relay_to_bare_ratio": round(relay_rate / bare, 2),
-                "seconds": round(elapsed, 2),
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "relay_throughput",
+        {
+            "rows": args.rows,
+            "publishers": args.publishers,
+            "batch_size": args.batch_size,
+            "pack": args.pack,
+            "relay_rows_per_s": round(relay_rate),
+            "bare_aio_pika_msgs_per_s": round(bare),
+            "relay_to_bare_ratio": round(relay_rate / bare, 2),
+            "seconds": round(elapsed, 2),
+        },
     )
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -34,40 +33,22 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import (
-    AMQP,
-    BIN,
-    argument_parser,
-    machine,
-    scratch_database,
-    scratch_topology,
-    service_env,
-)
+from bench.common import AMQP, System, argument_parser, report, scratch_system
+from bench.peers.base import tail
+from harness.backlog import build_backlog
 from harness.broker import purge, queue_depth
 from plumbing.config import DatabaseUrl
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.queries import WORKER_TTL_SECONDS
 from schema.tables import CLAIMABLE_SQL
-from schema.topology import Topology
 
 QUEUE = "backlog"
 
-BUILD = (
-    """
-    INSERT INTO jobs (job_id, job_type, queue, created_at, run_after)
-    SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(i), 12, '0'))::uuid, 'noop', %(queue)s,
-           now() - interval '1 hour', now() - interval '1 hour'
-    FROM generate_series(1, %(n)s) AS i
-    """,
-    """
-    INSERT INTO outbox (job_id, queue, available_at)
-    SELECT job_id, queue, run_after FROM jobs
-    """,
-    """
-    DELETE FROM outbox
-    WHERE id IN (SELECT id FROM outbox ORDER BY random() LIMIT %(orphans)s)
-    """,
-)
+# Jobs left with no wake-up at all, as a row edited by hand would be.
+ORPHAN = """
+DELETE FROM outbox
+WHERE id IN (SELECT id FROM outbox ORDER BY random() LIMIT %(orphans)s)
+"""
 
 # What every re-waker round read before: each waiting job, for a wake-up.
 FULL_SCAN = f"""
@@ -88,8 +69,8 @@ WHERE j.state IN ({CLAIMABLE_SQL})
 def build(db: DatabaseUrl, jobs: int, orphans: int) -> float:
     began = time.perf_counter()
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        for statement in BUILD:
-            conn.execute(statement, {"queue": QUEUE, "n": jobs, "orphans": orphans})
+        build_backlog(conn, jobs, QUEUE)
+        conn.execute(ORPHAN, {"orphans": orphans})
         conn.execute("VACUUM ANALYZE jobs")
         conn.execute("VACUUM ANALYZE outbox")
     return time.perf_counter() - began
@@ -137,39 +118,29 @@ async def walk_once(db: DatabaseUrl, size: int) -> dict[str, Any]:
     }
 
 
-def repair(
-    db: DatabaseUrl, topology: Topology, window: int, rewake: float, logs: Path
-) -> dict[str, Any]:
-    env = service_env(db, topology) | {"LOG_LEVEL": "INFO"}
-    log_path = logs / "relay.log"
-    with log_path.open("wb") as log:
-        relay = subprocess.Popen(
-            [str(BIN / "relay"), "--window", str(window), "--rewake-interval", str(rewake)],
-            env=env,
-            stderr=log,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            # A window's worth in flight, and in the queue (packed: a message may
-            # name up to 50 ids).
-            while (
-                scalar(db, IN_FLIGHT) < window
-                or asyncio.run(queue_depth(AMQP.url, topology, QUEUE)) == 0
-            ):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the relay sent no window of wake-ups:\n{_tail(log_path)}")
-                time.sleep(0.2)
-            asyncio.run(purge(AMQP.url, topology, QUEUE))
-            purged = time.perf_counter()
-            print(f"purged {window} wake-ups from the queue at {time.time():.3f}", flush=True)
-            while asyncio.run(queue_depth(AMQP.url, topology, QUEUE)) == 0:
-                if time.monotonic() > deadline + 120:
-                    raise RuntimeError(f"lost wake-ups were not repaired:\n{_tail(log_path)}")
-                time.sleep(0.1)
-            repaired = time.perf_counter() - purged
-        finally:
-            relay.terminate()
-            relay.wait(60)
+def repair(system: System, window: int, rewake: float, logs: Path) -> dict[str, Any]:
+    db, topology = system.db, system.topology
+    log_path = logs / "p0.log"  # the first process's: the relay's
+    relay_args = ["--window", str(window), "--rewake-interval", str(rewake)]
+    system.start("relay", *relay_args, env={"LOG_LEVEL": "INFO"})
+    deadline = time.monotonic() + 120
+    # A window's worth in flight, and in the queue (packed: a message may
+    # name up to 50 ids).
+    while (
+        scalar(db, IN_FLIGHT) < window or asyncio.run(queue_depth(AMQP.url, topology, QUEUE)) == 0
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the relay sent no window of wake-ups:\n{tail(log_path)}")
+        time.sleep(0.2)
+    asyncio.run(purge(AMQP.url, topology, QUEUE))
+    purged = time.perf_counter()
+    print(f"purged {window} wake-ups from the queue at {time.time():.3f}", flush=True)
+    while asyncio.run(queue_depth(AMQP.url, topology, QUEUE)) == 0:
+        if time.monotonic() > deadline + 120:
+            raise RuntimeError(f"lost wake-ups were not repaired:\n{tail(log_path)}")
+        time.sleep(0.1)
+    repaired = time.perf_counter() - purged
+    system.stop()  # the relay's log complete
     events = [
         json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")
     ]
@@ -186,10 +157,6 @@ def repair(
     }
 
 
-def _tail(path: Path) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-20:])
-
-
 def main() -> None:
     parser = argument_parser("bench.rewake_backlog", __doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000, help="waiting jobs")
@@ -202,24 +169,23 @@ def main() -> None:
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-rewake-"))
-    with scratch_database("bench_rewake") as db, scratch_topology([QUEUE]) as topology:
+    with scratch_system("bench_rewake", [QUEUE], logs=logs) as system:
+        db = system.db
         built = build(db, args.jobs, args.orphans)
         print(f"built {args.jobs} waiting jobs in {built:.1f} s", flush=True)
         scan = full_scan_ms(db)
         print(f"one scan of every waiting job: {scan:.0f} ms", flush=True)
         walked = asyncio.run(walk_once(db, args.slice))
         left = scalar(db, ORPHANED)
-        repaired = repair(db, topology, args.window, args.rewake_interval, logs)
+        repaired = repair(system, args.window, args.rewake_interval, logs)
     result = {
-        "benchmark": "rewake_backlog",
         "jobs": args.jobs,
         "build_seconds": round(built, 1),
         "full_scan_ms": round(scan, 1),
         "orphan_walk": walked | {"orphans": args.orphans, "left_without_wakeup": left},
         "repair": repaired,
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("rewake_backlog", result)
 
 
 if __name__ == "__main__":

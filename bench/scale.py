@@ -8,10 +8,8 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
-
 import outbox
-from bench.common import argument_parser, fleet_options, machine
+from bench.common import argument_parser, fleet_options, report
 from bench.fleet import drain_rate, fleet
 
 
@@ -27,17 +25,13 @@ def main() -> None:
     fleet_options(parser, consumers=None, concurrency=50)
     args = parser.parse_args()
     rates = {n: round(drain(n, args.jobs, args.relays, args.concurrency)) for n in (1, 2, 4)}
-    print(
-        json.dumps(
-            {
-                "benchmark": "scale",
-                "jobs": args.jobs,
-                "relays": args.relays,
-                "drain_jobs_per_s_by_consumer_processes": rates,
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "scale",
+        {
+            "jobs": args.jobs,
+            "relays": args.relays,
+            "drain_jobs_per_s_by_consumer_processes": rates,
+        },
     )
 
 

@@ -13,16 +13,13 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import timedelta
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import fleet
 
 
@@ -38,13 +35,11 @@ def main() -> None:
 
     relay_args = ["--schedule-interval", str(args.schedule_interval)]
     with fleet(consumers=1, relays=args.relays, relay_args=relay_args) as f:
-        engine = create_engine(f.db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(f.db) as session:
             for i in range(args.schedules):
                 outbox.schedule(session, f"tick-{i}", "noop", every=timedelta(seconds=1))
-        engine.dispose()
         time.sleep(args.seconds)
-        with Session(create_engine(f.db.sqlalchemy)) as session, session.begin():
+        with committing(f.db) as session:
             for i in range(args.schedules):
                 outbox.pause_schedule(session, f"tick-{i}")
         time.sleep(2)  # the last fires' jobs run
@@ -68,24 +63,20 @@ def main() -> None:
             attempts = conn.execute(
                 "SELECT count(*), count(DISTINCT job_id) FROM job_attempts"
             ).fetchone()
-    print(
-        json.dumps(
-            {
-                "benchmark": "scheduler_delay",
-                "schedules": args.schedules,
-                "seconds": args.seconds,
-                "relays": args.relays,
-                "schedule_interval_s": args.schedule_interval,
-                "fires_enqueued": len(delays),
-                "fires_skipped": skipped,
-                "fires_per_schedule": {"min": min(per_schedule), "max": max(per_schedule)},
-                "delay": percentiles(delays),
-                "jobs_by_state": jobs,
-                "attempts": {"rows": attempts[0], "jobs": attempts[1]} if attempts else None,
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "scheduler_delay",
+        {
+            "schedules": args.schedules,
+            "seconds": args.seconds,
+            "relays": args.relays,
+            "schedule_interval_s": args.schedule_interval,
+            "fires_enqueued": len(delays),
+            "fires_skipped": skipped,
+            "fires_per_schedule": {"min": min(per_schedule), "max": max(per_schedule)},
+            "delay": percentiles(delays),
+            "jobs_by_state": jobs,
+            "attempts": {"rows": attempts[0], "jobs": attempts[1]} if attempts else None,
+        },
     )
 
 

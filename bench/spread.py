@@ -13,7 +13,6 @@ and the median ratio.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
@@ -22,7 +21,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, fleet_options, machine, wait_all_done
+from bench.common import argument_parser, fleet_options, report, wait_all_done
 from bench.fleet import fleet
 
 
@@ -88,26 +87,22 @@ def main() -> None:
         ]
     for r in rounds:
         r["ratio_to_ideal"] = round(float(r["elapsed_s"]) / ideal, 2)  # type: ignore[arg-type]
-    print(
-        json.dumps(
-            {
-                "benchmark": "spread",
-                "jobs": args.jobs,
-                "job_seconds": args.seconds,
-                "consumers": args.consumers,
-                "concurrency": args.concurrency,
-                "pack": args.pack,
-                "prefetch": args.prefetch or "default",
-                "ideal_s": round(ideal, 2),
-                "rounds": rounds,
-                "median_ratio_to_ideal": statistics.median(
-                    float(r["ratio_to_ideal"])
-                    for r in rounds  # type: ignore[arg-type]
-                ),
-                "machine": machine(),
-            },
-            indent=2,
-        )
+    report(
+        "spread",
+        {
+            "jobs": args.jobs,
+            "job_seconds": args.seconds,
+            "consumers": args.consumers,
+            "concurrency": args.concurrency,
+            "pack": args.pack,
+            "prefetch": args.prefetch or "default",
+            "ideal_s": round(ideal, 2),
+            "rounds": rounds,
+            "median_ratio_to_ideal": statistics.median(
+                float(r["ratio_to_ideal"])
+                for r in rounds  # type: ignore[arg-type]
+            ),
+        },
     )
 
 

@@ -20,15 +20,14 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 
-from bench.common import argument_parser, machine, scratch_database
-from harness.history import fill
+from bench.common import argument_parser, report, scratch_database
+from harness.history import fill, job_lists, middle_of_the_failed
 from harness.plans import plan as explain_plan
 from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
 from jobctl.service import queries
@@ -98,41 +97,27 @@ def explain_generic(
 
 
 def lists(conn: psycopg.Connection) -> dict[str, Any]:
-    middle = conn.execute(
-        "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED' ORDER BY finished_at"
-        " LIMIT 1 OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
-    ).fetchone()
-    assert middle is not None
     params = {
         "queue": "q1",
         "job_type": "nope",
         "tenant": "t3",
         "limit": PAGE,
         "scan": SCAN,
-        "after_id": middle[0],
-        "after_finished": middle[1],
-    }
+    } | middle_of_the_failed(conn)
     found: dict[str, Any] = {}
+    filter_sets = [(), ("queue",), ("job_type",), ("queue", "job_type", "tenant")]
     for state in [None, *JobState]:
-        for filters in [(), ("queue",), ("job_type",), ("queue", "job_type", "tenant")]:
-            for after in (False, True):
-                listing = queries.job_list(
-                    state,
-                    queue="queue" in filters,
-                    job_type="job_type" in filters,
-                    tenant="tenant" in filters,
-                    after=after,
+        for filters, after, listing in job_lists(state, filter_sets):
+            name = f"{state or 'any state'} | {'+'.join(filters) or 'no filter'}"
+            name += " | later page" if after else " | first page"
+            found[name] = {
+                "custom": explain(conn, listing.sql, params),
+                "generic": explain_generic(conn, listing.sql, params),
+            }
+            if listing.edge_sql is not None:
+                found[name]["edge (when a page comes back short)"] = explain(
+                    conn, listing.edge_sql, params
                 )
-                name = f"{state or 'any state'} | {'+'.join(filters) or 'no filter'}"
-                name += " | later page" if after else " | first page"
-                found[name] = {
-                    "custom": explain(conn, listing.sql, params),
-                    "generic": explain_generic(conn, listing.sql, params),
-                }
-                if listing.edge_sql is not None:
-                    found[name]["edge (when a page comes back short)"] = explain(
-                        conn, listing.edge_sql, params
-                    )
     return found
 
 
@@ -186,7 +171,6 @@ def main() -> None:
         fill_s = time.perf_counter() - started
         counts = dict(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
         result = {
-            "benchmark": "surface_plans",
             "jobs_by_state": counts,
             "failures": args.failures,
             "fill_seconds": round(fill_s, 1),
@@ -196,9 +180,8 @@ def main() -> None:
             "per_queue": per_queue(conn),
             "one_job": one_job(conn),
             "naive_for_comparison": {n: explain(conn, s, {}) for n, s in NAIVE.items()},
-            "machine": machine(),
         }
-    print(json.dumps(result, indent=2, default=str))
+    report("surface_plans", result)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,10 @@ Prints one JSON object with jobs/s and each variant's ratio to the first.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
-
 import outbox
-from bench.common import against_first, argument_parser, fleet_options, machine
+from bench.common import against_first, argument_parser, committing, fleet_options, report
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -24,17 +20,15 @@ VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, cappe
 
 def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: int) -> float:
     with fleet(consumers=consumers, concurrency=concurrency) as f:
-        engine = create_engine(f.db.sqlalchemy)
         names = [f"tenant-{i}" for i in range(tenants)]
         if cap is not None:
-            with Session(engine) as session, session.begin():
+            with committing(f.db) as session:
                 for name in names:
                     outbox.set_tenant_limit(session, name, max_running=cap)
         batch = [
             outbox.NewJob("noop", {}, tenant=names[i % tenants] if tenants else None)
             for i in range(jobs)
         ]
-        engine.dispose()
         return drain_rate(f, batch)
 
 
@@ -47,12 +41,10 @@ def main() -> None:
     for name, (tenants, cap) in VARIANTS.items():
         rates[name] = run(args.jobs, tenants, cap, args.consumers, args.concurrency)
     result: dict[str, Any] = {
-        "benchmark": "tenants_cost",
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_tenant"),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("tenants_cost", result)
 
 
 if __name__ == "__main__":

@@ -20,21 +20,20 @@ Prints the plans, then one JSON object.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import psycopg
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
 import outbox
 from bench.common import (
     against_first,
     argument_parser,
+    committing,
+    explaining,
     fleet_options,
-    machine,
     plan_summary,
+    report,
     scratch_database,
 )
 from bench.fleet import drain_rate, fleet
@@ -47,13 +46,9 @@ def names(tenants: int) -> list[str]:
 
 
 def set_caps(db: DatabaseUrl, tenants: int, cap: int) -> None:
-    engine = create_engine(db.sqlalchemy)
-    try:
-        with Session(engine) as session, session.begin():
-            for name in names(tenants):
-                outbox.set_tenant_limit(session, name, max_running=cap)
-    finally:
-        engine.dispose()
+    with committing(db) as session:
+        for name in names(tenants):
+            outbox.set_tenant_limit(session, name, max_running=cap)
 
 
 def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
@@ -65,15 +60,9 @@ def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
 def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
     params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
               "worker_ttl": WORKER_TTL_SECONDS}  # fmt: skip
-    with conn.transaction(force_rollback=True):
-        text = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + OUTBOX_WAKE_QUEUE, params).fetchall()
-    with conn.transaction(force_rollback=True):
-        (doc,) = conn.execute(  # type: ignore[misc]
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + OUTBOX_WAKE_QUEUE, params
-        ).fetchone()
+    with explaining(conn, OUTBOX_WAKE_QUEUE, params) as (text, top):
         sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()
-    top = doc[0]
-    return "\n".join(r[0] for r in text), {
+    return text, {
         **plan_summary(top),
         "in_flight_after": int(sent[0]) if sent else 0,
     }
@@ -82,10 +71,8 @@ def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]
 def plans(tenants: int, per_tenant: int, cap: int, window: int) -> dict[str, Any]:
     with scratch_database("bench_tenants_scale") as db:
         set_caps(db, tenants, cap)
-        engine = create_engine(db.sqlalchemy)
-        with Session(engine) as session, session.begin():
+        with committing(db) as session:
             outbox.enqueue_many(session, jobs_over(tenants, tenants * per_tenant))
-        engine.dispose()
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             explain(conn, window)  # warm the caches and the plan's first reads
@@ -138,14 +125,12 @@ def main() -> None:
         for name, (tenants, cap) in variants.items()
     }
     result: dict[str, Any] = {
-        "benchmark": "tenants_scale",
         "decision_plans": planned,
         "jobs": args.jobs,
         **against_first(rates, "ratio_to_no_tenant"),
         "seconds": round(time.monotonic() - started),
-        "machine": machine(),
     }
-    print(json.dumps(result, indent=2))
+    report("tenants_scale", result)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ database flushing the commit rather than the notification reaching the waiter.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import threading
@@ -35,10 +34,9 @@ from typing import Any
 import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.orm import Session
 
 import outbox
-from bench.common import argument_parser, machine, percentiles
+from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import drain_rate, fleet
 from harness.scratch import scratch_database
 from outbox.waiting import APPLICATION_NAME
@@ -48,14 +46,10 @@ _END = "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now(), result = %s WH
 
 
 def _enqueue(db: DatabaseUrl, n: int) -> list[uuid.UUID]:
-    engine = create_engine(db.sqlalchemy)
-    try:
-        with Session(engine) as session, session.begin():
-            return outbox.enqueue_many(
-                session, [outbox.NewJob("bench_wait", {"i": i}) for i in range(n)]
-            )
-    finally:
-        engine.dispose()
+    with committing(db) as session:
+        return outbox.enqueue_many(
+            session, [outbox.NewJob("bench_wait", {"i": i}) for i in range(n)]
+        )
 
 
 def sync_way(db: DatabaseUrl, rounds: int) -> dict[str, Any]:
@@ -176,7 +170,7 @@ def main() -> None:
             runs.append(asyncio.run(async_way(db, args.waiters)))
     if "cost" in ways:
         runs.append(cost_way(args.drain_jobs, args.drain_rounds))
-    print(json.dumps({"benchmark": "wait_for", "runs": runs, "machine": machine()}, indent=2))
+    report("wait_for", {"runs": runs})
 
 
 if __name__ == "__main__":

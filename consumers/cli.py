@@ -17,7 +17,13 @@ from consumers.registry import default_registry
 from consumers.settings import ConsumerSettings
 from consumers.supervisor import Supervisor, SupervisorLink
 from consumers.worker import Consumer
-from plumbing.cli import Daemon, connection_options, default_of, run_daemon, topology
+from plumbing.cli import (
+    Daemon,
+    connection_options,
+    run_daemon,
+    setting_option,
+    topology,
+)
 from plumbing.config import ConfigError, amqp_url, database_url
 from plumbing.logfmt import describe_error
 from schema import names
@@ -62,51 +68,31 @@ def _where(exc: Exception) -> str:
     metavar="NAME",
     help="Queue to consume (repeatable). Default: the queues of the registered handlers.",
 )
-@click.option(
-    "--concurrency",
-    type=int,
-    default=default_of(ConsumerSettings, "concurrency"),
-    show_default=True,
-    help="Jobs run at once.",
-)
-@click.option(
-    "--prefetch",
-    type=int,
-    default=default_of(ConsumerSettings, "prefetch"),
-    show_default=True,
-    help="Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
+@setting_option(ConsumerSettings, "concurrency", "Jobs run at once.")
+@setting_option(
+    ConsumerSettings,
+    "prefetch",
+    "Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
     "A consumer holds at most concurrency + prefetch ids; ids beyond that are handed back at "
     "once, for other consumers. RabbitMQ pushes at most two messages ahead.",
 )
-@click.option(
-    "--lease-seconds",
-    type=float,
-    default=default_of(ConsumerSettings, "lease_seconds"),
-    show_default=True,
-    help="Lease length; a crashed worker's jobs run again after it.",
+@setting_option(
+    ConsumerSettings, "lease_seconds", "Lease length; a crashed worker's jobs run again after it."
 )
-@click.option(
-    "--heartbeat-seconds",
-    type=float,
-    default=default_of(ConsumerSettings, "heartbeat_seconds"),
-    show_default=True,
-    help="Heartbeat interval. 0 means a third of the lease.",
+@setting_option(
+    ConsumerSettings, "heartbeat_seconds", "Heartbeat interval. 0 means a third of the lease."
 )
-@click.option(
-    "--default-timeout",
-    type=float,
-    default=default_of(ConsumerSettings, "default_timeout"),
-    show_default=True,
-    help="Time limit of an attempt whose handler sets no timeout; 0 for none. A quarter "
+@setting_option(
+    ConsumerSettings,
+    "default_timeout",
+    "Time limit of an attempt whose handler sets no timeout; 0 for none. A quarter "
     "of an hour: longer than work that belongs in a job usually takes, short enough that "
     "a hung handler is retried within the hour instead of holding its lease for ever.",
 )
-@click.option(
-    "--drain-seconds",
-    type=float,
-    default=default_of(ConsumerSettings, "drain_seconds"),
-    show_default=True,
-    help="On SIGTERM, time for running jobs to finish before the claims of async handlers go "
+@setting_option(
+    ConsumerSettings,
+    "drain_seconds",
+    "On SIGTERM, time for running jobs to finish before the claims of async handlers go "
     "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "
     "for it, up to its time limit, keeping its lease. A second signal stops at once.",
 )

@@ -1,9 +1,17 @@
 """A long history of finished jobs and a small backlog, written in one statement,
-for the tests and the benchmark of the operator surface's reads."""
+for the tests and the benchmark of the operator surface's reads; the job lists they
+plan over it, and a page's token from the middle of it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 import psycopg
+
+from jobctl.service import queries
+from jobctl.service.queries import JobList
+from schema.states import JobState
 
 # Jobs i = 1..history finished over the span (UUIDv7 ids, in creation order),
 # mostly succeeded: failed when i % 100 is in [94, 98), cancelled in [98, 100),
@@ -58,3 +66,35 @@ def fill(
                 "failures_until": history if failures_until is None else failures_until,
             },
         )
+
+
+def middle_of_the_failed(conn: psycopg.Connection) -> dict[str, Any]:
+    """A later page's token (``after_id``, ``after_finished``) from the middle of the
+    failed jobs: a page deep in the history."""
+    row = conn.execute(
+        "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED'"
+        " ORDER BY finished_at LIMIT 1"
+        " OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
+    ).fetchone()
+    assert row is not None
+    return {"after_id": row[0], "after_finished": row[1]}
+
+
+def job_lists(
+    state: JobState | None, filter_sets: Iterable[tuple[str, ...]]
+) -> Iterator[tuple[tuple[str, ...], bool, JobList]]:
+    """The list statement of ``state`` for each set of filters present (of queue,
+    job_type, tenant), first page and later page."""
+    for filters in filter_sets:
+        for after in (False, True):
+            yield (
+                filters,
+                after,
+                queries.job_list(
+                    state,
+                    queue="queue" in filters,
+                    job_type="job_type" in filters,
+                    tenant="tenant" in filters,
+                    after=after,
+                ),
+            )

@@ -21,6 +21,7 @@ from plumbing.config import ConfigError
 COMMANDS: dict[str, str] = {
     "check": "jobctl.commands.check:check",
     "jobs": "jobctl.commands.jobs:jobs",
+    "keys": "jobctl.commands.keys:keys",
     "limits": "jobctl.commands.limits:limits",
     "migrate": "jobctl.commands.migrate:migrate",
     "queues": "jobctl.commands.queues:queues",
@@ -72,7 +73,7 @@ class JobctlGroup(click.Group):
 @click.group(cls=JobctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hybrid-jobs", message="%(prog)s %(version)s")
 def main() -> None:
-    """Operate hybrid-jobs: jobs, queues, schedules, tenants, workers; the HTTP
+    """Operate hybrid-jobs: jobs, queues, schedules, tenants, keys, limits, workers; the HTTP
     API and metrics (`jobctl serve`); migrations.
 
     Every command takes --json, prints one JSON object with it, and reports an error

@@ -215,7 +215,8 @@ def enqueue(
     others wait (KEY_BUSY) without spending an attempt. ``ordered=True``: jobs
     of the key start one after the other in enqueue order (commit order), passing
     a job that ended FAILED or CANCELLED; ``"strict"`` holds the key behind a
-    FAILED one until it is replayed.
+    FAILED one until it is replayed. Ordered jobs of a key run one at a time, so
+    ``ordered`` with a ``key_limit`` above 1 is refused (``ValueError``).
 
     ``resource``: an exclusive target the job acts on (``"deploy:prod"``): at most
     one job with it holds a lease at once, across queues and job types; the others

@@ -89,6 +89,13 @@ def key_fields(
         raise TypeError(f"key_limit must be an int, not {type(key_limit).__name__}")
     if not 1 <= key_limit <= MAX_KEY_LIMIT:
         raise ValueError(f"key_limit must be between 1 and {MAX_KEY_LIMIT}")
+    if order is not None and key_limit > 1:
+        # An ordered job starts only once no earlier job of its key waits or runs
+        # (the claim's key_behind), so ordered jobs of a key run one at a time
+        # whatever the limit: a larger one would promise a parallelism never given.
+        raise ValueError(
+            "ordered jobs of a key run one at a time: ordered takes no key_limit above 1"
+        )
     return name, key_limit, order
 
 

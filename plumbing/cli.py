@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import sys
+import typing
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
@@ -53,6 +54,26 @@ def default_of(settings: type[Any], name: str, *, none: Any = None) -> Any:
                 raise TypeError(f"{settings.__name__}.{name} has no plain default")
             return none if f.default is None else f.default
     raise TypeError(f"{settings.__name__} has no field {name!r}")
+
+
+def setting_option(
+    settings: type[Any], name: str, help: str, *, none: Any = None, **extra: Any
+) -> Callable[[F], F]:
+    """The flag ``--<name>`` that sets field ``name`` of a settings dataclass: its
+    type and its shown default read from the field (see :func:`default_of`), so a
+    daemon's flag and its setting cannot disagree."""
+    default = default_of(settings, name, none=none)
+    # the field's own type (int or float), not its default's: 5 may default a float
+    hint = typing.get_type_hints(settings)[name]
+    kind = next(t for t in (*typing.get_args(hint), hint) if t in (int, float, str))
+    return click.option(
+        "--" + name.replace("_", "-"),
+        type=kind,
+        default=default,
+        show_default=True,
+        help=help,
+        **extra,
+    )
 
 
 def connection_options(fn: F) -> F:

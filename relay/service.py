@@ -76,6 +76,9 @@ class _Pass:
     full: bool
     # Some queue held due wake-ups back (or was being served by another drainer).
     held: bool
+    # Some queue had room but too little to be worth a decision yet (it waits for
+    # an eighth of its window): it will soon, so keep looking at the short interval.
+    filling: bool = False
 
 
 class Relay:
@@ -245,7 +248,11 @@ class Relay:
                 # so: look again soon (at the queues that held back), less often
                 # while none appears.
                 wait = refill
-                refill = s.refill_interval if done.sent else min(refill * 2, s.refill_interval_cap)
+                refill = (
+                    s.refill_interval
+                    if done.sent or done.filling
+                    else min(refill * 2, s.refill_interval_cap)
+                )
             else:
                 wait, refill = s.poll_interval, s.refill_interval
             retry = self.backoff.next_retry()
@@ -282,7 +289,7 @@ class Relay:
         # Drainers start at different queues, so each queue's turn comes round.
         self.turn += 1
         start = self.turn % len(queues)
-        sent, full, held = 0, False, False
+        sent, full, held, filling = 0, False, False, False
         for queue in queues[start:] + queues[:start]:
             try:
                 woken = await wake_queue(self.pool, self.publisher, queue, self.limits)
@@ -297,12 +304,13 @@ class Relay:
             more = woken.sent >= self.settings.batch_size
             full = full or more
             held = held or woken.held or woken.busy
+            filling = filling or (woken.held and not woken.sent and woken.room > 0)
             if more or woken.held or woken.busy:
                 self.hinted.add(queue)  # the next pass comes back to it
                 self.backlogged.add(queue)
             else:
                 self.backlogged.discard(queue)
-        return _Pass(sent, full, held)
+        return _Pass(sent, full, held, filling)
 
     async def _listen(self) -> None:
         async for attempt in retry_forever(log, "relay.listen_failed"):

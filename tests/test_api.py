@@ -101,6 +101,37 @@ async def test_enqueue_takes_a_deadline_and_a_rate_limit(db_url: DatabaseUrl, pg
     assert row == (expires, "stripe")
 
 
+async def test_enqueue_debounces_like_outbox(db_url: DatabaseUrl, pg) -> None:
+    async with api_client(db_url) as client:
+        body = {"dedup_key": "reindex:42", "debounce": 30, "debounce_max": 60}
+        first = await post_job(client, payload={"n": 1}, **body)
+        assert first.status_code == 202, first.text
+        again = await post_job(client, payload={"n": 2}, **body)
+        assert again.status_code == 200, "it replaced the waiting job"
+        assert again.json()["id"] == first.json()["id"]
+        assert again.json()["payload"] == {"n": 2}
+        # Refused as outbox.enqueue refuses them, before anything is written.
+        for bad in (
+            {"debounce": 2},  # no dedup_key
+            {"dedup_key": "d", "debounce_max": 5},  # no debounce
+            {"dedup_key": "d", "debounce": 5, "debounce_max": 2},
+            {"dedup_key": "d", "debounce": -1},
+            {"dedup_key": "d", "debounce": "soon"},
+            {"dedup_key": "d", "debounce": 2, "key": "a"},
+            {"dedup_key": "d", "debounce": 2, "run_after": datetime.now(UTC).isoformat()},
+        ):
+            refused = await post_job(client, **bad)
+            assert refused.status_code == 422, (bad, refused.text)
+    row = pg.execute(
+        "SELECT count(*), min(debounce_key), min(payload->>'n'),"
+        " round(EXTRACT(EPOCH FROM min(run_after) - min(created_at))),"
+        " round(EXTRACT(EPOCH FROM min(debounce_until) - min(created_at)))"
+        " FROM jobs"
+    ).fetchone()
+    # One job, its start debounce after the last enqueue, bounded by debounce_max.
+    assert row == (1, "reindex:42", "2", 30, 60)
+
+
 async def test_unknown_and_malformed_ids_are_404(db_url: DatabaseUrl) -> None:
     async with api_client(db_url) as client:
         for path in (f"/v1/jobs/{uuid.uuid4()}", "/v1/jobs/not-a-uuid", "/v1/jobs/%00"):

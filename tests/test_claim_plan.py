@@ -7,7 +7,6 @@ used-up wake-ups as a scan of the whole outbox, paid by every claim."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,35 +16,13 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
+from harness.claim import claim_params
 from schema import queries as q
 from tests.support.plans import plan as explain_plan
 
 BACKLOG = 5_000
 IN_FLIGHT = 2_000
 BATCH = 50
-
-TERMS = [
-    {
-        "job_type": "noop",
-        "max_attempts": 3,
-        "backoff_base": 5.0,
-        "backoff_cap": 900.0,
-        "backoff_jitter": 0.25,
-        "sync": False,
-        "rate_limit": None,
-    }
-]
-
-
-def _params(job_ids: list[Any]) -> dict[str, Any]:
-    return {
-        "job_ids": job_ids,
-        "types": json.dumps(TERMS),
-        "free_threads": 0,
-        "worker": "test-claim-plan",
-        "lease_seconds": 30,
-        "worker_ttl": 60,
-    }
 
 
 def scans(plan: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
@@ -86,7 +63,9 @@ def test_the_claim_reads_its_batch_not_the_backlog(
 ) -> None:
     chosen = backlog[:batch] if batch == 1 else backlog[-batch:]
     for _ in range(3):  # the generic plan as a settled prepared statement runs it
-        found = explain_plan(pg, q.JOB_CLAIM_MANY, _params(chosen), generic=generic)
+        found = explain_plan(
+            pg, q.JOB_CLAIM_MANY, claim_params(chosen, "test-claim-plan"), generic=generic
+        )
     read = scans(found)
     assert read, "the claim reads jobs"
     for relation, node, rows in read:

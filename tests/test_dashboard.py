@@ -186,7 +186,7 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     queues = page.get_by_test_id("queue-row")
     await expect(queues.filter(has_text="mail")).to_have_count(1)
     reports = page.locator("[data-testid=queue-row][data-queue=reports]")
-    await expect(reports.locator("td").nth(2)).to_have_text("1")  # running
+    await expect(reports.locator("td").nth(4)).to_have_text("1")  # running
     mail = page.locator("[data-testid=queue-row][data-queue=mail]")
     await expect(mail.locator("td").nth(0)).to_have_text("1")  # the job due in an hour
     await expect(page.get_by_test_id("total-running")).to_have_text("1")
@@ -246,7 +246,7 @@ async def check_pages(page: Page, base: str, world: World) -> None:
         "data-job-id", str(ids["cancelled"])
     )
 
-    # Schedules, tenants, workers.
+    # Schedules, tenants, keys and rate limits, workers.
     await page.goto(f"{base}/schedules")
     schedule = page.locator("[data-testid=schedule-row][data-schedule=nightly-report]")
     await expect(schedule).to_contain_text("0 3 * * *")
@@ -254,6 +254,8 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     await page.goto(f"{base}/tenants")
     acme = page.locator("[data-testid=tenant-row][data-tenant=acme]")
     await expect(acme.locator("td").nth(0)).to_have_text("0 / 2")
+    await expect(page.get_by_test_id("rate-limits-moved")).to_be_visible()
+    await page.goto(f"{base}/keys")
     stripe = page.locator("[data-testid=rate-limit-row][data-rate-limit=stripe]")
     await expect(stripe.locator("td").nth(2)).to_have_text("10.00")
     await page.goto(f"{base}/workers")

@@ -367,6 +367,8 @@ async def test_explain_names_the_key_and_the_job_holding_it(
         ({"key": "a", "key_limit": "2"}, TypeError, "key_limit must be an int"),
         ({"key": "a", "ordered": "yes"}, ValueError, "ordered must be True, False or 'strict'"),
         ({"key": ""}, ValueError, "key"),
+        ({"key": "a", "key_limit": 2, "ordered": True}, ValueError, "one at a time"),
+        ({"key": "a", "key_limit": 3, "ordered": "strict"}, ValueError, "one at a time"),
     ],
 )
 def test_bad_key_arguments_raise_before_writing(
@@ -381,15 +383,26 @@ async def test_the_api_enqueues_with_a_key(db_url: DatabaseUrl, pg: psycopg.Conn
     async with api_client(db_url) as client:
         sent = await client.post(
             "/v1/jobs",
-            json={"job_type": "greet", "key": "account:9", "key_limit": 2, "ordered": "strict"},
+            json={"job_type": "greet", "key": "account:9", "ordered": "strict"},
         )
         assert sent.status_code == 202, sent.text
         shown = sent.json()
-        assert (shown["key"], shown["key_limit"], shown["key_order"]) == ("account:9", 2, "strict")
-        refused = await client.post("/v1/jobs", json={"job_type": "greet", "ordered": True})
-        assert refused.status_code == 422, refused.text
-    row = pg.execute("SELECT key, key_limit, key_order, key_seq IS NOT NULL FROM jobs").fetchall()
-    assert row == [("account:9", 2, "strict", True)]
+        assert (shown["key"], shown["key_limit"], shown["key_order"]) == ("account:9", 1, "strict")
+        wide = await client.post(
+            "/v1/jobs", json={"job_type": "greet", "key": "pool", "key_limit": 2}
+        )
+        assert wide.status_code == 202, wide.text
+        assert wide.json()["key_limit"] == 2
+        for refused_body in (
+            {"job_type": "greet", "ordered": True},
+            {"job_type": "greet", "key": "account:9", "key_limit": 2, "ordered": True},
+        ):
+            refused = await client.post("/v1/jobs", json=refused_body)
+            assert refused.status_code == 422, refused.text
+    row = pg.execute(
+        "SELECT key, key_limit, key_order, key_seq IS NOT NULL FROM jobs ORDER BY key"
+    ).fetchall()
+    assert row == [("account:9", 1, "strict", True), ("pool", 2, None, False)]
 
 
 async def test_the_orphan_walk_leaves_a_job_waiting_for_its_key_until_the_key_frees(

@@ -303,7 +303,7 @@ async def test_the_api_enqueues_with_a_resource_and_the_dashboard_shows_it_uncer
     )
     async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
         page = await browser.new_page()
-        await sign_in(page, served.base, then="/tenants")
+        await sign_in(page, served.base, then="/keys")
         row = page.locator("[data-testid=resource-row][data-resource='deploy:prod']")
         await expect(row).to_have_attribute("data-uncertain", "true")
         await expect(row).to_contain_text("UNCERTAIN since")

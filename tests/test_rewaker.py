@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from harness import backlog
 from plumbing.config import AmqpUrl, DatabaseUrl
 from relay.broker import Publisher
 from relay.maintenance import OrphanWalk, rewake_lost, wake_orphans
@@ -17,26 +18,10 @@ from schema.topology import Topology
 
 pytestmark = pytest.mark.timeout(180)
 
-# Jobs waiting behind the window, each with its unsent wake-up (the backlog), their
-# ids in creation order as UUIDv7 are; built in two statements, since a backlog that
-# size would take minutes to enqueue.
-BACKLOG = (
-    """
-    INSERT INTO jobs (job_id, job_type, queue, created_at, run_after)
-    SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(i), 12, '0'))::uuid, 't', %(queue)s,
-           now() - interval '1 hour', now() - interval '1 hour'
-    FROM generate_series(1, %(n)s) AS i
-    """,
-    """
-    INSERT INTO outbox (job_id, queue, available_at)
-    SELECT job_id, queue, created_at FROM jobs WHERE queue = %(queue)s
-    """,
-)
-
 
 def build_backlog(pg: psycopg.Connection, n: int, queue: str = "default") -> None:
-    for statement in BACKLOG:
-        pg.execute(statement, {"n": n, "queue": queue})
+    """Jobs waiting behind the window, each with its unsent wake-up."""
+    backlog.build_backlog(pg, n, queue, job_type="t")
     pg.execute("ANALYZE jobs")
     pg.execute("ANALYZE outbox")
 

@@ -248,7 +248,7 @@ async def test_write_screenshots(
                 await page.goto(f"{served.base}/failed")
                 await page.locator("input[name=job]").first.check()
                 await shoot(page, "failed")
-                for name in ("schedules", "tenants", "workers"):
+                for name in ("schedules", "tenants", "keys", "workers"):
                     await page.goto(f"{served.base}/{name}")
                     await shoot(page, name)
             release.set()

@@ -12,10 +12,15 @@ import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
+from jobctl.metrics.queries import (
+    METRICS_JOBS_LEASED,
+    METRICS_JOBS_RATE_LIMITED,
+    METRICS_JOBS_WAITING,
+    METRICS_KEY_WAITS,
+)
 from jobctl.service import JobFilter, list_jobs, queries
 from schema.states import JobState
-from tests.support.history import fill
+from tests.support.history import fill, job_lists, middle_of_the_failed
 from tests.support.plans import plan as explain_plan
 
 HISTORY = 30_000
@@ -68,29 +73,16 @@ def test_a_list_reads_a_bounded_stretch_of_a_long_history(
     # page is full.
     nothing = {"queue": "q1", "job_type": "nope", "tenant": "t3", "limit": LIMIT + 1, "scan": SCAN}
     # A page from the middle of the failed jobs.
-    middle = history.execute(
-        "SELECT job_id, finished_at FROM jobs WHERE state = 'FAILED'"
-        " ORDER BY finished_at LIMIT 1"
-        " OFFSET (SELECT count(*) / 2 FROM jobs WHERE state = 'FAILED')"
-    ).fetchone()
-    assert middle is not None
-    params = nothing | {"after_id": middle[0], "after_finished": middle[1]}
+    params = nothing | middle_of_the_failed(history)
     bound = BACKLOG if state in (JobState.QUEUED, JobState.RUNNING) else SCAN
-    for filters in [(), ("job_type",), ("queue", "job_type", "tenant")]:
-        for after in (False, True):
-            listing = queries.job_list(
-                state,
-                queue="queue" in filters,
-                job_type="job_type" in filters,
-                tenant="tenant" in filters,
-                after=after,
-            )
-            for statement in filter(None, (listing.sql, listing.edge_sql)):
-                read = explain(history, statement, params, generic)
-                if read > bound + LIMIT + 1:
-                    plan = history.execute(f"EXPLAIN (ANALYZE) {statement}", params).fetchall()
-                    print("\n".join(r[0] for r in plan))
-                assert read <= bound + LIMIT + 1, (state, filters, after, read, statement)
+    filter_sets = [(), ("job_type",), ("queue", "job_type", "tenant")]
+    for filters, after, listing in job_lists(state, filter_sets):
+        for statement in filter(None, (listing.sql, listing.edge_sql)):
+            read = explain(history, statement, params, generic)
+            if read > bound + LIMIT + 1:
+                plan = history.execute(f"EXPLAIN (ANALYZE) {statement}", params).fetchall()
+                print("\n".join(r[0] for r in plan))
+            assert read <= bound + LIMIT + 1, (state, filters, after, read, statement)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
@@ -101,10 +93,51 @@ def test_per_queue_figures_read_the_backlog_only(
     for statement in (
         METRICS_JOBS_WAITING,
         METRICS_JOBS_LEASED,
+        METRICS_JOBS_RATE_LIMITED,
+        METRICS_KEY_WAITS,
         queries.STATS_FINISHED,
         queries.WORKERS_LIST,
     ):
         assert explain(history, statement, params, generic) <= BACKLOG, statement
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_key_reads_read_what_runs_and_waits_not_the_keys_history(
+    history: psycopg.Connection, generic: bool
+) -> None:
+    # Every job has one of 50 keys, the history's too; the backlog is ordered and
+    # the history's failures are strict heads; the running ones hold their keys.
+    history.execute(
+        "UPDATE jobs SET key = 'k' || (abs(hashtext(job_id::text)) % 50), key_limit = 1,"
+        " key_order = CASE WHEN state IN ('QUEUED', 'RUNNING', 'FAILED')"
+        "   THEN CASE WHEN state = 'FAILED' THEN 'strict' ELSE 'ordered' END END,"
+        " key_seq = CASE WHEN state IN ('QUEUED', 'RUNNING', 'FAILED')"
+        "   THEN nextval('jobs_key_seq') END"
+    )
+    history.execute(
+        "INSERT INTO key_usage (key, running, key_limit)"
+        " SELECT key, count(*), 1 FROM jobs WHERE state = 'RUNNING' GROUP BY key"
+    )
+    history.execute("VACUUM ANALYZE jobs")
+    (strict,) = history.execute("SELECT count(*) FROM jobs WHERE state = 'FAILED'").fetchone()  # type: ignore[misc]
+    params = {
+        "limit": 100,
+        "holders": 10,
+        "waiting_cap": 10_000,
+        "job_type": "type1",
+        "debounce_key": "d",
+    }
+    for statement, bound in (
+        (queries.KEYS_BUSY, BACKLOG),
+        (queries.DEBOUNCE_WAITING, BACKLOG),
+        # the strict heads that failed hold their keys until replayed: they are read
+        # (as the failed jobs' list would), the succeeded history never
+        (queries.KEYS_HELD_STRICT, BACKLOG + strict),
+        (METRICS_KEY_WAITS, BACKLOG),
+    ):
+        read = explain(history, statement, params, generic)
+        assert read <= bound, (statement, read)
+        assert read < HISTORY // 10, statement
 
 
 async def test_a_bounded_list_reads_on_through_its_token(

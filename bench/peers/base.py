@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import ROOT, percentiles
+from bench.marks import Marks
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,24 @@ def latency_figures(
     if len(samples) < 2:
         raise RuntimeError(f"only {len(samples)} of {len(committed)} latency jobs started")
     return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
+
+
+def started_latency(
+    marks: Marks,
+    committed: dict[str, float],
+    rate: float,
+    what: str,
+    check: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Once every latency job of ``committed`` (its commit time, by job id) has
+    started, their figures; ``check`` raises meanwhile if a worker died."""
+
+    def all_started() -> bool:
+        check()
+        return marks.start_count() >= len(committed)
+
+    wait_until(all_started, f"{what} latency jobs", timeout=60)
+    return latency_figures(committed, marks.starts(), rate)
 
 
 def drain_timeout(jobs: int) -> float:

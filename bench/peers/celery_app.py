@@ -9,7 +9,7 @@ import os
 
 from celery import Celery, Task
 
-from bench.peers.marks import Marks
+from bench.marks import process_marks
 
 BROKER_ENV = "BENCH_CELERY_BROKER"
 QUEUE_ENV = "BENCH_CELERY_QUEUE"
@@ -17,26 +17,17 @@ QUEUE_ENV = "BENCH_CELERY_QUEUE"
 # time (the solo pool), so this is a prefetch of 16 per worker process.
 PREFETCH = 16
 
-_marks: Marks | None = None
-
-
-def marks() -> Marks:
-    global _marks
-    if _marks is None:
-        _marks = Marks.from_env()
-    return _marks
-
 
 def noop() -> None:
-    marks().done()
+    process_marks().done()
 
 
 def latency(task: Task) -> None:
-    marks().started(task.request.id)
+    process_marks().started(task.request.id)
 
 
 def ready() -> None:
-    marks().ready()
+    process_marks().ready()
 
 
 def make_app(broker: str, queue: str) -> Celery:

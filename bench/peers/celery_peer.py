@@ -10,7 +10,7 @@ slower here (`--pool prefork -c 1` per worker drained 1,700 tasks/s where solo d
 `worker_prefetch_multiplier=16`, so each worker holds at most 16 unacknowledged
 messages. Without gossip, mingle, heartbeat, remote control and events: nothing a
 no-op benchmark needs, and nothing broadcast on the broker. No result backend: each
-task appends a byte to a file of its worker's own (`bench.peers.marks`), one write(2).
+task appends a byte to a file of its worker's own (`bench.marks`), one write(2).
 Publisher confirms stay off, Celery's default: with them, `apply_async` returns after
 the broker's confirm, which here often arrives after the task has already started
 (a negative "latency").
@@ -39,19 +39,19 @@ from celery import Celery
 from kombu.messaging import Producer
 
 from bench.common import AMQP
+from bench.marks import ENV, Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
     Settings,
     check_alive,
     drain_timeout,
-    latency_figures,
     paced,
     running,
+    started_latency,
     wait_until,
 )
 from bench.peers.celery_app import BROKER_ENV, PREFETCH, QUEUE_ENV, make_app
-from bench.peers.marks import ENV, Marks, marks_dir
 
 
 @contextlib.contextmanager
@@ -147,13 +147,7 @@ def measure(settings: Settings, *, pool: str = "solo") -> Figures:
             for _ in paced(settings.rate, settings.seconds):
                 result = latency.apply_async(producer=producer)
                 committed[result.id] = time.time()
-
-            def all_started() -> bool:
-                check()
-                return marks.start_count() >= len(committed)
-
-            wait_until(all_started, "Celery latency tasks", timeout=60)
-            lat = latency_figures(committed, marks.starts(), settings.rate)
+            lat = started_latency(marks, committed, settings.rate, "Celery", check)
     return Figures(rate, lat, {"pool": pool, "prefetch": PREFETCH, "tasks_run": ran})
 
 

@@ -23,7 +23,7 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
-from bench.peers.marks import Marks
+from bench.marks import Marks
 
 
 @contextlib.asynccontextmanager

@@ -32,18 +32,18 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.queries import Queries
 
 from bench.common import scratch_database
+from bench.marks import ENV, Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
     Settings,
     check_alive,
     drain_timeout,
-    latency_figures,
     paced_async,
     running,
+    started_latency,
     wait_until,
 )
-from bench.peers.marks import ENV, Marks, marks_dir
 from plumbing.config import DatabaseUrl
 
 PGQ = [sys.executable, "-m", "pgqueuer"]
@@ -142,13 +142,7 @@ def measure(settings: Settings, *, batch: int) -> Figures:
             rate = settings.jobs / (finished - committed)
 
             committed_at = asyncio.run(_enqueue_paced(db, settings.rate, settings.seconds))
-
-            def all_started() -> bool:
-                check()
-                return marks.start_count() >= len(committed_at)
-
-            wait_until(all_started, "PgQueuer latency jobs", timeout=60)
-            lat = latency_figures(committed_at, marks.starts(), settings.rate)
+            lat = started_latency(marks, committed_at, settings.rate, "PgQueuer", check)
     return Figures(rate, lat, {"batch_size": batch})
 
 

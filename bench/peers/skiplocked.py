@@ -31,16 +31,16 @@ from pathlib import Path
 import psycopg
 
 from bench.common import scratch_database
+from bench.marks import Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
     Settings,
     drain_timeout,
-    latency_figures,
     paced,
+    started_latency,
     wait_until,
 )
-from bench.peers.marks import Marks, marks_dir
 from plumbing.config import DatabaseUrl
 
 CHANNEL = "skiplocked_jobs"
@@ -168,10 +168,7 @@ def latency_with(db: DatabaseUrl, marks: Marks, rate: float, seconds: float) -> 
             row = conn.execute(ENQUEUE_ONE).fetchone()
             assert row is not None
             committed[str(row[0])] = time.time()
-    wait_until(
-        lambda: marks.start_count() >= len(committed), "SKIP LOCKED latency jobs", timeout=60
-    )
-    return latency_figures(committed, marks.starts(), rate)
+    return started_latency(marks, committed, rate, "SKIP LOCKED")
 
 
 def measure(settings: Settings, *, batch: int) -> Figures:

@@ -75,6 +75,9 @@ ScheduleName = Annotated[
     AfterValidator(_name),
 ]
 Limit = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# A span as a JSON number of seconds (outbox takes a timedelta), under ten years as
+# outbox's debounce checks.
+Seconds = Annotated[float, Field(ge=0, lt=10 * 365 * 86400, allow_inf_nan=False, examples=[2.0])]
 
 
 class EnqueueBody(BaseModel):
@@ -113,6 +116,15 @@ class EnqueueBody(BaseModel):
     """The rate limit whose token the job takes when it starts (outbox.set_rate_limit);
     null: its handler's, if any."""
 
+    debounce: Seconds | None = None
+    """Seconds, with dedup_key: while the job with that key has not started, an
+    enqueue with the key replaces its payload (200, the same job) and moves its start
+    to this long from now; once it has started, an enqueue makes a new job. Takes no
+    run_after, key or needs_approval."""
+    debounce_max: Seconds | None = None
+    """Seconds: a debounced job starts at most this long after its first enqueue,
+    however often it is replaced; null: no bound. Needs debounce, and at least it."""
+
     key: (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
     ) = None
@@ -123,7 +135,8 @@ class EnqueueBody(BaseModel):
     ordered: bool | Literal["strict"] = False
     """true: jobs of its key start in enqueue order, one after the other, past one
     that FAILED or was CANCELLED; "strict": the key waits behind a FAILED one until
-    it is replayed. Needs a key."""
+    it is replayed. Needs a key, and a key_limit of 1 (ordered jobs of a key run
+    one at a time)."""
     resource: (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
     ) = None

@@ -15,9 +15,11 @@ from jobctl.service.models import Stats
 @database_option
 @json_option
 def stats(database_url: str | None, as_json: bool) -> None:
-    """Per queue: jobs by state, the age of the oldest runnable job, the relay's
+    """Per queue: jobs by state (of those waiting, how many wait for their key
+    and how many for a rate limit's token), the age of the oldest runnable job, the relay's
     lag (due wake-ups not sent yet, and the oldest one's age), wake-ups in flight,
-    jobs finished in the last minute and per second, live consumers; then how
+    jobs finished in the last minute (of the cancelled ones, how many expired
+    before they started) and per second, live consumers; then how
     many relays are live and connected to RabbitMQ, and any queue a relay cannot
     publish to (RabbitMQ refuses it, say) with why.
 
@@ -36,6 +38,8 @@ def stats(database_url: str | None, as_json: bool) -> None:
             q.queue + (" (paused)" if q.paused else ""),
             q.queued,
             q.retry_wait,
+            q.waiting_for_key,
+            q.rate_limited,
             q.running,
             q.cancel_requested,
             duration(q.oldest_runnable_age_seconds),
@@ -43,6 +47,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
             duration(q.outbox_lag_seconds),
             q.outbox_in_flight,
             f"{q.succeeded}/{q.failed}/{q.cancelled}",
+            q.expired,
             f"{q.finished_per_second:g}",
             f"{q.workers} ({q.concurrency})",
         ]
@@ -52,6 +57,8 @@ def stats(database_url: str | None, as_json: bool) -> None:
         "QUEUE",
         "QUEUED",
         "RETRY",
+        "KEY WAIT",
+        "RATE LTD",
         "RUNNING",
         "CANCELLING",
         "OLDEST",
@@ -59,6 +66,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
         "LAG",
         "IN FLIGHT",
         "OK/FAIL/CANC",
+        "EXPIRED",
         "DONE/S",
         "WORKERS",
     ]

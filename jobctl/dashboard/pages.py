@@ -25,6 +25,7 @@ from jobctl.service import (
     JobFilter,
     get_job,
     list_jobs,
+    list_keys,
     list_schedules,
     list_tenants,
     list_workers,
@@ -239,16 +240,17 @@ async def schedules(request: Request, looker: Looker) -> Response:
 async def tenants(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_tenants(session), await _clock(session)
+    return render.page(request, "tenants.html", looker, tenants=found, now=now)
+
+
+@router.get("/keys")
+async def keys(request: Request, looker: Looker) -> Response:
+    async with _database(request).reading() as session:
+        found, now = await list_keys(session), await _clock(session)
         limits = await outbox.rate_limits_async(session)
         held = await outbox.resource_holds_async(session)
     return render.page(
-        request,
-        "tenants.html",
-        looker,
-        tenants=found,
-        now=now,
-        rate_limits=limits,
-        resources=held,
+        request, "keys.html", looker, keys=found, now=now, rate_limits=limits, resources=held
     )
 
 

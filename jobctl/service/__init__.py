@@ -28,6 +28,8 @@ What a dashboard needs, and where it is:
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
 - tenants: :func:`list_tenants`, :func:`set_tenant`;
+- keys: :func:`list_keys` (busy keys and their holders, keys a failed strict head
+  holds);
 - workers: :func:`list_workers`; health: :func:`readiness`.
 """
 
@@ -49,6 +51,7 @@ from jobctl.service.jobs import (
     retry_jobs,
     retry_matching,
 )
+from jobctl.service.keys import list_keys
 from jobctl.service.models import jsonable
 from jobctl.service.queues import pause_queue, resume_queue, stats
 from jobctl.service.schedules import (
@@ -82,6 +85,7 @@ __all__ = [
     "has_limits",
     "jsonable",
     "list_jobs",
+    "list_keys",
     "list_schedules",
     "list_tenants",
     "list_workers",

@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -101,6 +101,8 @@ class NewJobRequest:
     key: str | None = None
     key_limit: int | None = None
     ordered: bool | str = False
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None
     resource: str | None = None
 
     def fingerprint(self) -> str:
@@ -128,6 +130,10 @@ class NewJobRequest:
             document["rate_limit"] = self.rate_limit
         if self.key is not None:
             document |= {"key": self.key, "key_limit": self.key_limit, "ordered": self.ordered}
+        if self.debounce is not None:
+            document["debounce"] = self.debounce.total_seconds()
+        if self.debounce_max is not None:
+            document["debounce_max"] = self.debounce_max.total_seconds()
         if self.resource is not None:
             document["resource"] = self.resource
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
@@ -351,8 +357,14 @@ async def enqueue_job(
 
 
 async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.UUID, bool]:
-    """The job's id, and whether this call wrote it (False: its dedup key found it)."""
-    if request.dedup_key is not None:
+    """The job's id, and whether this call wrote it (False: its dedup key found it,
+    or, debounced, it replaced the waiting job of its key)."""
+    waiting: uuid.UUID | None = None
+    if request.debounce is not None and request.dedup_key is not None:
+        # A debounced job keeps its key apart from the dedup keys (jobs_debounce_idx,
+        # while it has not started): the enqueue replaces that job, never answers it.
+        waiting = await _debounced_waiting(session, request.job_type, request.dedup_key)
+    elif request.dedup_key is not None:
         found = await _find_by_dedup(session, request.job_type, request.dedup_key)
         if found is not None:
             return found, False
@@ -373,11 +385,13 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             key=request.key,
             key_limit=request.key_limit,
             ordered=request.ordered,
+            debounce=request.debounce,
+            debounce_max=request.debounce_max,
             resource=request.resource,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None
-    return job_id, True
+    return job_id, job_id != waiting
 
 
 async def _replay(
@@ -400,6 +414,19 @@ def _idempotency_key(key: str) -> str:
     if not key.isprintable() or not key.isascii():
         raise Invalid("Idempotency-Key must be printable ASCII", "Idempotency-Key")
     return key
+
+
+async def _debounced_waiting(
+    session: AsyncSession, job_type: str, dedup_key: str
+) -> uuid.UUID | None:
+    """The job a debounced enqueue with this key would replace now, if any (only to
+    answer 200 rather than 202: the enqueue itself decides)."""
+    try:
+        params = {"job_type": names.job_type(job_type), "debounce_key": names.dedup_key(dedup_key)}
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc) from None
+    row = await fetch_one(session, queries.DEBOUNCE_WAITING, params)
+    return None if row is None else uuid.UUID(str(row[0]))
 
 
 async def _find_by_dedup(session: AsyncSession, job_type: str, dedup_key: str) -> uuid.UUID | None:

@@ -217,6 +217,16 @@ class QueueStats:
     """Jobs of the queue that SUCCEEDED within the window (see Stats)."""
     failed: int
     cancelled: int
+    expired: int
+    """Of those CANCELLED, the ones that expired (code EXPIRED): never started before
+    their deadline (enqueue's expires). The metrics' jobs_expired counts every one
+    retention keeps."""
+    rate_limited: int
+    """Waiting jobs turned down for want of a token of their rate limit
+    (RATE_LIMITED): each is woken when its token is due."""
+    waiting_for_key: int
+    """Waiting jobs turned down for their key (KEY_BUSY or KEY_ORDER): each starts
+    when the lease ahead of it ends. See jobctl keys for who holds the keys."""
     finished_per_second: float
     """Jobs finished per second over the window."""
     workers: int
@@ -310,6 +320,73 @@ class Held:
     """Why the relay holds the tenant's wake-ups back in this queue: TENANT_CAP,
     WINDOW or FAIR_SHARE."""
     since: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyHolder:
+    """A job holding a lease on its key."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    job_id: uuid.UUID
+    job_type: str
+    queue: str
+    state: JobState
+    worker: str
+    """The consumer whose lease it is (workers.worker_id)."""
+    started_at: datetime | None
+    ordered: str | None
+    """'ordered' or 'strict' for a job of an ordered key; null otherwise."""
+
+
+@dataclass(frozen=True)
+class BusyKey:
+    """A key some job holds a lease on now."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    key: str
+    running: int
+    """Leases of the key held now."""
+    key_limit: int
+    """How many may hold it at once (the limit its last claim applied)."""
+    waiting: int
+    """Jobs of the key waiting to run, counted up to Keys.waiting_cap."""
+    holders: tuple[KeyHolder, ...]
+    """The jobs holding it, longest held first (at most Keys.holders_shown)."""
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """A key held behind a FAILED job of ordered="strict", until that job is
+    replayed (retried) or cancelled: the jobs behind it wait (KEY_ORDER)."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    key: str
+    job_id: uuid.UUID
+    """The failed job at the head of the key."""
+    job_type: str
+    queue: str
+    failed_at: datetime | None
+    error_code: str | None
+    waiting: int
+    """Jobs of the key waiting behind it, counted up to Keys.waiting_cap."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Busy keys and who holds them, and keys held behind a failed strict head."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    busy: tuple[BusyKey, ...]
+    """In key order, at most the limit asked for."""
+    busy_total: int
+    """How many keys are busy now, shown or not."""
+    held: tuple[HeldKey, ...]
+    holders_shown: int
+    waiting_cap: int
 
 
 @dataclass(frozen=True)

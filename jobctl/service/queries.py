@@ -32,7 +32,7 @@ from typing import Final
 from jobctl.service.cursor import Order
 from schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
 from schema.states import CLAIMABLE, LEASED, REPLAYABLE, JobState
-from schema.tables import LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
+from schema.tables import CLAIMABLE_SQL, LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
 
 # The columns of a JobSummary, in its order (done is computed).
 SUMMARY_COLUMNS: Final = (
@@ -49,6 +49,14 @@ SELECT {SUMMARY_COLUMNS},
        lease_generation, lease_expires_at, now(), key, key_limit, key_order, resource
 FROM jobs
 WHERE job_id = %(job_id)s
+"""
+
+# The job a debounced enqueue with this key would replace: jobs_debounce_idx, whose
+# predicate this repeats.
+DEBOUNCE_WAITING: Final = """
+SELECT job_id FROM jobs
+WHERE job_type = %(job_type)s AND debounce_key = %(debounce_key)s
+  AND debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
 """
 
 # The newest attempts by their key (job_id, lease_generation).
@@ -199,12 +207,14 @@ SELECT queue, count(*) FROM outbox WHERE sent_at IS NOT NULL GROUP BY queue
 """
 
 # Jobs that finished within the window, newest first and at most %(sample)s of them
-# (jobs_finished_idx, a range of the last minute): the counts and the throughput
+# (jobs_finished_idx, a range of the last minute), with how many of them expired
+# unstarted (CANCELLED, code EXPIRED): the counts and the throughput
 # cost what a minute's traffic costs, capped. The caller reads the span the sample
 # covers from the oldest row when the cap was reached.
 STATS_FINISHED: Final = f"""
-SELECT queue, state, count(*), min(finished_at), now()
-FROM (SELECT queue, state, finished_at FROM jobs
+SELECT queue, state, count(*), min(finished_at), now(),
+       count(*) FILTER (WHERE last_error_code = 'EXPIRED')
+FROM (SELECT queue, state, finished_at, last_error_code FROM jobs
       WHERE state IN ({TERMINAL_SQL})
         AND finished_at > now() - make_interval(secs => %(window)s)
       ORDER BY finished_at DESC
@@ -276,6 +286,55 @@ LEFT JOIN (SELECT lease_owner, count(*)::int AS running
            FROM jobs WHERE state IN ({LEASED_SQL})
            GROUP BY lease_owner) AS r ON r.lease_owner = w.worker_id
 ORDER BY w.host, w.pid, w.worker_id
+"""
+
+# ------------------------------------------------------------------- keys
+
+# Busy keys: key_usage keeps a row only while a lease holds the key, so this reads
+# what runs, never the keys' history. Per key, the jobs holding it (jobs_key_leased_idx,
+# at most %(holders)s, longest held first) and how many wait for it
+# (jobs_key_waiting_idx, counted up to %(waiting_cap)s). One row per holder.
+KEYS_BUSY: Final = f"""
+SELECT u.key, u.running, u.key_limit, w.waiting,
+       h.job_id, h.job_type, h.queue, h.state, h.lease_owner, h.started_at, h.key_order
+FROM (SELECT key, running, key_limit FROM key_usage ORDER BY key LIMIT %(limit)s) AS u
+CROSS JOIN LATERAL (
+    SELECT count(*)::int AS waiting
+    FROM (SELECT 1 FROM jobs
+          WHERE jobs.key = u.key AND jobs.key IS NOT NULL AND jobs.state IN ({CLAIMABLE_SQL})
+          LIMIT %(waiting_cap)s) AS x
+) AS w
+LEFT JOIN LATERAL (
+    SELECT job_id, job_type, queue, state, lease_owner, started_at, key_order
+    FROM jobs
+    WHERE jobs.key = u.key AND jobs.key IS NOT NULL AND jobs.state IN ({LEASED_SQL})
+    ORDER BY started_at, job_id
+    LIMIT %(holders)s
+) AS h ON true
+ORDER BY u.key, h.started_at, h.job_id
+"""
+
+# How many keys are busy: key_usage's rows, one per key a lease holds now.
+KEYS_BUSY_COUNT: Final = "SELECT count(*)::int FROM key_usage"
+
+# Keys held behind a FAILED job of ordered="strict" (the quarantine) until it is
+# replayed or cancelled: the first such job per key, and how many wait behind it.
+# jobs_key_order_idx, whose predicate this one implies: it holds the ordered
+# backlog and these failed heads, never a key's finished history.
+KEYS_HELD_STRICT: Final = f"""
+SELECT f.key, f.job_id, f.job_type, f.queue, f.finished_at, f.last_error_code, w.waiting
+FROM (SELECT DISTINCT ON (key) key, job_id, job_type, queue, finished_at, last_error_code
+      FROM jobs
+      WHERE key_seq IS NOT NULL AND state = 'FAILED' AND key_order = 'strict'
+      ORDER BY key, key_seq
+      LIMIT %(limit)s) AS f
+CROSS JOIN LATERAL (
+    SELECT count(*)::int AS waiting
+    FROM (SELECT 1 FROM jobs
+          WHERE jobs.key = f.key AND jobs.key IS NOT NULL AND jobs.state IN ({CLAIMABLE_SQL})
+          LIMIT %(waiting_cap)s) AS x
+) AS w
+ORDER BY f.key
 """
 
 READY_CHECK: Final = "SELECT 1"

@@ -10,7 +10,12 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncSession
 
 import outbox
-from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
+from jobctl.metrics.queries import (
+    METRICS_JOBS_LEASED,
+    METRICS_JOBS_RATE_LIMITED,
+    METRICS_JOBS_WAITING,
+    METRICS_KEY_WAITS,
+)
 from jobctl.service import queries
 from jobctl.service.errors import NotFound, invalid_argument
 from jobctl.service.models import PublishFailure, QueueState, QueueStats, Stats
@@ -34,6 +39,12 @@ async def stats(session: AsyncSession) -> Stats:
     for queue, state, count, expired in await fetch_all(session, METRICS_JOBS_LEASED):
         found[queue][state] = count
         found[queue]["expired"] = found[queue].get("expired", 0) + expired
+    # The waits of the backlog alone (jobs_rate_limited_idx, jobs_claimable_idx), as
+    # the metrics' gauges read them.
+    for queue, count in await fetch_all(session, METRICS_JOBS_RATE_LIMITED):
+        found[queue]["rate_limited"] = count
+    for queue, _why, count in await fetch_all(session, METRICS_KEY_WAITS):
+        found[queue]["key"] = found[queue].get("key", 0) + count
     for queue, count, lag in await fetch_all(session, queries.STATS_OUTBOX_PENDING):
         found[queue]["pending"], found[queue]["lag"] = count, lag or 0.0
     for queue, count in await fetch_all(session, queries.STATS_OUTBOX_IN_FLIGHT):
@@ -50,8 +61,10 @@ async def stats(session: AsyncSession) -> Stats:
     ((relays_live, relays_publishing),) = await fetch_all(session, queries.STATS_RELAYS)
     failing = await fetch_all(session, queries.STATS_PUBLISH_FAILING)
     window = _span(finished, clock)
-    for queue, state, count, _oldest, _now in finished:
+    for queue, state, count, _oldest, _now, expired in finished:
         found[queue][state] = count
+        if state == JobState.CANCELLED:
+            found[queue]["expired_jobs"] = expired
     return Stats(
         checked_at=clock,
         window_seconds=window,
@@ -89,6 +102,9 @@ def _queue(name: str, f: dict[str, Any], window: float) -> QueueStats:
         succeeded=f.get(JobState.SUCCEEDED, 0),
         failed=f.get(JobState.FAILED, 0),
         cancelled=f.get(JobState.CANCELLED, 0),
+        expired=f.get("expired_jobs", 0),
+        rate_limited=f.get("rate_limited", 0),
+        waiting_for_key=f.get("key", 0),
         finished_per_second=round(done / window, 3),
         workers=f.get("workers", 0),
         concurrency=f.get("concurrency", 0),

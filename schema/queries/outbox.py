@@ -218,9 +218,14 @@ WITH RECURSIVE gate AS (
     SELECT (SELECT ok FROM gate) AS ok,
            CASE WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}' END AS reason
 ), looking AS (
-    -- 3c. ... and whether to read the tenants at all: for room to fill, or to note
-    -- that a pause started or ended
-    SELECT l.ok AND ((SELECT n FROM room) > 0
+    -- 3c. ... and whether to read the tenants at all (a probe per tenant with a
+    -- backlog): for room to fill, or to note that a pause started or ended. Under
+    -- load the window is nearly full and room appears a slot at a time as consumers
+    -- claim; reading a thousand tenants to fill one slot made the decision cost
+    -- tenants per job sent. So wait until an eighth of the window (or the batch) is
+    -- free: consumers still hold seven eighths of twice their capacity meanwhile.
+    SELECT l.ok AND ((SELECT n FROM room)
+                         >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 8))
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
 ), heads AS (

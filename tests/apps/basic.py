@@ -7,16 +7,7 @@ import os
 import time
 
 import consumers
-
-
-@consumers.handler("noop")
-async def noop(job: consumers.Job) -> None:
-    return None
-
-
-@consumers.handler("sleep")
-async def sleep(job: consumers.Job) -> None:
-    await asyncio.sleep(float(job.payload.get("seconds", 1)))
+from harness.handlers import noop, sleep  # noqa: F401 - registered on import, run by this app
 
 
 @consumers.handler("sync_sleep", queue="sync")

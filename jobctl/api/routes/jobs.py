@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
+from datetime import timedelta
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -110,8 +111,9 @@ def _parse(job_id: str) -> uuid.UUID:
         ok_200={
             "model": JobView,
             "headers": _HEADERS,
-            "description": "Nothing enqueued: a job of this job_type with this dedup_key"
-            " was there already, and here it is.",
+            "description": "Nothing new enqueued: a job of this job_type with this dedup_key"
+            " was there already, and here it is (debounced: the waiting job it replaced,"
+            " with the new payload and start).",
         },
     ),
     summary="Enqueue a job",
@@ -136,7 +138,7 @@ async def enqueue(
     ] = None,
 ) -> JobView:
     """Enqueue one job; 202 with the job, and its URL in Location (200 when its
-    dedup_key found a job enqueued before)."""
+    dedup_key found a job enqueued before, or, debounced, replaced the waiting one)."""
     wanted = NewJobRequest(
         body.job_type,
         body.payload,
@@ -152,6 +154,8 @@ async def enqueue(
         body.key,
         body.key_limit,
         body.ordered,
+        None if body.debounce is None else timedelta(seconds=body.debounce),
+        None if body.debounce_max is None else timedelta(seconds=body.debounce_max),
         body.resource,
     )
     async with database(request).writing() as session:

@@ -1,12 +1,15 @@
-"""The side channel between a benchmark and the worker processes it starts: each
-worker process appends to files of its own in one directory, and the benchmark reads
-the directory back. Appending a few bytes costs a write(2) per job (microseconds), far
-below any queue's per-job cost, and needs nothing from the system being measured: no
-result backend, no extra table, no extra round trip.
+"""The side channel between a benchmark and the worker processes it starts (our
+consumers running `bench.apps` or a benchmark's own app, and the peers of
+`bench.compare`): each worker process appends to files of its own in one directory,
+named by ``BENCH_MARKS_DIR``, and the benchmark reads the directory back. Appending a
+few bytes costs a write(2) per job (microseconds), far below any queue's per-job cost,
+and needs nothing from the system being measured: no result backend, no extra table,
+no extra round trip.
 
 Per worker process (pid):
 
 - ``{pid}.txt``: one ``job_id unix_time`` line when a latency job's handler starts;
+- ``{pid}.end``: likewise when a handler that notes its end returns;
 - ``{pid}.done``: one byte per finished no-op job (the benchmark sums file sizes);
 - ``{pid}.first``: the time the process started its first no-op job;
 - ``{pid}.ready``: one byte per warm-up job, so the benchmark knows which workers run.
@@ -49,6 +52,9 @@ class Marks:
     def started(self, job_id: object) -> None:
         self._append("txt", f"{job_id} {time.time()}\n".encode())
 
+    def ended(self, job_id: object) -> None:
+        self._append("end", f"{job_id} {time.time()}\n".encode())
+
     def done(self, count: int = 1) -> None:
         if not self._first_noted:
             self._first_noted = True
@@ -76,16 +82,36 @@ class Marks:
         """The earliest moment any worker started a no-op job."""
         return min(float(p.read_text().split()[0]) for p in self.path.glob("*.first"))
 
-    def starts(self) -> dict[str, float]:
-        started: dict[str, float] = {}
-        for path in self.path.glob("*.txt"):
+    def _times(self, suffix: str) -> dict[str, float]:
+        """Each job's first time noted in the ``suffix`` files, by job id."""
+        noted: dict[str, float] = {}
+        for path in self.path.glob(f"*.{suffix}"):
             for line in path.read_text().splitlines():
                 job_id, at = line.split()
-                started.setdefault(job_id, float(at))
-        return started
+                noted.setdefault(job_id, float(at))
+        return noted
+
+    def starts(self) -> dict[str, float]:
+        return self._times("txt")
+
+    def ends(self) -> dict[str, float]:
+        return self._times("end")
 
     def start_count(self) -> int:
         return sum(p.read_bytes().count(b"\n") for p in self.path.glob("*.txt"))
+
+
+_process_marks: Marks | None = None
+
+
+def process_marks() -> Marks:
+    """This worker process's marks, opened on first use: a handler module is also
+    imported where no ``BENCH_MARKS_DIR`` is set (a benchmark's own --help, a test
+    importing it), and only a handler that runs needs it."""
+    global _process_marks
+    if _process_marks is None:
+        _process_marks = Marks.from_env()
+    return _process_marks
 
 
 @contextlib.contextmanager
