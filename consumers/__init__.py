@@ -18,6 +18,7 @@ with backoff until the job's attempts are spent.
 from consumers.backoff import Backoff
 from consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from consumers.job import AsyncTx, Job, SyncTx
+from consumers.reconcile import Uncertain
 from consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Registry",
     "Retry",
     "SyncTx",
+    "Uncertain",
     "default_registry",
     "handler",
 ]

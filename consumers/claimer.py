@@ -42,12 +42,14 @@ from consumers.executor import Executor, Threads
 from consumers.inbox import Delivery, Inbox, give_back, settle
 from consumers.intake import Intake
 from consumers.ledger import Ledger
+from consumers.reconcile import reconcile
 from consumers.registry import Registry
 from consumers.settings import ConsumerSettings
 from consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
 from plumbing import tracing
 from plumbing.logfmt import describe_error
 from plumbing.transient import is_transient_db_error, retry_forever
+from schema.states import DelayReason
 
 log = logging.getLogger("consumer")
 
@@ -116,6 +118,8 @@ class Claimer:
         self.failures = 0
         self.threads_exhausted = False
         self.counts: Counter[str] = Counter()
+        # Reconcile hooks asked about uncertain resources, running beside the claims.
+        self.reconciling: set[asyncio.Task[int]] = set()
 
     # ----------------------------------------------------------------- intake
 
@@ -293,6 +297,12 @@ class Claimer:
             else:
                 await self._done(job_id)
         self._note_threads(bool(no_thread))
+        uncertain = [i for i, why in missed.items() if why == DelayReason.RESOURCE_UNCERTAIN]
+        if uncertain and self.registry.reconciles():
+            # beside the claims: a hook looks at a target, which may take a while
+            task = asyncio.create_task(reconcile(self.store, self.registry, uncertain))
+            self.reconciling.add(task)
+            task.add_done_callback(self._reconciled)
         if no_thread:
             # Held here, they would keep their messages unacknowledged and so stop
             # RabbitMQ from sending this worker anything else (it sends two messages
@@ -306,6 +316,14 @@ class Claimer:
                 extra={"count": unknown, "action": "acked and ignored"},
             )
         return None
+
+    def _reconciled(self, task: asyncio.Task[int]) -> None:
+        self.reconciling.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning(
+                "consumer.reconcile_failed",
+                extra={"error": describe_error(exc), "action": "the resources stay uncertain"},
+            )
 
     async def _done(self, job_id: uuid.UUID) -> None:
         """The id is claimed or explained: settle every message now fully done."""

@@ -14,8 +14,13 @@ from schema.tables import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from consumers.job import Job
+    from consumers.reconcile import Uncertain
 
 HandlerFn = Callable[["Job"], Any]
+# A handler's reconcile hook: given what an expired lease left uncertain, it looks at
+# the target and returns what happened (text, recorded as the resolution's outcome),
+# or None when it cannot tell (the resource stays uncertain). Sync or async.
+ReconcileFn = Callable[["Uncertain"], Any]
 
 # ``timeout=NO_TIMEOUT``: this handler may run as long as it likes (the consumer's
 # --default-timeout does not apply to it).
@@ -31,6 +36,7 @@ class Handler:
     timeout: float | None
     backoff: Backoff
     rate_limit: str | None = None
+    reconcile: ReconcileFn | None = None
 
     @property
     def is_async(self) -> bool:
@@ -56,6 +62,7 @@ class Registry:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         rate_limit: str | None = None,
+        reconcile: ReconcileFn | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register the decorated function as the handler of ``job_type``.
 
@@ -65,6 +72,11 @@ class Registry:
         spaces the retries (default: 5 s doubling up to 15 min, with jitter);
         ``rate_limit`` names the rate limit (:func:`outbox.set_rate_limit`) each of
         its jobs takes a token of when it starts, unless the job names its own.
+        ``reconcile`` is called (outside any transaction) when a job of a resource
+        (``enqueue(..., resource=)``) is turned down because a lease of this type's
+        expired holding it: it looks at the target and returns what happened (text,
+        recorded), so the resource is resolved as by :func:`outbox.resolve_resource`,
+        or None to leave it uncertain for an operator.
         """
         names.job_type(job_type)
         names.queue(queue)
@@ -76,6 +88,8 @@ class Registry:
             raise ValueError("timeout must be a positive number of seconds")
         if rate_limit is not None:
             names.rate_limit(rate_limit)
+        if reconcile is not None and not callable(reconcile):
+            raise TypeError("reconcile must be a function of the uncertain hold")
 
         def register(fn: HandlerFn) -> HandlerFn:
             try:
@@ -87,7 +101,14 @@ class Registry:
             if job_type in self._handlers:
                 raise ValueError(f"a handler for {job_type!r} is registered already")
             self._handlers[job_type] = Handler(
-                job_type, fn, queue, max_attempts, timeout, backoff or DEFAULT_BACKOFF, rate_limit
+                job_type,
+                fn,
+                queue,
+                max_attempts,
+                timeout,
+                backoff or DEFAULT_BACKOFF,
+                rate_limit,
+                reconcile,
             )
             return fn
 
@@ -118,6 +139,10 @@ class Registry:
             }
             for h in self._handlers.values()
         ]
+
+    def reconciles(self) -> bool:
+        """Whether any handler has a reconcile hook."""
+        return any(h.reconcile is not None for h in self._handlers.values())
 
     def __len__(self) -> int:
         return len(self._handlers)

@@ -137,6 +137,21 @@ class JobStore:
         missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
         return ClaimResult(claimed, missed)
 
+    async def uncertain_for(self, job_ids: Sequence[uuid.UUID]) -> list[tuple[Any, ...]]:
+        """The uncertain holds of these jobs' resources, with the job that left each."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(q.RESOURCE_UNCERTAIN_FOR, {"job_ids": list(job_ids)})
+            return list(await cur.fetchall())
+
+    async def resolve_resource(self, resource: str, by: str, outcome: str) -> bool:
+        """Resolve an uncertain resource (RESOURCE_RESOLVE); False if it was not
+        uncertain any more (someone resolved it first)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.RESOURCE_RESOLVE, {"resource": resource, "by": by, "outcome": outcome}
+            )
+            return await cur.fetchone() is not None
+
     async def held_by_me(self, job_ids: Sequence[uuid.UUID]) -> list[Claimed]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(

@@ -211,6 +211,8 @@ class Consumer:
         async with self.claimer.lock:
             pass  # a claim in flight finishes, and its jobs join the ones below
         await cancel_and_wait([background["claimer"]])
+        # a reconcile hook cut short leaves its resource uncertain, as it was
+        await cancel_and_wait(list(self.claimer.reconciling))
         tasks = self.ledger.tasks()
         if tasks:
             log.info("consumer.draining", extra={"running": len(tasks), "drain_s": s.drain_seconds})

@@ -87,6 +87,22 @@ CHECKS = {
                 WHERE j.key IS NOT NULL AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')
                   AND NOT EXISTS (SELECT 1 FROM key_usage AS u WHERE u.key = j.key))::int
              + (SELECT count(*) FROM key_usage WHERE running = 0)::int""",
+    # A resource's hold belongs to the lease that took it while that lease lasts, and
+    # is left only uncertain once it expired: a hold not uncertain whose lease is gone
+    # was leaked (its resource blocked for good), and a lease of a job with a
+    # resource without its hold runs beside whoever holds it.
+    "resource_holds_without_their_lease": """
+        SELECT (SELECT count(*) FROM resource_holds AS h
+                WHERE h.uncertain_since IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM jobs AS j
+                                  WHERE j.job_id = h.job_id
+                                    AND j.lease_generation = h.lease_generation
+                                    AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')))::int
+             + (SELECT count(*) FROM jobs AS j
+                WHERE j.resource IS NOT NULL AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')
+                  AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
+                                  WHERE h.resource = j.resource AND h.job_id = j.job_id
+                                    AND h.lease_generation = j.lease_generation))::int""",
 }
 
 EFFECT_CHECKS = {

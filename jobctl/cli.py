@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "limits": "jobctl.commands.limits:limits",
     "migrate": "jobctl.commands.migrate:migrate",
     "queues": "jobctl.commands.queues:queues",
+    "resources": "jobctl.commands.resources:resources",
     "schedules": "jobctl.commands.schedules:schedules",
     "serve": "jobctl.commands.serve:serve",
     "stats": "jobctl.commands.stats:stats",

@@ -12,7 +12,8 @@ operator's calls work the same way: ``retry_job``/``retry_jobs`` (replay failed 
 cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
 waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
-``approve``/``reject`` for jobs enqueued with ``needs_approval``.
+``approve``/``reject`` for jobs enqueued with ``needs_approval``;
+``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
 """
 
 from outbox.approval import NotAwaitingApproval, approve, approve_async, reject, reject_async
@@ -41,6 +42,15 @@ from outbox.rate_limits import (
     set_rate_limit_async,
 )
 from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
+from outbox.resources import (
+    NotUncertain,
+    Resolved,
+    ResourceHold,
+    resolve_resource,
+    resolve_resource_async,
+    resource_holds,
+    resource_holds_async,
+)
 from outbox.schedules import (
     pause_schedule,
     pause_schedule_async,
@@ -74,8 +84,11 @@ __all__ = [
     "LastError",
     "NewJob",
     "NotAwaitingApproval",
+    "NotUncertain",
     "PausedQueue",
     "RateLimit",
+    "Resolved",
+    "ResourceHold",
     "TenantLimit",
     "Why",
     "approve",
@@ -102,6 +115,10 @@ __all__ = [
     "remove_rate_limit_async",
     "request_cancel",
     "request_cancel_async",
+    "resolve_resource",
+    "resolve_resource_async",
+    "resource_holds",
+    "resource_holds_async",
     "resume_queue",
     "resume_queue_async",
     "resume_schedule",

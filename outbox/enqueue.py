@@ -249,6 +249,7 @@ def enqueue(
     ordered: bool | str = False,
     after: Sequence[uuid.UUID | str] = (),
     on_parent_failure: str = "cancel",
+    resource: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -289,6 +290,11 @@ def enqueue(
     a job with ``after`` takes no ``run_after``, ``debounce`` or
     ``needs_approval``. The handler reads its parents' results with
     ``job.parent_results()``.
+    ``resource``: an exclusive target the job acts on (``"deploy:prod"``): at most
+    one job with it holds a lease at once, across queues and job types; the others
+    wait (RESOURCE_BUSY). A clean end of the holder's lease frees it; a lease that
+    expires leaves it uncertain (RESOURCE_UNCERTAIN), and no job of it starts until
+    :func:`outbox.resolve_resource`. A job takes a key or a resource, not both.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -312,6 +318,7 @@ def enqueue(
         ordered=ordered,
         after=after,
         on_parent_failure=on_parent_failure,
+        resource=resource,
     )
     return enqueue_many(session, [job])[0]
 

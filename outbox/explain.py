@@ -33,6 +33,11 @@ KEY_ORDER             key, ahead (the job of its key it waits for: ordered, enqu
 KEY_BUSY              key, running, key_limit, held_by (the job holding the key
                       longest): as many jobs with its key hold a lease as it allows;
                       it starts when one of them ends
+RESOURCE_BUSY         resource, held_by, held_since: another job's lease holds its
+                      exclusive resource; it starts when that lease ends cleanly
+RESOURCE_UNCERTAIN    resource, job (whose lease expired holding it), since: that job's
+                      worker vanished mid-work, so nothing of the resource starts
+                      until outbox.resolve_resource (jobctl resources resolve)
 BACKLOG               ahead (wake-ups of its queue that go before it: in flight, or
                       pending with a higher priority or the same priority and older;
                       counted up to 10000, ahead_at_least says the count was cut),
@@ -128,6 +133,8 @@ class Why(StrEnum):
     EXPIRED = "EXPIRED"
     KEY_ORDER = "KEY_ORDER"
     KEY_BUSY = "KEY_BUSY"
+    RESOURCE_BUSY = "RESOURCE_BUSY"
+    RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"
 
 
 class JobNotFound(LookupError):
@@ -313,10 +320,11 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] in (DelayReason.NO_HANDLER, DelayReason.NO_AUTHORIZED_RUNNER)
-    keyed = _key(job)
+    keyed = _key(job) + _resource(job)
     found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
     if _is_due_waiting(job) and job["paused_at"] is None:
-        # one waiting for its key has no wake-up: the end of the lease ahead wakes it
+        # one waiting for its key or resource has no wake-up: the end of the lease
+        # ahead (or the resolution) wakes it
         found += _waiting_turn(job, backlog, parked or bool(keyed))
     return found + _relays(job) + _consumers(job, parked)
 
@@ -433,6 +441,26 @@ def _key(job: Mapping[str, Any]) -> list[Blocker]:
         }
         return [Blocker(Why.KEY_BUSY, facts)]
     return []
+
+
+def _resource(job: Mapping[str, Any]) -> list[Blocker]:
+    """Waiting for its resource: held by another job's lease, or left uncertain by an
+    expired one (its own, too), from the hold now, not the last refusal."""
+    if job.get("resource") is None or job["resource_holder"] is None:
+        return []
+    if job["resource_uncertain_since"] is not None:
+        facts = {
+            "resource": job["resource"],
+            "job": job["resource_holder"],
+            "since": job["resource_uncertain_since"],
+        }
+        return [Blocker(Why.RESOURCE_UNCERTAIN, facts)]
+    facts = {
+        "resource": job["resource"],
+        "held_by": job["resource_holder"],
+        "held_since": job["resource_held_since"],
+    }
+    return [Blocker(Why.RESOURCE_BUSY, facts)]
 
 
 def _consumers(job: Mapping[str, Any], parked: bool) -> list[Blocker]:
@@ -592,6 +620,15 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.KEY_BUSY: lambda f: (
         f"key {f['key']!r} is busy ({f['running']}/{f['key_limit']} running,"
         f" held by job {f['held_by']})"
+    ),
+    Why.RESOURCE_BUSY: lambda f: (
+        f"resource {f['resource']!r} is held by job {f['held_by']}"
+        f" (since {f['held_since']:%Y-%m-%d %H:%M:%S})"
+    ),
+    Why.RESOURCE_UNCERTAIN: lambda f: (
+        f"resource {f['resource']!r} is uncertain since {f['since']:%Y-%m-%d %H:%M:%S}:"
+        f" the lease of job {f['job']} expired holding it; resolve it"
+        " (outbox.resolve_resource) before anything of it starts"
     ),
     Why.NO_CONSUMER: lambda f: f"no live consumer serves queue {f['queue']!r}",
     Why.NO_HANDLER: lambda f: (

@@ -59,6 +59,7 @@ class NewJob:
     ordered: bool | str = False
     after: Sequence[uuid.UUID | str] = ()
     on_parent_failure: str = "cancel"
+    resource: str | None = None
 
 
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
@@ -329,6 +330,14 @@ def to_row(
     rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)
     debounce_seconds, debounce_max_seconds = _debounce(job)
     key, key_limit, key_order = key_fields(job.key, job.key_limit, job.ordered)
+    resource = None if job.resource is None else names.resource(job.resource)
+    if resource is not None and key is not None:
+        # The claim could take one and then be refused the other, with no way to give
+        # the first back in the statement that took it.
+        raise ValueError("a job takes a key or a resource, not both")
+    if resource is not None and job.debounce is not None:
+        # The debounced insert keeps no resource: the job would run beside its holder.
+        raise ValueError("a debounced job takes no resource")
     payload = encode_payload(job.payload, limit)
     job_id = new_job_id()
     fields: dict[str, Any] = {
@@ -349,6 +358,7 @@ def to_row(
         "key": key,
         "key_limit": key_limit,
         "key_order": key_order,
+        "resource": resource,
     }
     if job.needs_approval:
         fields["approval"] = "REQUIRED"

@@ -90,3 +90,7 @@ def rate_limit(value: object, *, pattern: bool = False) -> str:
 
 def key(value: object) -> str:
     return text("key", value, MAX_KEY_LENGTH, controls=True)
+
+
+def resource(value: object) -> str:
+    return text("resource", value, MAX_KEY_LENGTH, controls=True)

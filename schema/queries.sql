@@ -32,13 +32,14 @@ WITH input AS (
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
-        rate_limit text, key text, key_limit integer, key_order text,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
         parents jsonb, parents_pending integer, on_parent_failure text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, parents_pending, on_parent_failure, delay_reason, delay_since)
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -49,6 +50,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END
@@ -357,7 +359,7 @@ WITH types AS (
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
-           j.key, j.key_limit, j.key_seq,
+           j.key, j.key_limit, j.key_seq, j.resource, j.lease_generation,
            t.job_type IS NOT NULL AS known,
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
@@ -476,7 +478,8 @@ WITH types AS (
 ), admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority
-    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
+           a.lease_generation, a.priority
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
           FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
@@ -502,12 +505,36 @@ WITH types AS (
     -- 2b3. the admitted jobs whose key was had
     SELECT a.* FROM admitted AS a
     WHERE a.key IS NULL OR a.key IN (SELECT key FROM key_taken)
+), resource_ranked AS (
+    -- 2b4. of those, the ones with a resource (a job has a key or a resource, never
+    -- both), ranked per resource: only the first may take it. Without one in the
+    -- batch, this and the next read no table.
+    SELECT a.job_id, a.resource, a.lease_generation,
+           row_number() OVER (PARTITION BY a.resource ORDER BY a.priority DESC, a.job_id)
+               AS resource_rank
+    FROM key_admitted AS a WHERE a.resource IS NOT NULL
+), resource_taken AS (
+    -- 2b5. A resource is taken by inserting its hold, for the lease this claim starts
+    -- (the next generation), resources in sorted order and after the tenants and
+    -- keys (as every end of a lease releases them). A hold that stands, held or
+    -- uncertain, turns the job down; one another statement is writing or deleting
+    -- is waited for and judged by what it left: never a read and then a write.
+    INSERT INTO resource_holds (resource, job_id, lease_generation)
+    SELECT r.resource, r.job_id, r.lease_generation + 1
+    FROM resource_ranked AS r WHERE r.resource_rank = 1
+    ORDER BY r.resource
+    ON CONFLICT (resource) DO NOTHING
+    RETURNING job_id
+), resource_admitted AS (
+    -- 2b6. the admitted jobs whose key and resource were had
+    SELECT a.* FROM key_admitted AS a
+    WHERE a.resource IS NULL OR a.job_id IN (SELECT job_id FROM resource_taken)
 ), reserved AS (
     -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+          FROM resource_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
@@ -520,6 +547,14 @@ WITH types AS (
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN 'RATE_LIMITED'
                 WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
+                -- its resource held (by this batch's first, or a lease): uncertain
+                -- when its hold says so, as far as this snapshot sees it
+                WHEN l.resource IS NOT NULL AND l.job_id IN (SELECT job_id FROM key_admitted)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM resource_holds AS x
+                                       WHERE x.resource = l.resource
+                                         AND x.uncertain_since IS NOT NULL)
+                          THEN 'RESOURCE_UNCERTAIN'
+                          ELSE 'RESOURCE_BUSY' END
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
                 ELSE 'TENANT_CAP' END AS reason,
@@ -528,7 +563,7 @@ WITH types AS (
            COALESCE(l.delay_reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
-    WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
+    WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
@@ -622,8 +657,10 @@ WITH types AS (
     LEFT JOIN rate_refused AS d USING (job_id)
     WHERE r.reason <> 'EXPIRED'
       AND (r.reason NOT IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER') OR c.job_id IS NOT NULL)
-      -- a job waiting for its key gets its wake-up back when the key frees
-      AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER')
+      -- a job waiting for its key or its resource gets its wake-up back when that
+      -- frees (or, an uncertain resource, is resolved)
+      AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER',
+                           'RESOURCE_BUSY', 'RESOURCE_UNCERTAIN')
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -640,7 +677,7 @@ WITH types AS (
         delay_since = NULL,
         started_at = now(),
         updated_at = now()
-    FROM key_admitted AS a, types AS t
+    FROM resource_admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
@@ -712,7 +749,7 @@ LEFT JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, or any retryable
 -- error.
--- Built with BUDGET, FENCE, key_wake_next, lease_ended.
+-- Built with BUDGET, FENCE, key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -817,6 +854,41 @@ WITH h AS (
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
+), resource_left AS (
+    -- the leases that ended with a resource (none: one probe per job, of rows
+    -- already read for the keys)
+    SELECT j.resource, s.job_id, s.lease_generation
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.resource IS NOT NULL
+), resource_releasing AS MATERIALIZED (
+    -- after the tenants and the keys (the scalar subquery), in resource order, as the
+    -- claim takes them; only this lease's own hold
+    SELECT h.resource
+    FROM resource_holds AS h
+    JOIN resource_left AS l
+      ON l.resource = h.resource AND l.job_id = h.job_id
+     AND l.lease_generation = h.lease_generation
+    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    ORDER BY h.resource
+    FOR UPDATE OF h
+), resource_freed AS (
+    DELETE FROM resource_holds AS h USING resource_releasing AS r
+    WHERE h.resource = r.resource
+    RETURNING h.resource
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM resource_freed) AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
+                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
+                 w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -829,7 +901,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
--- Built with BUDGET, FENCE, key_wake_next, lease_ended.
+-- Built with BUDGET, FENCE, key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -934,6 +1006,41 @@ WITH h AS (
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
+), resource_left AS (
+    -- the leases that ended with a resource (none: one probe per job, of rows
+    -- already read for the keys)
+    SELECT j.resource, s.job_id, s.lease_generation
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.resource IS NOT NULL
+), resource_releasing AS MATERIALIZED (
+    -- after the tenants and the keys (the scalar subquery), in resource order, as the
+    -- claim takes them; only this lease's own hold
+    SELECT h.resource
+    FROM resource_holds AS h
+    JOIN resource_left AS l
+      ON l.resource = h.resource AND l.job_id = h.job_id
+     AND l.lease_generation = h.lease_generation
+    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    ORDER BY h.resource
+    FOR UPDATE OF h
+), resource_freed AS (
+    DELETE FROM resource_holds AS h USING resource_releasing AS r
+    WHERE h.resource = r.resource
+    RETURNING h.resource
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM resource_freed) AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
+                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
+                 w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -955,7 +1062,7 @@ WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED';
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, key_wake_next, lease_ended.
+-- Built with FENCE, key_wake_next, resource_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1046,6 +1153,41 @@ WITH h AS (
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
+), resource_left AS (
+    -- the leases that ended with a resource (none: one probe per job, of rows
+    -- already read for the keys)
+    SELECT j.resource, s.job_id, s.lease_generation
+    FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.resource IS NOT NULL
+), resource_releasing AS MATERIALIZED (
+    -- after the tenants and the keys (the scalar subquery), in resource order, as the
+    -- claim takes them; only this lease's own hold
+    SELECT h.resource
+    FROM resource_holds AS h
+    JOIN resource_left AS l
+      ON l.resource = h.resource AND l.job_id = h.job_id
+     AND l.lease_generation = h.lease_generation
+    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    ORDER BY h.resource
+    FOR UPDATE OF h
+), resource_freed AS (
+    DELETE FROM resource_holds AS h USING resource_releasing AS r
+    WHERE h.resource = r.resource
+    RETURNING h.resource
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM resource_freed) AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
+                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
+                 w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
 )
 SELECT job_id, state FROM returned;
 
@@ -1054,7 +1196,7 @@ SELECT job_id, state FROM returned;
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, key_wake_next, lease_ended.
+-- Built with BUDGET, key_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -1148,6 +1290,28 @@ WITH expired AS (
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
+), resource_left AS (
+    -- the leases that ended with a resource (none: one probe per job, of rows
+    -- already read for the keys)
+    SELECT j.resource, s.job_id, s.lease_generation
+    FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.resource IS NOT NULL
+), resource_releasing AS MATERIALIZED (
+    -- after the tenants and the keys (the scalar subquery), in resource order, as the
+    -- claim takes them; only this lease's own hold
+    SELECT h.resource
+    FROM resource_holds AS h
+    JOIN resource_left AS l
+      ON l.resource = h.resource AND l.job_id = h.job_id
+     AND l.lease_generation = h.lease_generation
+    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    ORDER BY h.resource
+    FOR UPDATE OF h
+), resource_uncertain AS (
+    -- the holder vanished: the hold stays, and says since when
+    UPDATE resource_holds AS h SET uncertain_since = now()
+    FROM resource_releasing AS r
+    WHERE h.resource = r.resource
 )
 SELECT job_id, state, worker, run_after FROM swept;
 
@@ -1586,7 +1750,7 @@ RETURNING o.job_id;
 -- Parameters: after, grace_seconds, slice, worker_ttl.
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason, j.key, j.key_limit, j.key_seq
+           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -1619,6 +1783,11 @@ WITH slice AS MATERIALIZED (
                AND EXISTS (SELECT 1 FROM jobs AS x
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
                              AND (x.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (x.state = 'FAILED' AND x.key_order = 'strict'))))
+      -- and one waiting for its resource, by the end of the hold (or its resolution)
+      -- (the holds read once, hashed: a few rows, one per resource held)
+      AND NOT (COALESCE(s.delay_reason IN ('RESOURCE_BUSY',
+                                           'RESOURCE_UNCERTAIN'), false)
+               AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
@@ -2339,8 +2508,14 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
-       a.job_id AS key_ahead, a.state AS key_ahead_state
+       a.job_id AS key_ahead, a.state AS key_ahead_state,
+       j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
+       rh.uncertain_since AS resource_uncertain_since
 FROM jobs AS j
+-- the hold of its resource, if another job has it (or it does, uncertain)
+LEFT JOIN resource_holds AS rh
+  ON rh.resource = j.resource
+ AND (rh.job_id <> j.job_id OR rh.uncertain_since IS NOT NULL)
 LEFT JOIN LATERAL (
     -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
     SELECT count(*)::int AS key_running,
@@ -2566,3 +2741,63 @@ SELECT r.name, r.rate, r.per_seconds, r.burst,
 FROM rate_limits AS r
 LEFT JOIN rate_buckets AS b ON b.name = r.name
 ORDER BY r.name;
+
+
+-- ======================================================================================
+-- schema/queries/resource.py: Exclusive resources (jobs.resource): the holds the claim
+-- takes (JOB_CLAIM_MANY, steps 2b4 to 2b6) and every clean end of a lease releases
+-- (lease_ended), the resolution of one a vanished holder left uncertain, and what is
+-- held now.
+-- ======================================================================================
+
+-- name: RESOURCE_RESOLVE
+-- Run by consumers.store:JobStore.resolve_resource,
+-- outbox.resources:resolve_resource(_async) to free a resource an expired lease left
+-- uncertain, and wake its next job.
+-- Built with resource_wake_next.
+-- Parameters: by, outcome, resource.
+WITH freed AS (
+    DELETE FROM resource_holds AS h
+    WHERE h.resource = %(resource)s AND h.uncertain_since IS NOT NULL
+    RETURNING h.resource, h.job_id, h.uncertain_since
+), recorded AS (
+    INSERT INTO resource_resolutions (resource, job_id, uncertain_since, resolved_by, outcome)
+    SELECT resource, job_id, uncertain_since, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), %(outcome)s::text
+    FROM freed
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM freed) AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
+                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
+                 w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+)
+SELECT job_id, uncertain_since FROM freed;
+
+-- name: RESOURCE_UNCERTAIN_FOR
+-- Run by consumers.store:JobStore.uncertain_for to the uncertain holds of some jobs'
+-- resources, for reconcile hooks.
+-- Parameters: job_ids.
+SELECT DISTINCT ON (h.resource) h.resource, h.job_id, x.job_type, x.payload, h.uncertain_since
+FROM jobs AS j
+JOIN resource_holds AS h ON h.resource = j.resource AND h.uncertain_since IS NOT NULL
+JOIN jobs AS x ON x.job_id = h.job_id
+WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.resource IS NOT NULL
+ORDER BY h.resource;
+
+-- name: RESOURCE_HOLD_LIST
+-- Run by outbox.resources:_holds to list the resources held now, uncertain ones first.
+SELECT h.resource, h.job_id, j.state, j.job_type, h.held_since, h.uncertain_since,
+       (SELECT count(*) FROM jobs AS w
+        WHERE w.resource = h.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+          AND w.job_id <> h.job_id)::int AS waiting
+FROM resource_holds AS h
+LEFT JOIN jobs AS j ON j.job_id = h.job_id
+ORDER BY h.uncertain_since IS NULL, h.uncertain_since, h.resource;

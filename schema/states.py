@@ -55,6 +55,8 @@ class DelayReason(StrEnum):
     # its tenant is dedicated (tenant_limits.runners) and the consumer it met does
     # not name it (consumer --tenant)
     NO_AUTHORIZED_RUNNER = "NO_AUTHORIZED_RUNNER"
+    RESOURCE_BUSY = "RESOURCE_BUSY"  # another job's lease held its resource
+    RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"  # its resource's holder vanished: unresolved
 
 
 class HeldReason(StrEnum):

@@ -162,6 +162,9 @@ jobs = Table(
     # the end of every job nobody waits for without looking at job_dependencies.
     Column("has_dependants", Boolean, nullable=False, server_default=text("false")),
     Column("key_seq", BigInteger),
+    # The exclusive resource the job acts on (resource_holds): at most one lease of
+    # any job with it at once, and none while it is uncertain. NULL: none.
+    Column("resource", Text),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -216,6 +219,14 @@ jobs = Table(
         " AND key_seq IS NOT NULL)",
         name="jobs_key_order_valid",
     ),
+    CheckConstraint(
+        f"resource IS NULL OR char_length(resource) BETWEEN 1 AND {MAX_KEY_LENGTH}",
+        name="jobs_resource_length",
+    ),
+    # A job takes its key's leases or its resource, never both: the claim could take
+    # one and then be refused the other, and neither can be given back in the statement
+    # that took it.
+    CheckConstraint("key IS NULL OR resource IS NULL", name="jobs_key_or_resource"),
 )
 
 # The numbers of ordered jobs, in the commit order of their enqueues per key.
@@ -326,6 +337,14 @@ Index(
     "jobs_key_leased_idx",
     jobs.c.key,
     postgresql_where=text(f"key IS NOT NULL AND state IN ({LEASED_SQL})"),
+)
+# A resource's waiting jobs in the order the end of its hold wakes the next: the
+# oldest (job ids are time-ordered).
+Index(
+    "jobs_resource_waiting_idx",
+    jobs.c.resource,
+    jobs.c.job_id,
+    postgresql_where=text(f"resource IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
 )
 # Jobs no live consumer can run wait here until one that knows their type starts.
 Index(
@@ -611,6 +630,39 @@ key_usage = Table(
     # The limit the last claim of the key applied (the jobs' key_limit).
     Column("key_limit", Integer, nullable=False),
     CheckConstraint("running >= 0", name="key_usage_running_non_negative"),
+)
+
+# The exclusive resources held now (jobs.resource): a row only while one is held.
+# The claim inserts it for the lease it starts (job_id, lease_generation); a clean
+# end of that lease deletes it. A lease that expires leaves it, marked
+# uncertain_since: whatever the vanished holder did to the target is unknown, so no
+# job of the resource starts until outbox.resolve_resource deletes it.
+resource_holds = Table(
+    "resource_holds",
+    metadata,
+    Column("resource", Text, primary_key=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("lease_generation", BigInteger, nullable=False),
+    _ts("held_since", nullable=False, default=True),
+    _ts("uncertain_since"),
+)
+
+# Who resolved an uncertain resource, when, and which job's lease had left it so.
+resource_resolutions = Table(
+    "resource_resolutions",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("resource", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    _ts("uncertain_since", nullable=False),
+    _ts("resolved_at", nullable=False, default=True),
+    Column("resolved_by", Text, nullable=False),
+    Column("outcome", Text),
+)
+Index(
+    "resource_resolutions_resource_idx",
+    resource_resolutions.c.resource,
+    resource_resolutions.c.resolved_at,
 )
 
 # Weighted fair share between the tenants of a queue, kept by the relay: each

@@ -74,3 +74,17 @@ def test_the_claim_reads_its_batch_not_the_backlog(
         assert rows <= 4 * batch, (relation, node, rows, read)
     claimed = sum(1 for r in found[0]["Plan"].get("Plans", []) if r.get("CTE Name") == "claimed")
     assert claimed == 1
+    # a batch without a resource never reads the holds (its insert of none runs)
+    assert scanned(found, "resource_holds") == 0, found
+
+
+def scanned(plan: list[dict[str, Any]], relation: str) -> int:
+    """The loops of every scan of ``relation`` in the plan that ran."""
+
+    def walk(node: dict[str, Any]) -> Iterator[int]:
+        if node.get("Relation Name") == relation and "Scan" in node["Node Type"]:
+            yield node.get("Actual Loops", 0)
+        for child in node.get("Plans", []):
+            yield from walk(child)
+
+    return sum(walk(plan[0]["Plan"]))

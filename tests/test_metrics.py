@@ -41,6 +41,7 @@ EXPECTED_TYPES = {
     "hybrid_jobs_jobs": "gauge",
     "hybrid_jobs_jobs_awaiting_approval": "gauge",
     "hybrid_jobs_jobs_waiting_for_key": "gauge",
+    "hybrid_jobs_resources_uncertain": "gauge",
     "hybrid_jobs_queue_oldest_runnable_age_seconds": "gauge",
     "hybrid_jobs_outbox_unsent_rows": "gauge",
     "hybrid_jobs_outbox_oldest_unsent_age_seconds": "gauge",

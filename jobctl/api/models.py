@@ -144,6 +144,12 @@ class EnqueueBody(BaseModel):
     on_parent_failure: Literal["cancel", "run"] = "cancel"
     """When a parent ends FAILED or CANCELLED: "cancel" ends the job (and what
     waits for it) CANCELLED with code PARENT_FAILED; "run" counts it as done."""
+    resource: (
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH), AfterValidator(_text)] | None
+    ) = None
+    """An exclusive target the job acts on ("deploy:prod"): at most one job with it
+    holds a lease at once; a lease that expires leaves it UNCERTAIN until resolved
+    (jobctl resources resolve). Takes no key."""
 
 
 class RejectBody(BaseModel):

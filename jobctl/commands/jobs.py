@@ -190,6 +190,7 @@ def _job_text(job: JobView) -> str:
             else f"{job.key} (limit {job.key_limit}"
             + (f", {job.key_order})" if job.key_order else ")"),
         ),
+        ("resource", job.resource or "-"),
         ("payload", _compact(job.payload, raw="payload" in deep)),
     ]
     if deep:

@@ -248,7 +248,10 @@ async def keys(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_keys(session), await _clock(session)
         limits = await outbox.rate_limits_async(session)
-    return render.page(request, "keys.html", looker, keys=found, now=now, rate_limits=limits)
+        held = await outbox.resource_holds_async(session)
+    return render.page(
+        request, "keys.html", looker, keys=found, now=now, rate_limits=limits, resources=held
+    )
 
 
 @router.get("/workers")

@@ -90,6 +90,14 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         _by_queue(s.awaiting_approval),
     )
     yield _gauge(
+        "resources_uncertain",
+        "Exclusive resources an expired lease left uncertain (its worker vanished while"
+        " it held one): no job of them starts until someone resolves them (jobctl"
+        " resources resolve, outbox.resolve_resource). Alert on any.",
+        [],
+        {(): s.resources_uncertain},
+    )
+    yield _gauge(
         "jobs_waiting_for_key",
         "Waiting jobs a consumer last turned down for their key, per queue and reason:"
         " KEY_BUSY (key_limit jobs of the key hold a lease) or KEY_ORDER (an earlier"

@@ -82,6 +82,12 @@ WHERE state IN ({CLAIMABLE_SQL})
 GROUP BY queue, delay_reason
 """
 
+# The resources an expired lease left uncertain (resource_holds has a row per
+# resource held, so this reads a handful): nothing of them starts until resolved.
+METRICS_RESOURCES_UNCERTAIN: Final = """
+SELECT count(*) FROM resource_holds WHERE uncertain_since IS NOT NULL
+"""
+
 # Per queue and leased state: how many, and how many of their leases have expired
 # without the sweeper having moved them on yet.
 METRICS_JOBS_LEASED: Final = f"""

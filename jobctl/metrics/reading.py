@@ -71,6 +71,8 @@ class Reading:
     queues: list[str]
     # (queue, jobs that wait for approval)
     awaiting_approval: list[tuple[str, int]] = field(default_factory=list)
+    # resources an expired lease left uncertain
+    resources_uncertain: int = 0
 
     # (queue, count): waiting for a rate limit's token; ended as expired
     rate_limited: list[tuple[str, int]] = field(default_factory=list)
@@ -151,6 +153,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         key_waits = [
             (queue, reason, int(n)) for queue, reason, n in await _rows(conn, q.METRICS_KEY_WAITS)
         ]
+        ((uncertain,),) = await _rows(conn, q.METRICS_RESOURCES_UNCERTAIN)
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
         publish_failing = [
@@ -192,6 +195,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         workers=workers,
         queues=queues,
         awaiting_approval=awaiting,
+        resources_uncertain=int(uncertain),
         rate_limited=rate_limited,
         expired=expired,
         no_authorized_runner=unauthorized,

@@ -94,6 +94,7 @@ class Snapshot:
     history: HistoryView = EMPTY
     key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
     no_authorized_runner: Mapping[str, int] = field(default_factory=dict)
+    resources_uncertain: int = 0
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
@@ -319,6 +320,7 @@ class Totals:
             awaiting_approval=MappingProxyType(awaiting),
             history=self.history.view(),
             key_waits=MappingProxyType(key_waits),
+            resources_uncertain=reading.resources_uncertain,
         )
 
 

@@ -105,6 +105,7 @@ class NewJobRequest:
     debounce_max: timedelta | None = None
     after: tuple[uuid.UUID, ...] = ()
     on_parent_failure: str = "cancel"
+    resource: str | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -140,6 +141,8 @@ class NewJobRequest:
                 "after": [str(i) for i in self.after],
                 "on_parent_failure": self.on_parent_failure,
             }
+        if self.resource is not None:
+            document["resource"] = self.resource
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -255,6 +258,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key,
         key_limit,
         key_order,
+        resource,
     ) = row[14:]
     summary = _summary(row)
     as_text: list[str] = []
@@ -302,6 +306,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key=key,
         key_limit=key_limit,
         key_order=key_order,
+        resource=resource,
     )
 
 
@@ -391,6 +396,7 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             debounce_max=request.debounce_max,
             after=request.after,
             on_parent_failure=request.on_parent_failure,
+            resource=request.resource,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None

@@ -168,6 +168,8 @@ class JobView(JobSummary):
     key_limit: int | None = None
     key_order: str | None = None
     """'ordered' or 'strict': jobs of its key start one after the other, in order."""
+    resource: str | None = None
+    """The exclusive target it acts on: one lease of a job with it at a time."""
 
 
 @dataclass(frozen=True)

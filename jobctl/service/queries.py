@@ -46,7 +46,7 @@ JOB_GET: Final = f"""
 SELECT {SUMMARY_COLUMNS},
        payload::text, dedup_key, updated_at, cancel_requested_at, last_error_message,
        progress::text, progress_at, result::text, delay_since, lease_owner,
-       lease_generation, lease_expires_at, now(), key, key_limit, key_order
+       lease_generation, lease_expires_at, now(), key, key_limit, key_order, resource
 FROM jobs
 WHERE job_id = %(job_id)s
 """

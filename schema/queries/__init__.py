@@ -1,6 +1,6 @@
 """Every statement that changes a job, the outbox or the control tables, named, in
 one package, a module per noun (fragments, job, lease, outbox, tenant, worker,
-schedule, control). Import them from here: ``from schema.queries import JOB_CLAIM_MANY``.
+schedule, resource, control). Import them from here: ``from schema.queries import JOB_CLAIM_MANY``.
 
 Each transition is a single guarded statement: its WHERE clause carries the state it
 may leave and, when a worker writes, the fence (``lease_owner`` and
@@ -18,7 +18,7 @@ Names are noun first, the way River names its queries: ``job_claim_many``,
 name and never write SQL of their own. The rules:
 
 - The noun is singular and names the table the statement is about (``JOB_``,
-  ``OUTBOX_``, ``TENANT_``, ``WORKER_``, ``RELAY_``, ``SCHEDULE_``, ``QUEUE_``,
+  ``OUTBOX_``, ``TENANT_``, ``WORKER_``, ``RELAY_``, ``SCHEDULE_``, ``QUEUE_``, ``RESOURCE_``,
   ``DASHBOARD_SESSION_``); then the verb (``JOB_CLAIM_MANY``, ``WORKER_EXPIRE``) or,
   for a read, what it returns (``JOB_STATE``, ``OUTBOX_DUE_QUEUES``). A read of a
   whole set ends in ``_LIST`` (``TENANT_LIMIT_LIST``).
@@ -111,6 +111,11 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_REFUSED,
 )
 from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
+from schema.queries.resource import (
+    RESOURCE_HOLD_LIST,
+    RESOURCE_RESOLVE,
+    RESOURCE_UNCERTAIN_FOR,
+)
 from schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
@@ -217,6 +222,9 @@ __all__ = [
     "RELAY_LIVE_LIST",
     "RELAY_LIVE_SECONDS",
     "RELAY_SEEN",
+    "RESOURCE_HOLD_LIST",
+    "RESOURCE_RESOLVE",
+    "RESOURCE_UNCERTAIN_FOR",
     "SCHEDULE_ADVANCE",
     "SCHEDULE_CLAIM_DUE",
     "SCHEDULE_CLOCK",

@@ -277,8 +277,14 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
-       a.job_id AS key_ahead, a.state AS key_ahead_state
+       a.job_id AS key_ahead, a.state AS key_ahead_state,
+       j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
+       rh.uncertain_since AS resource_uncertain_since
 FROM jobs AS j
+-- the hold of its resource, if another job has it (or it does, uncertain)
+LEFT JOIN resource_holds AS rh
+  ON rh.resource = j.resource
+ AND (rh.job_id <> j.job_id OR rh.uncertain_since IS NOT NULL)
 LEFT JOIN LATERAL (
     -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
     SELECT count(*)::int AS key_running,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from schema.states import DelayReason
 from schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
 
 # The attempt budget in force: the row's, else the default.
@@ -90,7 +91,34 @@ def key_wake_next(source: str) -> str:
 )"""
 
 
-def lease_ended(source: str) -> str:
+def resource_wake_next(released: str) -> str:
+    """A CTE ``resource_woken``: for each resource of ``released`` (a CTE with a
+    resource column) that is free again, a wake-up for one due job waiting for it,
+    unless one is pending for it already. A job turned down for its resource
+    (RESOURCE_BUSY, RESOURCE_UNCERTAIN) got no wake-up back: this is what starts it,
+    so nothing polls a held resource. Those turned down for it go first, then the
+    oldest: a job this statement's snapshot shows with another reason may have met
+    the resource in a claim that has not committed, and its wake-up, in flight, is
+    not pending; a duplicate wake-up settles harmlessly. The one woken, once it
+    ends, wakes the next."""
+    return f"""resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM {released}) AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority
+        FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
+        ORDER BY w.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
+                                    '{DelayReason.RESOURCE_UNCERTAIN}') DESC NULLS LAST,
+                 w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+)"""
+
+
+def lease_ended(source: str, *, expired: bool = False) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
     release of the tenant slot the lease held and of its key (key_usage, whose row
@@ -98,7 +126,13 @@ def lease_ended(source: str) -> str:
     job, all in the statement that ended it, so none can happen twice or be
     forgotten. (Every leased job with a key holds it: the claim takes a lease only
     with its key. A key never changes, so the statement's snapshot of jobs says
-    which.)
+    which.) The hold of its resource (resource_holds), if it has one, is deleted
+    and the resource's next waiting job woken; but for a lease that ``expired``
+    (the sweeper) it stays, marked uncertain_since: the holder vanished mid-work,
+    and nobody knows what it did to the target, so nothing of the resource starts
+    until :data:`~schema.queries.resource.RESOURCE_RESOLVE`. Only the hold of the
+    very lease that ended (job and generation) is touched: a late outcome of an
+    expired lease matches no fence, so it cannot free the uncertain hold.
 
     ``source`` names a CTE of the rows that left the lease, with the columns
     job_id, state (the new one), queue, tenant, priority, run_after, attempt,
@@ -146,7 +180,39 @@ def lease_ended(source: str) -> str:
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
+), resource_left AS (
+    -- the leases that ended with a resource (none: one probe per job, of rows
+    -- already read for the keys)
+    SELECT j.resource, s.job_id, s.lease_generation
+    FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.resource IS NOT NULL
+), resource_releasing AS MATERIALIZED (
+    -- after the tenants and the keys (the scalar subquery), in resource order, as the
+    -- claim takes them; only this lease's own hold
+    SELECT h.resource
+    FROM resource_holds AS h
+    JOIN resource_left AS l
+      ON l.resource = h.resource AND l.job_id = h.job_id
+     AND l.lease_generation = h.lease_generation
+    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    ORDER BY h.resource
+    FOR UPDATE OF h
+), {_resource_end(expired)}"""
+
+
+def _resource_end(expired: bool) -> str:
+    if expired:
+        return """resource_uncertain AS (
+    -- the holder vanished: the hold stays, and says since when
+    UPDATE resource_holds AS h SET uncertain_since = now()
+    FROM resource_releasing AS r
+    WHERE h.resource = r.resource
 )"""
+    return f"""resource_freed AS (
+    DELETE FROM resource_holds AS h USING resource_releasing AS r
+    WHERE h.resource = r.resource
+    RETURNING h.resource
+), {resource_wake_next("resource_freed")}"""
 
 
 # The tenants with unsent wake-ups in queue %(queue)s, as a recursive CTE named

@@ -24,13 +24,14 @@ WITH input AS (
         max_attempts integer, priority smallint, run_after timestamptz,
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
-        rate_limit text, key text, key_limit integer, key_order text,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
         parents jsonb, parents_pending integer, on_parent_failure text)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, parents_pending, on_parent_failure, delay_reason, delay_since)
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -41,6 +42,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
            CASE WHEN parents_pending > 0 THEN now() END

@@ -29,9 +29,10 @@ _WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZ
 # a handler for, its queue is not paused, a plain-function handler has a free thread
 # (free_threads), its tenant has a free slot, and its key (jobs.key) holds fewer
 # than key_limit leases and, for an ordered job, no earlier job of the key waits or
-# runs (or, "strict", FAILED); the slot and the key are reserved in this same
-# statement (tenant_usage and key_usage, each locked in its own sorted order,
-# tenants first). The claim raises the generation
+# runs (or, "strict", FAILED), and its resource (jobs.resource) has no hold,
+# neither a lease's nor an uncertain one; the slot, the key and the resource are
+# taken in this same statement (tenant_usage, key_usage and resource_holds, each
+# locked in its own sorted order, in that order). The claim raises the generation
 # and the attempt, sets the lease, and fixes the handler's budget for a job enqueued
 # without one and the backoff the sweeper will use if the lease expires.
 #
@@ -56,7 +57,10 @@ _WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZ
 # could not run it either, round and round. A job of a type no other live consumer
 # knows waits without a wake-up, until one announces it (JOB_WAKE_PARKED). A job
 # waiting for its key (KEY_BUSY, KEY_ORDER) waits without one too: the end of the
-# lease ahead of it wakes it (key_wake_next), so a busy key is never polled.
+# lease ahead of it wakes it (key_wake_next), so a busy key is never polled; and so
+# a job waiting for its resource (RESOURCE_BUSY, RESOURCE_UNCERTAIN): the clean end
+# of the holder's lease, or the resolution of an uncertain hold, wakes the next
+# (resource_wake_next).
 # Nothing about it spends an attempt.
 #
 # A job of a dedicated tenant (tenant_limits.runners) is taken only by a worker
@@ -93,7 +97,7 @@ WITH types AS (
 ), locked AS (
     -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
-           j.key, j.key_limit, j.key_seq,
+           j.key, j.key_limit, j.key_seq, j.resource, j.lease_generation,
            t.job_type IS NOT NULL AS known,
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
@@ -212,7 +216,8 @@ WITH types AS (
 ), admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority
-    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
+           a.lease_generation, a.priority
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
           FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
@@ -238,12 +243,36 @@ WITH types AS (
     -- 2b3. the admitted jobs whose key was had
     SELECT a.* FROM admitted AS a
     WHERE a.key IS NULL OR a.key IN (SELECT key FROM key_taken)
+), resource_ranked AS (
+    -- 2b4. of those, the ones with a resource (a job has a key or a resource, never
+    -- both), ranked per resource: only the first may take it. Without one in the
+    -- batch, this and the next read no table.
+    SELECT a.job_id, a.resource, a.lease_generation,
+           row_number() OVER (PARTITION BY a.resource ORDER BY a.priority DESC, a.job_id)
+               AS resource_rank
+    FROM key_admitted AS a WHERE a.resource IS NOT NULL
+), resource_taken AS (
+    -- 2b5. A resource is taken by inserting its hold, for the lease this claim starts
+    -- (the next generation), resources in sorted order and after the tenants and
+    -- keys (as every end of a lease releases them). A hold that stands, held or
+    -- uncertain, turns the job down; one another statement is writing or deleting
+    -- is waited for and judged by what it left: never a read and then a write.
+    INSERT INTO resource_holds (resource, job_id, lease_generation)
+    SELECT r.resource, r.job_id, r.lease_generation + 1
+    FROM resource_ranked AS r WHERE r.resource_rank = 1
+    ORDER BY r.resource
+    ON CONFLICT (resource) DO NOTHING
+    RETURNING job_id
+), resource_admitted AS (
+    -- 2b6. the admitted jobs whose key and resource were had
+    SELECT a.* FROM key_admitted AS a
+    WHERE a.resource IS NULL OR a.job_id IN (SELECT job_id FROM resource_taken)
 ), reserved AS (
     -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM key_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+          FROM resource_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
@@ -256,6 +285,14 @@ WITH types AS (
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN '{DelayReason.RATE_LIMITED}'
                 WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN '{DelayReason.KEY_ORDER}'
+                -- its resource held (by this batch's first, or a lease): uncertain
+                -- when its hold says so, as far as this snapshot sees it
+                WHEN l.resource IS NOT NULL AND l.job_id IN (SELECT job_id FROM key_admitted)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM resource_holds AS x
+                                       WHERE x.resource = l.resource
+                                         AND x.uncertain_since IS NOT NULL)
+                          THEN '{DelayReason.RESOURCE_UNCERTAIN}'
+                          ELSE '{DelayReason.RESOURCE_BUSY}' END
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN '{DelayReason.KEY_BUSY}'
                 ELSE '{DelayReason.TENANT_CAP}' END AS reason,
@@ -264,7 +301,7 @@ WITH types AS (
            COALESCE(l.delay_reason IN ({_WANTING_RUNNER})
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
-    WHERE l.job_id NOT IN (SELECT job_id FROM key_admitted)
+    WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
@@ -340,8 +377,10 @@ WITH types AS (
     LEFT JOIN rate_refused AS d USING (job_id)
     WHERE r.reason <> 'EXPIRED'
       AND (r.reason NOT IN ({_WANTING_RUNNER}) OR c.job_id IS NOT NULL)
-      -- a job waiting for its key gets its wake-up back when the key frees
-      AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}')
+      -- a job waiting for its key or its resource gets its wake-up back when that
+      -- frees (or, an uncertain resource, is resolved)
+      AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}',
+                           '{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_UNCERTAIN}')
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -358,7 +397,7 @@ WITH types AS (
         delay_since = NULL,
         started_at = now(),
         updated_at = now()
-    FROM key_admitted AS a, types AS t
+    FROM resource_admitted AS a, types AS t
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
@@ -589,6 +628,6 @@ WITH expired AS (
               e.lease_generation, e.worker, e.ready_at, e.started_at, e.held_slot,
               'LEASE_EXPIRED'::text AS error_code, j.last_error_message AS error_message,
               NULL::text AS traceback
-), {lease_ended("swept")}
+), {lease_ended("swept", expired=True)}
 SELECT job_id, state, worker, run_after FROM swept
 """

@@ -509,7 +509,7 @@ RETURNING o.job_id
 JOB_WAKE_ORPHANS: Final = f"""
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason, j.key, j.key_limit, j.key_seq
+           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -542,6 +542,11 @@ WITH slice AS MATERIALIZED (
                AND EXISTS (SELECT 1 FROM jobs AS x
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
                              AND {KEY_AHEAD.format(x="x")}))
+      -- and one waiting for its resource, by the end of the hold (or its resolution)
+      -- (the holds read once, hashed: a few rows, one per resource held)
+      AND NOT (COALESCE(s.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
+                                           '{DelayReason.RESOURCE_UNCERTAIN}'), false)
+               AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

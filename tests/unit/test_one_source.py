@@ -101,7 +101,7 @@ def test_liveness_is_judged_by_the_bound_ttl_never_by_a_figure_in_the_sql() -> N
 
 _REASON = re.compile(
     r"'(QUEUE_PAUSED|NO_HANDLER|TENANT_CAP|RATE_LIMITED|KEY_BUSY|KEY_ORDER|NO_AUTHORIZED_RUNNER"
-    r"|WINDOW|FAIR_SHARE|DEPENDENCY)'"
+    r"|RESOURCE_BUSY|RESOURCE_UNCERTAIN|WINDOW|FAIR_SHARE|DEPENDENCY)'"
 )
 
 

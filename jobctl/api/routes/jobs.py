@@ -158,6 +158,7 @@ async def enqueue(
         None if body.debounce_max is None else timedelta(seconds=body.debounce_max),
         tuple(body.after),
         body.on_parent_failure,
+        body.resource,
     )
     async with database(request).writing() as session:
         done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)

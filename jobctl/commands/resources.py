@@ -1,0 +1,100 @@
+"""``jobctl resources``: the exclusive resources held now (uncertain ones first),
+and resolving one that a vanished holder left uncertain."""
+
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+import click
+
+import outbox
+from jobctl.commands.common import database_option, run, write
+from jobctl.output import Failure, emit, json_option, table, when
+from jobctl.service import Database
+
+
+@click.group()
+def resources() -> None:
+    """Exclusive resources (enqueue(..., resource=)): list the held ones, resolve an
+    uncertain one."""
+
+
+def _document(hold: outbox.ResourceHold) -> dict[str, Any]:
+    return {
+        "resource": hold.resource,
+        "job_id": str(hold.job_id),
+        "job_state": hold.state,
+        "job_type": hold.job_type,
+        "held_since": hold.held_since.isoformat(),
+        "uncertain_since": None
+        if hold.uncertain_since is None
+        else hold.uncertain_since.isoformat(),
+        "waiting": hold.waiting,
+    }
+
+
+@resources.command("list")
+@database_option
+@json_option
+def list_(database_url: str | None, as_json: bool) -> None:
+    """The resources held now: by which job, since when, how many jobs wait for
+    each; UNCERTAIN ones (their holder's lease expired: nothing of them starts
+    until resolved) first, oldest first."""
+    del as_json
+
+    async def action(db: Database) -> list[outbox.ResourceHold]:
+        async with db.reading() as session:
+            return await outbox.resource_holds_async(session)
+
+    found = run(database_url, action)
+    rows = [
+        [
+            h.resource,
+            f"UNCERTAIN since {when(h.uncertain_since)}" if h.uncertain_since else "held",
+            str(h.job_id),
+            h.state or "-",
+            when(h.held_since),
+            str(h.waiting),
+        ]
+        for h in found
+    ]
+    headers = ["RESOURCE", "STATUS", "JOB", "JOB STATE", "HELD SINCE", "WAITING"]
+    text = table(headers, rows) if rows else "no resource is held"
+    emit({"resources": [_document(h) for h in found]}, text)
+
+
+@resources.command()
+@click.argument("resource", metavar="RESOURCE")
+@click.option(
+    "--by",
+    metavar="NAME",
+    default=lambda: f"{getpass.getuser()} (jobctl)",
+    show_default="your user name (jobctl)",
+    help="Who resolves it, as recorded.",
+)
+@click.option("--outcome", metavar="TEXT", help="What was found at the target, as recorded.")
+@database_option
+@json_option
+def resolve(
+    resource: str, by: str, outcome: str | None, database_url: str | None, as_json: bool
+) -> None:
+    """Free a resource an expired lease left UNCERTAIN, once you have looked at the
+    target: its next waiting job is woken. Exits 1, changing nothing, if it is free
+    or held by a live lease."""
+    del as_json
+
+    async def change(session: Any) -> outbox.Resolved:
+        try:
+            return await outbox.resolve_resource_async(session, resource, by=by, outcome=outcome)
+        except outbox.NotUncertain as exc:
+            raise Failure(str(exc), 1) from None
+
+    done = write(database_url, change)
+    document = {
+        "resource": done.resource,
+        "job_id": str(done.job_id),
+        "uncertain_since": done.uncertain_since.isoformat(),
+        "resolved_by": by,
+    }
+    emit(document, f"{done.resource}: resolved (left uncertain by job {done.job_id})")
