@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from harness import backlog
 from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.db import RELAY_OPTIONS
 from relay.broker import Publisher
 from relay.maintenance import OrphanWalk, rewake_lost, wake_orphans
 from schema.topology import Topology
@@ -53,7 +54,9 @@ async def test_lost_wakeups_are_repaired_behind_a_backlog_the_orphan_scan_cannot
             " WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 50) RETURNING job_id"
         ).fetchall()
     ]
-    pool = relay_pool(db_url, "-c statement_timeout=100")
+    # the relay's own options (no JIT, whose compile alone can take 70 ms of a
+    # plan this size), with the short timeout after them
+    pool = relay_pool(db_url, RELAY_OPTIONS + " -c statement_timeout=100")
     publisher = Publisher(amqp_url, topology)
     await pool.open()
     await publisher.connect()
