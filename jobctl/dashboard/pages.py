@@ -216,7 +216,10 @@ def _story(job: JobView) -> list[dict[str, Any]]:
     """The job's life in order: created, (scheduled), each attempt with the wait
     before it, and where it stands now."""
     events: list[dict[str, Any]] = [{"kind": "created", "at": job.created_at}]
-    if (job.run_after - job.created_at).total_seconds() > 1 and not job.attempts:
+    # A job held for its approval or its parents is never due (run_after at the
+    # hold, year 9999) until released: no "due in 2,912,106 days".
+    held = job.run_after.year == 9999 and not job.done
+    if (job.run_after - job.created_at).total_seconds() > 1 and not job.attempts and not held:
         events.append({"kind": "scheduled", "at": job.run_after})
     for attempt in job.attempts:
         events.append({"kind": "attempt", "at": attempt.started_at, "attempt": attempt})
@@ -224,6 +227,8 @@ def _story(job: JobView) -> list[dict[str, Any]]:
         events.append({"kind": "running", "at": job.started_at})
     elif job.done:
         events.append({"kind": "finished", "at": job.finished_at})
+    elif held:
+        events.append({"kind": "held", "at": job.delay_since or job.created_at})
     else:
         events.append({"kind": "waiting", "at": job.run_after})
     return events

@@ -28,6 +28,7 @@ from jobctl.service.models import (
     Attempt,
     Blocker,
     BulkRetry,
+    Dependency,
     Enqueued,
     JobPage,
     JobStateChange,
@@ -57,6 +58,8 @@ MAX_LIMIT: Final = 500
 # 20 ms at most); past it the page ends early, with a token to read on.
 SCAN_LIMIT: Final = 10_000
 ATTEMPTS_SHOWN: Final = 100
+# Parents and children shown of a job (a fan-in may wait for 1,000).
+DEPENDENCIES_SHOWN: Final = 100
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 
 
@@ -241,6 +244,9 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
     attempts = await fetch_all(
         session, queries.JOB_ATTEMPTS, {"job_id": job_id, "limit": ATTEMPTS_SHOWN}
     )
+    relations = await fetch_all(
+        session, queries.JOB_DEPENDENCIES, {"job_id": job_id, "limit": DEPENDENCIES_SHOWN}
+    )
     (
         payload_text,
         dedup_key,
@@ -307,6 +313,8 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key_limit=key_limit,
         key_order=key_order,
         resource=resource,
+        parents=tuple(Dependency(*r[1:]) for r in relations if r[0] == "parent"),
+        children=tuple(Dependency(*r[1:]) for r in relations if r[0] == "child"),
     )
 
 

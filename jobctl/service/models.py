@@ -170,6 +170,25 @@ class JobView(JobSummary):
     """'ordered' or 'strict': jobs of its key start one after the other, in order."""
     resource: str | None = None
     """The exclusive target it acts on: one lease of a job with it at a time."""
+    parents: tuple[Dependency, ...] = ()
+    """The jobs it waits for (enqueue's after=), in that order (at most 100)."""
+    children: tuple[Dependency, ...] = ()
+    """The jobs waiting for it (at most 100)."""
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A job at the other end of a dependency (enqueue's after=)."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    job_id: uuid.UUID
+    job_type: str | None
+    """None for a parent retention has deleted since (it had ended)."""
+    state: str | None
+    done: bool
+    """Whether this parent's end has been counted for the child (it succeeded, or
+    ended otherwise under on_parent_failure="run")."""
 
 
 @dataclass(frozen=True)

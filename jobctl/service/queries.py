@@ -70,6 +70,25 @@ LIMIT %(limit)s
 """
 
 
+# A job's parents (the jobs it waits for, in the order of its after=) and its
+# children (the jobs waiting for it), each with its type and state: the pkey of
+# job_dependencies finds the parents, job_dependencies_parent_idx the children;
+# at most %(limit)s of each.
+JOB_DEPENDENCIES: Final = """
+(SELECT 'parent' AS side, d.parent_id, j.job_type, j.state, d.done
+ FROM job_dependencies AS d LEFT JOIN jobs AS j ON j.job_id = d.parent_id
+ WHERE d.child_id = %(job_id)s
+ ORDER BY d.position
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT 'child', d.child_id, j.job_type, j.state, d.done
+ FROM job_dependencies AS d JOIN jobs AS j ON j.job_id = d.child_id
+ WHERE d.parent_id = %(job_id)s
+ ORDER BY d.child_id
+ LIMIT %(limit)s)
+"""
+
+
 @dataclass(frozen=True)
 class JobList:
     sql: str
