@@ -129,6 +129,23 @@ def _retry_many(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], di
     return (), {"queue": "mail", "by": "alice", "limit": 10}
 
 
+def _uncertain(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A resource whose holder's lease expired: held, uncertain since now."""
+    job_id = outbox.enqueue(s, "deploy", {"to": "prod"}, resource="deploy:prod")
+    s.commit()
+    pg.execute(
+        "INSERT INTO resource_holds (resource, job_id, lease_generation, uncertain_since)"
+        " VALUES ('deploy:prod', %s, 1, now())",
+        [job_id],
+    )
+    return ("deploy:prod",), {"by": "alice", "outcome": "looked: not deployed"}
+
+
+def _held(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    _uncertain(s, pg)
+    return (), {}
+
+
 SCENARIOS: dict[str, Scenario] = {
     "enqueue": Scenario(
         ("send", {"to": "a@example.com"}),
@@ -169,6 +186,10 @@ SCENARIOS: dict[str, Scenario] = {
     "set_rate_limit": Scenario(("stripe",), {"rate": 100, "per": timedelta(seconds=1)}),
     "rate_limits": Scenario(setup=_rate_limited),
     "remove_rate_limit": Scenario(setup=lambda s, pg: (_rate_limited(s, pg)[0] + ("sms:*",), {})),
+    "resolve_resource": Scenario(setup=_uncertain, view=lambda r: r.resource),
+    "resource_holds": Scenario(
+        setup=_held, view=lambda holds: [(h.resource, h.uncertain_since is not None) for h in holds]
+    ),
 }
 
 
