@@ -5,6 +5,7 @@ proxy or a rebinding page would reach it) or the real `jobctl` command line."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import time
@@ -203,10 +204,17 @@ def test_readiness_is_cached_and_says_where_and_why_only_with_the_token(
     try:
         amqp = f"amqp://guest:guest@127.0.0.1:{proxy.port}/"
         with served(db_url, amqp=amqp) as (base, daemon):
+            started = time.monotonic()
             with httpx.Client(base_url=base, timeout=10) as client:
                 answers = [client.get("/readyz") for _ in range(30)]
+            elapsed = time.monotonic() - started
             assert {a.status_code for a in answers} == {200}
-            assert proxy.connections <= 2, f"{proxy.connections} connections for 30 probes"
+            # One check per 2 s window the probes span (on a loaded machine 30 of them
+            # may take longer than one window), never one per probe.
+            allowed = min(1 + math.ceil(elapsed / 2.0), 5)
+            assert proxy.connections <= allowed, (
+                f"{proxy.connections} connections for 30 probes in {elapsed:.1f} s"
+            )
             public = answers[0].json()
             assert public == {
                 "ready": True,
