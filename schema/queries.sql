@@ -171,7 +171,7 @@ JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key;
 -- Makes RETRY_WAIT -> CANCELLED: a cancel request while it waits for a retry.
 -- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a
 -- heartbeat.
--- Built with key_wake_next.
+-- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: job_id.
 WITH cancelled AS (
     UPDATE jobs
@@ -206,7 +206,7 @@ WITH cancelled AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT state FROM cancelled;
 
@@ -280,7 +280,7 @@ UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now
 -- Run by relay.maintenance:expire_waiting.
 -- Makes QUEUED -> CANCELLED: past its deadline while nobody wakes it: code EXPIRED.
 -- Makes RETRY_WAIT -> CANCELLED: past its deadline while it waits for a retry: EXPIRED.
--- Built with key_wake_next.
+-- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: limit.
 WITH due AS (
     SELECT j.job_id
@@ -321,7 +321,7 @@ WITH due AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, queue FROM expired;
 
@@ -341,7 +341,7 @@ SELECT job_id, queue FROM expired;
 -- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
--- Built with LIVE_WORKER, key_wake_next.
+-- Built with LIVE_WORKER, no_pending_wakeup, key_wake_next.
 -- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker, worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
@@ -604,7 +604,7 @@ WITH types AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 ), expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
     DELETE FROM outbox AS o
@@ -749,7 +749,7 @@ LEFT JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, or any retryable
 -- error.
--- Built with BUDGET, FENCE, key_wake_next, resource_wake_next.
+-- Built with BUDGET, FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -837,7 +837,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -888,7 +888,7 @@ WITH h AS (
                  w.job_id
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -901,7 +901,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
--- Built with BUDGET, FENCE, key_wake_next, resource_wake_next.
+-- Built with BUDGET, FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -989,7 +989,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -1040,7 +1040,7 @@ WITH h AS (
                  w.job_id
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -1062,7 +1062,7 @@ WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED';
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, key_wake_next, resource_wake_next.
+-- Built with FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1136,7 +1136,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -1187,7 +1187,7 @@ WITH h AS (
                  w.job_id
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM returned;
 
@@ -1196,7 +1196,7 @@ SELECT job_id, state FROM returned;
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, key_wake_next.
+-- Built with BUDGET, no_pending_wakeup, key_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -1273,7 +1273,7 @@ WITH expired AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -2392,7 +2392,7 @@ SELECT job_id FROM approved;
 -- name: JOB_REJECT
 -- Run by outbox.approval:reject.
 -- Makes QUEUED -> CANCELLED: an operator rejects it while it waits for approval.
--- Built with key_wake_next.
+-- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: by, job_id, reason.
 WITH rejected AS (
     UPDATE jobs
@@ -2423,7 +2423,7 @@ WITH rejected AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT state FROM rejected;
 
@@ -2754,7 +2754,7 @@ ORDER BY r.name;
 -- Run by consumers.store:JobStore.resolve_resource,
 -- outbox.resources:resolve_resource(_async) to free a resource an expired lease left
 -- uncertain, and wake its next job.
--- Built with resource_wake_next.
+-- Built with no_pending_wakeup, resource_wake_next.
 -- Parameters: by, outcome, resource.
 WITH freed AS (
     DELETE FROM resource_holds AS h
@@ -2777,7 +2777,7 @@ WITH freed AS (
                  w.job_id
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, uncertain_since FROM freed;
 

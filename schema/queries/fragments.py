@@ -61,6 +61,19 @@ KEY_AHEAD: Final = (
 )
 
 
+def no_pending_wakeup(job_id: str) -> str:
+    """True when the job ``job_id`` (a column) has no unsent wake-up. Read through the
+    job's own index (outbox_job_id_idx) alone, fenced by OFFSET 0: left to itself, a
+    generic plan guessed the backlog small and ANDed in the whole unsent index
+    (outbox_due_idx), a scan of every waiting wake-up for each job woken (5 ms a job
+    under a 20,000-job backlog: a keyed outcome of 67 jobs spent 347 of its 440 ms
+    there)."""
+    return (
+        "NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o"
+        f" WHERE o.job_id = {job_id} OFFSET 0) AS o WHERE o.sent_at IS NULL)"
+    )
+
+
 def key_wake_next(source: str) -> str:
     """A CTE ``key_woken``: for the jobs of ``source`` (a CTE with job_id) that no
     longer hold or wait for their key, a wake-up for the first due waiting jobs of
@@ -87,7 +100,7 @@ def key_wake_next(source: str) -> str:
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE {no_pending_wakeup("n.job_id")}
 )"""
 
 
@@ -114,7 +127,7 @@ def resource_wake_next(released: str) -> str:
                  w.job_id
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = n.job_id AND o.sent_at IS NULL)
+    WHERE {no_pending_wakeup("n.job_id")}
 )"""
 
 
