@@ -124,15 +124,15 @@ CHECKS = {
             WHERE p.job_id = d.parent_id AND p.state IN ('FAILED', 'CANCELLED')
               AND p.finished_at <= a.started_at))""",
     # A child under 'cancel' of a parent that ended FAILED or CANCELLED (and was not
-    # replayed to success since: its edge is still open) must have ended CANCELLED
-    # with PARENT_FAILED, or have ended before the parent did (an operator's cancel).
+    # replayed to success since) must have ended CANCELLED with PARENT_FAILED, or
+    # have ended before the parent did (an operator's cancel). Whether the edge is
+    # marked done is not asked: a release at the wrong moment marks it.
     "children_of_failed_parents_not_cancelled": """
         SELECT count(DISTINCT c.job_id)
         FROM job_dependencies AS d
         JOIN jobs AS p ON p.job_id = d.parent_id
         JOIN jobs AS c ON c.job_id = d.child_id
-        WHERE NOT d.done AND c.on_parent_failure = 'cancel'
-          AND p.state IN ('FAILED', 'CANCELLED')
+        WHERE c.on_parent_failure = 'cancel' AND p.state IN ('FAILED', 'CANCELLED')
           AND NOT (c.state = 'CANCELLED'
                    AND (c.last_error_code = 'PARENT_FAILED' OR c.finished_at < p.finished_at))""",
     # A child's count of parents pending is its edges not settled: an edge counted
