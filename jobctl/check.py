@@ -103,6 +103,45 @@ CHECKS = {
                   AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
                                   WHERE h.resource = j.resource AND h.job_id = j.job_id
                                     AND h.lease_generation = j.lease_generation))::int""",
+    # A child's attempt that began before each of its parents had SUCCEEDED (under
+    # on_parent_failure 'run': had ended) by the database's clock: released early.
+    # A parent's end is its attempt's finished_at (the finishing statement's time,
+    # before its commit) and a child's start is its claim's now(), taken after the
+    # commit that woke it, so a release in order always reads as later. A parent
+    # that ended without an attempt (cancelled while waiting) ends at finished_at.
+    "children_started_before_parents": """
+        SELECT count(DISTINCT (a.job_id, a.lease_generation))
+        FROM job_attempts AS a
+        JOIN jobs AS c ON c.job_id = a.job_id
+        JOIN job_dependencies AS d ON d.child_id = a.job_id
+        WHERE NOT EXISTS (
+            SELECT 1 FROM job_attempts AS p
+            WHERE p.job_id = d.parent_id AND p.finished_at <= a.started_at
+              AND (p.outcome = 'SUCCEEDED'
+                   OR (c.on_parent_failure = 'run' AND p.outcome IN ('FAILED', 'CANCELLED'))))
+          AND NOT (c.on_parent_failure = 'run' AND EXISTS (
+            SELECT 1 FROM jobs AS p
+            WHERE p.job_id = d.parent_id AND p.state IN ('FAILED', 'CANCELLED')
+              AND p.finished_at <= a.started_at))""",
+    # A child under 'cancel' of a parent that ended FAILED or CANCELLED (and was not
+    # replayed to success since) must have ended CANCELLED with PARENT_FAILED, or
+    # have ended before the parent did (an operator's cancel). Whether the edge is
+    # marked done is not asked: a release at the wrong moment marks it.
+    "children_of_failed_parents_not_cancelled": """
+        SELECT count(DISTINCT c.job_id)
+        FROM job_dependencies AS d
+        JOIN jobs AS p ON p.job_id = d.parent_id
+        JOIN jobs AS c ON c.job_id = d.child_id
+        WHERE c.on_parent_failure = 'cancel' AND p.state IN ('FAILED', 'CANCELLED')
+          AND NOT (c.state = 'CANCELLED'
+                   AND (c.last_error_code = 'PARENT_FAILED' OR c.finished_at < p.finished_at))""",
+    # A child's count of parents pending is its edges not settled: an edge counted
+    # twice (a parent's end settling it again) or never makes them differ.
+    "dependency_counts_off": """
+        SELECT count(*) FROM jobs AS c
+        LEFT JOIN (SELECT child_id, count(*) FILTER (WHERE NOT done) AS open
+                   FROM job_dependencies GROUP BY child_id) AS e ON e.child_id = c.job_id
+        WHERE c.parents_pending <> coalesce(e.open, 0)""",
 }
 
 EFFECT_CHECKS = {

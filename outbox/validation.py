@@ -98,7 +98,14 @@ def parent_ids(job: NewJob) -> list[uuid.UUID]:
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"after names job {dup} more than once")
     if ids and job.needs_approval:
-        raise ValueError("needs_approval takes no after (not supported together yet)")
+        # The end of the last parent makes a job due (the trigger that settles it
+        # knows nothing of approvals): both at once would either run unapproved or
+        # fail the parent's own end against the approval hold.
+        raise ValueError(
+            "needs_approval takes no after: a job waits for its parents or for an"
+            " approval, not both; to approve a flow, enqueue the approval as a job of"
+            " its own (needs_approval=True) and name it in after="
+        )
     if ids and job.debounce is not None:
         # A debounced enqueue may land on an existing job: whose parents would count?
         raise ValueError("a debounced job takes no after")

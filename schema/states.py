@@ -69,6 +69,93 @@ class HeldReason(StrEnum):
     FAIR_SHARE = "FAIR_SHARE"  # other tenants went first (priority or share) and left none
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A reason a QUEUED or RETRY_WAIT job waits that is kept on its row: where it is
+    kept, who writes it and what ends it (``docs/state_machine.md`` tabulates them,
+    generated; ``outbox.explain`` reports each under the same code, with the rest
+    it reads from other tables)."""
+
+    code: str
+    kept: str
+    set_by: str
+    ends: str
+
+
+# Every DelayReason, and the approval, which is a column of its own. A job waiting
+# for any of them stays in its state: none is a state of the machine.
+WAITS: Final[tuple[Wait, ...]] = (
+    Wait(
+        "APPROVAL_REQUIRED",
+        "`approval = 'REQUIRED'`, held (`run_after` never due, no wake-up)",
+        "enqueue (`needs_approval=True`), or a replay of a rejected job",
+        "`JOB_APPROVE` (due now, a wake-up), or `JOB_REJECT` (CANCELLED, `REJECTED`)",
+    ),
+    Wait(
+        DelayReason.DEPENDENCY,
+        "`parents_pending > 0`, held; `delay_reason` `DEPENDENCY`",
+        "enqueue (`after=`), or a replay of a child whose parents are not all settled",
+        "the end of its last parent (trigger `jobs_release_dependants`): due, woken;"
+        " a parent FAILED or CANCELLED under `on_parent_failure='cancel'`:"
+        " QUEUED → CANCELLED, `PARENT_FAILED`",
+    ),
+    Wait(
+        DelayReason.RESOURCE_BUSY,
+        "`delay_reason`, and `resource_holds` names the holder",
+        "`JOB_CLAIM_MANY`, turning it down",
+        "the holder's clean end (`JOB_FINISH_MANY`, `JOB_GIVE_BACK_MANY`) wakes the next",
+    ),
+    Wait(
+        DelayReason.RESOURCE_UNCERTAIN,
+        "`delay_reason`; the hold has `uncertain_since`",
+        "`JOB_CLAIM_MANY`, turning it down while the holder's expired lease is unresolved",
+        "`RESOURCE_RESOLVE` (an operator, or a handler's `reconcile=` hook): a wake-up",
+    ),
+    Wait(
+        DelayReason.NO_AUTHORIZED_RUNNER,
+        "`delay_reason`; a wake-up only if a live consumer naming the tenant could take it",
+        "`JOB_CLAIM_MANY` on a consumer not naming its dedicated tenant",
+        "that wake-up, or, parked, a consumer naming the tenant (`consumer --tenant`)"
+        " starting: `JOB_WAKE_PARKED`",
+    ),
+    Wait(
+        DelayReason.NO_HANDLER,
+        "`delay_reason`; a wake-up only if a live consumer with the handler could take it",
+        "`JOB_CLAIM_MANY` on a consumer without a handler for its type",
+        "that wake-up, or, parked, a consumer with the handler starting: `JOB_WAKE_PARKED`",
+    ),
+    Wait(
+        DelayReason.QUEUE_PAUSED,
+        "`delay_reason`",
+        "`JOB_CLAIM_MANY` while its queue is paused",
+        "a fresh wake-up, which the relay holds back until `QUEUE_RESUME`",
+    ),
+    Wait(
+        DelayReason.TENANT_CAP,
+        "`delay_reason`",
+        "`JOB_CLAIM_MANY` while its tenant has no free slot",
+        "a fresh wake-up, which the relay sends once the tenant has a free slot",
+    ),
+    Wait(
+        DelayReason.RATE_LIMITED,
+        "`delay_reason`; its wake-up is due when its token is",
+        "`JOB_CLAIM_MANY` finding no token of its rate limit",
+        "its token is due: the wake-up written with the refusal",
+    ),
+    Wait(
+        DelayReason.KEY_BUSY,
+        "`delay_reason`, and `key_usage` counts the key's leases",
+        "`JOB_CLAIM_MANY` while `key_limit` jobs of its key hold a lease",
+        "the end of one of those leases wakes the next",
+    ),
+    Wait(
+        DelayReason.KEY_ORDER,
+        "`delay_reason`",
+        "`JOB_CLAIM_MANY` while an earlier ordered job of its key has not finished",
+        "that job's end (or its replay, under `strict`) wakes the next",
+    ),
+)
+
 # (before, after); None is no row: before the enqueue, after retention deleted it.
 Edge = tuple[JobState | None, JobState | None]
 

@@ -41,6 +41,8 @@ EXPECTED_TYPES = {
     "hybrid_jobs_jobs": "gauge",
     "hybrid_jobs_jobs_awaiting_approval": "gauge",
     "hybrid_jobs_jobs_waiting_for_key": "gauge",
+    "hybrid_jobs_jobs_waiting_for_parents": "gauge",
+    "hybrid_jobs_jobs_waiting_for_resource": "gauge",
     "hybrid_jobs_resources_uncertain": "gauge",
     "hybrid_jobs_queue_oldest_runnable_age_seconds": "gauge",
     "hybrid_jobs_outbox_unsent_rows": "gauge",
@@ -378,6 +380,41 @@ async def test_gauges_of_rate_limited_and_expired_jobs(
     assert scrape.value("hybrid_jobs_jobs_rate_limited", queue="default") == 0
     assert scrape.value("hybrid_jobs_jobs_expired", queue="default") == 1
     assert scrape.value("hybrid_jobs_jobs_expired", queue="idle") == 0
+
+
+async def test_gauges_of_jobs_waiting_for_parents_and_for_a_resource(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, pool
+) -> None:
+    """Children enqueued after= a parent are counted waiting for it until its end
+    settles them; of two jobs of one resource, the one a claim turned down is counted
+    RESOURCE_BUSY in its queue."""
+    registry = _registry(db_url)
+    with Session(engine) as session, session.begin():
+        parent = outbox.enqueue(session, "ok", {}, queue="idle")
+        for _ in range(2):
+            outbox.enqueue(session, "ok", {}, queue="idle", after=[parent])
+        outbox.enqueue(session, "ok", {}, after=[parent], on_parent_failure="run")
+    first, second = (enqueue(engine, "ok", resource="deploy:prod") for _ in range(2))
+    store = JobStore(pool, "a-worker", lease_seconds=30)
+    claimed = await store.claim(
+        [first, second], registry.claim_terms(), free_threads=0, worker_ttl=60
+    )
+    assert len(claimed.claimed) == 1 and list(claimed.missed.values()) == ["RESOURCE_BUSY"]
+    collector = Collector(pool)
+    assert await collector.collect_once()
+    scrape = Scrape(collector)
+    waiting = "hybrid_jobs_jobs_waiting_for_parents"
+    assert (scrape.value(waiting, queue="idle"), scrape.value(waiting, queue="default")) == (2, 1)
+    busy = "hybrid_jobs_jobs_waiting_for_resource"
+    assert scrape.value(busy, queue="default", reason="RESOURCE_BUSY") == 1
+    assert scrape.value(busy, queue="default", reason="RESOURCE_UNCERTAIN") == 0
+    assert scrape.value(busy, queue="idle", reason="RESOURCE_BUSY") == 0
+    # The parent's end settles its children: cancelled under "cancel", due under "run".
+    with Session(engine) as session, session.begin():
+        outbox.request_cancel(session, parent)
+    assert await collector.collect_once()
+    again = Scrape(collector)
+    assert (again.value(waiting, queue="idle"), again.value(waiting, queue="default")) == (0, 0)
 
 
 async def test_relays_and_a_paused_queues_backlog(

@@ -17,7 +17,9 @@ from jobctl.metrics.queries import (
     METRICS_JOBS_NO_AUTHORIZED_RUNNER,
     METRICS_JOBS_RATE_LIMITED,
     METRICS_JOBS_WAITING,
+    METRICS_JOBS_WAITING_FOR_PARENTS,
     METRICS_KEY_WAITS,
+    METRICS_RESOURCE_WAITS,
 )
 from jobctl.service import JobFilter, list_jobs, queries
 from schema.states import JobState
@@ -97,6 +99,8 @@ def test_per_queue_figures_read_the_backlog_only(
         METRICS_JOBS_RATE_LIMITED,
         METRICS_JOBS_NO_AUTHORIZED_RUNNER,
         METRICS_KEY_WAITS,
+        METRICS_JOBS_WAITING_FOR_PARENTS,
+        METRICS_RESOURCE_WAITS,
         queries.STATS_FINISHED,
         queries.WORKERS_LIST,
     ):

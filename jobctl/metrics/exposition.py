@@ -107,6 +107,23 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.key_waits,
     )
     yield _gauge(
+        "jobs_waiting_for_parents",
+        "Jobs enqueued with after= that wait for their parents (explain DEPENDENCY:"
+        " QUEUED, held, counted in jobs too), per queue: each is woken by the end of"
+        " its last parent.",
+        ["queue"],
+        _by_queue(s.waiting_for_parents),
+    )
+    yield _gauge(
+        "jobs_waiting_for_resource",
+        "Waiting jobs a consumer last turned down for their exclusive resource, per"
+        " queue and reason: RESOURCE_BUSY (another job's lease holds it) or"
+        " RESOURCE_UNCERTAIN (its holder vanished; nothing of it starts until resolved)."
+        " The count is of the last refusals, not a live test of the resources.",
+        ["queue", "reason"],
+        s.resource_waits,
+    )
+    yield _gauge(
         "queue_oldest_runnable_age_seconds",
         "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
         " run_after in the past): now - run_after; 0 when none is due.",

@@ -15,6 +15,8 @@ the plans at a million finished jobs):
   index-only scan that also gives the oldest due ``run_after``;
 - jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
   since one ``state IN (...)`` spanning both partial indexes scans the whole table;
+- jobs held for their parents, and waiting for their key or resource: the same
+  index, its rows of the backlog only;
 - jobs rate-limited, without an authorized runner, and expired:
   ``jobs_rate_limited_idx``, ``jobs_no_runner_idx`` and ``jobs_expired_idx``;
 - the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
@@ -79,6 +81,28 @@ SELECT queue, delay_reason, count(*)
 FROM jobs
 WHERE state IN ({CLAIMABLE_SQL})
   AND delay_reason IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}')
+GROUP BY queue, delay_reason
+"""
+
+# Per queue: jobs held for their parents (enqueue's after=, explain DEPENDENCY):
+# QUEUED with a parent not settled yet, never due, so never turned down by a claim
+# (their delay_reason is the enqueue's). Read from the waiting jobs' index, like
+# the counts above.
+METRICS_JOBS_WAITING_FOR_PARENTS: Final = f"""
+SELECT queue, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND parents_pending > 0
+GROUP BY queue
+"""
+
+# Per queue, the waiting jobs a consumer last turned down for their exclusive
+# resource (RESOURCE_BUSY: another job's lease holds it; RESOURCE_UNCERTAIN: its
+# holder vanished and nobody resolved it yet), from the same waiting jobs.
+METRICS_RESOURCE_WAITS: Final = f"""
+SELECT queue, delay_reason, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL})
+  AND delay_reason IN ('{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_UNCERTAIN}')
 GROUP BY queue, delay_reason
 """
 

@@ -87,6 +87,10 @@ class Reading:
     fires: list[Seen[float]] = field(default_factory=list)
     # (queue, KEY_BUSY or KEY_ORDER, waiting jobs turned down for their key)
     key_waits: list[tuple[str, str, int]] = field(default_factory=list)
+    # (queue, jobs held for their parents: after=, DEPENDENCY)
+    waiting_for_parents: list[tuple[str, int]] = field(default_factory=list)
+    # (queue, RESOURCE_BUSY or RESOURCE_UNCERTAIN, waiting jobs turned down for it)
+    resource_waits: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
@@ -153,6 +157,13 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         key_waits = [
             (queue, reason, int(n)) for queue, reason, n in await _rows(conn, q.METRICS_KEY_WAITS)
         ]
+        parents = [
+            (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_JOBS_WAITING_FOR_PARENTS)
+        ]
+        resource_waits = [
+            (queue, reason, int(n))
+            for queue, reason, n in await _rows(conn, q.METRICS_RESOURCE_WAITS)
+        ]
         ((uncertain,),) = await _rows(conn, q.METRICS_RESOURCES_UNCERTAIN)
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
@@ -187,6 +198,8 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         now=now,
         waiting=waiting,
         key_waits=key_waits,
+        waiting_for_parents=parents,
+        resource_waits=resource_waits,
         leased=leased,
         outbox_due=int(due),
         outbox_oldest_age=oldest,

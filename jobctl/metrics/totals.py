@@ -95,10 +95,14 @@ class Snapshot:
     key_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
     no_authorized_runner: Mapping[str, int] = field(default_factory=dict)
     resources_uncertain: int = 0
+    waiting_for_parents: Mapping[str, int] = field(default_factory=dict)
+    resource_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
 KEY_WAITS: Final = (DelayReason.KEY_BUSY, DelayReason.KEY_ORDER)
+# Why a job waits for its resource, a label of jobs_waiting_for_resource.
+RESOURCE_WAITS: Final = (DelayReason.RESOURCE_BUSY, DelayReason.RESOURCE_UNCERTAIN)
 
 # The bounds on label values (see jobctl.metrics.labels), CollectorSettings' defaults.
 MAX_QUEUES: Final = 100
@@ -277,6 +281,11 @@ class Totals:
         }
         for name, why, count in reading.key_waits:
             key_waits[(self._queue(name, now), why)] += count
+        resource_waits: dict[tuple[str, str], int] = {
+            (queue, str(why)): 0 for queue in self.queues for why in RESOURCE_WAITS
+        }
+        for name, why, count in reading.resource_waits:
+            resource_waits[(self._queue(name, now), why)] += count
         for name, state, count, lapsed in reading.leased:
             queue = self._queue(name, now)
             jobs[(queue, state)] += count
@@ -290,6 +299,7 @@ class Totals:
             ("rate_limited", reading.rate_limited),
             ("expired", reading.expired),
             ("no_authorized_runner", reading.no_authorized_runner),
+            ("waiting_for_parents", reading.waiting_for_parents),
         ):
             counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
             for name, count in rows:
@@ -299,6 +309,8 @@ class Totals:
             rate_limited=MappingProxyType(waits["rate_limited"]),
             expired=MappingProxyType(waits["expired"]),
             no_authorized_runner=MappingProxyType(waits["no_authorized_runner"]),
+            waiting_for_parents=MappingProxyType(waits["waiting_for_parents"]),
+            resource_waits=MappingProxyType(resource_waits),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
             running_lease_expired=MappingProxyType(expired),

@@ -36,6 +36,7 @@ import pytest
         "bench.spread",
         "bench.enqueue_async",
         "bench.wait_for",
+        "bench.fan_in",
         "bench.rate_limits",
     ],
 )

@@ -60,3 +60,17 @@ def test_every_statement_is_exported_and_known_by_its_text() -> None:
         assert getattr(q, s.name, None) == s.text, f"{s.name}: not in schema/queries/__init__.py"
     texts = [s.text for s in found]
     assert len(texts) == len(set(texts)), "two statements with one text"
+
+
+def test_every_waiting_reason_is_in_the_state_machine_document() -> None:
+    assert docs.wait_problems() == []
+    text = docs.STATE_DOC.read_text()
+    waits = text.split(docs.WAITS_BEGIN, 1)[1].split(docs.WAITS_END, 1)[0]
+    for code in (
+        "APPROVAL_REQUIRED",
+        "DEPENDENCY",
+        "RESOURCE_BUSY",
+        "RESOURCE_UNCERTAIN",
+        "NO_AUTHORIZED_RUNNER",
+    ):
+        assert f"| `{code}` |" in waits, code
