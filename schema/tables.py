@@ -152,9 +152,10 @@ jobs = Table(
     Column("key_order", Text),
     # Dependencies (job_dependencies): how many of the job's parents have not
     # settled yet (SUCCEEDED, or ended otherwise under on_parent_failure 'run').
-    # Kept by the trigger jobs_release_dependants (migration 0015) in the statement
-    # that ends each parent, so the last one wakes the job without a count(*). While
-    # above 0 the job is held not due (run_after = APPROVAL_HOLD, no wake-up).
+    # Kept by the triggers jobs_release_dependants and jobs_count_dependants
+    # (migrations 0015, 0018) in the statement that ends each parent, so the last one
+    # wakes the job without a count(*). While above 0 the job is held not due
+    # (run_after = APPROVAL_HOLD, no wake-up).
     Column("parents_pending", Integer, nullable=False, server_default=text("0")),
     # 'cancel' or 'run' for a job enqueued with after=; NULL otherwise.
     Column("on_parent_failure", Text),
@@ -506,10 +507,20 @@ job_dependencies = Table(
     ),
     Column("position", Integer, nullable=False),
     Column("done", Boolean, nullable=False, server_default=text("false")),
+    # Set with done by the statement that settled the edge, once its child's count
+    # went down (jobs_count_dependants, once per statement and child).
+    Column("counted", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
 )
 # The end of a parent finds its children (the pkey finds a child's parents).
 Index("job_dependencies_parent_idx", job_dependencies.c.parent_id, job_dependencies.c.child_id)
+# The edges settled and not yet counted: empty but inside the statement that
+# settles them, and read after every statement that sets a job's state.
+Index(
+    "job_dependencies_uncounted_idx",
+    job_dependencies.c.child_id,
+    postgresql_where=text("done AND NOT counted"),
+)
 
 # ------------------------------------------------------------------ operator state
 

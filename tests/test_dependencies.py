@@ -310,3 +310,39 @@ def test_a_cancelled_job_counts_as_done_for_its_run_dependants(
     assert (row["state"], row["parents_pending"]) == ("QUEUED", 0), "b and c count as done"
     assert _outbox_rows(pg, d) == 1
     assert job(pg, e)["parents_pending"] == 1
+
+
+def test_one_statement_ending_many_parents_counts_their_child_down_once(
+    engine: Engine, db_url: DatabaseUrl
+) -> None:
+    """An outcome of 50 parents of one callback writes the callback's row once, not
+    50 times (versions a statement cannot prune: its page filled and each write
+    went to every index of jobs, 3-5x a plain outcome). The count is exact, and a
+    statement that ends nothing anybody waits for reads no edge."""
+    with Session(engine) as session, session.begin():
+        parents = outbox.enqueue_many(session, [NewJob("step", {}) for _ in range(60)])
+        child = outbox.enqueue(session, "step", {}, after=parents)
+    with psycopg.connect(db_url.conninfo) as conn:
+        ended = conn.execute(
+            "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now() WHERE job_id = ANY(%s)",
+            [parents[:50]],
+        )
+        assert ended.rowcount == 50
+        writes = conn.execute(
+            "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+        ).fetchone()
+        assert writes == (51,), "the 50 parents and their child once"
+        row = conn.execute(
+            "SELECT parents_pending, delay_reason FROM jobs WHERE job_id = %s", [child]
+        ).fetchone()
+        assert row == (10, "DEPENDENCY")
+        conn.execute("UPDATE jobs SET state = 'SUCCEEDED' WHERE job_id = ANY(%s)", [parents[50:]])
+        conn.commit()
+    with psycopg.connect(db_url.conninfo) as pg:
+        row = job(pg, child)
+        assert (row["parents_pending"], row["delay_reason"]) == (0, None)
+        assert _outbox_rows(pg, child) == 1, "woken exactly once"
+        left = pg.execute(
+            "SELECT count(*) FROM job_dependencies WHERE done AND NOT counted"
+        ).fetchone()
+        assert left == (0,)

@@ -86,7 +86,9 @@ async def test_a_child_released_before_its_last_parent_succeeded_is_caught(
     ids = _graph(engine)
     # What a trigger that settled the edges at the wrong moment would leave: D due
     # (its edges done, its count 0, its wake-up written) while A has not even run.
-    pg.execute("UPDATE job_dependencies SET done = true WHERE child_id = %s", [ids["D"]])
+    pg.execute(
+        "UPDATE job_dependencies SET done = true, counted = true WHERE child_id = %s", [ids["D"]]
+    )
     pg.execute(
         "UPDATE jobs SET parents_pending = 0, run_after = now(), delay_reason = NULL"
         " WHERE job_id = %s",

@@ -52,8 +52,10 @@ WITH input AS (
               j.parents_pending
 ), edges AS (
     -- only for jobs inserted: a dedup_key taken already means no new job to wait
-    INSERT INTO job_dependencies (child_id, parent_id, position, done)
-    SELECT i.job_id, e.parent_id, e.position, e.done
+    -- an edge to a parent that ended already is settled and counted here
+    -- (parents_pending left it out), so jobs_count_dependants never counts it
+    INSERT INTO job_dependencies (child_id, parent_id, position, done, counted)
+    SELECT i.job_id, e.parent_id, e.position, e.done, e.done
     FROM input AS i
     JOIN inserted AS n ON n.job_id = i.job_id
     CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
