@@ -77,7 +77,7 @@ class _Pass:
     # Some queue held due wake-ups back (or was being served by another drainer).
     held: bool
     # Some queue had room but too little to be worth a decision yet (it waits for
-    # an eighth of its window): it will soon, so keep looking at the short interval.
+    # a quarter of its window): it will soon, so keep looking at the short interval.
     filling: bool = False
 
 

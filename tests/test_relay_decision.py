@@ -189,9 +189,9 @@ def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
     in_flight = sum(t.in_flight for t in b.tenants)
     n = 0 if b.paused else max(0, min(b.limit, b.window - in_flight))
     assert summary[3] == n and summary[4] is True
-    # Room of less than an eighth of the window (or the batch) is left to grow first,
+    # Room of less than a quarter of the window (or the batch) is left to grow first,
     # unless a pause started or ended and must be noted.
-    enough = n >= min(b.limit, max(1, b.window // 8))
+    enough = n >= min(b.limit, max(1, b.window // 4))
     looked = enough or ("QUEUE_PAUSED" if b.paused else None) != b.clock_reason
     expected = _expected(b, pending, now, n)
     assert sent == expected[: len(sent)], "exactly the first ones, in their turn"
@@ -300,15 +300,15 @@ def test_a_sliver_of_room_waits_to_grow_before_the_tenants_are_read(
 ) -> None:
     """Under load room appears a slot at a time as consumers claim. With 1,000
     tenants, a pass for one slot read them all to send one wake-up; now a room under
-    an eighth of the window reads no tenant and sends nothing until it grows."""
+    a quarter of the window reads no tenant and sends nothing until it grows."""
     _backlog(pg, 1000, 10)
-    # a window of 200 with 190 in flight: room 10, under its eighth (25)
-    pg.execute("UPDATE outbox SET sent_at = now() WHERE id IN (SELECT id FROM outbox LIMIT 190)")
+    # a window of 200 with 160 in flight: room 40, under its quarter (50)
+    pg.execute("UPDATE outbox SET sent_at = now() WHERE id IN (SELECT id FROM outbox LIMIT 160)")
     idle, sent = _decide(pg, window=200)
-    print(f"1,000 tenants, room 10 of 200: {idle} rows handled")
-    assert sent == 190 and idle < 2000, "a sliver of room: nothing read beyond the window"
-    # room 25: filled
+    print(f"1,000 tenants, room 40 of 200: {idle} rows handled")
+    assert sent == 160 and idle < 2000, "a sliver of room: nothing read beyond the window"
+    # room 50: filled
     pg.execute("UPDATE outbox SET sent_at = NULL WHERE id IN (SELECT id FROM outbox"
-               " WHERE sent_at IS NOT NULL LIMIT 15)")  # fmt: skip
+               " WHERE sent_at IS NOT NULL LIMIT 10)")  # fmt: skip
     _, sent = _decide(pg, window=200)
     assert sent == 200
