@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +155,18 @@ def running(command: str, args: list[str], env: dict[str, str], ready: str) -> I
                 daemon.stop(20)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+
+
+@contextmanager
+def fleet(
+    env: dict[str, str], args: list[str], consumers: int = 1
+) -> Iterator[tuple[Daemon, list[Daemon]]]:
+    """A relay and ``consumers`` consumers started with ``args``, each ready before
+    the next starts; stopped in the reverse order, the relay last."""
+    with ExitStack() as stack:
+        relay = stack.enter_context(running("relay", [], env, "relay.started"))
+        started = [
+            stack.enter_context(running("consumer", args, env, "consumer.started"))
+            for _ in range(consumers)
+        ]
+        yield relay, started
