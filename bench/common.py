@@ -193,6 +193,12 @@ def drain_variants(
     report(benchmark, result)
 
 
+def per_count(counts: str, plan: Callable[[int], V]) -> dict[str, V]:
+    """``plan(n)`` for each count of a comma-separated list ("1000,100000"), by count:
+    the plans a benchmark prints at several sizes."""
+    return {str(n): plan(n) for n in (int(c) for c in counts.split(",") if c)}
+
+
 def rows_handled(node: dict[str, Any]) -> int:
     """The rows a plan node and those below it produced or filtered out, over all
     loops: the work done, free of the machine's speed."""
@@ -314,6 +320,7 @@ __all__ = [
     "explaining",
     "fleet_options",
     "machine",
+    "per_count",
     "percentiles",
     "report",
     "scratch_database",
