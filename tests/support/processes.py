@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -159,12 +159,12 @@ def running(command: str, args: list[str], env: dict[str, str], ready: str) -> I
 
 @contextmanager
 def fleet(
-    env: dict[str, str], args: list[str], consumers: int = 1
+    env: dict[str, str], args: list[str], consumers: int = 1, *, relay_args: Sequence[str] = ()
 ) -> Iterator[tuple[Daemon, list[Daemon]]]:
-    """A relay and ``consumers`` consumers started with ``args``, each ready before
-    the next starts; stopped in the reverse order, the relay last."""
+    """A relay (with ``relay_args``) and ``consumers`` consumers started with ``args``,
+    each ready before the next starts; stopped in the reverse order, the relay last."""
     with ExitStack() as stack:
-        relay = stack.enter_context(running("relay", [], env, "relay.started"))
+        relay = stack.enter_context(running("relay", list(relay_args), env, "relay.started"))
         started = [
             stack.enter_context(running("consumer", args, env, "consumer.started"))
             for _ in range(consumers)
