@@ -12,10 +12,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import aiormq
 import psycopg
@@ -31,6 +31,8 @@ from schema.topology import Topology
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 AMQP = AmqpUrl.parse(os.environ.get("AMQP_URL", "amqp://127.0.0.1:5672/"))
+
+V = TypeVar("V")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -165,6 +167,38 @@ def against_first(rates: dict[str, float], ratio_key: str) -> dict[str, dict[str
     }
 
 
+def drain_variants(
+    benchmark: str,
+    doc: str | None,
+    variants: Mapping[str, V],
+    drain: Callable[[V, argparse.Namespace], float],
+    *,
+    jobs: int,
+    ratio_key: str,
+) -> None:
+    """The main of a benchmark that drains the same ``--jobs`` under each variant in
+    turn (``drain(variant, args)`` gives the jobs/s of one, on a fleet of
+    ``--consumers`` and ``--concurrency``) and reports each against the first."""
+    parser = argument_parser(f"bench.{benchmark}", doc)
+    parser.add_argument("--jobs", type=int, default=jobs, help="jobs drained per variant")
+    fleet_options(parser)
+    args = parser.parse_args()
+    rates: dict[str, float] = {}
+    for name, variant in variants.items():
+        rates[name] = drain(variant, args)
+    result: dict[str, Any] = {
+        "jobs": args.jobs,
+        **against_first(rates, ratio_key),
+    }
+    report(benchmark, result)
+
+
+def per_count(counts: str, plan: Callable[[int], V]) -> dict[str, V]:
+    """``plan(n)`` for each count of a comma-separated list ("1000,100000"), by count:
+    the plans a benchmark prints at several sizes."""
+    return {str(n): plan(n) for n in (int(c) for c in counts.split(",") if c)}
+
+
 def rows_handled(node: dict[str, Any]) -> int:
     """The rows a plan node and those below it produced or filtered out, over all
     loops: the work done, free of the machine's speed."""
@@ -282,9 +316,11 @@ __all__ = [
     "System",
     "against_first",
     "committing",
+    "drain_variants",
     "explaining",
     "fleet_options",
     "machine",
+    "per_count",
     "percentiles",
     "report",
     "scratch_database",

@@ -35,6 +35,7 @@ from bench.common import (
     argument_parser,
     explaining,
     fleet_options,
+    per_count,
     plan_summary,
     report,
     scratch_database,
@@ -151,10 +152,7 @@ def main() -> None:
     parser.add_argument("--skip-drains", action="store_true", help="only the plans")
     args = parser.parse_args()
     started = time.monotonic()
-    planned = {}
-    if not args.skip_plans:
-        for keys in [int(k) for k in args.plan_keys.split(",") if k]:
-            planned[str(keys)] = plans(keys, args.batch)
+    planned = {} if args.skip_plans else per_count(args.plan_keys, lambda n: plans(n, args.batch))
     rates: dict[str, float] = {}
     if not args.skip_drains:
         rates["no key"] = drain(0, args.jobs, args.consumers, args.concurrency)

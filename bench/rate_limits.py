@@ -11,10 +11,9 @@ issue's target: at least 0.8).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import outbox
-from bench.common import against_first, argument_parser, committing, fleet_options, report
+from bench.common import committing, drain_variants
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
@@ -33,18 +32,14 @@ def run(jobs: int, limited: bool, consumers: int, concurrency: int) -> float:
 
 
 def main() -> None:
-    parser = argument_parser("bench.rate_limits", __doc__)
-    parser.add_argument("--jobs", type=int, default=2_000, help="jobs drained per variant")
-    fleet_options(parser)
-    args = parser.parse_args()
-    rates: dict[str, float] = {}
-    for name, limited in VARIANTS.items():
-        rates[name] = run(args.jobs, limited, args.consumers, args.concurrency)
-    result: dict[str, Any] = {
-        "jobs": args.jobs,
-        **against_first(rates, "ratio_to_no_rate_limit"),
-    }
-    report("rate_limits", result)
+    drain_variants(
+        "rate_limits",
+        __doc__,
+        VARIANTS,
+        lambda limited, args: run(args.jobs, limited, args.consumers, args.concurrency),
+        jobs=2_000,
+        ratio_key="ratio_to_no_rate_limit",
+    )
 
 
 if __name__ == "__main__":

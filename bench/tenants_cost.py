@@ -9,10 +9,8 @@ Prints one JSON object with jobs/s and each variant's ratio to the first.
 
 from __future__ import annotations
 
-from typing import Any
-
 import outbox
-from bench.common import against_first, argument_parser, committing, fleet_options, report
+from bench.common import committing, drain_variants
 from bench.fleet import drain_rate, fleet
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
@@ -33,18 +31,14 @@ def run(jobs: int, tenants: int, cap: int | None, consumers: int, concurrency: i
 
 
 def main() -> None:
-    parser = argument_parser("bench.tenants_cost", __doc__)
-    parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per variant")
-    fleet_options(parser)
-    args = parser.parse_args()
-    rates: dict[str, float] = {}
-    for name, (tenants, cap) in VARIANTS.items():
-        rates[name] = run(args.jobs, tenants, cap, args.consumers, args.concurrency)
-    result: dict[str, Any] = {
-        "jobs": args.jobs,
-        **against_first(rates, "ratio_to_no_tenant"),
-    }
-    report("tenants_cost", result)
+    drain_variants(
+        "tenants_cost",
+        __doc__,
+        VARIANTS,
+        lambda variant, args: run(args.jobs, *variant, args.consumers, args.concurrency),
+        jobs=20_000,
+        ratio_key="ratio_to_no_tenant",
+    )
 
 
 if __name__ == "__main__":

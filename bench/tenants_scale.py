@@ -32,6 +32,7 @@ from bench.common import (
     committing,
     explaining,
     fleet_options,
+    per_count,
     plan_summary,
     report,
     scratch_database,
@@ -113,8 +114,9 @@ def main() -> None:
     started = time.monotonic()
     planned = {}
     if not args.skip_plans:
-        for tenants in [int(t) for t in args.plan_tenants.split(",") if t]:
-            planned[str(tenants)] = plans(tenants, args.per_tenant, args.cap, args.window)
+        planned = per_count(
+            args.plan_tenants, lambda n: plans(n, args.per_tenant, args.cap, args.window)
+        )
     variants = {
         "no tenant": (0, None),
         f"{args.tenants} tenants capped at {args.cap}": (args.tenants, args.cap),

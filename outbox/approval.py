@@ -27,10 +27,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.explain import JobNotFound
 from outbox.ids import actor, job_id_arg
 from outbox.twin import async_twin
@@ -84,8 +83,7 @@ def approve(session: Session, job_id: uuid.UUID | str, *, by: str | None = None)
     does not wait for approval, :class:`outbox.JobNotFound` for an unknown id."""
     ident = job_id_arg(job_id)
     params = {"job_id": ident, "by": actor(by)}
-    conn: Connection = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     if conn.exec_driver_sql(JOB_APPROVE, params).first() is None:
         raise _refusal(ident, conn.exec_driver_sql(JOB_APPROVAL, {"job_id": ident}).first())
 
@@ -98,8 +96,7 @@ def reject(
     CANCELLED; refuses like :func:`approve`."""
     ident = job_id_arg(job_id)
     params = {"job_id": ident, "by": actor(by), "reason": _reason(reason)}
-    conn: Connection = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     row = conn.exec_driver_sql(JOB_REJECT, params).first()
     if row is None:
         raise _refusal(ident, conn.exec_driver_sql(JOB_APPROVAL, {"job_id": ident}).first())

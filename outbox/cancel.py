@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.twin import async_twin
 from schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
 from schema.states import JobState
@@ -22,8 +21,7 @@ def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:
     the final state of a job that had already finished, or None for an unknown id.
     Like enqueue, it writes through the session's transaction and never commits.
     """
-    conn: Connection = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     row = conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id}).first()
     if row is None:
         row = conn.exec_driver_sql(JOB_STATE, {"job_id": job_id}).first()

@@ -179,6 +179,13 @@ def check_driver(conn: Connection | AsyncConnection) -> None:
         )
 
 
+def psycopg_connection(session: Session) -> Connection:
+    """The session's connection, refused (TypeError) unless it is on psycopg 3."""
+    conn = session.connection()
+    check_driver(conn)
+    return conn
+
+
 def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     """Enqueue several jobs in one statement; returns their ids in the given order.
 
@@ -197,15 +204,13 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
         plan, ids = _plan(batch, payload_limit)
         if not ids:
             return []
-        conn = session.connection()
-        check_driver(conn)
+        conn = psycopg_connection(session)
     else:
         # Checked before anything is written; the lock below marks the parents only.
         for job in batch:
             if isinstance(job, NewJob):
                 parent_ids(job)
-        conn = session.connection()
-        check_driver(conn)
+        conn = psycopg_connection(session)
         plan, ids = _plan(batch, payload_limit, _lock_parents(conn, batch))
     if plan.tenants:
         limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))

@@ -93,7 +93,7 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.ids import job_id_arg
 from outbox.twin import async_twin
 from outbox.validation import read_json
@@ -273,8 +273,7 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     docstring. Raises :class:`JobNotFound` (a ``LookupError``) for an unknown id, and
     ``ValueError`` naming ``job_id`` for text that is not a UUID. Reads only."""
     key = job_id_arg(job_id)
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     row = conn.exec_driver_sql(JOB_EXPLAIN, _params(key)).first()
     if row is None:
         raise JobNotFound(key)

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.ids import actor
 from outbox.twin import async_twin
 from schema import names
@@ -53,8 +53,7 @@ def pause_queue(session: Session, queue: str, *, by: str | None = None) -> Pause
     and when). ``by`` names who asked; by default the database role and the
     session's application_name. Returns the queue's pause as recorded."""
     params = {"queue": names.queue(queue), "by": actor(by)}
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return _paused(conn.exec_driver_sql(QUEUE_PAUSE, params).one())
 
 
@@ -66,8 +65,7 @@ def resume_queue(session: Session, queue: str, *, by: str | None = None) -> bool
     as the caller commits. ``by`` names who asked (by default the database role and
     application_name), recorded as the queue's ``resumed_by``."""
     params = {"queue": names.queue(queue), "by": actor(by)}
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return conn.exec_driver_sql(QUEUE_RESUME, params).first() is not None
 
 
@@ -78,8 +76,7 @@ def queue_in_use(session: Session, queue: str) -> bool:
     """Whether anything uses ``queue``: a job waiting, running, failed or cancelled in
     it, a wake-up for it, a consumer that serves it, a schedule that enqueues into
     it, or a pause (past or present). Reads only."""
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return bool(conn.exec_driver_sql(QUEUE_IN_USE, {"queue": names.queue(queue)}).scalar())
 
 
@@ -88,8 +85,7 @@ queue_in_use_async = async_twin(queue_in_use)
 
 def paused_queues(session: Session) -> list[PausedQueue]:
     """The queues paused now, with who paused them and when, by name."""
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return [_paused(row) for row in conn.exec_driver_sql(QUEUE_PAUSED_LIST).all()]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.twin import async_twin
 from schema import names
 from schema.queries import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
@@ -81,8 +81,7 @@ def set_rate_limit(
     (default: ``rate``, at least 1). Through the session's transaction; never
     commits."""
     values = _params(name, rate, per, burst)
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     conn.exec_driver_sql(RATE_LIMIT_SET, values)
 
 
@@ -93,8 +92,7 @@ def remove_rate_limit(session: Session, name: str) -> bool:
     """Remove a limit and its buckets; whether there was one. Its jobs are then not
     limited (unless a prefix's limit covers their name)."""
     key = names.rate_limit(name, pattern=True)
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return bool(conn.exec_driver_sql(RATE_LIMIT_REMOVE, {"name": key}).scalar())
 
 
@@ -103,8 +101,7 @@ remove_rate_limit_async = async_twin(remove_rate_limit)
 
 def rate_limits(session: Session) -> list[RateLimit]:
     """Every limit, with its bucket's tokens now."""
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return [RateLimit(*row) for row in conn.exec_driver_sql(RATE_LIMITS).all()]
 
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.ids import actor, job_id_arg
 from outbox.twin import async_twin
 from schema import names
@@ -112,8 +112,7 @@ def retry_job(
     ``by`` names who asked (at most 200 characters). Never commits.
     """
     params = {"job_id": job_id_arg(job_id), "by": actor(by)}
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     if conn.exec_driver_sql(JOB_REPLAY, params).first() is not None:
         return JobState.QUEUED
     row = conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]}).first()
@@ -143,8 +142,7 @@ def retry_jobs(
     Never commits.
     """
     params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return len(conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all())
 
 

@@ -24,7 +24,7 @@ from datetime import datetime
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.ids import actor
 from outbox.twin import async_twin
 from schema import names
@@ -84,8 +84,7 @@ def resolve_resource(
     (nothing changed) for a resource that is free or held by a live lease."""
     name = names.resource(resource)
     said = None if outcome is None else names.text("outcome", outcome, MAX_OUTCOME_LENGTH)
-    conn: Connection = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     row = conn.exec_driver_sql(
         RESOURCE_RESOLVE, {"resource": name, "by": actor(by), "outcome": said}
     ).first()
@@ -97,8 +96,7 @@ def resolve_resource(
 
 def resource_holds(session: Session) -> list[ResourceHold]:
     """The resources held now, uncertain ones first (oldest first)."""
-    conn: Connection = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return _holds(conn)
 
 

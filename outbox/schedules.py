@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver, insert_jobs
+from outbox.enqueue import insert_jobs, psycopg_connection
 from outbox.recurrence import Recurrence, check_catchup, recurrence
 from outbox.twin import async_twin
 from outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
@@ -165,7 +164,7 @@ def schedule(
         max_attempts=max_attempts,
         catchup=catchup,
     )
-    conn = _connection(session)
+    conn = psycopg_connection(session)
     clock = conn.exec_driver_sql(SCHEDULE_CLOCK).scalar_one()
     result: datetime = conn.exec_driver_sql(SCHEDULE_UPSERT, spec.upsert(clock)).scalar_one()
     return result
@@ -178,7 +177,7 @@ def unschedule(session: Session, name: str) -> bool:
     """Delete the schedule and its fire records; returns whether it existed. Jobs it
     enqueued already are left alone."""
     params = {"name": _name(name)}
-    return _connection(session).exec_driver_sql(SCHEDULE_DELETE, params).first() is not None
+    return psycopg_connection(session).exec_driver_sql(SCHEDULE_DELETE, params).first() is not None
 
 
 unschedule_async = async_twin(unschedule)
@@ -187,7 +186,7 @@ unschedule_async = async_twin(unschedule)
 def pause_schedule(session: Session, name: str) -> bool:
     """Stop firing the schedule until it is resumed; returns whether it exists."""
     params = {"name": _name(name)}
-    return _connection(session).exec_driver_sql(SCHEDULE_PAUSE, params).first() is not None
+    return psycopg_connection(session).exec_driver_sql(SCHEDULE_PAUSE, params).first() is not None
 
 
 pause_schedule_async = async_twin(pause_schedule)
@@ -198,7 +197,7 @@ def resume_schedule(session: Session, name: str) -> datetime | None:
     while it was paused are not run. Returns its next fire instant, or None if there
     is no such schedule. Resuming one that is not paused changes nothing."""
     params = {"name": _name(name)}
-    conn = _connection(session)
+    conn = psycopg_connection(session)
     row = conn.exec_driver_sql(SCHEDULE_RULE_FOR_UPDATE, params).first()
     if row is None:
         return None
@@ -218,12 +217,6 @@ def _resumed_at(row: Sequence[Any]) -> datetime | None:
     return Recurrence.from_row(cron, every_seconds, timezone).next_after(clock)
 
 
-def _connection(session: Session) -> Connection:
-    conn = session.connection()
-    check_driver(conn)
-    return conn
-
-
 def trigger_schedule(session: Session, name: str) -> uuid.UUID | None:
     """Enqueue one job now from the schedule ``name``'s template, as an occurrence
     would; returns its id, or None if there is no such schedule.
@@ -234,7 +227,11 @@ def trigger_schedule(session: Session, name: str) -> uuid.UUID | None:
     :class:`outbox.Backpressure`). Writes through the session's transaction and
     never commits.
     """
-    row = _connection(session).exec_driver_sql(SCHEDULE_TEMPLATE, {"name": _name(name)}).first()
+    row = (
+        psycopg_connection(session)
+        .exec_driver_sql(SCHEDULE_TEMPLATE, {"name": _name(name)})
+        .first()
+    )
     if row is None:
         return None
     return insert_jobs(session, [JobTemplate(*row).job()], NO_PAYLOAD_LIMIT)[0]

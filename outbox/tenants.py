@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 from outbox.twin import async_twin
 from schema import names
 from schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
@@ -105,8 +105,7 @@ def set_tenant_limit(
     raises :class:`outbox.Backpressure`. ``runners="dedicated"``: only consumers
     naming the tenant (``consumer --tenant``) take its jobs; ``"shared"``: any."""
     values = _params(tenant, max_running, weight, max_queued, max_enqueue_rate, runners)
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     conn.exec_driver_sql(TENANT_LIMIT_SET, values)
 
 
@@ -115,8 +114,7 @@ set_tenant_limit_async = async_twin(set_tenant_limit)
 
 def tenant_limits(session: Session) -> list[TenantLimit]:
     """Every tenant that has limits, with its slots in use and waiting jobs."""
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMIT_LIST).all()]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import check_driver
+from outbox.enqueue import psycopg_connection
 
 _MINE = """
 SELECT job_id, job_type, queue, tenant, payload, priority, dedup_key, max_attempts,
@@ -51,8 +51,7 @@ class EnqueuedJob:
 
 def enqueued(session: Session, *, job_type: str | None = None) -> list[EnqueuedJob]:
     """The jobs the session's current transaction enqueued, oldest first."""
-    conn = session.connection()
-    check_driver(conn)
+    conn = psycopg_connection(session)
     jobs = [EnqueuedJob(*row) for row in conn.exec_driver_sql(_MINE).all()]
     return [j for j in jobs if job_type is None or j.job_type == job_type]
 

@@ -22,7 +22,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import aio_pika
 import psycopg
@@ -52,7 +52,7 @@ async def preflight(
     logger, the prefix of its events, and its connections' names.
     """
     log = logging.getLogger(name)
-    services: list[_Service] = [_Postgres(database, name)]
+    services: list[_Service[Any]] = [_Postgres(database, name)]
     if amqp is not None:
         services.append(_RabbitMQ(amqp, name))
     started = time.monotonic()
@@ -86,12 +86,19 @@ class _Unavailable(Exception):
         self.diagnosis = diagnosis
 
 
-class _Service(ABC):
+_Url = TypeVar("_Url", DatabaseUrl, AmqpUrl)
+
+
+class _Service(ABC, Generic[_Url]):
     key: str  # in event names: <daemon>.waiting_for_<key>
     label: str  # in messages
-    address: str
-    setting: str  # the setting to name in a ConfigError
-    summary: str  # for the ready line, once it answered
+
+    def __init__(self, url: _Url, name: str) -> None:
+        self.url: _Url = url
+        self.name = name
+        self.address = url.address
+        self.setting = url.setting  # the setting to name in a ConfigError
+        self.summary = url.redacted()  # for the ready line, once it answered
 
     @abstractmethod
     async def attempt(self) -> None:
@@ -101,7 +108,7 @@ class _Service(ABC):
     def diagnose(self, exc: BaseException) -> Diagnosis: ...
 
 
-async def _wait(log: logging.Logger, name: str, service: _Service) -> None:
+async def _wait(log: logging.Logger, name: str, service: _Service[Any]) -> None:
     started = time.monotonic()
     last_logged = -math.inf
 
@@ -149,16 +156,9 @@ async def _wait(log: logging.Logger, name: str, service: _Service) -> None:
         )
 
 
-class _Postgres(_Service):
+class _Postgres(_Service[DatabaseUrl]):
     key = "postgres"
     label = "PostgreSQL"
-
-    def __init__(self, url: DatabaseUrl, name: str) -> None:
-        self.url = url
-        self.name = name
-        self.address = url.address
-        self.setting = url.setting
-        self.summary = url.redacted()
 
     def diagnose(self, exc: BaseException) -> Diagnosis:
         return diagnose.postgres(exc, self.url)
@@ -193,16 +193,9 @@ class _Postgres(_Service):
             )
 
 
-class _RabbitMQ(_Service):
+class _RabbitMQ(_Service[AmqpUrl]):
     key = "rabbitmq"
     label = "RabbitMQ"
-
-    def __init__(self, url: AmqpUrl, name: str) -> None:
-        self.url = url
-        self.name = name
-        self.address = url.address
-        self.setting = url.setting
-        self.summary = url.redacted()
 
     def diagnose(self, exc: BaseException) -> Diagnosis:
         return diagnose.rabbitmq(exc, self.url)

@@ -17,7 +17,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import refused, running, service_env
+from tests.support.processes import fleet, refused, running, service_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,10 +30,7 @@ def test_every_job_that_succeeds_gets_a_line_and_a_burst_is_counted(
     env: dict[str, str],
 ) -> None:
     pg.execute("CREATE TABLE effects (key text, job_id uuid, worker text, pid int)")
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", APP, env, "consumer.started") as consumer,
-    ):
+    with fleet(env, APP) as (_, (consumer,)):
         one = enqueue(engine, "noop")
         two = enqueue(engine, "record", {"key": 1})  # completes in its own transaction
         asyncio.run(wait_for_state(pg, one, "SUCCEEDED"))
@@ -103,10 +100,7 @@ def test_a_value_returned_after_the_jobs_transaction_draws_one_warning(
     pg: psycopg.Connection,
     env: dict[str, str],
 ) -> None:
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", APP, env, "consumer.started") as consumer,
-    ):
+    with fleet(env, APP) as (_, (consumer,)):
         ids = enqueue_many(engine, [NewJob("tx_returns", {}) for _ in range(3)])
         for job_id in ids:
             asyncio.run(wait_for_state(pg, job_id, "SUCCEEDED"))

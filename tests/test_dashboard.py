@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import uvicorn
 from playwright.async_api import Page, Request, expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -41,13 +40,13 @@ from tests.support.api import BEARER, TOKEN, free_port
 from tests.support.api import served as served_process
 from tests.support.dashboard import (
     CHROMIUM,
-    QuietServer,
     Served,
     chromium,
     dashboard_served,
+    serving,
     sign_in,
 )
-from tests.support.inproc import consumer_running, relay_running
+from tests.support.inproc import both_running
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state
 from tests.support.reverse_proxy import reverse_proxy
 
@@ -111,10 +110,7 @@ async def world_running(
         outbox.set_tenant_limit(session, "acme", max_running=2, max_queued=100)
         outbox.set_rate_limit(session, "stripe", rate=100, burst=10)
         outbox.schedule(session, "nightly-report", "crunch", {"day": "yesterday"}, cron="0 3 * * *")
-    async with (
-        relay_running(db_url, amqp_url, topology),
-        consumer_running(db_url, amqp_url, topology, world.registry),
-    ):
+    async with both_running(db_url, amqp_url, topology, world.registry):
         ids = world.ids
         ids["email"] = enqueue(engine, "send_email", {"to": "ada@example.com"}, queue="mail")
         ids["resize"] = enqueue(engine, "resize", {"width": 9000}, queue="images", tenant="acme")
@@ -389,10 +385,7 @@ async def test_bulk_retry_of_selected_jobs_and_of_every_match(
         raise ValueError("no")
 
     ids = [enqueue(engine, "resize", {"n": n}, queue="images") for n in range(3)]
-    async with (
-        relay_running(db_url, amqp_url, topology),
-        consumer_running(db_url, amqp_url, topology, registry),
-    ):
+    async with both_running(db_url, amqp_url, topology, registry):
         for job_id in ids:
             await wait_for_state(pg, job_id, "FAILED")
     # No consumer now: a retried job stays QUEUED, where the test can see it.
@@ -466,25 +459,8 @@ async def evil_site(target: str) -> AsyncIterator[str]:
     async def home(_request: Any) -> HTMLResponse:
         return HTMLResponse(EVIL_FORM.format(target=target))
 
-    port = free_port()
-    server = QuietServer(
-        uvicorn.Config(
-            Starlette(routes=[Route("/", home)]),
-            host="127.0.0.1",
-            port=port,
-            log_config=None,
-            access_log=False,
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(30):
-        while not server.started:
-            await asyncio.sleep(0.02)
-    try:
+    async with serving(Starlette(routes=[Route("/", home)])) as port:
         yield f"http://localhost:{port}/"
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def csrf_of(page: Page) -> str:

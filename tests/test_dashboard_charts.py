@@ -21,7 +21,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from schema.topology import Topology
 from tests.support.dashboard import CHROMIUM, Served, chromium, dashboard_served, sign_in
-from tests.support.inproc import consumer_running, relay_running
+from tests.support.inproc import both_running
 from tests.support.jobs import enqueue_many
 
 pytestmark = [
@@ -96,10 +96,7 @@ async def test_the_overview_draws_the_last_span_per_queue_from_the_collectors_hi
             await expect(charts).to_have_attribute("data-state", "collecting")
             await expect(page.get_by_test_id("charts-empty")).to_contain_text("Collecting")
 
-            async with (
-                relay_running(db_url, amqp_url, topology),
-                consumer_running(db_url, amqp_url, topology, registry(), concurrency=8),
-            ):
+            async with both_running(db_url, amqp_url, topology, registry(), concurrency=8):
                 # Two waves a few points apart, the collector reading in between.
                 for wave in range(2):
                     enqueue_many(

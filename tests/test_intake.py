@@ -21,7 +21,7 @@ from schema.topology import Topology
 from tests.support.broker import publish_raw, queue_depth
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue_many, until, wait_for_state, wait_until_all
-from tests.support.processes import running
+from tests.support.processes import fleet
 from tests.test_packing import body, silent_jobs
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,10 +43,7 @@ def test_a_backlog_of_slow_jobs_costs_a_waiting_consumer_no_cpu(
 ) -> None:
     """Every slot busy and job ids waiting: the consumer sleeps until a slot frees
     up (it used to spin on a zero-second wait, a whole core)."""
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", [*APP, "--concurrency", "2"], env, "consumer.started") as consumer,
-    ):
+    with fleet(env, [*APP, "--concurrency", "2"]) as (_, (consumer,)):
         enqueue_many(engine, [NewJob("sleep", {"seconds": 20}) for _ in range(20)])
         asyncio.run(
             until(
@@ -73,12 +70,7 @@ def test_a_burst_spreads_over_every_consumer(
     """60 jobs of 0.5 s on three consumers of two slots: each runs its share (two
     of them used to take a message of 30 ids each, and the third ran none)."""
     args = [*APP, "--concurrency", "2"]
-    with (
-        running("relay", [], env, "relay.started") as relay,
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-    ):
+    with fleet(env, args, consumers=3) as (relay, _):
         asyncio.run(
             until(
                 lambda: pg.execute("SELECT count(*) FROM workers").fetchone()[0] == 3,

@@ -26,28 +26,20 @@ from plumbing.config import AmqpUrl, DatabaseUrl
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.queries import JOB_EXPIRE_WAITING
 from schema.topology import Topology
-from tests.apps.keys import RUNS_TABLE
+from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
-from tests.support.inproc import consumer_running, relay_running
+from tests.support.inproc import both_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.metrics import scrape_once
-from tests.support.processes import running
+from tests.support.processes import fleet, running
 from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
 
 APP = ["--app", "tests.apps.keys"]
 
-# Pairs of runs of one key whose handler intervals overlap (a run still going counts
-# as open-ended).
-OVERLAPS = """
-SELECT a.key, a.job_id, b.job_id
-FROM key_runs AS a JOIN key_runs AS b
-  ON a.key = b.key AND (a.job_id, a.attempt) < (b.job_id, b.attempt)
- AND a.started_at < COALESCE(b.ended_at, 'infinity')
- AND b.started_at < COALESCE(a.ended_at, 'infinity')
-WHERE a.key = ANY(%s)
-"""
+# The overlapping runs of the keys given.
+OVERLAPS_OF = OVERLAPS + "WHERE a.key = ANY(%s)\n"
 
 # The most runs of one key going at one instant (a run still going counts as
 # open-ended). From the handlers' own clock, not the attempts' history: a claim's
@@ -80,16 +72,11 @@ def test_a_key_capped_at_one_never_overlaps_while_fifty_others_run_at_once(
         for _ in range(3)
         for i in range(50)
     ]
-    args = [*APP, "--concurrency", "20"]
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-    ):
+    with fleet(env, [*APP, "--concurrency", "20"], consumers=2):
         ids = enqueue_many(engine, hot + others)
         asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=240))
     keys = ["hot", *(f"k{i}" for i in range(50))]
-    assert pg.execute(OVERLAPS, [keys]).fetchall() == []
+    assert pg.execute(OVERLAPS_OF, [keys]).fetchall() == []
     peaks = dict(pg.execute(PEAK_RUNS).fetchall())
     assert max(peaks.values()) == 1, peaks
     # the other keys ran side by side: some instant had many of them running
@@ -114,10 +101,7 @@ def test_key_limit_two_holds_two_at_once(
 ) -> None:
     pg.execute(RUNS_TABLE)
     jobs = [NewJob("keyed", keyed("pair", seconds=0.2), key="pair", key_limit=2) for _ in range(12)]
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", [*APP, "--concurrency", "10"], env, "consumer.started"),
-    ):
+    with fleet(env, [*APP, "--concurrency", "10"]):
         ids = enqueue_many(engine, jobs)
         asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=120))
     assert dict(pg.execute(PEAK_RUNS).fetchall()) == {"pair": 2}
@@ -174,14 +158,7 @@ def test_ordered_jobs_start_in_enqueue_order_with_four_consumers_and_a_retrying_
                 )
             enqueued[worker].append(job_id)
 
-    args = [*APP, "--concurrency", "5"]
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-    ):
+    with fleet(env, [*APP, "--concurrency", "5"], consumers=4):
 
         async def main() -> None:
             await asyncio.gather(*(asyncio.to_thread(produce, w) for w in range(4)))
@@ -205,10 +182,7 @@ def test_strict_order_holds_the_key_behind_a_failed_head_until_it_is_replayed(
     env: dict[str, str],
 ) -> None:
     pg.execute(RUNS_TABLE)
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", [*APP, "--concurrency", "10"], env, "consumer.started"),
-    ):
+    with fleet(env, [*APP, "--concurrency", "10"]):
         strict = [
             enqueue(engine, "keyed", keyed("s", permanent_attempts=1), key="s", ordered="strict"),
             *(enqueue(engine, "keyed", keyed("s"), key="s", ordered="strict") for _ in range(3)),
@@ -334,10 +308,7 @@ async def test_explain_names_the_key_and_the_job_holding_it(
     async def hold(j: consumers.Job) -> None:
         await release.wait()
 
-    async with (
-        relay_running(db_url, amqp_url, topology),
-        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
-    ):
+    async with both_running(db_url, amqp_url, topology, registry, concurrency=4):
         holder = enqueue(engine, "hold", {}, key="doc:1")
         await wait_for_state(pg, holder, "RUNNING")
         waiting = enqueue(engine, "hold", {}, key="doc:1")

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from outbox import NewJob
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
-from tests.support.processes import refused, running
+from tests.support.processes import fleet, refused, running
 
 APP = ["--app", "tests.apps.basic"]
 
@@ -22,10 +22,7 @@ def test_happy_path_through_real_processes(
     env: dict[str, str],
 ) -> None:
     pg.execute("CREATE TABLE effects (key text, job_id uuid, worker text, pid int)")
-    with (
-        running("relay", [], env, "relay.started") as relay,
-        running("consumer", [*APP, "--concurrency", "20"], env, "consumer.started") as consumer,
-    ):
+    with fleet(env, [*APP, "--concurrency", "20"]) as (relay, (consumer,)):
         ids = enqueue_many(engine, [NewJob("noop", {}) for _ in range(200)])
         ids += enqueue_many(engine, [NewJob("record", {"key": i % 50}) for i in range(100)])
         ids += enqueue_many(engine, [NewJob("sync_sleep", {"seconds": 0.01}, queue="sync")])

@@ -32,13 +32,13 @@ from plumbing.db import make_pool
 from relay.maintenance import OrphanWalk, wake_orphans
 from schema.queries import JOB_SWEEP_EXPIRED
 from schema.topology import Topology
-from tests.apps.keys import RUNS_TABLE
+from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.dashboard import chromium, dashboard_served, sign_in
-from tests.support.inproc import consumer_running, relay_running
+from tests.support.inproc import both_running
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
 from tests.support.metrics import Scrape
-from tests.support.processes import jobctl, running
+from tests.support.processes import fleet, jobctl, running
 from tests.test_rewaker import relay_pool
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,15 +47,7 @@ pytestmark = pytest.mark.timeout(300)
 # the job's resource.
 APP = ["--app", "tests.apps.keys"]
 
-# Pairs of runs of one resource whose handler intervals overlap (a run still going
-# counts as open-ended), from the handlers' own clock.
-OVERLAPS = """
-SELECT a.key, a.job_id, b.job_id
-FROM key_runs AS a JOIN key_runs AS b
-  ON a.key = b.key AND (a.job_id, a.attempt) < (b.job_id, b.attempt)
- AND a.started_at < COALESCE(b.ended_at, 'infinity')
- AND b.started_at < COALESCE(a.ended_at, 'infinity')
-"""
+# OVERLAPS: pairs of runs of one resource whose handler intervals overlap.
 
 
 def on(resource: str, **payload: Any) -> dict[str, Any]:
@@ -86,11 +78,7 @@ def test_one_holder_at_a_time_across_consumers_and_job_types(
         for _ in range(2)
     ]
     args = [*APP, "--concurrency", "8", "--queue", "default", "--queue", "other"]
-    with (
-        running("relay", [], env, "relay.started"),
-        running("consumer", args, env, "consumer.started"),
-        running("consumer", args, env, "consumer.started"),
-    ):
+    with fleet(env, args, consumers=2):
         ids = enqueue_many(engine, hot + others)
         asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=180))
     assert pg.execute(OVERLAPS).fetchall() == []
@@ -117,10 +105,7 @@ async def test_explain_names_the_holder_and_a_clean_failure_frees_the_resource(
         if (j.payload or {}).get("fail"):
             raise consumers.Permanent("target refused the build", code="REFUSED")
 
-    async with (
-        relay_running(db_url, amqp_url, topology),
-        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
-    ):
+    async with both_running(db_url, amqp_url, topology, registry, concurrency=4):
         holder = enqueue(engine, "deploy", {"fail": True}, resource="deploy:prod")
         await wait_for_state(pg, holder, "RUNNING")
         waiting = enqueue(engine, "deploy", {}, resource="deploy:prod")
@@ -347,10 +332,7 @@ async def test_a_reconcile_hook_resolves_what_it_can_tell_and_leaves_the_rest(
             " VALUES (%s, %s, 1, now())",
             [target, holders[target]],
         )
-    async with (
-        relay_running(db_url, amqp_url, topology),
-        consumer_running(db_url, amqp_url, topology, registry, concurrency=4),
-    ):
+    async with both_running(db_url, amqp_url, topology, registry, concurrency=4):
         prod = enqueue(engine, "deploy", {"to": "prod"}, resource="deploy:prod")
         lab = enqueue(engine, "deploy", {"to": "lab"}, resource="deploy:lab")
         await wait_for_state(pg, prod, "SUCCEEDED")

@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,6 +123,19 @@ def scripts_run(env: dict[str, str]) -> Iterator[Terminal]:
         terminal.kill()
 
 
+def sleep_started(
+    engine: Engine, pg: psycopg.Connection, terminal: Terminal, seconds: float
+) -> uuid.UUID:
+    """A sleep job of ``seconds``, once it runs, the script's output read meanwhile
+    (and shown if it never starts)."""
+    job_id = enqueue(engine, "sleep", {"seconds": seconds})
+    deadline = time.monotonic() + 30
+    while job(pg, job_id)["state"] != "RUNNING":
+        assert time.monotonic() < deadline, terminal.output[-5000:]
+        terminal.read(0.05)
+    return job_id
+
+
 @pytest.fixture
 def run_env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[str, str]:
     env = service_env(db_url, amqp_url, topology)
@@ -145,11 +159,7 @@ def test_scripts_run_serves_the_dashboard_and_one_ctrl_c_stops_everything_gracef
         assert "examples.shop.checkout" in terminal.output, "it says how to enqueue"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
             assert answer.status == 200, "jobctl serve runs"
-        job_id = enqueue(engine, "sleep", {"seconds": 2})
-        deadline = time.monotonic() + 30
-        while job(pg, job_id)["state"] != "RUNNING":
-            assert time.monotonic() < deadline, terminal.output[-5000:]
-            terminal.read(0.05)
+        job_id = sleep_started(engine, pg, terminal, 2)
         terminal.ctrl_c()
         assert terminal.wait(60) == 0
     assert job(pg, job_id)["state"] == "SUCCEEDED", "the running job finished in the drain"
@@ -167,11 +177,7 @@ def test_a_second_ctrl_c_stops_at_once(
 ) -> None:
     with scripts_run(run_env) as terminal:
         terminal.expect("hybrid-jobs is running")
-        job_id = enqueue(engine, "sleep", {"seconds": 600})
-        deadline = time.monotonic() + 30
-        while job(pg, job_id)["state"] != "RUNNING":
-            assert time.monotonic() < deadline, terminal.output[-5000:]
-            terminal.read(0.05)
+        sleep_started(engine, pg, terminal, 600)
         terminal.ctrl_c()
         terminal.expect('"consumer.draining"')
         terminal.ctrl_c()

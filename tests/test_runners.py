@@ -20,7 +20,7 @@ from plumbing.config import DatabaseUrl
 from schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
 from tests.support.api import api_client
 from tests.support.jobs import attempts, enqueue, job, until
-from tests.support.processes import ROOT, jobctl, running
+from tests.support.processes import ROOT, fleet, jobctl, running
 
 APP = ["--app", "tests.apps.basic"]
 # The relay's backstops as often as they go: none may hand a dedicated tenant's job
@@ -56,10 +56,7 @@ def test_a_dedicated_tenant_waits_for_its_own_consumer_and_runs_only_there(
     engine: Engine, pg: psycopg.Connection, env: dict[str, str]
 ) -> None:
     _dedicate(engine, "acme")
-    with (
-        running("relay", EAGER_RELAY, env, "relay.started"),
-        running("consumer", APP, env, "consumer.started") as shared,
-    ):
+    with fleet(env, APP, relay_args=EAGER_RELAY) as (_, (shared,)):
         shared_id = shared.wait_for_event("consumer.started")["worker"]
         acme = [enqueue(engine, "echo", {"n": n}, tenant="acme") for n in range(5)]
         others = [enqueue(engine, "echo", {"n": n}, tenant="beta") for n in range(5)]
@@ -112,10 +109,7 @@ def test_a_consumer_naming_a_tenant_serves_shared_ones_too(
     engine: Engine, pg: psycopg.Connection, env: dict[str, str]
 ) -> None:
     _dedicate(engine, "acme")
-    with (
-        running("relay", EAGER_RELAY, env, "relay.started"),
-        running("consumer", [*APP, "--tenant", "acme"], env, "consumer.started") as own,
-    ):
+    with fleet(env, [*APP, "--tenant", "acme"], relay_args=EAGER_RELAY) as (_, (own,)):
         own_id = own.wait_for_event("consumer.started")["worker"]
         ids = [enqueue(engine, "echo", {}, tenant=t) for t in ("acme", "beta", None)]
         asyncio.run(until(lambda: _succeeded(pg, ids), "every tenant runs on it", 30))

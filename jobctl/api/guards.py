@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobctl.api.headers import REALM
+from jobctl.api.headers import REALM, HttpMiddleware
 from jobctl.api.problems import MEDIA_TYPE, Problem
 from jobctl.api.tokens import Tokens
 from jobctl.service.errors import Invalid
@@ -109,19 +109,16 @@ class HostCheck:
         )
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Refuses a body larger than ``max_bytes`` with 413, before any route sees it
     (so a refused request writes nothing), whether its Content-Length says so or
     it streams past the limit."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(send)
@@ -356,17 +353,11 @@ class GuardedRoute(APIRoute):
         return guarded
 
 
-class AccessLog:
+class AccessLog(HttpMiddleware):
     """One JSON line per request: method, path, status, time taken. Never a
     header (the token travels in one) nor a query string's values."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 

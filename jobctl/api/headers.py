@@ -46,9 +46,9 @@ def security_headers(scheme: str, path: str, content_type: str) -> dict[str, str
     return found
 
 
-class ResponseHeaders:
-    """Adds :func:`security_headers` to every answer (those a route set win), and a
-    ``WWW-Authenticate`` challenge to any 401 without one (RFC 9110 asks for it)."""
+class HttpMiddleware:
+    """An ASGI middleware of HTTP requests (:meth:`http`); any other scope (lifespan,
+    websocket) goes to ``app`` untouched."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -57,6 +57,17 @@ class ResponseHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class ResponseHeaders(HttpMiddleware):
+    """Adds :func:`security_headers` to every answer (those a route set win), and a
+    ``WWW-Authenticate`` challenge to any 401 without one (RFC 9110 asks for it)."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
 
         async def sending(message: Message) -> None:

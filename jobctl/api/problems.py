@@ -194,6 +194,10 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
+# What a change that takes a JSON body may be refused with.
+WITH_BODY = (400, 401, 403, 413, 415, 422, 503)
+
+
 def responses(*statuses: int, **documented: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
     """The problem responses a route documents (the OpenAPI document then lists
     them under application/problem+json; see jobctl.api.app)."""

@@ -3,6 +3,7 @@ action of the service layer with every expected failure said in one line."""
 
 from __future__ import annotations
 
+import getpass
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -32,6 +33,17 @@ def database_option(fn: F) -> F:
         "or postgresql://127.0.0.1:5432/jobs.",
     )
     return option(fn)
+
+
+def by_option(help: str) -> Callable[[F], F]:
+    """``--by NAME``: who acts, as the change records it; by default the user."""
+    return click.option(
+        "--by",
+        metavar="NAME",
+        default=lambda: f"{getpass.getuser()} (jobctl)",
+        show_default="your user name (jobctl)",
+        help=help,
+    )
 
 
 def database(flag: str | None, command: str) -> DatabaseUrl:
@@ -72,6 +84,16 @@ def run(flag: str | None, action: Callable[[Database], Awaitable[T]]) -> T:
     except sqlalchemy.exc.DBAPIError as exc:
         raise _database_failure(exc, url) from None
     return result[0]
+
+
+def read(flag: str | None, look: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """``run`` of one reading transaction: ``look`` with its session."""
+
+    async def action(db: Database) -> T:
+        async with db.reading() as session:
+            return await look(session)
+
+    return run(flag, action)
 
 
 def write(flag: str | None, change: Callable[[AsyncSession], Awaitable[T]]) -> T:

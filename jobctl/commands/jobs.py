@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import click
 
-from jobctl.commands.common import database_option, parse_ids, run, write
+from jobctl.commands.common import by_option, database_option, parse_ids, read, write
 from jobctl.output import Failure, duration, emit, json_option, printable, table, when
 from jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
-    Database,
     JobFilter,
     approve_job,
     cancel_jobs,
@@ -75,11 +74,7 @@ def list_(
     del as_json
     where = JobFilter(None if state is None else JobState(state), queue, job_type, tenant)
 
-    async def action(db: Database) -> JobPage:
-        async with db.reading() as session:
-            return await list_jobs(session, where, limit=limit, after=after)
-
-    page = run(database_url, action)
+    page = read(database_url, lambda session: list_jobs(session, where, limit=limit, after=after))
     emit(jsonable(page), _page_text(page))
 
 
@@ -123,11 +118,7 @@ def show(job_id: str, database_url: str | None, as_json: bool) -> None:
     del as_json
     (ident,) = parse_ids((job_id,))
 
-    async def action(db: Database) -> JobView | None:
-        async with db.reading() as session:
-            return await get_job(session, ident)
-
-    job = run(database_url, action)
+    job = read(database_url, lambda session: get_job(session, ident))
     if job is None:
         raise Failure(f"no job {ident} (it never existed, or it finished and was deleted)")
     emit(jsonable(job), _job_text(job))
@@ -236,26 +227,35 @@ def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) ->
     ids = parse_ids(job_ids)
 
     results = write(database_url, lambda session: cancel_jobs(session, ids))
+    _say_changes(
+        results,
+        lambda r: f"{r.state}",
+        lambda r: f"{r.state} already, not cancelled",
+    )
+
+
+def _say_changes(
+    results: list[JobStateChange],
+    applied: Callable[[JobStateChange], str],
+    refused: Callable[[JobStateChange], str],
+    **document: Any,
+) -> None:
+    """A line a job (unknown, changed or refused) and the document of them all;
+    exits 1 if any was unknown or refused."""
     lines = []
     for r in results:
         if r.state is None:
             lines.append(f"{r.id}: no such job")
         elif r.applied:
-            lines.append(f"{r.id}: {r.state}")
+            lines.append(f"{r.id}: {applied(r)}")
         else:
-            lines.append(f"{r.id}: {r.state} already, not cancelled")
-    emit({"jobs": jsonable(results)}, "\n".join(lines))
+            lines.append(f"{r.id}: {refused(r)}")
+    emit({"jobs": jsonable(results), **document}, "\n".join(lines))
     if not all(r.applied for r in results):
         raise SystemExit(1)
 
 
-_BY = click.option(
-    "--by",
-    metavar="NAME",
-    default=lambda: f"{getpass.getuser()} (jobctl)",
-    show_default="your user name (jobctl)",
-    help="Who decides, as the job records it.",
-)
+_BY = by_option("Who decides, as the job records it.")
 
 
 @jobs.command()
@@ -373,13 +373,7 @@ def _instant(value: str) -> datetime:
     "someone cancelled them on purpose).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
-@click.option(
-    "--by",
-    metavar="NAME",
-    default=lambda: f"{getpass.getuser()} (jobctl)",
-    show_default="your user name (jobctl)",
-    help="Who is asking, as the jobs' replay records say.",
-)
+@by_option("Who is asking, as the jobs' replay records say.")
 @database_option
 @json_option
 def retry(
@@ -410,25 +404,16 @@ def retry(
 
 
 def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None) -> None:
-    async def action(db: Database) -> list[JobStateChange]:
-        async with db.writing() as session:
-            # A dry run is the real thing in a savepoint rolled back: what it says
-            # is what the rule would do.
-            return await retry_jobs(session, ids, by=by, dry_run=dry_run)
-
-    results = run(database_url, action)
+    # A dry run is the real thing in a savepoint rolled back: what it says is what
+    # the rule would do.
+    results = write(database_url, lambda session: retry_jobs(session, ids, by=by, dry_run=dry_run))
     verb = "would be" if dry_run else "is"
-    lines = []
-    for r in results:
-        if r.state is None:
-            lines.append(f"{r.id}: no such job")
-        elif r.applied:
-            lines.append(f"{r.id}: {verb} QUEUED again")
-        else:
-            lines.append(f"{r.id}: {r.state}, not retried (only FAILED or CANCELLED jobs are)")
-    emit({"jobs": jsonable(results), "dry_run": dry_run}, "\n".join(lines))
-    if not all(r.applied for r in results):
-        raise SystemExit(1)
+    _say_changes(
+        results,
+        lambda r: f"{verb} QUEUED again",
+        lambda r: f"{r.state}, not retried (only FAILED or CANCELLED jobs are)",
+        dry_run=dry_run,
+    )
 
 
 def _retry_matching(

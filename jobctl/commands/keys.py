@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, read
 from jobctl.output import emit, json_option, table, when
-from jobctl.service import Database, jsonable, list_keys
-from jobctl.service.models import Keys
+from jobctl.service import jsonable, list_keys
 
 
 @click.command()
@@ -28,11 +27,7 @@ def keys(database_url: str | None, as_json: bool, limit: int) -> None:
     ordered="strict" that FAILED, until it is replayed or cancelled."""
     del as_json
 
-    async def action(db: Database) -> Keys:
-        async with db.reading() as session:
-            return await list_keys(session, limit=limit)
-
-    found = run(database_url, action)
+    found = read(database_url, lambda session: list_keys(session, limit=limit))
     rows: list[list[str]] = []
     for k in found.busy:
         first = [k.key, f"{k.running}/{k.key_limit}", str(k.waiting)]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
-from jobctl.commands.common import database_option, run, write
+from jobctl.commands.common import F, by_option, database_option, run, write
 from jobctl.output import emit, json_option, when
 from jobctl.service import Database, Invalid, NotFound, jsonable, pause_queue, resume_queue
 from jobctl.service.models import QueueState
@@ -19,18 +17,8 @@ def queues() -> None:
     """Pause and resume queues (`jobctl stats` shows them)."""
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
 def _by(action: str) -> Callable[[F], F]:
-    option = click.option(
-        "--by",
-        metavar="NAME",
-        default=lambda: f"{getpass.getuser()} (jobctl)",
-        show_default="your user name (jobctl)",
-        help=f"Who is {action} it, as the queue will say.",
-    )
-    return option
+    return by_option(f"Who is {action} it, as the queue will say.")
 
 
 @queues.command()

@@ -3,15 +3,13 @@ and resolving one that a vanished holder left uncertain."""
 
 from __future__ import annotations
 
-import getpass
 from typing import Any
 
 import click
 
 import outbox
-from jobctl.commands.common import database_option, run, write
+from jobctl.commands.common import by_option, database_option, read, write
 from jobctl.output import Failure, emit, json_option, table, when
-from jobctl.service import Database
 
 
 @click.group()
@@ -43,11 +41,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
     until resolved) first, oldest first."""
     del as_json
 
-    async def action(db: Database) -> list[outbox.ResourceHold]:
-        async with db.reading() as session:
-            return await outbox.resource_holds_async(session)
-
-    found = run(database_url, action)
+    found = read(database_url, outbox.resource_holds_async)
     rows = [
         [
             h.resource,
@@ -66,13 +60,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
 
 @resources.command()
 @click.argument("resource", metavar="RESOURCE")
-@click.option(
-    "--by",
-    metavar="NAME",
-    default=lambda: f"{getpass.getuser()} (jobctl)",
-    show_default="your user name (jobctl)",
-    help="Who resolves it, as recorded.",
-)
+@by_option("Who resolves it, as recorded.")
 @click.option("--outcome", metavar="TEXT", help="What was found at the target, as recorded.")
 @database_option
 @json_option

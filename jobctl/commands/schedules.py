@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, run, write
+from jobctl.commands.common import database_option, read, write
 from jobctl.output import emit, json_option, table, when
 from jobctl.service import (
-    Database,
     jsonable,
     list_schedules,
     pause_schedule,
@@ -35,11 +34,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
     """Every schedule: its rule, its job, when it fires next, and its last fire."""
     del as_json
 
-    async def action(db: Database) -> list[ScheduleView]:
-        async with db.reading() as session:
-            return await list_schedules(session)
-
-    found = run(database_url, action)
+    found = read(database_url, list_schedules)
     rows = [
         [
             s.name,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, read
 from jobctl.output import duration, emit, json_option, table, when
-from jobctl.service import Database, jsonable
+from jobctl.service import jsonable
 from jobctl.service import stats as read_stats
-from jobctl.service.models import Stats
 
 
 @click.command()
@@ -28,11 +27,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
     """
     del as_json
 
-    async def action(db: Database) -> Stats:
-        async with db.reading() as session:
-            return await read_stats(session)
-
-    found = run(database_url, action)
+    found = read(database_url, read_stats)
     rows = [
         [
             q.queue + (" (paused)" if q.paused else ""),

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from jobctl.commands.common import database_option, run, write
+from jobctl.commands.common import database_option, read, write
 from jobctl.output import emit, json_option, table, when
-from jobctl.service import KEEP, Database, jsonable, list_tenants, set_tenant
+from jobctl.service import KEEP, jsonable, list_tenants, set_tenant
 from jobctl.service.models import TenantView
 
 
@@ -43,11 +43,7 @@ def list_(database_url: str | None, as_json: bool) -> None:
     """Tenants with limits, and any the relay is holding back now."""
     del as_json
 
-    async def action(db: Database) -> list[TenantView]:
-        async with db.reading() as session:
-            return await list_tenants(session)
-
-    found = run(database_url, action)
+    found = read(database_url, list_tenants)
     emit({"tenants": jsonable(found)}, _rows(found) if found else "no tenants with limits")
 
 

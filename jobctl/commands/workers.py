@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, run
+from jobctl.commands.common import database_option, read
 from jobctl.output import emit, json_option, table, when
-from jobctl.service import Database, jsonable, list_workers
-from jobctl.service.models import WorkerView
+from jobctl.service import jsonable, list_workers
 
 
 @click.command()
@@ -19,11 +18,7 @@ def workers(database_url: str | None, as_json: bool) -> None:
     forgotten)."""
     del as_json
 
-    async def action(db: Database) -> list[WorkerView]:
-        async with db.reading() as session:
-            return await list_workers(session)
-
-    found = run(database_url, action)
+    found = read(database_url, list_workers)
     rows = [
         [
             w.worker_id,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 from fastapi import APIRouter, Depends, Form, Request
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import RedirectResponse, Response
 
 import outbox
@@ -53,6 +54,8 @@ from schema.states import JobState
 
 router = APIRouter(include_in_schema=False)
 
+T = TypeVar("T")
+
 Actor = Annotated[Viewer, Depends(may_act)]
 Back = Annotated[str, Form(max_length=2000)]
 # Jobs one "retry selected" takes: a page's worth, and then some.
@@ -79,6 +82,12 @@ def _done(request: Request, back: str, flash: Flash, default: str = "/") -> Resp
     )
     flash.set(response, root(request))
     return response
+
+
+async def _write(request: Request, change: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """``change`` in one writing transaction, committed when it returns."""
+    async with _database(request).writing() as session:
+        return await change(session)
 
 
 async def _act(
@@ -173,8 +182,9 @@ async def retry_one(job_id: str, request: Request, _actor: Actor, back: Back = "
     ident = _job_id(job_id)
 
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            (change,) = await retry_jobs(session, [ident], by=_by(request))
+        (change,) = await _write(
+            request, lambda session: retry_jobs(session, [ident], by=_by(request))
+        )
         if change.state is None:
             return Flash("error", f"no job {ident}")
         if not change.applied:
@@ -191,8 +201,7 @@ async def cancel_one(job_id: str, request: Request, _actor: Actor, back: Back = 
     ident = _job_id(job_id)
 
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            (change,) = await cancel_jobs(session, [ident])
+        (change,) = await _write(request, lambda session: cancel_jobs(session, [ident]))
         if change.state is None:
             return Flash("error", f"no job {ident}")
         if not change.applied:
@@ -209,8 +218,7 @@ async def approve_one(job_id: str, request: Request, _actor: Actor, back: Back =
     ident = _job_id(job_id)
 
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            await approve_job(session, ident, by=_by(request))
+        await _write(request, lambda session: approve_job(session, ident, by=_by(request)))
         return Flash("ok", "Approved: the job is due now.")
 
     return await _act(request, back, f"/jobs/{ident}", action)
@@ -221,8 +229,12 @@ async def reject_one(job_id: str, request: Request, _actor: Actor, back: Back = 
     ident = _job_id(job_id)
 
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            await reject_job(session, ident, by=_by(request), reason="rejected from the dashboard")
+        await _write(
+            request,
+            lambda session: reject_job(
+                session, ident, by=_by(request), reason="rejected from the dashboard"
+            ),
+        )
         return Flash("ok", "Rejected: the job is CANCELLED and will not run.")
 
     return await _act(request, back, f"/jobs/{ident}", action)
@@ -239,8 +251,7 @@ async def retry_selected(request: Request, _actor: Actor, back: Back = "") -> Re
             return Flash("error", "nothing selected: tick the jobs to retry first")
         if len(ids) > MAX_SELECTED:
             return Flash("error", f"at most {MAX_SELECTED} jobs at a time")
-        async with _database(request).writing() as session:
-            changes = await retry_jobs(session, ids, by=_by(request))
+        changes = await _write(request, lambda session: retry_jobs(session, ids, by=_by(request)))
         moved = sum(c.applied for c in changes)
         skipped = len(changes) - moved
         text = f"Retried {moved} of {len(changes)} selected jobs."
@@ -329,8 +340,7 @@ async def retry_all_matching(
 @router.post("/queues/{queue}/pause")
 async def pause(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            await pause_queue(session, queue, by=_by(request))
+        await _write(request, lambda session: pause_queue(session, queue, by=_by(request)))
         return Flash("ok", f"Queue {queue} paused: none of its jobs starts until resumed.")
 
     return await _act(request, back, "/", action)
@@ -339,8 +349,7 @@ async def pause(queue: str, request: Request, _actor: Actor, back: Back = "") ->
 @router.post("/queues/{queue}/resume")
 async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            was = await resume_queue(session, queue, by=_by(request))
+        was = await _write(request, lambda session: resume_queue(session, queue, by=_by(request)))
         text = f"Queue {queue} resumed." if was.changed else f"Queue {queue} was not paused."
         return Flash("ok", text)
 
@@ -353,8 +362,7 @@ async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -
 @router.post("/schedules/{name:path}/pause")
 async def schedule_pause(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            await pause_schedule(session, name)
+        await _write(request, lambda session: pause_schedule(session, name))
         return Flash("ok", f"Schedule {name} paused.")
 
     return await _act(request, back, "/schedules", action)
@@ -378,8 +386,7 @@ async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back
 @router.post("/schedules/{name:path}/trigger")
 async def schedule_trigger(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
-        async with _database(request).writing() as session:
-            job = await trigger_schedule(session, name)
+        job = await _write(request, lambda session: trigger_schedule(session, name))
         return Flash("ok", f"Schedule {name} triggered.", f"/jobs/{job.id}", "See the job")
 
     return await _act(request, back, "/schedules", action)

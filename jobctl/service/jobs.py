@@ -6,7 +6,8 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -523,9 +524,8 @@ async def retry_jobs(
     job in any other state (left as it was) and for an unknown id (state None).
     ``by`` names who asked, for job_replays. ``dry_run``: the same, in a savepoint
     rolled back, so the answer is what the rule would do. Never commits."""
-    savepoint = await session.begin_nested()
     done: list[JobStateChange] = []
-    try:
+    async with _savepoint(session, keep=not dry_run):
         for job_id in job_ids:
             row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
             before = None if row is None else JobState(row[0])
@@ -535,14 +535,23 @@ async def retry_jobs(
                 raise invalid_argument(exc, "by") from None
             applied = before in RETRYABLE and state == JobState.QUEUED
             done.append(JobStateChange(job_id, before if dry_run else state, applied))
+    return done
+
+
+@asynccontextmanager
+async def _savepoint(session: AsyncSession, *, keep: bool) -> AsyncIterator[None]:
+    """The block in a savepoint: released when it ends if ``keep`` (rolled back
+    otherwise: a dry run), and rolled back whenever it raises."""
+    savepoint = await session.begin_nested()
+    try:
+        yield
     except BaseException:
         await savepoint.rollback()
         raise
-    if dry_run:
-        await savepoint.rollback()
-    else:
+    if keep:
         await savepoint.commit()
-    return done
+    else:
+        await savepoint.rollback()
 
 
 async def retry_matching(
@@ -574,26 +583,18 @@ async def retry_matching(
             " finished_after), or all for every failed job",
             "all",
         )
-    savepoint = await session.begin_nested()
-    try:
-        matched = await outbox.retry_jobs_async(
-            session,
-            queue=queue,
-            job_type=job_type,
-            error_code=error_code,
-            finished_after=finished_after,
-            limit=limit,
-            by=by,
-            states=states,
-        )
-    except (ValueError, TypeError) as exc:
-        await savepoint.rollback()
-        raise invalid_argument(exc) from None
-    except BaseException:
-        await savepoint.rollback()
-        raise
-    if dry_run:
-        await savepoint.rollback()
-    else:
-        await savepoint.commit()
+    async with _savepoint(session, keep=not dry_run):
+        try:
+            matched = await outbox.retry_jobs_async(
+                session,
+                queue=queue,
+                job_type=job_type,
+                error_code=error_code,
+                finished_after=finished_after,
+                limit=limit,
+                by=by,
+                states=states,
+            )
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument(exc) from None
     return BulkRetry(matched, dry_run)

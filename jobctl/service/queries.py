@@ -309,6 +309,18 @@ ORDER BY w.host, w.pid, w.worker_id
 
 # ------------------------------------------------------------------- keys
 
+
+def _waiting_behind(row: str) -> str:
+    """How many jobs wait to claim the key of ``row`` (jobs_key_waiting_idx), counted
+    up to %(waiting_cap)s: a lateral join that adds the column ``w.waiting``."""
+    return f"""CROSS JOIN LATERAL (
+    SELECT count(*)::int AS waiting
+    FROM (SELECT 1 FROM jobs
+          WHERE jobs.key = {row}.key AND jobs.key IS NOT NULL AND jobs.state IN ({CLAIMABLE_SQL})
+          LIMIT %(waiting_cap)s) AS x
+) AS w"""
+
+
 # Busy keys: key_usage keeps a row only while a lease holds the key, so this reads
 # what runs, never the keys' history. Per key, the jobs holding it (jobs_key_leased_idx,
 # at most %(holders)s, longest held first) and how many wait for it
@@ -317,12 +329,7 @@ KEYS_BUSY: Final = f"""
 SELECT u.key, u.running, u.key_limit, w.waiting,
        h.job_id, h.job_type, h.queue, h.state, h.lease_owner, h.started_at, h.key_order
 FROM (SELECT key, running, key_limit FROM key_usage ORDER BY key LIMIT %(limit)s) AS u
-CROSS JOIN LATERAL (
-    SELECT count(*)::int AS waiting
-    FROM (SELECT 1 FROM jobs
-          WHERE jobs.key = u.key AND jobs.key IS NOT NULL AND jobs.state IN ({CLAIMABLE_SQL})
-          LIMIT %(waiting_cap)s) AS x
-) AS w
+{_waiting_behind("u")}
 LEFT JOIN LATERAL (
     SELECT job_id, job_type, queue, state, lease_owner, started_at, key_order
     FROM jobs
@@ -347,12 +354,7 @@ FROM (SELECT DISTINCT ON (key) key, job_id, job_type, queue, finished_at, last_e
       WHERE key_seq IS NOT NULL AND state = 'FAILED' AND key_order = 'strict'
       ORDER BY key, key_seq
       LIMIT %(limit)s) AS f
-CROSS JOIN LATERAL (
-    SELECT count(*)::int AS waiting
-    FROM (SELECT 1 FROM jobs
-          WHERE jobs.key = f.key AND jobs.key IS NOT NULL AND jobs.state IN ({CLAIMABLE_SQL})
-          LIMIT %(waiting_cap)s) AS x
-) AS w
+{_waiting_behind("f")}
 ORDER BY f.key
 """
 

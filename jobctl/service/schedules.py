@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -13,6 +14,8 @@ from jobctl.service.jobs import get_job
 from jobctl.service.models import JobView, LastFire, ScheduleView
 from jobctl.service.sql import fetch_all, fetch_one
 from outbox.validation import read_json as readable
+
+T = TypeVar("T")
 
 
 def _view(row: tuple[Any, ...]) -> ScheduleView:
@@ -63,26 +66,30 @@ async def _after(session: AsyncSession, name: str) -> ScheduleView:
     return found
 
 
-async def pause_schedule(session: AsyncSession, name: str) -> ScheduleView:
-    """Stop firing it until resumed (outbox.pause_schedule_async). Never commits."""
+async def _named(
+    change: Callable[[AsyncSession, str], Awaitable[T | None]], session: AsyncSession, name: str
+) -> T:
+    """What ``change`` (an outbox call on the schedule ``name``) returns; its refusal
+    of the name as Invalid, and no answer (None or False) as NotFound."""
     try:
-        exists = await outbox.pause_schedule_async(session, name)
+        found = await change(session, name)
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc, "name") from None
-    if not exists:
+    if found is None or found is False:
         raise NotFound(f"no schedule named {name!r}")
+    return found
+
+
+async def pause_schedule(session: AsyncSession, name: str) -> ScheduleView:
+    """Stop firing it until resumed (outbox.pause_schedule_async). Never commits."""
+    await _named(outbox.pause_schedule_async, session, name)
     return await _after(session, name)
 
 
 async def resume_schedule(session: AsyncSession, name: str) -> ScheduleView:
     """Fire it again from its next occurrence after now (outbox.resume_schedule_async).
     Never commits."""
-    try:
-        next_fire = await outbox.resume_schedule_async(session, name)
-    except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc, "name") from None
-    if next_fire is None:
-        raise NotFound(f"no schedule named {name!r}")
+    await _named(outbox.resume_schedule_async, session, name)
     return await _after(session, name)
 
 
@@ -90,12 +97,7 @@ async def trigger_schedule(session: AsyncSession, name: str) -> JobView:
     """Enqueue one job now from its template (outbox.trigger_schedule_async); the
     timetable is left as it is. Raises outbox.Backpressure like an enqueue. Never
     commits."""
-    try:
-        job_id = await outbox.trigger_schedule_async(session, name)
-    except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc, "name") from None
-    if job_id is None:
-        raise NotFound(f"no schedule named {name!r}")
+    job_id = await _named(outbox.trigger_schedule_async, session, name)
     job = await get_job(session, job_id)
     assert job is not None
     return job

@@ -27,6 +27,16 @@ CREATE TABLE IF NOT EXISTS key_runs (
 )
 """
 
+# Pairs of runs of one key whose handler intervals overlap (a run still going counts
+# as open-ended), from the handlers' own clock.
+OVERLAPS = """
+SELECT a.key, a.job_id, b.job_id
+FROM key_runs AS a JOIN key_runs AS b
+  ON a.key = b.key AND (a.job_id, a.attempt) < (b.job_id, b.attempt)
+ AND a.started_at < COALESCE(b.ended_at, 'infinity')
+ AND b.started_at < COALESCE(a.ended_at, 'infinity')
+"""
+
 
 @consumers.handler("keyed", max_attempts=5, backoff=consumers.Backoff(base=0.3, cap=0.5))
 async def keyed(job: consumers.Job) -> None:

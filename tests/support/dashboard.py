@@ -16,6 +16,7 @@ from typing import Any, Final
 import uvicorn
 from fastapi import FastAPI
 from playwright.async_api import BrowserContext, Page, async_playwright
+from starlette.types import ASGIApp
 
 from jobctl.api import ApiSettings, create_app
 from jobctl.metrics import Collector
@@ -65,15 +66,18 @@ async def dashboard_served(
     """The whole app (API, /metrics, dashboard) served over real HTTP; the metrics
     collector runs (its first round at start-up; ``collect_once`` for more)."""
     app = create_app(ApiSettings(db, AmqpUrl.parse(AMQP_URL), token, **settings))
-    port = free_port()
+    async with serving(app, lifespan="on") as port:
+        yield Served(f"http://127.0.0.1:{port}", app)
+
+
+@asynccontextmanager
+async def serving(app: ASGIApp, port: int | None = None, **config: Any) -> AsyncIterator[int]:
+    """``app`` served by uvicorn on 127.0.0.1 (at ``port``, or a free one) from when
+    it listens until the block ends; the port."""
+    port = port or free_port()
     server = QuietServer(
         uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False, **config
         )
     )
     task = asyncio.create_task(server.serve())
@@ -84,7 +88,7 @@ async def dashboard_served(
                 raise AssertionError("uvicorn stopped before it started")
             await asyncio.sleep(0.02)
     try:
-        yield Served(f"http://127.0.0.1:{port}", app)
+        yield port
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +155,18 @@ def running(command: str, args: list[str], env: dict[str, str], ready: str) -> I
                 daemon.stop(20)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+
+
+@contextmanager
+def fleet(
+    env: dict[str, str], args: list[str], consumers: int = 1, *, relay_args: Sequence[str] = ()
+) -> Iterator[tuple[Daemon, list[Daemon]]]:
+    """A relay (with ``relay_args``) and ``consumers`` consumers started with ``args``,
+    each ready before the next starts; stopped in the reverse order, the relay last."""
+    with ExitStack() as stack:
+        relay = stack.enter_context(running("relay", list(relay_args), env, "relay.started"))
+        started = [
+            stack.enter_context(running("consumer", args, env, "consumer.started"))
+            for _ in range(consumers)
+        ]
+        yield relay, started

@@ -3,19 +3,16 @@ tests of running behind one."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.support.api import free_port
-from tests.support.dashboard import QuietServer
+from tests.support.dashboard import serving
 
 
 @asynccontextmanager
@@ -50,17 +47,8 @@ async def reverse_proxy(
         return out
 
     app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST", "PUT"])])
-    port = port or free_port()
-    server = QuietServer(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-    )
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(30):
-        while not server.started:
-            await asyncio.sleep(0.02)
     try:
-        yield f"http://localhost:{port}"
+        async with serving(app, port) as listening:
+            yield f"http://localhost:{listening}"
     finally:
-        server.should_exit = True
-        await task
         await client.aclose()

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from fastapi import Request
 
 from jobctl.service import Database
+
+# A route function, as a route decorator takes and gives it back.
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def database(request: Request) -> Database:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Annotated, Any, Final
 
@@ -14,8 +15,8 @@ from pydantic import Field
 import outbox
 from jobctl.api.guards import GuardedRoute, may_read, may_write
 from jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
-from jobctl.api.problems import responses
-from jobctl.api.routes.common import actor, database, url
+from jobctl.api.problems import WITH_BODY, responses
+from jobctl.api.routes.common import F, actor, database, url
 from jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -38,6 +39,19 @@ from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from schema.states import LEASED, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
+
+
+def _job_change(action: str, summary: str, *refusals: int) -> Callable[[F], F]:
+    """POST /v1/jobs/{job_id}/<action>: a change of one job's state, which needs the
+    token and gets 409 when the job's state refuses it (and ``refusals``)."""
+    return router.post(
+        f"/{{job_id}}/{action}",
+        response_model=JobStateChange,
+        dependencies=[Depends(may_write)],
+        responses=responses(401, 403, 404, 409, 503, *refusals),
+        summary=summary,
+    )
+
 
 # Retry-After on a job that is not done: about when to look again.
 RUNNING_POLL: Final = 2
@@ -99,14 +113,8 @@ def _parse(job_id: str) -> uuid.UUID:
     response_model=JobView,
     dependencies=[Depends(may_write)],
     responses=responses(
-        400,
-        401,
-        403,
-        413,
-        415,
-        422,
+        *WITH_BODY,
         429,
-        503,
         ok_202={"headers": _HEADERS, "description": "Enqueued."},
         ok_200={
             "model": JobView,
@@ -204,7 +212,7 @@ async def jobs(
     "/retry",
     response_model=BulkRetry,
     dependencies=[Depends(may_write)],
-    responses=responses(400, 401, 403, 413, 415, 422, 503),
+    responses=responses(*WITH_BODY),
     summary="Retry failed jobs in bulk",
 )
 async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
@@ -273,13 +281,7 @@ async def job(
     return found
 
 
-@router.post(
-    "/{job_id}/cancel",
-    response_model=JobStateChange,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 409, 503),
-    summary="Cancel a job",
-)
+@_job_change("cancel", "Cancel a job")
 async def cancel(job_id: str, request: Request) -> JobStateChange:
     """A waiting job is CANCELLED at once; a running one becomes CANCEL_REQUESTED
     (its handler sees it at its next heartbeat). Repeating it is harmless; a job
@@ -290,13 +292,7 @@ async def cancel(job_id: str, request: Request) -> JobStateChange:
     return _changed(result, ident, f"job {ident} is {{state}} already; nothing to cancel")
 
 
-@router.post(
-    "/{job_id}/retry",
-    response_model=JobStateChange,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 409, 503),
-    summary="Retry a job",
-)
+@_job_change("retry", "Retry a job")
 async def retry(job_id: str, request: Request) -> JobStateChange:
     """A FAILED or CANCELLED job goes back to QUEUED, due now, its history kept and a
     fresh attempt budget given; a job in any other state gets 409."""
@@ -308,13 +304,7 @@ async def retry(job_id: str, request: Request) -> JobStateChange:
     )
 
 
-@router.post(
-    "/{job_id}/approve",
-    response_model=JobStateChange,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 409, 503),
-    summary="Approve a job",
-)
+@_job_change("approve", "Approve a job")
 async def approve(job_id: str, request: Request) -> JobStateChange:
     """A job enqueued with needs_approval that waits for approval becomes due and
     is woken; who approved it and when are recorded. A job approved or rejected
@@ -324,13 +314,7 @@ async def approve(job_id: str, request: Request) -> JobStateChange:
         return await approve_job(session, ident, by=actor(request))
 
 
-@router.post(
-    "/{job_id}/reject",
-    response_model=JobStateChange,
-    dependencies=[Depends(may_write)],
-    responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
-    summary="Reject a job",
-)
+@_job_change("reject", "Reject a job", *WITH_BODY)
 async def reject(job_id: str, request: Request, body: RejectBody | None = None) -> JobStateChange:
     """A job that waits for approval is CANCELLED, with last_error_code REJECTED and
     the reason given as its message; who and when are recorded. Refused like an

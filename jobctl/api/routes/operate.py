@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
@@ -15,8 +16,8 @@ from jobctl.api.models import (
     TenantList,
     WorkerList,
 )
-from jobctl.api.problems import responses
-from jobctl.api.routes.common import actor, database
+from jobctl.api.problems import WITH_BODY, responses
+from jobctl.api.routes.common import F, actor, database
 from jobctl.api.routes.jobs import location, say_when_to_poll
 from jobctl.service import (
     has_limits,
@@ -41,14 +42,35 @@ ScheduleInPath = Annotated[ScheduleName, Path()]
 QueueInPath = Annotated[QueueName, Path()]
 
 
-@router.get(
-    "/queues",
-    response_model=Stats,
-    dependencies=[Depends(may_read)],
-    responses=responses(401, 503),
-    tags=["queues"],
-    summary="Per-queue figures",
-)
+def _reads(path: str, model: Any, tag: str, summary: str) -> Callable[[F], F]:
+    """A GET that reads: it needs the read token (when one is set)."""
+    return router.get(
+        path,
+        response_model=model,
+        dependencies=[Depends(may_read)],
+        responses=responses(401, 503),
+        tags=[tag],
+        summary=summary,
+    )
+
+
+def _changes(
+    path: str, model: Any, tag: str, summary: str, *refusals: int, **route: Any
+) -> Callable[[F], F]:
+    """A POST that changes something: it needs the token, and may be refused with
+    ``refusals`` besides the statuses every change may get."""
+    return router.post(
+        path,
+        response_model=model,
+        dependencies=[Depends(may_write)],
+        responses=responses(401, 403, 422, 503, *refusals),
+        tags=[tag],
+        summary=summary,
+        **route,
+    )
+
+
+@_reads("/queues", Stats, "queues", "Per-queue figures")
 async def queues(request: Request) -> Stats:
     """Per queue: jobs by state, the oldest runnable job's age, the relay's lag,
     wake-ups in flight, jobs finished in the last minute and per second, live
@@ -57,14 +79,7 @@ async def queues(request: Request) -> Stats:
         return await stats(session)
 
 
-@router.post(
-    "/queues/{queue}/pause",
-    response_model=QueueState,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 422, 503),
-    tags=["queues"],
-    summary="Pause a queue",
-)
+@_changes("/queues/{queue}/pause", QueueState, "queues", "Pause a queue", 404)
 async def pause(
     queue: QueueInPath,
     request: Request,
@@ -83,68 +98,40 @@ async def pause(
         return await pause_queue(session, queue, by=actor(request), create=create)
 
 
-@router.post(
-    "/queues/{queue}/resume",
-    response_model=QueueState,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 422, 503),
-    tags=["queues"],
-    summary="Resume a queue",
-)
+@_changes("/queues/{queue}/resume", QueueState, "queues", "Resume a queue")
 async def resume(queue: QueueInPath, request: Request) -> QueueState:
     """Its waiting jobs are woken at once; who resumed it is recorded."""
     async with database(request).writing() as session:
         return await resume_queue(session, queue, by=actor(request))
 
 
-@router.get(
-    "/schedules",
-    response_model=ScheduleList,
-    dependencies=[Depends(may_read)],
-    responses=responses(401, 503),
-    tags=["schedules"],
-    summary="Recurring schedules",
-)
+@_reads("/schedules", ScheduleList, "schedules", "Recurring schedules")
 async def schedules(request: Request) -> ScheduleList:
     async with database(request).reading() as session:
         return ScheduleList(schedules=await list_schedules(session))
 
 
-@router.post(
-    "/schedules/{name:path}/pause",
-    response_model=ScheduleView,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 422, 503),
-    tags=["schedules"],
-    summary="Pause a schedule",
-)
+@_changes("/schedules/{name:path}/pause", ScheduleView, "schedules", "Pause a schedule", 404)
 async def pause_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleView:
     async with database(request).writing() as session:
         return await pause_schedule(session, name)
 
 
-@router.post(
-    "/schedules/{name:path}/resume",
-    response_model=ScheduleView,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 422, 503),
-    tags=["schedules"],
-    summary="Resume a schedule",
-)
+@_changes("/schedules/{name:path}/resume", ScheduleView, "schedules", "Resume a schedule", 404)
 async def resume_a_schedule(name: ScheduleInPath, request: Request) -> ScheduleView:
     """It fires again from its next occurrence after now."""
     async with database(request).writing() as session:
         return await resume_schedule(session, name)
 
 
-@router.post(
+@_changes(
     "/schedules/{name:path}/trigger",
+    JobView,
+    "schedules",
+    "Enqueue a schedule's job now",
+    404,
+    429,
     status_code=202,
-    response_model=JobView,
-    dependencies=[Depends(may_write)],
-    responses=responses(401, 403, 404, 422, 429, 503),
-    tags=["schedules"],
-    summary="Enqueue a schedule's job now",
 )
 async def trigger(name: ScheduleInPath, request: Request, response: Response) -> JobView:
     """One job from the schedule's template, now; its timetable stays as it is."""
@@ -155,14 +142,7 @@ async def trigger(name: ScheduleInPath, request: Request, response: Response) ->
     return job
 
 
-@router.get(
-    "/tenants",
-    response_model=TenantList,
-    dependencies=[Depends(may_read)],
-    responses=responses(401, 503),
-    tags=["tenants"],
-    summary="Tenants and their limits",
-)
+@_reads("/tenants", TenantList, "tenants", "Tenants and their limits")
 async def tenants(request: Request) -> TenantList:
     async with database(request).reading() as session:
         return TenantList(tenants=await list_tenants(session))
@@ -173,13 +153,7 @@ async def tenants(request: Request) -> TenantList:
     response_model=TenantView,
     dependencies=[Depends(may_write)],
     responses=responses(
-        400,
-        401,
-        403,
-        413,
-        415,
-        422,
-        503,
+        *WITH_BODY,
         ok_201={"model": TenantView, "description": "The tenant had no limits: created."},
     ),
     tags=["tenants"],
@@ -207,14 +181,7 @@ async def put_tenant(
     return found
 
 
-@router.get(
-    "/workers",
-    response_model=WorkerList,
-    dependencies=[Depends(may_read)],
-    responses=responses(401, 503),
-    tags=["workers"],
-    summary="Consumers",
-)
+@_reads("/workers", WorkerList, "workers", "Consumers")
 async def workers(request: Request) -> WorkerList:
     async with database(request).reading() as session:
         return WorkerList(workers=await list_workers(session))
