@@ -87,6 +87,41 @@ CHECKS = {
                 WHERE j.key IS NOT NULL AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')
                   AND NOT EXISTS (SELECT 1 FROM key_usage AS u WHERE u.key = j.key))::int
              + (SELECT count(*) FROM key_usage WHERE running = 0)::int""",
+    # Starts of a rate-limited name beyond its limit: in no window [a, b] of the
+    # claims' clock (each attempt's started_at, the now() of the claim that took its
+    # token) may more than burst + rate x (b - a) attempts start. With the k-th start
+    # of a bucket at t_k and f(k) = k - rate x t_k, a window from start i to start j
+    # holds j - i + 1 starts, over the limit when f(j) - f(i) + 1 > burst: one pass
+    # keeping the least f so far finds the worst window ending at each start, so
+    # the check reads each attempt once, not every pair. A name's limit is its own
+    # or, failing that, that of a "prefix:*" it falls under.
+    "rate_limit_exceeded": """
+        WITH starts AS (
+            SELECT j.rate_limit AS bucket, a.started_at
+            FROM job_attempts AS a JOIN jobs AS j ON j.job_id = a.job_id
+            WHERE j.rate_limit IS NOT NULL AND a.started_at IS NOT NULL
+        ), limits AS (
+            SELECT DISTINCT ON (b.bucket) b.bucket, l.rate / l.per_seconds AS per_second, l.burst
+            FROM (SELECT DISTINCT bucket FROM starts) AS b
+            JOIN rate_limits AS l
+              ON l.name = b.bucket
+              OR (right(l.name, 2) = ':*' AND starts_with(b.bucket, left(l.name, -1)))
+            ORDER BY b.bucket, l.name = b.bucket DESC
+        ), f AS (
+            -- seconds from the bucket's first start, so the float keeps microseconds
+            SELECT s.bucket, l.burst, row_number() OVER w AS k,
+                   row_number() OVER w - l.per_second * extract(
+                       epoch FROM s.started_at - min(s.started_at) OVER (PARTITION BY s.bucket)
+                   )::float8 AS f
+            FROM starts AS s JOIN limits AS l USING (bucket)
+            WINDOW w AS (PARTITION BY s.bucket ORDER BY s.started_at)
+        ), worst AS (
+            SELECT bucket, burst, f - min(f) OVER w + 1 AS in_window
+            FROM f
+            WINDOW w AS (PARTITION BY bucket ORDER BY k ROWS UNBOUNDED PRECEDING)
+        )
+        -- a thousandth of a token for the clock's rounding
+        SELECT count(*) FROM worst WHERE in_window > burst + 0.001""",
     # A resource's hold belongs to the lease that took it while that lease lasts, and
     # is left only uncertain once it expired: a hold not uncertain whose lease is gone
     # was leaked (its resource blocked for good), and a lease of a job with a

@@ -23,6 +23,8 @@ def _assert_clean(report: dict) -> None:
     assert report["cap_exceeded"] == 0 and report["cap_samples"] > 100
     assert report["key_limit_exceeded"] == 0
     assert report["key_leases_leaked_or_released_twice"] == 0
+    # each rate-limited bucket's starts stayed within burst + rate x t in every window
+    assert report["rate_limit_exceeded"] == 0 and report["rate_limited_starts"] > 100
     # the graphs: no child started before all its parents succeeded, the children of
     # a failed parent ended CANCELLED PARENT_FAILED, each edge counted once
     assert report["children_started_before_parents"] == 0

@@ -70,6 +70,13 @@ TENANTS: list[str | None] = [None, CAPPED, "heavy", "light"]
 # One job in four is about one of a few entity keys (key_limit 1, a few with 2):
 # the leases of a key are sampled throughout the run and must never exceed it.
 KEYS = [f"account:{i}" for i in range(24)]
+# One job in eight takes a token of one of two buckets under a prefix limit (each
+# its own bucket), arriving a little faster than the limit lets them start, so they
+# wait RATE_LIMITED through the faults: the starts of each, by the claims' clock,
+# must never exceed burst + rate x t in any window (jobctl.check:
+# rate_limit_exceeded).
+RATE_LIMIT, RATE, BURST = "sms:*", 4.0, 3.0
+RATE_BUCKETS = ["sms:acme", "sms:globex"]
 
 
 @dataclass
@@ -102,6 +109,7 @@ def scratch() -> Iterator[tuple[DatabaseUrl, Topology]]:
         with Session(engine) as session, session.begin():
             outbox.set_tenant_limit(session, CAPPED, max_running=CAP)
             outbox.set_tenant_limit(session, "light", weight=3.0)
+            outbox.set_rate_limit(session, RATE_LIMIT, rate=RATE, burst=BURST)
         engine.dispose()
         yield db, topology
 
@@ -355,6 +363,10 @@ def planned_outcomes(db: DatabaseUrl) -> dict[str, Any]:
             "cancelled_for_a_parent": one(
                 "SELECT count(*) FROM jobs WHERE last_error_code = 'PARENT_FAILED'"
             ),
+            "rate_limited_starts": one(
+                "SELECT count(*) FROM job_attempts AS a JOIN jobs AS j USING (job_id)"
+                " WHERE j.rate_limit IS NOT NULL"
+            ),
         }
 
 
@@ -364,6 +376,9 @@ def job(rng: random.Random, i: int) -> outbox.NewJob:
         key = rng.choice(KEYS)
         limit = 2 if key.endswith(("0", "5")) else 1
         return outbox.NewJob("effect", job_payload(rng, i), tenant=tenant, key=key, key_limit=limit)
+    if rng.random() < 1 / 6:  # of the three quarters left: one job in eight
+        bucket = rng.choice(RATE_BUCKETS)
+        return outbox.NewJob("effect", job_payload(rng, i), tenant=tenant, rate_limit=bucket)
     return outbox.NewJob("effect", job_payload(rng, i), tenant=tenant)
 
 
