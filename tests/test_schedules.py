@@ -359,8 +359,14 @@ async def test_after_any_gap_skip_and_latest_enqueue_one_job(
     assert {f["skip_reason"] for f in fires[:-1]} == {"catchup"}
     jobs = pg.execute("SELECT job_id, scheduled_for FROM jobs").fetchall()
     assert jobs == [(enqueued[0]["job_id"], enqueued[0]["scheduled_for"])]
-    # Handled again at once: nothing more is due, nothing more runs.
-    assert await fire_due(pool) == 0
+    # Handled again at once: nothing more is due, nothing more runs; unless the next
+    # occurrence fell due meanwhile (a loaded machine can take seconds over 2,160
+    # skipped occurrences), which is on time and runs as one job.
+    again = await fire_due(pool)
+    if db_now(pg) < enqueued[0]["scheduled_for"] + step:
+        assert again == 0
+    else:
+        assert again <= 1
 
 
 @pytest.mark.parametrize(
