@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
 from schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
-from tests.support.broker import publish_raw, purge
+from tests.support.broker import close_connections_of, publish_raw, purge
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import Daemon, running, service_env
 
@@ -174,12 +173,8 @@ def test_broker_closes_every_connection_while_jobs_flow(env, engine, pg, db_url)
         for _ in range(3):
             ids += effect_jobs(engine, 150)
             time.sleep(0.5)
-            subprocess.run(
-                ["rabbitmqctl", "close_all_connections", "fault test"],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+            closed = close_connections_of([d.proc.pid for d in daemons], "fault test")
+            assert closed >= len(daemons), "each daemon's broker connection was closed"
         asyncio.run(wait_until_all(pg, "SUCCEEDED", len(ids), timeout=120))
         assert all(d.proc.poll() is None for d in daemons), "everyone reconnected"
         assert any(d.has_event("consumer.broker_reconnected") for d in daemons[1:])

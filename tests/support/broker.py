@@ -7,6 +7,7 @@ import contextlib
 import json
 import re
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -20,6 +21,7 @@ from harness.broker import delete_topology, purge, queue_depth
 from schema.topology import Declared, Topology
 
 __all__ = [
+    "close_connections_of",
     "collect",
     "collect_ids",
     "delete_topology",
@@ -118,6 +120,37 @@ async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes
         await declared.queue(queue)
         exchange = await declared.base()
         await exchange.publish(aio_pika.Message(body), routing_key=queue)
+
+
+def close_connections_of(pids: list[int], reason: str) -> int:
+    """Have RabbitMQ close every connection of these processes (named ``... host:pid``
+    by the daemons) and no other: the suite's other tests share the broker, and
+    ``close_all_connections`` would fault them too. How many it closed."""
+    listing = subprocess.run(
+        ["rabbitmqctl", "-q", "--no-table-headers", "list_connections", "pid", "client_properties"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    # "relay host:pid" and "consumer host:pid:token": the pid is the field after the host.
+    host = re.escape(socket.gethostname())
+    alternatives = "|".join(map(str, pids))
+    ours = re.compile(
+        r'\{"connection_name","\w+ ' + host + ":(?:" + alternatives + r')(?::[0-9a-f]+)?"\}'
+    )
+    closed = 0
+    for line in listing.splitlines():
+        connection, _, properties = line.partition("\t")
+        if ours.search(properties):
+            subprocess.run(
+                ["rabbitmqctl", "-q", "close_connection", connection, reason],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            closed += 1
+    return closed
 
 
 @contextlib.contextmanager
