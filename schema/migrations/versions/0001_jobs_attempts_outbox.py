@@ -1,11 +1,4 @@
-"""jobs, job_attempts and outbox
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-29
-"""
-
-from collections.abc import Sequence
+"""jobs, job_attempts and outbox"""
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,8 +6,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0001"
 down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 # Frozen copies of the names in schema/tables.py: a migration must keep meaning what
 # it meant when it was written, whatever the module says later.

@@ -1,11 +1,4 @@
-"""job_effects: effects a handler marked done, once per key
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-29
-"""
-
-from collections.abc import Sequence
+"""job_effects: effects a handler marked done, once per key"""
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,8 +6,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0002"
 down_revision: str | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -1,11 +1,4 @@
-"""tenants, fair order, workers, pause, replay, progress; attempts keyed by generation
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-30
-"""
-
-from collections.abc import Sequence
+"""tenants, fair order, workers, pause, replay, progress; attempts keyed by generation"""
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,8 +6,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0003"
 down_revision: str | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 # Frozen copies of the names in schema/tables.py (see 0001).
 CLAIMABLE = "'QUEUED', 'RETRY_WAIT'"

@@ -1,11 +1,4 @@
-"""schedules and schedule_fires: recurring schedules and their occurrence ledger
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-12-01
-"""
-
-from collections.abc import Sequence
+"""schedules and schedule_fires: recurring schedules and their occurrence ledger"""
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,8 +6,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0004"
 down_revision: str | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 # Frozen copies of the names in schema/tables.py: a migration must keep meaning what
 # it meant when it was written, whatever the module says later.

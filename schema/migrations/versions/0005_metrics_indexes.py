@@ -1,19 +1,10 @@
-"""schedule_fires_fired_idx: the metrics collector reads new fires by fired_at
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-02
-"""
-
-from collections.abc import Sequence
+"""schedule_fires_fired_idx: the metrics collector reads new fires by fired_at"""
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
 down_revision: str | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -3,13 +3,7 @@
 job_requests holds the fingerprint of the API request that created a job, so a
 repeated Idempotency-Key with a different request is refused;
 jobs_unsuccessful_finished_idx lists failed and cancelled jobs, newest finished first.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-03
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -17,8 +11,6 @@ from sqlalchemy.dialects import postgresql
 
 revision: str = "0006"
 down_revision: str | None = "0005"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -3,21 +3,13 @@
 The outbox holds the backlog beyond each queue's window by design, so the age of its
 oldest unsent row says nothing about whether a relay is working. A row per relay,
 with whether it is connected to RabbitMQ and how much it published, does.
-
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-04
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
 down_revision: str | None = "0006"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def _ts(name: str) -> sa.Column:  # type: ignore[type-arg]

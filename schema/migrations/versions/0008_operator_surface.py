@@ -9,21 +9,13 @@
   several jobs (of different types, as the old rule allowed), the oldest keeps it.
 - dashboard_sessions: server-side sessions of the dashboard, so signing out revokes
   one; the cookie holds a random secret whose hash is the key.
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-10
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
 down_revision: str | None = "0007"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 # As jobctl.service.jobs wrote it before this revision.
 OLD_PREFIX = "api:"

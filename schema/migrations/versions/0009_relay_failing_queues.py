@@ -5,13 +5,7 @@ declaration, confirms none in time, its decision times out) backs that queue off
 alone in the relay that meets it. That state is the relay process's own, so it goes
 on the relay's row, written by the heartbeat that already writes the row, and read
 by jobctl: {queue: {reason, detail, since, failures}}.
-
-Revision ID: 0009
-Revises: 0008
-Create Date: 2026-12-08
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -19,8 +13,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision: str = "0009"
 down_revision: str | None = "0008"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

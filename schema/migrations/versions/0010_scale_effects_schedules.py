@@ -8,21 +8,13 @@
   keeps failing says why and is retried after a backoff, so it holds no other back;
 - fair_shares: fillfactor 50, so the relay's updates of passes and held reasons
   stay HOT.
-
-Revision ID: 0010
-Revises: 0009
-Create Date: 2026-12-10
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
 down_revision: str | None = "0009"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def _ts(name: str) -> sa.Column:  # type: ignore[type-arg]

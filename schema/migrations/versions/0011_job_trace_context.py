@@ -3,13 +3,7 @@
 - jobs.trace_context: the W3C trace context (traceparent, tracestate) of the code
   that enqueued the job, so the relay's publish, the claim and the handler's run
   join its trace (the otel extra); NULL without it.
-
-Revision ID: 0011
-Revises: 0010
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -17,8 +11,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision: str = "0011"
 down_revision: str | None = "0010"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

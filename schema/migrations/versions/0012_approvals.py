@@ -7,21 +7,13 @@
 - jobs.approval, approval_by, approval_at: a job enqueued with needs_approval
   waits (REQUIRED, held never due) until approved or rejected, and who decided
   when is kept.
-
-Revision ID: 0012
-Revises: 0011
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
 down_revision: str | None = "0011"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 # Copied, not imported: the migration keeps meaning what it meant.

@@ -11,21 +11,13 @@
 - rate_buckets: one token bucket per name in use, taken from by the claim;
 - tenant_limits.max_enqueue_rate, enqueue_tokens, enqueue_refilled_at: the
   tenant's enqueue bucket, taken from by the enqueue.
-
-Revision ID: 0013
-Revises: 0012
-Create Date: 2026-12-14
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0013"
 down_revision: str | None = "0012"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 CLAIMABLE = "'QUEUED', 'RETRY_WAIT'"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}(:\*)?$"

@@ -6,21 +6,13 @@ last lease deletes it), so millions of keys cost nothing while idle. An ordered 
 (key_order 'ordered' or 'strict') carries key_seq, taken from jobs_key_seq under a
 transaction-scoped advisory lock on its key, so two producers' jobs of one key are
 numbered in the order their transactions commit.
-
-Revision ID: 0014
-Revises: 0013
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
 down_revision: str | None = "0013"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 CLAIMABLE = "'QUEUED', 'RETRY_WAIT'"
 LEASED = "'CANCEL_REQUESTED', 'RUNNING'"

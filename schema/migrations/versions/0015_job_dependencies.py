@@ -16,21 +16,13 @@
   PARENT_FAILED. Those cancellations fire the trigger again, one level down only
   (their own 'cancel' dependants are cancelled already), to settle their 'run'
   children.
-
-Revision ID: 0015
-Revises: 0014
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
 down_revision: str | None = "0014"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 # Copied, not imported: the migration keeps meaning what it meant.
 _HOLD = "'9999-12-31 00:00:00+00'::timestamptz"

@@ -7,13 +7,7 @@ another consumer waits as NO_AUTHORIZED_RUNNER, found through
 jobs_no_runner_idx when a consumer naming its tenant starts. The claim reads the
 dedicated tenants through tenant_limits_dedicated_idx: one probe of an empty index
 while no tenant is dedicated.
-
-Revision ID: 0016
-Revises: 0015
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -21,8 +15,6 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 revision: str = "0016"
 down_revision: str | None = "0015"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 CLAIMABLE = "'QUEUED', 'RETRY_WAIT'"
 

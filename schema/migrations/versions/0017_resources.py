@@ -5,13 +5,7 @@ environment, a device). resource_holds has a row per resource while one is held:
 the claim inserts it for the lease it starts, a clean end of that lease deletes it,
 and a lease that expires leaves it marked uncertain_since, so no job of the resource
 starts until outbox.resolve_resource (recorded in resource_resolutions) frees it.
-
-Revision ID: 0017
-Revises: 0016
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -19,8 +13,6 @@ from sqlalchemy.dialects.postgresql import UUID
 
 revision: str = "0017"
 down_revision: str | None = "0016"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 CLAIMABLE = "'QUEUED', 'RETRY_WAIT'"
 

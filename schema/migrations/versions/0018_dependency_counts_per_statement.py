@@ -20,21 +20,13 @@ The statement trigger runs after each UPDATE that sets jobs.state (claims,
 outcomes, sweeps); one that settled no edge stops at a flag of the transaction the
 row trigger sets (hybrid_jobs.edges_settled), and the count reads only the index of
 edges settled and not counted, empty outside the statement that fills it.
-
-Revision ID: 0018
-Revises: 0017
-Create Date: 2026-12-02
 """
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0018"
 down_revision: str | None = "0017"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 _SETTLE = """
 CREATE OR REPLACE FUNCTION jobs_release_dependants() RETURNS trigger
