@@ -47,6 +47,7 @@ json_option: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
     is_flag=True,
     is_eager=True,  # known before the other options are checked, for their errors too
     callback=_remember,
+    expose_value=False,  # emit() reads it from the context, not the command
     help='Print one JSON object (errors too, as {"error": ...}) instead of text.',
 )
 

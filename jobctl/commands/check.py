@@ -16,9 +16,7 @@ from jobctl.output import Failure, emit, json_option
 @click.option("--expected", type=int, help="How many jobs were enqueued (a missing row is lost).")
 @click.option("--require-success", is_flag=True, help="Every job must have SUCCEEDED.")
 @json_option
-def check(
-    database_url: str | None, expected: int | None, require_success: bool, as_json: bool
-) -> None:
+def check(database_url: str | None, expected: int | None, require_success: bool) -> None:
     """Check the promises on a database whose work has settled (after a test run,
     a drill, a chaos soak): no job lost or completed twice, no write after a final
     state, history matching the rows, tenants' slots neither leaked nor released

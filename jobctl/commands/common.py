@@ -46,6 +46,13 @@ def by_option(help: str) -> Callable[[F], F]:
     )
 
 
+def limit_option(default: int, most: int, help: str) -> Callable[[F], F]:
+    """``--limit N``: how many rows a command shows or touches, from 1 to ``most``."""
+    return click.option(
+        "--limit", type=click.IntRange(1, most), default=default, show_default=True, help=help
+    )
+
+
 def database(flag: str | None, command: str) -> DatabaseUrl:
     url = database_url(flag)
     warning = password_in_flag(url)

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import click
 
-from jobctl.commands.common import by_option, database_option, parse_ids, read, write
+from jobctl.commands.common import by_option, database_option, limit_option, parse_ids, read, write
 from jobctl.output import Failure, duration, emit, json_option, printable, table, when
 from jobctl.service import (
     DEFAULT_LIMIT,
@@ -44,13 +44,7 @@ def jobs() -> None:
 @click.option("--queue", metavar="NAME", help="Only this queue.")
 @click.option("--type", "job_type", metavar="TYPE", help="Only this job type.")
 @click.option("--tenant", metavar="NAME", help="Only this tenant's jobs.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, MAX_LIMIT),
-    default=DEFAULT_LIMIT,
-    show_default=True,
-    help="Jobs per page.",
-)
+@limit_option(DEFAULT_LIMIT, MAX_LIMIT, "Jobs per page.")
 @click.option("--after", metavar="TOKEN", help="Start after the page that printed this token.")
 @database_option
 @json_option
@@ -62,7 +56,6 @@ def list_(
     limit: int,
     after: str | None,
     database_url: str | None,
-    as_json: bool,
 ) -> None:
     """Jobs, newest first: waiting and running ones by when they were created,
     finished ones (--state SUCCEEDED, FAILED, CANCELLED) by when they finished.
@@ -71,7 +64,6 @@ def list_(
     jobs read a bounded number of them per page, so a page may come back short
     (even empty) with a token to read further back.
     """
-    del as_json
     where = JobFilter(None if state is None else JobState(state), queue, job_type, tenant)
 
     page = read(database_url, lambda session: list_jobs(session, where, limit=limit, after=after))
@@ -113,9 +105,8 @@ def _row(job: JobSummary) -> list[object]:
 @click.argument("job_id", metavar="ID")
 @database_option
 @json_option
-def show(job_id: str, database_url: str | None, as_json: bool) -> None:
+def show(job_id: str, database_url: str | None) -> None:
     """One job: its row, every attempt, and why it waits."""
-    del as_json
     (ident,) = parse_ids((job_id,))
 
     job = read(database_url, lambda session: get_job(session, ident))
@@ -219,11 +210,10 @@ def _job_text(job: JobView) -> str:
 @click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
 @database_option
 @json_option
-def cancel(job_ids: tuple[str, ...], database_url: str | None, as_json: bool) -> None:
+def cancel(job_ids: tuple[str, ...], database_url: str | None) -> None:
     """Cancel jobs that wait; ask running ones to stop (their handler sees it at its
     next heartbeat). Exits 1 if any job was unknown or had already finished
     otherwise."""
-    del as_json
     ids = parse_ids(job_ids)
 
     results = write(database_url, lambda session: cancel_jobs(session, ids))
@@ -263,11 +253,10 @@ _BY = by_option("Who decides, as the job records it.")
 @_BY
 @database_option
 @json_option
-def approve(job_id: str, by: str, database_url: str | None, as_json: bool) -> None:
+def approve(job_id: str, by: str, database_url: str | None) -> None:
     """Let a job enqueued with needs_approval run: it is due now and woken. Exits 1,
     changing nothing, if it does not wait for approval (approved or rejected
     already, or never needed it)."""
-    del as_json
     (ident,) = parse_ids((job_id,))
 
     result = write(database_url, lambda session: approve_job(session, ident, by=by))
@@ -280,12 +269,9 @@ def approve(job_id: str, by: str, database_url: str | None, as_json: bool) -> No
 @_BY
 @database_option
 @json_option
-def reject(
-    job_id: str, reason: str | None, by: str, database_url: str | None, as_json: bool
-) -> None:
+def reject(job_id: str, reason: str | None, by: str, database_url: str | None) -> None:
     """Reject a job that waits for approval: CANCELLED, last error REJECTED. Exits 1,
     changing nothing, if it does not wait for approval."""
-    del as_json
     (ident,) = parse_ids((job_id,))
 
     result = write(database_url, lambda session: reject_job(session, ident, by=by, reason=reason))
@@ -352,13 +338,7 @@ def _instant(value: str) -> datetime:
     help="Retry the failed and cancelled jobs that match, instead of IDs: queue=, type=, "
     "error_code=, finished_after= (ISO 8601, or 30m, 2h, 1d ago). Repeat to narrow.",
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 100_000),
-    default=1000,
-    show_default=True,
-    help="With --filter: at most this many, oldest finished first.",
-)
+@limit_option(1000, 100_000, "With --filter: at most this many, oldest finished first.")
 @click.option(
     "--all",
     "every",
@@ -385,14 +365,12 @@ def retry(
     dry_run: bool,
     by: str,
     database_url: str | None,
-    as_json: bool,
 ) -> None:
     """Put failed jobs back in the queue: by ID (FAILED or CANCELLED), every FAILED
     one that matches --filter, or with --all every FAILED one; --include-cancelled
     adds the CANCELLED ones to a filter or --all. Their history stays, and each gets
     a fresh attempt budget. With IDs, exits 1 if any was unknown or not failed or
     cancelled."""
-    del as_json
     if sum(map(bool, (job_ids, pairs, every))) != 1:
         raise Failure("give job IDs, --filter KEY=VALUE, or --all (one of them)", 2)
     if job_ids:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, read
+from jobctl.commands.common import database_option, limit_option, read
 from jobctl.output import emit, json_option, table, when
 from jobctl.service import jsonable, list_keys
 
@@ -13,20 +13,12 @@ from jobctl.service import jsonable, list_keys
 @click.command()
 @database_option
 @json_option
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 10_000),
-    default=100,
-    show_default=True,
-    help="Busy keys to show, in key order.",
-)
-def keys(database_url: str | None, as_json: bool, limit: int) -> None:
+@limit_option(100, 10_000, "Busy keys to show, in key order.")
+def keys(database_url: str | None, limit: int) -> None:
     """Keys (enqueue's key=): each busy one with its leases against its key_limit,
     how many jobs wait for it, and the jobs holding it (job, type, queue, the
     consumer whose lease it is, since when); then the keys held behind a job of
     ordered="strict" that FAILED, until it is replayed or cancelled."""
-    del as_json
-
     found = read(database_url, lambda session: list_keys(session, limit=limit))
     rows: list[list[str]] = []
     for k in found.busy:

@@ -36,12 +36,11 @@ def _limits_table(found: list[outbox.RateLimit]) -> str:
 @click.command()
 @database_option
 @json_option
-def limits(database_url: str | None, as_json: bool) -> None:
+def limits(database_url: str | None) -> None:
     """Rate limits: each one's rate, burst, the tokens its bucket holds now and
     when the next is due (a 'prefix:*' limit: how many names have a bucket); and,
     per queue, the jobs that expired (code EXPIRED) before they started, as long as
     retention keeps them."""
-    del as_json
 
     async def action(db: Database) -> tuple[list[outbox.RateLimit], list[tuple[Any, ...]]]:
         async with db.reading() as session:

@@ -60,13 +60,12 @@ class Step:
 )
 @click.option("--dry-run", is_flag=True, help="List the steps that would run; change nothing.")
 @json_option
-def migrate(database_url: str | None, target: str, dry_run: bool, as_json: bool) -> None:
+def migrate(database_url: str | None, target: str, dry_run: bool) -> None:
     """Create or upgrade the database's tables to this release's schema.
 
     Prints each step it runs and the revision the database ends at; with nothing to
     do, says so. Safe to run on every deploy, and from several places at once.
     """
-    del as_json  # emit() and say() read it from the context
     url = _database(database_url)
     script = revisions.scripts()
     goal = _resolve(script, target)

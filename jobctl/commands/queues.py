@@ -32,10 +32,9 @@ def _by(action: str) -> Callable[[F], F]:
 )
 @database_option
 @json_option
-def pause(queue: str, by: str, create: bool, database_url: str | None, as_json: bool) -> None:
+def pause(queue: str, by: str, create: bool, database_url: str | None) -> None:
     """Stop starting QUEUE's jobs until it is resumed: none is woken or claimed;
     running ones finish. Enqueueing into it goes on as usual."""
-    del as_json
 
     async def action(db: Database) -> QueueState:
         async with db.writing() as session:
@@ -58,10 +57,8 @@ def pause(queue: str, by: str, create: bool, database_url: str | None, as_json: 
 @_by("resuming")
 @database_option
 @json_option
-def resume(queue: str, by: str, database_url: str | None, as_json: bool) -> None:
+def resume(queue: str, by: str, database_url: str | None) -> None:
     """Start QUEUE's jobs again; its waiting ones are woken at once."""
-    del as_json
-
     found = write(database_url, lambda session: resume_queue(session, queue, by=by))
     emit(
         jsonable(found),

@@ -35,12 +35,10 @@ def _document(hold: outbox.ResourceHold) -> dict[str, Any]:
 @resources.command("list")
 @database_option
 @json_option
-def list_(database_url: str | None, as_json: bool) -> None:
+def list_(database_url: str | None) -> None:
     """The resources held now: by which job, since when, how many jobs wait for
     each; UNCERTAIN ones (their holder's lease expired: nothing of them starts
     until resolved) first, oldest first."""
-    del as_json
-
     found = read(database_url, outbox.resource_holds_async)
     rows = [
         [
@@ -64,13 +62,10 @@ def list_(database_url: str | None, as_json: bool) -> None:
 @click.option("--outcome", metavar="TEXT", help="What was found at the target, as recorded.")
 @database_option
 @json_option
-def resolve(
-    resource: str, by: str, outcome: str | None, database_url: str | None, as_json: bool
-) -> None:
+def resolve(resource: str, by: str, outcome: str | None, database_url: str | None) -> None:
     """Free a resource an expired lease left UNCERTAIN, once you have looked at the
     target: its next waiting job is woken. Exits 1, changing nothing, if it is free
     or held by a live lease."""
-    del as_json
 
     async def change(session: Any) -> outbox.Resolved:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from jobctl.commands.common import database_option, read, write
@@ -21,6 +23,11 @@ def schedules() -> None:
     """Recurring schedules (outbox.schedule makes them; the relay fires them)."""
 
 
+def _on_one(fn: Callable[..., None]) -> click.Command:
+    """A ``jobctl schedules`` command on the one schedule its argument names."""
+    return schedules.command()(click.argument("name")(database_option(json_option(fn))))
+
+
 def _rule(s: ScheduleView) -> str:
     if s.cron is not None:
         return f"cron {s.cron} ({s.timezone})"
@@ -30,10 +37,8 @@ def _rule(s: ScheduleView) -> str:
 @schedules.command("list")
 @database_option
 @json_option
-def list_(database_url: str | None, as_json: bool) -> None:
+def list_(database_url: str | None) -> None:
     """Every schedule: its rule, its job, when it fires next, and its last fire."""
-    del as_json
-
     found = read(database_url, list_schedules)
     rows = [
         [
@@ -51,38 +56,23 @@ def list_(database_url: str | None, as_json: bool) -> None:
     emit({"schedules": jsonable(found)}, text)
 
 
-@schedules.command()
-@click.argument("name")
-@database_option
-@json_option
-def pause(name: str, database_url: str | None, as_json: bool) -> None:
+@_on_one
+def pause(name: str, database_url: str | None) -> None:
     """Stop firing NAME until it is resumed."""
-    del as_json
-
     found = write(database_url, lambda session: pause_schedule(session, name))
     emit(jsonable(found), f"{found.name}: paused")
 
 
-@schedules.command()
-@click.argument("name")
-@database_option
-@json_option
-def resume(name: str, database_url: str | None, as_json: bool) -> None:
+@_on_one
+def resume(name: str, database_url: str | None) -> None:
     """Fire NAME again, from its next occurrence after now (the ones missed while
     it was paused do not run)."""
-    del as_json
-
     found = write(database_url, lambda session: resume_schedule(session, name))
     emit(jsonable(found), f"{found.name}: resumed, next fire {when(found.next_fire_at)}")
 
 
-@schedules.command()
-@click.argument("name")
-@database_option
-@json_option
-def trigger(name: str, database_url: str | None, as_json: bool) -> None:
+@_on_one
+def trigger(name: str, database_url: str | None) -> None:
     """Enqueue one job now from NAME's template; its timetable stays as it is."""
-    del as_json
-
     job = write(database_url, lambda session: trigger_schedule(session, name))
     emit(jsonable(job), f"{name}: enqueued job {job.id} ({job.job_type} on {job.queue})")

@@ -13,7 +13,7 @@ from jobctl.service import stats as read_stats
 @click.command()
 @database_option
 @json_option
-def stats(database_url: str | None, as_json: bool) -> None:
+def stats(database_url: str | None) -> None:
     """Per queue: jobs by state (of those waiting, how many wait for their key
     and how many for a rate limit's token), the age of the oldest runnable job, the relay's
     lag (due wake-ups not sent yet, and the oldest one's age), wake-ups in flight,
@@ -25,8 +25,6 @@ def stats(database_url: str | None, as_json: bool) -> None:
     Counts what is waiting and running, never the history: finished jobs are
     counted only for the last minute.
     """
-    del as_json
-
     found = read(database_url, read_stats)
     rows = [
         [

@@ -39,10 +39,8 @@ def _rows(found: list[TenantView]) -> str:
 @tenants.command("list")
 @database_option
 @json_option
-def list_(database_url: str | None, as_json: bool) -> None:
+def list_(database_url: str | None) -> None:
     """Tenants with limits, and any the relay is holding back now."""
-    del as_json
-
     found = read(database_url, list_tenants)
     emit({"tenants": jsonable(found)}, _rows(found) if found else "no tenants with limits")
 
@@ -92,11 +90,8 @@ def set_(
     max_queued: Any,
     runners: str | None,
     database_url: str | None,
-    as_json: bool,
 ) -> None:
     """Set TENANT's limits; a limit not given stays as it was."""
-    del as_json
-
     found = write(
         database_url,
         lambda session: set_tenant(

@@ -12,12 +12,10 @@ from jobctl.service import jsonable, list_workers
 @click.command()
 @database_option
 @json_option
-def workers(database_url: str | None, as_json: bool) -> None:
+def workers(database_url: str | None) -> None:
     """Consumers: where they run, what they serve, how busy they are, when they
     were last heard from (a consumer silent past the relay's --worker-ttl is
     forgotten)."""
-    del as_json
-
     found = read(database_url, list_workers)
     rows = [
         [

@@ -59,13 +59,21 @@ def _recent(request: Request) -> Recent:
     return found
 
 
-def _filter(state: str, queue: str, job_type: str, tenant: str) -> JobFilter:
+def _filter(
+    state: Text = "", queue: Text = "", job_type: Text = "", tenant: Text = ""
+) -> JobFilter:
+    """The list's filter, from the page's query string."""
     return JobFilter(
         JobState(state) if state in JobState.__members__ else None,
         queue.strip() or None,
         job_type.strip() or None,
         tenant.strip() or None,
     )
+
+
+Filter = Annotated[JobFilter, Depends(_filter)]
+# A page token (see jobctl.service.jobs.list_jobs).
+After = Annotated[str, Query(max_length=300)]
 
 
 async def _clock(session: AsyncSession) -> datetime:
@@ -128,53 +136,34 @@ def _charts(request: Request, collector: Collector | None) -> Charts:
 
 
 @router.get("/jobs")
-async def jobs(
-    request: Request,
-    looker: Looker,
-    state: Text = "",
-    queue: Text = "",
-    job_type: Text = "",
-    tenant: Text = "",
-    after: Annotated[str, Query(max_length=300)] = "",
-) -> Response:
-    where = _filter(state, queue, job_type, tenant)
-    found, problem, now = await _page_of(request, where, after)
-    return render.page(
-        request,
-        "jobs.html",
-        looker,
-        page=found,
-        problem=problem,
-        where=where,
-        states=list(JobState),
-        after=after,
-        now=now,
-    )
+async def jobs(request: Request, looker: Looker, where: Filter, after: After = "") -> Response:
+    return await _list_page(request, looker, "jobs.html", where, after, states=list(JobState))
 
 
 @router.get("/failed")
-async def failed(
-    request: Request,
-    looker: Looker,
-    state: Text = "FAILED",
-    queue: Text = "",
-    job_type: Text = "",
-    tenant: Text = "",
-    after: Annotated[str, Query(max_length=300)] = "",
+async def failed(request: Request, looker: Looker, where: Filter, after: After = "") -> Response:
+    # The failed jobs, or the cancelled ones: never another state's.
+    shown = JobState.CANCELLED if where.state == JobState.CANCELLED else JobState.FAILED
+    where = dataclasses.replace(where, state=shown)
+    return await _list_page(
+        request, looker, "failed.html", where, after, bulk_limit=BULK_RETRY_LIMIT
+    )
+
+
+async def _list_page(
+    request: Request, looker: Viewer, template: str, where: JobFilter, after: str, **extra: Any
 ) -> Response:
-    shown = JobState.CANCELLED if state == JobState.CANCELLED else JobState.FAILED
-    where = dataclasses.replace(_filter("", queue, job_type, tenant), state=shown)
     found, problem, now = await _page_of(request, where, after)
     return render.page(
         request,
-        "failed.html",
+        template,
         looker,
         page=found,
         problem=problem,
         where=where,
         after=after,
-        bulk_limit=BULK_RETRY_LIMIT,
         now=now,
+        **extra,
     )
 
 

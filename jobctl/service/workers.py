@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobctl.service import queries
@@ -14,37 +16,10 @@ async def list_workers(session: AsyncSession) -> list[WorkerView]:
     """Every consumer with a row (the relay forgets one silent for its
     --worker-ttl), with the leases it holds now. Reads only."""
     rows = await fetch_all(session, queries.WORKERS_LIST, {"worker_ttl": WORKER_TTL_SECONDS})
-    return [
-        WorkerView(
-            worker_id,
-            host,
-            pid,
-            tuple(queues),
-            tuple(job_types),
-            concurrency,
-            prefetch,
-            started_at,
-            last_seen_at,
-            stopping,
-            live,
-            running,
-            counts,
-            tuple(tenants),
-        )
-        for (
-            worker_id,
-            host,
-            pid,
-            queues,
-            job_types,
-            concurrency,
-            prefetch,
-            started_at,
-            last_seen_at,
-            stopping,
-            live,
-            running,
-            counts,
-            tenants,
-        ) in rows
-    ]
+    # WORKERS_LIST's columns are WorkerView's fields in order; its arrays (queues,
+    # job types, tenants) become tuples.
+    return [WorkerView(*(_tupled(v) for v in row)) for row in rows]
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

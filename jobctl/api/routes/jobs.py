@@ -17,24 +17,8 @@ from jobctl.api.guards import GuardedRoute, may_read, may_write
 from jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
 from jobctl.api.problems import WITH_BODY, responses
 from jobctl.api.routes.common import F, actor, database, url
-from jobctl.service import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    JobFilter,
-    NewJobRequest,
-    NotFound,
-    WrongState,
-    approve_job,
-    cancel_jobs,
-    enqueue_job,
-    get_job,
-    list_jobs,
-    parse_job_id,
-    reject_job,
-    retry_jobs,
-    retry_matching,
-)
-from jobctl.service.jobs import MAX_IDEMPOTENCY_KEY_LENGTH, RETRYABLE
+from jobctl.service import NotFound, WrongState
+from jobctl.service import jobs as service
 from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from schema.states import LEASED, JobState
 
@@ -101,7 +85,7 @@ def _changed(result: JobStateChange, ident: uuid.UUID, refused: str) -> JobState
 
 
 def _parse(job_id: str) -> uuid.UUID:
-    ident = parse_job_id(job_id)
+    ident = service.parse_job_id(job_id)
     if ident is None:
         raise NotFound(f"no job {job_id[:100]!r}: not a job id")
     return ident
@@ -135,7 +119,7 @@ async def enqueue(
         Header(
             alias="Idempotency-Key",
             min_length=1,
-            max_length=MAX_IDEMPOTENCY_KEY_LENGTH,
+            max_length=service.MAX_IDEMPOTENCY_KEY_LENGTH,
             description="Makes the request safe to repeat (IETF "
             "draft-ietf-httpapi-idempotency-key-header): a repeat with the same key and "
             "body is answered as the first was (Idempotent-Replayed: true), a different "
@@ -147,7 +131,7 @@ async def enqueue(
 ) -> JobView:
     """Enqueue one job; 202 with the job, and its URL in Location (200 when its
     dedup_key found a job enqueued before, or, debounced, replaced the waiting one)."""
-    wanted = NewJobRequest(
+    wanted = service.NewJobRequest(
         body.job_type,
         body.payload,
         body.queue,
@@ -169,7 +153,7 @@ async def enqueue(
         body.resource,
     )
     async with database(request).writing() as session:
-        done = await enqueue_job(session, wanted, idempotency_key=idempotency_key)
+        done = await service.enqueue_job(session, wanted, idempotency_key=idempotency_key)
     response.headers["Location"] = location(request, done.job)
     say_when_to_poll(response, done.job)
     if done.replayed:
@@ -192,7 +176,7 @@ async def jobs(
     queue: Annotated[QueueName | None, Query()] = None,
     job_type: Annotated[JobType | None, Query()] = None,
     tenant: Annotated[QueueName | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_LIMIT)] = service.DEFAULT_LIMIT,
     after: Annotated[
         str | None,
         Query(max_length=300, description="The `next` of the previous page."),
@@ -203,9 +187,9 @@ async def jobs(
     when they finished. Follow `next` for the next page; filters over finished
     jobs read a bounded stretch per page, so a page can be short and still have a
     next one (`scan_limited`)."""
-    where = JobFilter(state, queue, job_type, tenant)
+    where = service.JobFilter(state, queue, job_type, tenant)
     async with database(request).reading() as session:
-        return await list_jobs(session, where, limit=limit, after=after)
+        return await service.list_jobs(session, where, limit=limit, after=after)
 
 
 @router.post(
@@ -223,17 +207,19 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     everything is said on purpose. With `dry_run`, only count them."""
     async with database(request).writing() as session:
         if body.ids is not None:
-            changes = await retry_jobs(session, body.ids, by=actor(request), dry_run=body.dry_run)
+            changes = await service.retry_jobs(
+                session, body.ids, by=actor(request), dry_run=body.dry_run
+            )
             applied = sum(c.applied for c in changes)
             return BulkRetry(applied, body.dry_run, tuple(changes))
-        return await retry_matching(
+        return await service.retry_matching(
             session,
             queue=body.queue,
             job_type=body.job_type,
             error_code=body.error_code,
             finished_after=body.finished_after,
             every=body.all,
-            states=RETRYABLE if body.include_cancelled else (JobState.FAILED,),
+            states=service.RETRYABLE if body.include_cancelled else (JobState.FAILED,),
             limit=body.limit,
             by=actor(request),
             dry_run=body.dry_run,
@@ -269,12 +255,12 @@ async def job(
     ident = _parse(job_id)
     db = database(request)
     async with db.reading() as session:
-        found = await get_job(session, ident)
+        found = await service.get_job(session, ident)
     if found is not None and not found.done and wait:
         with contextlib.suppress(TimeoutError, outbox.JobNotFound):
             await outbox.wait_for_async(db.engine, ident, timeout=wait, listen_url=db.url.listen)
         async with db.reading() as session:
-            found = await get_job(session, ident)
+            found = await service.get_job(session, ident)
     if found is None:
         raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
     say_when_to_poll(response, found)
@@ -288,7 +274,7 @@ async def cancel(job_id: str, request: Request) -> JobStateChange:
     that finished otherwise gets 409."""
     ident = _parse(job_id)
     async with database(request).writing() as session:
-        (result,) = await cancel_jobs(session, [ident])
+        (result,) = await service.cancel_jobs(session, [ident])
     return _changed(result, ident, f"job {ident} is {{state}} already; nothing to cancel")
 
 
@@ -298,7 +284,7 @@ async def retry(job_id: str, request: Request) -> JobStateChange:
     fresh attempt budget given; a job in any other state gets 409."""
     ident = _parse(job_id)
     async with database(request).writing() as session:
-        (result,) = await retry_jobs(session, [ident], by=actor(request))
+        (result,) = await service.retry_jobs(session, [ident], by=actor(request))
     return _changed(
         result, ident, f"job {ident} is {{state}}: only FAILED or CANCELLED jobs are retried"
     )
@@ -311,7 +297,7 @@ async def approve(job_id: str, request: Request) -> JobStateChange:
     already, or that never needed approval, gets 409 and is left as it was."""
     ident = _parse(job_id)
     async with database(request).writing() as session:
-        return await approve_job(session, ident, by=actor(request))
+        return await service.approve_job(session, ident, by=actor(request))
 
 
 @_job_change("reject", "Reject a job", *WITH_BODY)
@@ -322,4 +308,4 @@ async def reject(job_id: str, request: Request, body: RejectBody | None = None) 
     ident = _parse(job_id)
     reason = None if body is None else body.reason
     async with database(request).writing() as session:
-        return await reject_job(session, ident, by=actor(request), reason=reason)
+        return await service.reject_job(session, ident, by=actor(request), reason=reason)
