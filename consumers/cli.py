@@ -22,6 +22,7 @@ from plumbing.cli import (
     connection_options,
     run_daemon,
     setting_option,
+    settings_from,
     topology,
 )
 from plumbing.config import ConfigError, amqp_url, database_url
@@ -98,6 +99,7 @@ def _where(exc: Exception) -> str:
     "Time limit of an attempt whose handler sets no timeout; 0 for none. A quarter "
     "of an hour: longer than work that belongs in a job usually takes, short enough that "
     "a hung handler is retried within the hour instead of holding its lease for ever.",
+    none=0.0,
 )
 @setting_option(
     ConsumerSettings,
@@ -162,18 +164,14 @@ def main(**kwargs: Any) -> None:
             raise ConfigError(f"--tenant: {exc}") from None
         if not len(default_registry):
             raise ConfigError(f"--app {kwargs['app']} registered no handlers")
-        return ConsumerSettings(
+        return settings_from(
+            ConsumerSettings,
+            kwargs,
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
             queues=queues,
             tenants=tenants,
-            concurrency=kwargs["concurrency"],
-            prefetch=kwargs["prefetch"],
-            lease_seconds=kwargs["lease_seconds"],
-            heartbeat_seconds=kwargs["heartbeat_seconds"],
-            drain_seconds=kwargs["drain_seconds"],
-            default_timeout=kwargs["default_timeout"] or None,
         )
 
     run_daemon("consumer", kwargs["log_level"], build)

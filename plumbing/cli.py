@@ -27,6 +27,7 @@ from plumbing.stopping import CLOSE_SECONDS, Stopper
 from schema.topology import QueueType, Topology
 
 F = Callable[..., Any]
+T = typing.TypeVar("T")
 
 
 class Daemon(NamedTuple):
@@ -56,16 +57,23 @@ def default_of(settings: type[Any], name: str, *, none: Any = None) -> Any:
     raise TypeError(f"{settings.__name__} has no field {name!r}")
 
 
+# (settings class, field) -> the flag's value that stands for None, of every field
+# a setting_option declared: settings_from turns the flags back into the field.
+_FLAGS: dict[tuple[type[Any], str], Any] = {}
+
+
 def setting_option(
     settings: type[Any], name: str, help: str, *, none: Any = None, **extra: Any
 ) -> Callable[[F], F]:
     """The flag ``--<name>`` that sets field ``name`` of a settings dataclass: its
     type and its shown default read from the field (see :func:`default_of`), so a
-    daemon's flag and its setting cannot disagree."""
+    daemon's flag and its setting cannot disagree. ``none``: the flag's value that
+    means None (0 for "none" or "automatic")."""
     default = default_of(settings, name, none=none)
     # the field's own type (int or float), not its default's: 5 may default a float
     hint = typing.get_type_hints(settings)[name]
     kind = next(t for t in (*typing.get_args(hint), hint) if t in (int, float, str))
+    _FLAGS[(settings, name)] = none
     return click.option(
         "--" + name.replace("_", "-"),
         type=kind,
@@ -74,6 +82,19 @@ def setting_option(
         help=help,
         **extra,
     )
+
+
+def settings_from(settings: type[T], flags: dict[str, Any], **given: Any) -> T:
+    """``settings`` built from a daemon's flags: each field a :func:`setting_option`
+    declared takes its flag's value (None for the flag's ``none``), the rest come
+    from ``given``."""
+    values = dict(given)
+    for field in dataclasses.fields(settings):  # type: ignore[arg-type]
+        if (settings, field.name) in _FLAGS and field.name not in given:
+            none = _FLAGS[(settings, field.name)]
+            value = flags[field.name]
+            values[field.name] = None if none is not None and value == none else value
+    return settings(**values)
 
 
 def connection_options(fn: F) -> F:

@@ -12,6 +12,7 @@ from plumbing.cli import (
     default_of,
     run_daemon,
     setting_option,
+    settings_from,
     topology,
 )
 from plumbing.config import amqp_url, database_url
@@ -89,25 +90,12 @@ def main(**kwargs: Any) -> None:
     keep tenants' slot counts honest. Stops cleanly on SIGTERM or SIGINT."""
 
     def build() -> Daemon:
-        settings = RelaySettings(
+        settings = settings_from(
+            RelaySettings,
+            kwargs,
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
-            poll_interval=kwargs["poll_interval"],
-            batch_size=kwargs["batch_size"],
-            publishers=kwargs["publishers"],
-            publish_timeout=kwargs["publish_timeout"],
-            queue_backoff_cap=kwargs["queue_backoff_cap"],
-            window=kwargs["window"] or None,
-            min_window=kwargs["min_window"],
-            pack=kwargs["pack"],
-            sweep_interval=kwargs["sweep_interval"],
-            worker_ttl=kwargs["worker_ttl"],
-            rewake_interval=kwargs["rewake_interval"],
-            heartbeat_interval=kwargs["heartbeat_interval"],
-            schedule_interval=kwargs["schedule_interval"],
-            keep_finished=kwargs["keep_finished"],
-            keep_effects=kwargs["keep_effects"] or None,
         )
         return Daemon(Relay(settings).run, settings.database, settings.amqp)
 

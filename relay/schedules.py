@@ -158,27 +158,24 @@ def _decide(
 
 @dataclass(frozen=True)
 class _Due:
-    """A row of SCHEDULE_CLAIM_DUE."""
+    """A row of SCHEDULE_CLAIM_DUE: when the schedule fires, and what each
+    occurrence enqueues."""
 
     name: str
-    job_type: str
-    payload: Any
+    template: JobTemplate
     cron: str | None
     every_seconds: float | None
     timezone: str
-    queue: str
-    tenant: str | None
-    priority: int
-    max_attempts: int | None
     catchup: str
     next_fire_at: datetime
     db_now: datetime
 
-    @property
-    def template(self) -> JobTemplate:
-        return JobTemplate(
-            self.job_type, self.payload, self.queue, self.tenant, self.priority, self.max_attempts
-        )
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> _Due:
+        name, job_type, payload, cron, every_seconds, timezone, queue, tenant = row[:8]
+        priority, max_attempts, catchup, next_fire_at, db_now = row[8:]
+        template = JobTemplate(job_type, payload, queue, tenant, priority, max_attempts)
+        return cls(name, template, cron, every_seconds, timezone, catchup, next_fire_at, db_now)
 
     def dedup_key(self, at: datetime) -> str:
         # The occurrence's identity again, on the job: a second line of defence.
@@ -208,7 +205,7 @@ async def fire_due(
     while True:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(SCHEDULE_CLAIM_DUE, {"limit": batch, "failed": failed})
-            rows = [_Due(*row) for row in await cur.fetchall()]
+            rows = [_Due.of(row) for row in await cur.fetchall()]
             fired: list[str] = []
             for due in rows:
                 try:
@@ -343,7 +340,7 @@ async def _enqueue(conn: AsyncConnection, due: _Due, jobs: list[tuple[datetime, 
         return
     # A job with the occurrence's dedup key exists already (a schedule deleted and
     # made again under its old name, say): the record points at that job.
-    keys = [{"job_type": due.job_type, "dedup_key": due.dedup_key(at)} for at, _ in taken]
+    keys = [{"job_type": due.template.job_type, "dedup_key": due.dedup_key(at)} for at, _ in taken]
     cur = await conn.execute(JOB_FIND_BY_DEDUP_MANY, {"keys": json.dumps(keys)})
     existing = {key: job_id for _, key, job_id in await cur.fetchall()}
     for at, _ in taken:
