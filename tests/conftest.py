@@ -17,10 +17,13 @@ import psycopg
 import pytest
 from alembic import command
 from alembic.config import Config
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from plumbing.config import AmqpUrl, DatabaseUrl
+from plumbing.db import make_pool
 from schema.topology import Topology
 from tests.support import services
 from tests.support.broker import delete_topology
@@ -126,6 +129,15 @@ async def async_engine(db_url: DatabaseUrl) -> AsyncIterator[AsyncEngine]:
     eng = create_async_engine(db_url.sqlalchemy)
     yield eng
     await eng.dispose()
+
+
+@pytest.fixture
+async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
+    """A small async pool on the test database, made as the daemons make theirs."""
+    p = make_pool(db_url, "test", max_size=2)
+    await p.open(wait=True)
+    yield p
+    await p.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ Real relay, consumer and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import psycopg
 import pytest
 from psycopg import AsyncConnection
@@ -16,7 +14,6 @@ from sqlalchemy import Engine
 import consumers
 from consumers import Registry
 from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from plumbing.db import make_pool
 from relay.retention import delete_old_effects
 from relay.settings import RelaySettings
 from schema.queries import EFFECT_RETENTION_DELETE
@@ -26,14 +23,6 @@ from tests.support.jobs import enqueue, job, until, wait_for_state
 from tests.support.plans import plan
 
 DAY = 86400.0
-
-
-@pytest.fixture
-async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
-    p = make_pool(db_url, "test-effects", max_size=2)
-    await p.open(wait=True)
-    yield p
-    await p.close()
 
 
 def receipts(registry: Registry) -> None:

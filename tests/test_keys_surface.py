@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,21 +28,12 @@ from consumers.store import JobStore
 from jobctl.service import list_keys, stats
 from outbox import NewJob
 from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool
 from schema.queries import JOB_EXPIRE_WAITING
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import enqueue, enqueue_many
 from tests.support.processes import jobctl
 
 WORKER = "w:keys-surface"
-
-
-@pytest.fixture
-async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
-    p = make_pool(db_url, "test-keys-surface", 2)
-    await p.open()
-    yield p
-    await p.close()
 
 
 def _registry() -> Registry:

@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -26,7 +24,6 @@ from consumers.store import JobStore
 from jobctl.metrics import Collector, CollectorSettings
 from jobctl.metrics.queries import LOCK_NAME
 from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
 from schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
 from schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
@@ -72,14 +69,6 @@ LABEL_NAMES = {"queue", "state", "job_type", "outcome", "operation", "result", "
 @pytest.fixture
 def services(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology):
     return db_url, amqp_url, topology
-
-
-@pytest.fixture
-async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
-    p = make_pool(db_url, "test-metrics", 2)
-    await p.open()
-    yield p
-    await p.close()
 
 
 async def _poll(conn: AsyncConnection, sql: str, params: list[Any], until: Any) -> None:

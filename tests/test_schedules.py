@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,14 +31,6 @@ from tests.support.inproc import consumer_running
 from tests.support.processes import running
 
 SECOND = timedelta(seconds=1)
-
-
-@pytest.fixture
-async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
-    p = make_pool(db_url, "test-schedules", max_size=2)
-    await p.open(wait=True)
-    yield p
-    await p.close()
 
 
 def schedule(engine: Engine, name: str = "s", job_type: str = "tick", **kw: Any) -> datetime:

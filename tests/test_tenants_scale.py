@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -22,7 +21,6 @@ import outbox
 from consumers import Registry
 from outbox import NewJob
 from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
 from relay.maintenance import reconcile_tenant_slots, refresh_tenant_usage
 from schema.queries import TENANT_USAGE_REFRESH
 from schema.topology import Topology
@@ -30,14 +28,6 @@ from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue_many, wait_until_all
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-async def pool(db_url: DatabaseUrl) -> AsyncIterator[AsyncConnectionPool[AsyncConnection]]:
-    p = make_pool(db_url, "test-tenants", max_size=2)
-    await p.open(wait=True)
-    yield p
-    await p.close()
 
 
 def set_limits(engine: Engine, tenants: list[str], **limits: Any) -> None:

@@ -42,50 +42,12 @@ async def collect(
     settle: float = 0.3,
     *,
     dead_letters: bool = False,
+    ids: bool = False,
 ) -> list[str]:
     """Consume and ack messages from one queue (or the dead-letter queue) until
     ``expected`` arrived and nothing more came for ``settle`` seconds (so duplicates
-    would be counted), or timeout; their bodies."""
-    return await _consume(
-        amqp_url,
-        topology,
-        queue,
-        expected,
-        timeout,
-        settle,
-        lambda body: [body.decode(errors="replace")],
-        dead_letters=dead_letters,
-    )
-
-
-async def collect_ids(
-    amqp_url: str,
-    topology: Topology,
-    queue: str,
-    expected: int,
-    timeout: float = 30.0,
-    settle: float = 0.3,
-) -> list[str]:
-    """Like :func:`collect`, counting job ids instead of messages: a message may
-    name several (one a line)."""
-    return await _consume(
-        amqp_url, topology, queue, expected, timeout, settle, lambda body: body.decode().split()
-    )
-
-
-async def _consume(
-    amqp_url: str,
-    topology: Topology,
-    queue: str,
-    expected: int,
-    timeout: float,
-    settle: float,
-    items: Callable[[bytes], list[str]],
-    *,
-    dead_letters: bool = False,
-) -> list[str]:
-    """What :func:`collect` and :func:`collect_ids` share: ``items`` of each message
-    until ``expected`` of them arrived and ``settle`` seconds passed with no more."""
+    would be counted), or timeout; their bodies, or with ``ids`` the job ids they
+    name (a message may name several, one a line)."""
     connection = await aio_pika.connect(amqp_url)
     found: list[str] = []
     async with connection:
@@ -107,9 +69,17 @@ async def _consume(
                     if len(found) >= expected:
                         break
                     continue
-                found += items(message.body)
+                body = message.body.decode(errors="replace")
+                found += body.split() if ids else [body]
                 await message.ack()
     return found
+
+
+async def collect_ids(
+    amqp_url: str, topology: Topology, queue: str, expected: int, **options: float
+) -> list[str]:
+    """:func:`collect` counting job ids instead of messages."""
+    return await collect(amqp_url, topology, queue, expected, ids=True, **options)  # type: ignore[arg-type]
 
 
 async def publish_raw(amqp_url: str, topology: Topology, queue: str, body: bytes) -> None:
