@@ -61,6 +61,17 @@ def fleet_options(
         )
 
 
+def pace_options(
+    parser: argparse.ArgumentParser, *, rate: float = 200, seconds: float, what: str = "the run"
+) -> None:
+    """``--rate`` and ``--seconds`` of the benchmarks that commit jobs at a steady
+    pace for a while (``what`` names that while in the help)."""
+    parser.add_argument(
+        "--rate", type=float, default=rate, help=f"jobs committed per second in {what}"
+    )
+    parser.add_argument("--seconds", type=float, default=seconds, help=f"length of {what}")
+
+
 @contextmanager
 def stopping(
     procs: list[subprocess.Popen[bytes]], files: Iterable[IO[bytes]] = ()

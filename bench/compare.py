@@ -32,7 +32,7 @@ import sys
 from dataclasses import asdict, dataclass
 from types import FrameType
 
-from bench.common import machine, server_versions
+from bench.common import machine, pace_options, server_versions
 from bench.peers.base import Contender, Figures, Settings, say
 
 GROUPS = {
@@ -246,8 +246,7 @@ def main() -> None:
         default=2,
         help="worker processes for every contender (our consumer processes)",
     )
-    parser.add_argument("--rate", type=float, default=200, help="latency: enqueues per second")
-    parser.add_argument("--seconds", type=float, default=10, help="latency: for how long")
+    pace_options(parser, seconds=10, what="the latency run")
     parser.add_argument(
         "--only",
         nargs="+",

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 import outbox
 from bench.common import (
     argument_parser,
+    pace_options,
     report,
     scratch_system,
     wait_all_done,
@@ -96,12 +97,7 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=50, help="handlers at once per consumer process"
     )
-    parser.add_argument(
-        "--rate", type=float, default=200, help="jobs per second committed in the latency run"
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=10, help="length of the latency run, in seconds"
-    )
+    pace_options(parser, seconds=10, what="the latency run")
     parser.add_argument(
         "--no-baseline", dest="baseline", action="store_false", help="skip the SKIP LOCKED loop"
     )

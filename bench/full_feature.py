@@ -38,6 +38,7 @@ import outbox
 from bench.common import (
     argument_parser,
     committing,
+    pace_options,
     percentiles,
     report,
     scratch_system,
@@ -132,8 +133,7 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     parser = argument_parser("bench.full_feature", __doc__)
-    parser.add_argument("--rate", type=float, default=200, help="jobs per second committed")
-    parser.add_argument("--seconds", type=float, default=60, help="length of each run")
+    pace_options(parser, seconds=60, what="each run")
     parser.add_argument("--tenants", type=int, default=1000, help="capped tenants")
     parser.add_argument("--keys", type=int, default=5000, help="distinct keys (key_limit=1)")
     parser.add_argument("--history", type=int, default=100_000, help="finished jobs in place")

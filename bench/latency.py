@@ -36,6 +36,7 @@ from bench.common import (
     argument_parser,
     cpu_seconds,
     fleet_options,
+    pace_options,
     percentiles,
     report,
     scratch_system,
@@ -68,8 +69,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argument_parser("bench.latency", __doc__)
-    parser.add_argument("--rate", type=float, default=200, help="jobs committed per second")
-    parser.add_argument("--seconds", type=float, default=10, help="length of the run")
+    pace_options(parser, seconds=10)
     fleet_options(parser, consumers=2, concurrency=None)
     parser.add_argument(
         "--no-trace",

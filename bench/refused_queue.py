@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import consumers
-from bench.common import argument_parser, percentiles, report, scratch_system
+from bench.common import argument_parser, pace_options, percentiles, report, scratch_system
 from bench.marks import ENV, Marks, process_marks
 
 HEALTHY, REFUSED = "healthy", "refused"
@@ -159,8 +159,7 @@ def run(args: Any, db: Any, topology: Any, logs: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argument_parser("bench.refused_queue", __doc__)
-    parser.add_argument("--rate", type=float, default=50, help="healthy jobs committed per second")
-    parser.add_argument("--seconds", type=float, default=20, help="length of each phase")
+    pace_options(parser, rate=50, seconds=20, what="each phase")
     parser.add_argument(
         "--refused-rate", type=float, default=50, help="jobs per second for the refused queue"
     )
