@@ -19,7 +19,8 @@ from consumers.cli import main as consumer_main
 from consumers.settings import ConsumerSettings
 from jobctl.metrics import CollectorSettings
 from jobctl.service import queries as service_queries
-from plumbing.cli import default_of
+from plumbing.cli import default_of, settings_from
+from plumbing.config import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, AmqpUrl, DatabaseUrl
 from relay.cli import main as relay_main
 from relay.settings import RelaySettings
 from schema import docs
@@ -53,6 +54,24 @@ def test_every_flag_that_sets_a_setting_defaults_to_the_settings_default(
         expected = 0 if default is None else default
         assert flags[name] == expected, f"--{name.replace('_', '-')}: {flags[name]!r}"
         assert default_of(settings, name, none=0) == expected
+
+
+def test_the_daemons_settings_from_their_default_flags_are_the_settings_defaults() -> None:
+    # settings_from reads every flag a setting_option declared by the field's name;
+    # a flag at its 'none' value (0: automatic, for ever, no limit) is None again.
+    given = {
+        "database": DatabaseUrl.parse(DEFAULT_DATABASE_URL),
+        "amqp": AmqpUrl.parse(DEFAULT_AMQP_URL),
+    }
+    relay = settings_from(RelaySettings, _flag_defaults(relay_main), **given)
+    assert relay == RelaySettings(**given)
+    flags = {**_flag_defaults(relay_main), "window": 0, "keep_effects": 0.0, "batch_size": 7}
+    changed = settings_from(RelaySettings, flags, **given)
+    assert (changed.window, changed.keep_effects, changed.batch_size) == (None, None, 7)
+    flags = {**_flag_defaults(consumer_main), "default_timeout": 0.0, "concurrency": 3}
+    consumer = settings_from(ConsumerSettings, flags, **given, queues=("default",))
+    assert (consumer.default_timeout, consumer.concurrency) == (None, 3)
+    assert consumer.lease_seconds == ConsumerSettings(**given, queues=("default",)).lease_seconds
 
 
 def test_the_metrics_flags_default_to_the_collectors_settings() -> None:
