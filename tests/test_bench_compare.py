@@ -93,8 +93,8 @@ def test_help_shows_the_whole_description_and_every_default() -> None:
     for described in (
         "jobs drained at once (default: 20000)",
         "(our consumer processes) (default: 2)",
-        "enqueues per second (default: 200)",
-        "for how long (default: 10)",
+        "jobs committed per second in the latency run (default: 200)",
+        "length of the latency run (default: 10)",
         "skiplocked (default: all)",
     ):
         assert described in text

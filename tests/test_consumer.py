@@ -153,8 +153,11 @@ async def test_retries_follow_the_backoff_then_fail(services, engine: Engine, pg
     gaps = [
         (b["started_at"] - a["finished_at"]).total_seconds() for a, b in itertools.pairwise(history)
     ]
+    # The back-off runs from the outcome's transaction start (now()), the attempt's
+    # end is stamped statement_timestamp(), which PostgreSQL resets per protocol
+    # message: a loaded CI run measured 0.283 s for a 0.3 s back-off.
     for gap, expected in zip(gaps, [0.3, 0.6, 1.2], strict=True):
-        assert expected <= gap < expected + 1.5, f"gaps {gaps}"
+        assert expected - 0.1 <= gap < expected + 1.5, f"gaps {gaps}"
     assert row["attempt_count"] == 4 and row["max_attempts"] == 4
     assert row["last_error_code"] == "ConnectionResetError"
     assert "attempt 4" in row["last_error_message"]

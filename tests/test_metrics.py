@@ -157,6 +157,11 @@ async def _wait_done(pg: psycopg.Connection, job_type: str, count: int) -> None:
             await asyncio.sleep(0.05)
 
 
+def _pause(engine: Engine, name: str) -> None:
+    with Session(engine) as session, session.begin():
+        outbox.pause_schedule(session, name)
+
+
 async def test_metrics_of_real_jobs(
     services, engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, pool
 ) -> None:
@@ -192,8 +197,9 @@ async def test_metrics_of_real_jobs(
         async with asyncio.timeout(30):
             while not _count(pg, "SELECT count(*) FROM schedule_fires"):
                 await asyncio.sleep(0.05)
-        with Session(engine) as session, session.begin():
-            outbox.pause_schedule(session, "ticker")
+        # On a thread: the in-process relay may hold the schedule's row in its fire
+        # transaction, which it can finish only while this event loop runs.
+        await asyncio.to_thread(_pause, engine, "ticker")
         fires = _count(pg, "SELECT count(*) FROM schedule_fires WHERE outcome = 'enqueued'")
         await _wait_done(pg, "tick", fires)
         # the consumer publishes its counters with its worker row, every second here
