@@ -1,8 +1,9 @@
-"""The claim statement's own cost, without a consumer around it: how long one
-JOB_CLAIM_MANY takes for a batch of 1 and of 50 due jobs, server planning and
-execution apart, with a backlog of waiting jobs in place.
+"""The claim statements' own cost, without a consumer around them: how long one
+JOB_CLAIM_MANY (the whole claim) and one JOB_CLAIM_PLAIN_MANY (the shorter claim a
+consumer tries first, for jobs with no key, resource, deadline or rate limit) take
+for a batch of 1 and of 50 due jobs, with a backlog of waiting jobs in place.
 
-    python -m bench.claim_cost [--jobs 20000] [--repeat 100]
+    python -m bench.claim_cost [--jobs 40000] [--repeat 100]
 
 Each try is a real claim, committed, of jobs no earlier try took, on one
 autocommit connection as the consumer's pool runs it (psycopg prepares the
@@ -33,7 +34,9 @@ from schema import queries as q
 FORCED_GENERIC = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
 
 
-def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> dict[str, float]:
+def measure(
+    conninfo: str, options: str, ids: list[uuid.UUID], batch: int, statement: str
+) -> dict[str, float]:
     """Claim ``ids`` ``batch`` at a time on one connection as the consumer's pool
     makes them (autocommit, prepared after a few executions): each claim is a real
     one, committed, of jobs no earlier try took."""
@@ -42,9 +45,7 @@ def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> di
         for start in range(0, len(ids) - batch + 1, batch):
             chosen = ids[start : start + batch]
             started = time.perf_counter()
-            rows = conn.execute(
-                q.JOB_CLAIM_MANY, claim_params(chosen, "bench-claim-cost")
-            ).fetchall()
+            rows = conn.execute(statement, claim_params(chosen, "bench-claim-cost")).fetchall()
             walls.append((time.perf_counter() - started) * 1000)
             if sum(1 for r in rows if r[0] == "claimed") != batch:
                 raise RuntimeError(f"claimed {rows[:3]}... not {batch}")
@@ -59,7 +60,7 @@ def measure(conninfo: str, options: str, ids: list[uuid.UUID], batch: int) -> di
 
 def main() -> None:
     parser = argument_parser("bench.claim_cost", __doc__)
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--jobs", type=int, default=40_000)
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
     with scratch_database("bench_claim_cost") as db:
@@ -75,12 +76,15 @@ def main() -> None:
             "jobs_waiting": args.jobs,
         }
         # each measure takes its own slice of the backlog, the rest still waiting
-        slices = iter(range(0, args.jobs, args.jobs // 4))
-        for mode, options in (("consumer", CONTROL_OPTIONS), ("generic", FORCED_GENERIC)):
-            for n in (1, 50):
-                first = next(slices)
-                chosen = ids[first : first + min(args.repeat * n, args.jobs // 4)]
-                report[f"{mode}_batch_{n}"] = measure(db.conninfo, options, chosen, n)
+        slices = iter(range(0, args.jobs, args.jobs // 8))
+        for claim, statement in (("whole", q.JOB_CLAIM_MANY), ("plain", q.JOB_CLAIM_PLAIN_MANY)):
+            for mode, options in (("consumer", CONTROL_OPTIONS), ("generic", FORCED_GENERIC)):
+                for n in (1, 50):
+                    first = next(slices)
+                    chosen = ids[first : first + min(args.repeat * n, args.jobs // 8)]
+                    report[f"{claim}_{mode}_batch_{n}"] = measure(
+                        db.conninfo, options, chosen, n, statement
+                    )
     print(json.dumps(report, indent=2))
 
 

@@ -4,6 +4,7 @@ name, to the statements in schema/queries/."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from consumers.outcome import Outcome
+from plumbing.logfmt import describe_error
 from schema import queries as q
 from schema.states import JobState
 
@@ -22,6 +24,8 @@ from schema.states import JobState
 # is, or that its row was held by another transaction ('locked': try it again).
 LOCKED = "locked"
 NO_THREAD = "no_thread"
+
+log = logging.getLogger("consumer")
 
 
 @dataclass(frozen=True)
@@ -119,20 +123,49 @@ class JobStore:
         free_threads: int,
         worker_ttl: float,
     ) -> ClaimResult:
+        params: dict[str, Any] = {
+            "job_ids": list(job_ids),
+            "types": json.dumps(terms),
+            "free_threads": free_threads,
+            "worker": self.worker,
+            "lease_seconds": self.lease_seconds,
+            "tenants": self.tenants,
+        }
+        # Plain jobs first, by the shorter statement; what it leaves ('full') is
+        # decided, and any refusal recorded, by the whole claim.
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                q.JOB_CLAIM_MANY,
-                {
-                    "job_ids": list(job_ids),
-                    "types": json.dumps(terms),
-                    "free_threads": free_threads,
-                    "worker": self.worker,
-                    "lease_seconds": self.lease_seconds,
-                    "worker_ttl": worker_ttl,
-                    "tenants": self.tenants,
-                },
-            )
+            cur = await conn.execute(q.JOB_CLAIM_PLAIN_MANY, params)
             rows = await cur.fetchall()
+            rest = [row[1] for row in rows if row[0] == "full"]
+            if rest:
+                # the threads the plain functions just claimed hold are not free
+                sync = {t["job_type"] for t in terms if t["sync"]}
+                threads_left = free_threads - sum(
+                    1 for row in rows if row[0] == "claimed" and row[2] in sync
+                )
+                taken = [row for row in rows if row[0] == "claimed"]
+                try:
+                    cur = await conn.execute(
+                        q.JOB_CLAIM_MANY,
+                        {
+                            **params,
+                            "job_ids": rest,
+                            "free_threads": max(threads_left, 0),
+                            "worker_ttl": worker_ttl,
+                        },
+                    )
+                    rows = taken + await cur.fetchall()
+                except Exception as exc:
+                    if not taken:
+                        raise
+                    # The plain claim committed: its jobs are this worker's, and only
+                    # it can start them. The rest are tried again alone, as rows
+                    # another transaction held would be.
+                    log.warning(
+                        "consumer.claim_left_for_later",
+                        extra={"jobs": len(rest), "error": describe_error(exc)},
+                    )
+                    rows = taken + [(LOCKED, job_id) for job_id in rest]
         claimed = [Claimed(*row[1:]) for row in rows if row[0] == "claimed"]
         missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
         return ClaimResult(claimed, missed)

@@ -705,6 +705,96 @@ LEFT JOIN refused AS r ON r.job_id = ids.job_id
 LEFT JOIN locked AS l ON l.job_id = ids.job_id
 WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 
+-- name: JOB_CLAIM_PLAIN_MANY
+-- Run by consumers.claimer:Claimer._claim (through consumers.store:JobStore.claim),
+-- consumers.testing:JobRunner.run_due (through consumers.store:JobStore.claim).
+-- Makes QUEUED -> RUNNING: a woken consumer claims a plain job (no key, resource,
+-- deadline or rate limit) by the shorter claim.
+-- Makes RETRY_WAIT -> RUNNING: a plain job's retry, claimed by the shorter claim.
+-- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker.
+WITH types AS (
+    -- 1a. what this worker can run: its handlers, with their budget and backoff
+    SELECT *
+    FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
+        job_type text, max_attempts int, backoff_base double precision,
+        backoff_cap double precision, backoff_jitter double precision, sync boolean,
+        rate_limit text)
+), locked AS (
+    -- 1b. the named plain jobs that may be claimed now, locked (others' rows skipped)
+    SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
+    FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
+    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
+      AND j.state IN ('QUEUED', 'RETRY_WAIT')
+      AND j.run_after <= now()
+      AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
+      AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
+      AND j.expires_at IS NULL AND j.rate_limit IS NULL AND t.rate_limit IS NULL
+      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused)
+      AND (j.tenant IS NULL OR NOT EXISTS (
+               SELECT 1 FROM tenant_limits AS d
+               WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
+                 AND d.tenant <> ALL(%(tenants)s::text[])))
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), runnable AS (
+    -- 1c. of those, a plain function's only with a free thread
+    SELECT r.*
+    FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
+                 AS thread_rank
+          FROM locked AS l) AS r
+    WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+), usage AS MATERIALIZED (
+    -- 2a. their tenants' free slots, locked in tenant order (every statement that
+    -- moves these counters does so)
+    SELECT u.tenant, l.max_running - u.running AS free
+    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
+    WHERE u.tenant IN (SELECT tenant FROM runnable)
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
+), admitted AS (
+    -- 2b. the runnable jobs that fit their tenant's free slots, by priority
+    SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
+    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
+                 AS slot_rank
+          FROM runnable AS r) AS a
+    LEFT JOIN usage AS u ON u.tenant = a.tenant
+    WHERE u.free IS NULL OR a.slot_rank <= u.free
+), reserved AS (
+    -- 2c. their slots taken, in this same statement
+    UPDATE tenant_usage AS u
+    SET running = u.running + a.slots, claimed = u.claimed + a.taken
+    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+    WHERE u.tenant = a.tenant
+), claimed AS (
+    -- 4. the admitted jobs claimed: RUNNING under this worker's lease
+    UPDATE jobs AS j
+    SET state = 'RUNNING',
+        lease_owner = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        lease_generation = j.lease_generation + 1,
+        attempt_count = j.attempt_count + 1,
+        max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
+        expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
+                         * (1 + t.backoff_jitter * (2 * random() - 1)),
+        holds_slot = a.holds,
+        delay_reason = NULL,
+        delay_since = NULL,
+        started_at = now(),
+        updated_at = now()
+    FROM admitted AS a, types AS t
+    WHERE j.job_id = a.job_id AND t.job_type = j.job_type
+    RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
+              j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
+              j.trace_context
+)
+-- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide
+SELECT 'claimed' AS status, c.* FROM claimed AS c
+UNION ALL
+SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
+WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
+
 -- name: JOB_HELD_BY
 -- Run by consumers.store:JobStore.held_by_me to find the named jobs this worker holds,
 -- after an ambiguous claim commit.

@@ -211,6 +211,15 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         },
     ),
     Operation(
+        "JOB_CLAIM_PLAIN_MANY",
+        ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
+        {
+            (_QUEUED, _RUNNING): "a woken consumer claims a plain job (no key, resource, "
+            "deadline or rate limit) by the shorter claim",
+            (_RETRY_WAIT, _RUNNING): "a plain job's retry, claimed by the shorter claim",
+        },
+    ),
+    Operation(
         "JOB_FINISH_MANY",
         ("consumers.reporter:Reporter.record", "consumers.testing:JobRunner._record"),
         {

@@ -1,7 +1,8 @@
 """The claim reads what its batch costs, not what the backlog costs: with thousands
 of jobs waiting and wake-ups in flight, JOB_CLAIM_MANY never scans jobs or outbox,
-in the custom plan of a first execution and in the generic plan the consumer's
-prepared statement settles on (psycopg prepares it on its fifth run; PostgreSQL then
+nor does the shorter claim of plain jobs (JOB_CLAIM_PLAIN_MANY), in the custom plan
+of a first execution and in the generic plan the consumer's prepared statement
+settles on (psycopg prepares it on its fifth run; PostgreSQL then
 keeps a plan made without the values). A generic plan had planned the deletion of
 used-up wake-ups as a scan of the whole outbox, paid by every claim."""
 
@@ -58,13 +59,14 @@ def backlog(engine: Engine, pg: psycopg.Connection) -> list[Any]:
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("batch", [1, BATCH])
+@pytest.mark.parametrize("statement", ["JOB_CLAIM_MANY", "JOB_CLAIM_PLAIN_MANY"])
 def test_the_claim_reads_its_batch_not_the_backlog(
-    pg: psycopg.Connection, backlog: list[Any], generic: bool, batch: int
+    pg: psycopg.Connection, backlog: list[Any], generic: bool, batch: int, statement: str
 ) -> None:
     chosen = backlog[:batch] if batch == 1 else backlog[-batch:]
     for _ in range(3):  # the generic plan as a settled prepared statement runs it
         found = explain_plan(
-            pg, q.JOB_CLAIM_MANY, claim_params(chosen, "test-claim-plan"), generic=generic
+            pg, getattr(q, statement), claim_params(chosen, "test-claim-plan"), generic=generic
         )
     read = scans(found)
     assert read, "the claim reads jobs"

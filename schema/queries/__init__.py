@@ -90,6 +90,7 @@ from schema.queries.job import (
 from schema.queries.lease import (
     JOB_ATTEMPT_RECORDED_MANY,
     JOB_CLAIM_MANY,
+    JOB_CLAIM_PLAIN_MANY,
     JOB_FINISH_MANY,
     JOB_FINISH_MANY_IN_TX,
     JOB_GIVE_BACK_MANY,
@@ -167,6 +168,7 @@ __all__ = [
     "JOB_APPROVE",
     "JOB_ATTEMPT_RECORDED_MANY",
     "JOB_CLAIM_MANY",
+    "JOB_CLAIM_PLAIN_MANY",
     "JOB_DEBOUNCE_MANY",
     "JOB_EFFECT_CLAIM",
     "JOB_EXPIRE_WAITING",
