@@ -57,6 +57,33 @@ def _claimed(admitted: str) -> str:
 )"""
 
 
+def _tenant_slots(runnable: str) -> str:
+    """Step 2a of both claims: the free slots of the tenants of ``runnable``, their
+    rows locked in tenant order, as every statement that moves the counters takes
+    them."""
+    return f"""usage AS MATERIALIZED (
+    -- 2a. their tenants' free slots, locked in tenant order (every statement that
+    -- moves these counters does so)
+    SELECT u.tenant, l.max_running - u.running AS free
+    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
+    WHERE u.tenant IN (SELECT tenant FROM {runnable})
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
+)"""
+
+
+def _slots_taken(admitted: str) -> str:
+    """Step 2c of both claims: the slots of ``admitted`` (tenant, holds) taken."""
+    return f"""reserved AS (
+    -- 2c. their slots taken, in this same statement
+    UPDATE tenant_usage AS u
+    SET running = u.running + a.slots, claimed = u.claimed + a.taken
+    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+          FROM {admitted} AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
+    WHERE u.tenant = a.tenant
+)"""
+
+
 # Refusals for want of a consumer that could take the job: one with its handler
 # (NO_HANDLER), or one naming its dedicated tenant (NO_AUTHORIZED_RUNNER). Their
 # wake-ups go only where such a consumer has room.
@@ -237,15 +264,7 @@ WITH {_HANDLERS}, dedicated AS (
 ), rated AS (
     -- 1g. the runnable jobs with a token, or under no limit
     SELECT r.* FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM rate_refused)
-), usage AS MATERIALIZED (
-    -- 2a. their tenants' free slots, locked in tenant order (every statement that
-    -- moves these counters does so)
-    SELECT u.tenant, l.max_running - u.running AS free
-    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM rated)
-    ORDER BY u.tenant
-    FOR NO KEY UPDATE OF u
-), admitted AS (
+), {_tenant_slots("rated")}, admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
@@ -299,14 +318,7 @@ WITH {_HANDLERS}, dedicated AS (
     -- 2b6. the admitted jobs whose key and resource were had
     SELECT a.* FROM key_admitted AS a
     WHERE a.resource IS NULL OR a.job_id IN (SELECT job_id FROM resource_taken)
-), reserved AS (
-    -- 2c. their slots taken, in this same statement
-    UPDATE tenant_usage AS u
-    SET running = u.running + a.slots, claimed = u.claimed + a.taken
-    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM resource_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
-    WHERE u.tenant = a.tenant
-), refused AS (
+), {_slots_taken("resource_admitted")}, refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
@@ -469,15 +481,7 @@ WITH {_HANDLERS}, locked AS (
                  AS thread_rank
           FROM locked AS l) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
-), usage AS MATERIALIZED (
-    -- 2a. their tenants' free slots, locked in tenant order (every statement that
-    -- moves these counters does so)
-    SELECT u.tenant, l.max_running - u.running AS free
-    FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM runnable)
-    ORDER BY u.tenant
-    FOR NO KEY UPDATE OF u
-), admitted AS (
+), {_tenant_slots("runnable")}, admitted AS (
     -- 2b. the runnable jobs that fit their tenant's free slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
@@ -485,14 +489,7 @@ WITH {_HANDLERS}, locked AS (
           FROM runnable AS r) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
-), reserved AS (
-    -- 2c. their slots taken, in this same statement
-    UPDATE tenant_usage AS u
-    SET running = u.running + a.slots, claimed = u.claimed + a.taken
-    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
-          FROM admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
-    WHERE u.tenant = a.tenant
-), {_claimed("admitted")}
+), {_slots_taken("admitted")}, {_claimed("admitted")}
 -- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
