@@ -80,7 +80,9 @@
       refreshes += 1;
       document.body.dataset.refreshes = String(refreshes);
       wire();
-      say(`updated ${new Date().toLocaleTimeString()}`, "live");
+      // Paused or turned off while this one was on its way: say that, not "updated".
+      if (seconds === 0 || paused) show();
+      else say(`updated ${new Date().toLocaleTimeString()}`, "live");
     } catch (error) {
       say("refresh failed (server unreachable); retrying", "error");
     } finally {
