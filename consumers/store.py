@@ -136,14 +136,12 @@ class JobStore:
         async with self.pool.connection() as conn:
             cur = await conn.execute(q.JOB_CLAIM_PLAIN_MANY, params)
             rows = await cur.fetchall()
+            taken = [row for row in rows if row[0] == "claimed"]
             rest = [row[1] for row in rows if row[0] == "full"]
             if rest:
                 # the threads the plain functions just claimed hold are not free
                 sync = {t["job_type"] for t in terms if t["sync"]}
-                threads_left = free_threads - sum(
-                    1 for row in rows if row[0] == "claimed" and row[2] in sync
-                )
-                taken = [row for row in rows if row[0] == "claimed"]
+                threads_left = free_threads - sum(1 for row in taken if row[2] in sync)
                 try:
                     cur = await conn.execute(
                         q.JOB_CLAIM_MANY,
