@@ -209,7 +209,14 @@ class JobStore:
         reported as stale.
         """
         async with self.pool.connection() as conn:
-            result = await finish_on(conn, self.worker, batch, q.JOB_FINISH_MANY)
+            # Plain leases first, by the shorter statement; the outcomes of leases
+            # holding a key or a resource ('full') by the whole one. Each commits on
+            # its own: if the second fails, the caller's retry finds the first's
+            # outcomes recorded (below), not stale.
+            result = await finish_on(conn, self.worker, batch, q.JOB_FINISH_PLAIN_MANY)
+            rest = [row for row in batch if result.get(row[0]) == "full"]
+            if rest:
+                result.update(await finish_on(conn, self.worker, rest, q.JOB_FINISH_MANY))
             missing = [(job_id, gen) for job_id, gen, _ in batch if job_id not in result]
             recorded: set[uuid.UUID] = set()
             if missing:

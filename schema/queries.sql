@@ -988,6 +988,96 @@ SELECT h.job_id, 'LOCKED'
 FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND j.state IN ('CANCEL_REQUESTED', 'RUNNING')
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
+-- name: JOB_FINISH_PLAIN_MANY
+-- Run by consumers.reporter:Reporter.record (through consumers.store:JobStore.finish),
+-- consumers.testing:JobRunner._record (through consumers.store:JobStore.finish).
+-- Makes RUNNING -> SUCCEEDED: a plain lease's (no key, no resource) handler returned,
+-- recorded by the shorter outcome.
+-- Makes RUNNING -> RETRY_WAIT: a plain lease's attempt failed with attempts left.
+-- Makes RUNNING -> FAILED: a plain lease's Permanent, or its failed last attempt.
+-- Makes RUNNING -> CANCELLED: a plain lease's handler raised Cancel.
+-- Makes CANCEL_REQUESTED -> SUCCEEDED: a plain lease's handler finished anyway.
+-- Makes CANCEL_REQUESTED -> FAILED: a plain lease's handler raised Permanent.
+-- Makes CANCEL_REQUESTED -> CANCELLED: a plain lease's handler stopped.
+-- Built with BUDGET, FENCE.
+-- Parameters: outcomes, worker.
+WITH h AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS h(
+        job_id uuid, generation bigint, kind text, error_code text, error_message text,
+        traceback text, delay_seconds double precision, result jsonb, progress jsonb)
+), decided AS (
+    SELECT h.job_id, h.kind, h.error_code, h.error_message, h.traceback, h.delay_seconds,
+           h.result, h.progress, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
+           j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
+           j.holds_slot AS held_slot,
+           CASE
+               WHEN h.kind = 'succeeded' THEN 'SUCCEEDED'
+               WHEN h.kind = 'cancelled' THEN 'CANCELLED'
+               WHEN h.kind = 'failed' THEN 'FAILED'
+               WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
+               ELSE 'RETRY_WAIT'
+           END AS state
+    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND j.state IN ('CANCEL_REQUESTED', 'RUNNING')
+    WHERE j.key IS NULL AND j.resource IS NULL
+    ORDER BY j.job_id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), finished AS (
+    UPDATE jobs AS j
+    SET state = d.state,
+        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+                         THEN now() + make_interval(secs => d.delay_seconds)
+                         ELSE j.run_after END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        holds_slot = false,
+        last_error_code = COALESCE(d.error_code, j.last_error_code),
+        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
+                                  ELSE d.error_message END,
+        result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
+        progress = COALESCE(d.progress, j.progress),
+        progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
+                           ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        updated_at = now()
+    FROM decided AS d
+    WHERE j.job_id = d.job_id
+    RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
+              d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
+              d.error_code, d.error_message, d.traceback
+), history AS (
+    INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
+                              finished_at, outcome, error_code, error_message, traceback)
+    SELECT job_id, attempt, lease_generation, worker, ready_at, started_at,
+           statement_timestamp(), state, error_code, error_message, traceback
+    FROM finished
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
+    FROM finished WHERE state IN ('QUEUED', 'RETRY_WAIT')
+), releasing AS MATERIALIZED (
+    -- Locked in tenant order, as the claim locks them: two statements that touch
+    -- several tenants never wait for each other in a circle.
+    SELECT u.tenant, r.slots
+    FROM tenant_usage AS u
+    JOIN (SELECT tenant, count(*) AS slots FROM finished WHERE held_slot GROUP BY tenant) AS r
+      ON r.tenant = u.tenant
+    ORDER BY u.tenant
+    FOR NO KEY UPDATE OF u
+), released AS (
+    -- never below zero: drift is the reconciler's to repair, never a reason to
+    -- refuse an outcome
+    UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
+    FROM releasing AS r
+    WHERE u.tenant = r.tenant
+)
+SELECT job_id, state FROM finished
+UNION ALL
+SELECT h.job_id, CASE WHEN j.key IS NULL AND j.resource IS NULL THEN 'LOCKED' ELSE 'full' END
+FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND j.state IN ('CANCEL_REQUESTED', 'RUNNING')
+WHERE h.job_id NOT IN (SELECT job_id FROM finished);
+
 -- name: JOB_FINISH_MANY_IN_TX
 -- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.

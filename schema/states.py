@@ -233,6 +233,20 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         },
     ),
     Operation(
+        "JOB_FINISH_PLAIN_MANY",
+        ("consumers.reporter:Reporter.record", "consumers.testing:JobRunner._record"),
+        {
+            (_RUNNING, _SUCCEEDED): "a plain lease's (no key, no resource) handler returned, "
+            "recorded by the shorter outcome",
+            (_RUNNING, _RETRY_WAIT): "a plain lease's attempt failed with attempts left",
+            (_RUNNING, _FAILED): "a plain lease's Permanent, or its failed last attempt",
+            (_RUNNING, _CANCELLED): "a plain lease's handler raised Cancel",
+            (_CANCEL_REQUESTED, _SUCCEEDED): "a plain lease's handler finished anyway",
+            (_CANCEL_REQUESTED, _FAILED): "a plain lease's handler raised Permanent",
+            (_CANCEL_REQUESTED, _CANCELLED): "a plain lease's handler stopped",
+        },
+    ),
+    Operation(
         "JOB_FINISH_MANY_IN_TX",
         ("consumers.job:Job.transaction",),
         {

@@ -131,7 +131,7 @@ def resource_wake_next(released: str) -> str:
 )"""
 
 
-def lease_ended(source: str, *, expired: bool = False) -> str:
+def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
     release of the tenant slot the lease held and of its key (key_usage, whose row
@@ -151,8 +151,11 @@ def lease_ended(source: str, *, expired: bool = False) -> str:
     job_id, state (the new one), queue, tenant, priority, run_after, attempt,
     lease_generation, worker, ready_at, started_at, held_slot, error_code,
     error_message and traceback.
+
+    ``plain``: the leases of ``source`` held no key and no resource (the caller's
+    statement made sure), so the tail stops after the tenant slots.
     """
-    return f"""history AS (
+    ended = f"""history AS (
     INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
                               finished_at, outcome, error_code, error_message, traceback)
     SELECT job_id, attempt, lease_generation, worker, ready_at, started_at,
@@ -177,7 +180,10 @@ def lease_ended(source: str, *, expired: bool = False) -> str:
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
-), {key_wake_next(source)}, key_releasing AS MATERIALIZED (
+)"""
+    if plain:
+        return ended
+    return f"""{ended}, {key_wake_next(source)}, key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
     SELECT u.key, u.running, k.n

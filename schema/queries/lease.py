@@ -549,7 +549,13 @@ LEFT JOIN jobs AS j ON {FENCE}
 # Returns the applied ones' new states, and 'LOCKED' for outcomes whose row another
 # transaction holds (still ours: try again alone). A stale outcome (generation or
 # owner no longer match) matches no row, changes nothing and is absent.
-def _finish(lock: str) -> str:
+def _finish(lock: str, *, plain: bool = False) -> str:
+    # The plain outcome takes only leases that hold no key and no resource (the
+    # rest come back 'full', for the whole statement), and ends them without the
+    # steps that would find nothing to release.
+    holds_nothing = "j.key IS NULL AND j.resource IS NULL"
+    only_plain = f"\n    WHERE {holds_nothing}" if plain else ""
+    left = f"CASE WHEN {holds_nothing} THEN 'LOCKED' ELSE 'full' END" if plain else "'LOCKED'"
     return f"""
 WITH h AS (
     SELECT *
@@ -569,7 +575,7 @@ WITH h AS (
                WHEN j.attempt_count >= {BUDGET} THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
-    FROM h JOIN jobs AS j ON {FENCE}
+    FROM h JOIN jobs AS j ON {FENCE}{only_plain}
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j {lock}
 ), finished AS (
@@ -595,16 +601,20 @@ WITH h AS (
     RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
               d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
               d.error_code, d.error_message, d.traceback
-), {lease_ended("finished")}
+), {lease_ended("finished", plain=plain)}
 SELECT job_id, state FROM finished
 UNION ALL
-SELECT h.job_id, 'LOCKED'
+SELECT h.job_id, {left}
 FROM h JOIN jobs AS j ON {FENCE}
 WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 """
 
 
 JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
+
+# The same for the outcomes of leases that hold no key and no resource (most): the
+# others come back 'full', untouched, for JOB_FINISH_MANY.
+JOB_FINISH_PLAIN_MANY: Final = _finish("SKIP LOCKED", plain=True)
 
 # The same, from inside the job's own transaction (job.transaction()), which waits
 # for a row lock rather than skip it: it cannot be retried alone later.
