@@ -63,6 +63,29 @@ async def test_publishes_each_wakeup_and_marks_it_sent(
     assert unsent(pg) == 0
 
 
+async def test_a_queue_woken_again_during_its_pass_is_left_to_the_drainer_waking_it(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    # One job per transaction, faster than a pass: most notifications arrive while
+    # a drainer is waking the queue. The other drainer must leave it to that one
+    # (which goes again), not find the queue's lock taken and then wait out a
+    # refill interval with the new job behind it.
+    ids: list[str] = []
+    async with relay_running(db_url, amqp_url, topology, publishers=2) as relay:
+        collecting = asyncio.create_task(collect_ids(amqp_url.url, topology, "default", 120))
+        for _ in range(120):
+            ids += await asyncio.to_thread(enqueue, engine, 1)
+            await asyncio.sleep(0.004)
+        got = await collecting
+        assert relay.busy_passes == 0
+    assert sorted(got) == sorted(ids)
+    assert unsent(pg) == 0
+
+
 async def test_messages_are_persistent_and_name_the_job(
     engine: Engine,
     pg: psycopg.Connection,
