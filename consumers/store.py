@@ -15,7 +15,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from consumers.outcome import Outcome
-from plumbing.db import Native
+from plumbing.db import native
 from plumbing.logfmt import describe_error
 from schema import queries as q
 from schema.states import JobState
@@ -54,10 +54,6 @@ class ClaimResult:
 
 
 Fence = tuple[uuid.UUID, int]  # (job_id, lease_generation)
-
-# The claims run for every batch, and are longer than psycopg converts once.
-_CLAIM_PLAIN = Native(q.JOB_CLAIM_PLAIN_MANY)
-_CLAIM = Native(q.JOB_CLAIM_MANY)
 
 
 def _fences(held: Sequence[Fence]) -> str:
@@ -139,7 +135,7 @@ class JobStore:
         # Plain jobs first, by the shorter statement; what it leaves ('full') is
         # decided, and any refusal recorded, by the whole claim.
         async with self.pool.connection() as conn:
-            cur = await _CLAIM_PLAIN.execute(conn, params)
+            cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(conn, params)
             rows = await cur.fetchall()
             taken = [row for row in rows if row[0] == "claimed"]
             rest = [row[1] for row in rows if row[0] == "full"]
@@ -148,7 +144,7 @@ class JobStore:
                 sync = {t["job_type"] for t in terms if t["sync"]}
                 threads_left = free_threads - sum(1 for row in taken if row[2] in sync)
                 try:
-                    cur = await _CLAIM.execute(
+                    cur = await native(q.JOB_CLAIM_MANY).execute(
                         conn,
                         {
                             **params,

@@ -30,7 +30,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from plumbing import tracing
-from plumbing.db import Native
+from plumbing.db import native
 from plumbing.logfmt import describe_error
 from relay.broker import Publisher, QueueFailure, WakeUp, pack
 from relay.spread import pack_limit
@@ -44,7 +44,6 @@ log = logging.getLogger("relay")
 FAULT_ENV = "RELAY_FAULT_INJECTION"
 # How long the publish spans wait to read the woken jobs' trace contexts.
 TRACE_READ_SECONDS = 2.0
-_WAKE_QUEUE = Native(OUTBOX_WAKE_QUEUE)
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ async def _wake(
     most = await pack_limit(pool, queue, limits.pack, limits.worker_ttl)
     async with pool.connection() as conn, conn.transaction():
         try:
-            cur = await _WAKE_QUEUE.execute(
+            cur = await native(OUTBOX_WAKE_QUEUE).execute(
                 conn,
                 {
                     "queue": queue,

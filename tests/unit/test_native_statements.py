@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from plumbing.db import Native
+from plumbing.db import Native, native
 from schema import queries as q
 
 
@@ -15,6 +15,10 @@ def test_each_name_gets_one_number_in_order_of_first_use() -> None:
     assert native.sql == b"SELECT $1, $2 WHERE x = $1 AND y LIKE '10%'"
     assert native.names == ("a", "b")
     assert native.params({"b": 2, "a": 1, "unused": 3}) == [1, 2]
+
+
+def test_a_statement_is_converted_once() -> None:
+    assert native(q.OUTBOX_WAKE_QUEUE) is native(q.OUTBOX_WAKE_QUEUE)
 
 
 @pytest.mark.parametrize("statement", ["SELECT %s", "SELECT %(a)b", "SELECT 5 % 3"])
