@@ -1,7 +1,10 @@
-"""The claim statements' own cost, without a consumer around them: how long one
-JOB_CLAIM_MANY (the whole claim) and one JOB_CLAIM_PLAIN_MANY (the shorter claim a
-consumer tries first, for jobs with no key, resource, deadline or rate limit) take
-for a batch of 1 and of 50 due jobs, with a backlog of waiting jobs in place.
+"""The claim and outcome statements' own cost, without a consumer around them: how
+long one JOB_CLAIM_MANY (the whole claim) and one JOB_CLAIM_PLAIN_MANY (the shorter
+claim a consumer tries first, for jobs with no key, resource, deadline or rate
+limit) take for a batch of 1 and of 50 due jobs, with a backlog of waiting jobs in
+place; and then one JOB_FINISH_MANY (the whole outcome) and one
+JOB_FINISH_PLAIN_MANY (the shorter outcome of leases that hold no key and no
+resource), each recording the success of a batch of 1 and of 50 of those jobs.
 
     python -m bench.claim_cost [--jobs 40000] [--repeat 100]
 
@@ -10,8 +13,9 @@ autocommit connection as the consumer's pool runs it (psycopg prepares the
 statement on its fifth execution, and PostgreSQL then keeps one generic plan if it
 costs no more than the custom ones). Prints one JSON object: per batch size, the
 claim's wall time (p50, p95) with the consumer's options and with a generic plan
-forced from the start. The claim's fixed cost bounds the start of every job at
-low load and the drain per batch at high load.
+forced from the start, and the outcome's wall time with the consumer's options.
+The claim's fixed cost bounds the start of every job at low load, and the claim's
+and the outcome's the drain per batch at high load.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 
 import psycopg
 
 import outbox
 from bench.common import argument_parser, committing, machine, scratch_database
+from consumers.outcome import Outcome
+from consumers.store import finish_params
 from harness.claim import claim_params
 from plumbing.db import CONTROL_OPTIONS
 from schema import queries as q
@@ -58,6 +65,28 @@ def measure(
     }
 
 
+def measure_outcomes(
+    conninfo: str, held: list[tuple[uuid.UUID, int]], batch: int, statement: str
+) -> dict[str, float]:
+    """Record the success of ``held`` leases (job id, generation) ``batch`` at a
+    time, as the consumer's pool runs the outcome: each a real one, committed."""
+    walls = []
+    with psycopg.connect(conninfo, options=CONTROL_OPTIONS, autocommit=True) as conn:
+        for start in range(0, len(held) - batch + 1, batch):
+            chosen = [(i, g, Outcome.succeeded()) for i, g in held[start : start + batch]]
+            started = time.perf_counter()
+            rows = conn.execute(statement, finish_params("bench-claim-cost", chosen)).fetchall()
+            walls.append((time.perf_counter() - started) * 1000)
+            if sum(1 for r in rows if r[1] == "SUCCEEDED") != batch:
+                raise RuntimeError(f"recorded {rows[:3]}... not {batch}")
+    walls = walls[10:] if batch == 1 else walls[2:]
+    return {
+        "outcomes": len(walls),
+        "outcome_ms_p50": round(statistics.median(walls), 3),
+        "outcome_ms_p95": round(statistics.quantiles(walls, n=20)[-1], 3),
+    }
+
+
 def main() -> None:
     parser = argument_parser("bench.claim_cost", __doc__)
     parser.add_argument("--jobs", type=int, default=40_000)
@@ -85,6 +114,24 @@ def main() -> None:
                     report[f"{claim}_{mode}_batch_{n}"] = measure(
                         db.conninfo, options, chosen, n, statement
                     )
+        # the outcomes of the jobs the plain claim took, by each outcome statement
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT job_id, lease_generation FROM jobs WHERE lease_owner = %s",
+                ["bench-claim-cost"],
+            ).fetchall()
+            conn.execute("ANALYZE jobs")
+        held: Iterator[tuple[uuid.UUID, int]] = iter([(row[0], row[1]) for row in rows])
+        per = min(args.repeat * 50, len(rows) // 4)
+        for outcome, statement in (
+            ("whole", q.JOB_FINISH_MANY),
+            ("plain", q.JOB_FINISH_PLAIN_MANY),
+        ):
+            for n in (1, 50):
+                leases = [next(held) for _ in range(min(per, args.repeat * n))]
+                report[f"outcome_{outcome}_batch_{n}"] = measure_outcomes(
+                    db.conninfo, leases, n, statement
+                )
     print(json.dumps(report, indent=2))
 
 
