@@ -217,6 +217,9 @@ class JobStore:
             result = await finish_on(conn, self.worker, batch, q.JOB_FINISH_PLAIN_MANY)
             rest = [row for row in batch if result.get(row[0]) == "full"]
             if rest:
+                # (one the whole outcome then finds stale is missing, as below)
+                for job_id, _, _ in rest:
+                    del result[job_id]
                 result.update(await finish_on(conn, self.worker, rest, q.JOB_FINISH_MANY))
             missing = [(job_id, gen) for job_id, gen, _ in batch if job_id not in result]
             recorded: set[uuid.UUID] = set()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -18,6 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import outbox
+from consumers import store as store_module
 from consumers.outcome import Outcome
 from consumers.store import JobStore, finish_params
 from harness.claim import claim_params
@@ -126,3 +129,33 @@ async def test_a_retry_after_the_whole_outcome_failed_finds_the_plain_ones_recor
     assert again.applied == {keyed: "SUCCEEDED", resource: "SUCCEEDED"}
     assert (again.locked, again.stale) == (set(), set())
     assert [a["outcome"] for a in attempts(pg, held["plain"][0])] == ["SUCCEEDED"]
+
+
+async def test_a_lease_that_moves_on_between_the_two_outcomes_is_reported_stale(
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    held: Held,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Between the plain outcome (which leaves the keyed lease 'full') and the whole
+    # one, the sweeper moves the keyed job on (here, its generation): the whole
+    # outcome then matches nothing, and the store says stale, never 'full'.
+    keyed, _ = held["keyed"]
+    original = store_module.finish_on
+
+    async def interleaved(
+        conn: AsyncConnection, worker: str, batch: Sequence[Any], statement: LiteralString
+    ) -> dict[uuid.UUID, str]:
+        if statement == q.JOB_FINISH_MANY:
+            pg.execute(
+                "UPDATE jobs SET lease_generation = lease_generation + 1 WHERE job_id = %s",
+                [keyed],
+            )
+        return await original(conn, worker, batch, statement)
+
+    monkeypatch.setattr(store_module, "finish_on", interleaved)
+    store = JobStore(pool, "w1", lease_seconds=30)
+    finished = await store.finish([(i, g, Outcome.succeeded()) for i, g in held.values()])
+    assert finished.stale == {keyed}
+    assert set(finished.applied) == {i for name, (i, _) in held.items() if name != "keyed"}
+    assert finished.locked == set()
