@@ -24,13 +24,7 @@ from harness.claim import claim_params
 from plumbing.config import DatabaseUrl
 from plumbing.db import make_pool
 from schema import queries as q
-from tests.support.jobs import enqueue, job
-
-
-def _versions(pg: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    # xmin moves with every write of a row: equal means untouched.
-    rows = pg.execute("SELECT job_id, xmin::text FROM jobs WHERE job_id = ANY(%s)", [ids])
-    return dict(rows.fetchall())
+from tests.support.jobs import enqueue, job, versions
 
 
 @pytest.fixture
@@ -55,11 +49,11 @@ def test_the_plain_claim_takes_plain_jobs_and_writes_nothing_of_the_others(
     pg: psycopg.Connection, mixed: dict[str, uuid.UUID]
 ) -> None:
     others = [i for name, i in mixed.items() if name != "plain"]
-    before = _versions(pg, others)
+    before = versions(pg, others)
     rows = pg.execute(q.JOB_CLAIM_PLAIN_MANY, claim_params(list(mixed.values()), "w1")).fetchall()
     status = {row[1]: row[0] for row in rows}
     assert status == {i: "claimed" if i == mixed["plain"] else "full" for i in mixed.values()}
-    assert _versions(pg, others) == before
+    assert versions(pg, others) == before
     plain = job(pg, mixed["plain"])
     assert (plain["state"], plain["lease_owner"], plain["lease_generation"]) == ("RUNNING", "w1", 1)
     assert plain["attempt_count"] == 1

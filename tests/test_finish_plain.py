@@ -27,15 +27,9 @@ from harness.claim import claim_params
 from plumbing.config import DatabaseUrl
 from plumbing.db import make_pool
 from schema import queries as q
-from tests.support.jobs import attempts, enqueue, job
+from tests.support.jobs import attempts, enqueue, job, versions
 
 Held = dict[str, tuple[uuid.UUID, int]]
-
-
-def _versions(pg: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    # xmin moves with every write of a row: equal means untouched.
-    rows = pg.execute("SELECT job_id, xmin::text FROM jobs WHERE job_id = ANY(%s)", [ids])
-    return dict(rows.fetchall())
 
 
 @pytest.fixture
@@ -62,12 +56,12 @@ def test_the_plain_outcome_records_plain_leases_and_writes_nothing_of_the_others
     pg: psycopg.Connection, held: Held
 ) -> None:
     others = [held["keyed"][0], held["resource"][0]]
-    before = _versions(pg, others)
+    before = versions(pg, others)
     batch = [(i, g, Outcome.succeeded('{"ok": true}')) for i, g in held.values()]
     rows = pg.execute(q.JOB_FINISH_PLAIN_MANY, finish_params("w1", batch)).fetchall()
     plain, tenant = held["plain"][0], held["tenant"][0]
     assert dict(rows) == {plain: "SUCCEEDED", tenant: "SUCCEEDED"} | {i: "full" for i in others}
-    assert _versions(pg, others) == before
+    assert versions(pg, others) == before
     assert job(pg, plain)["result"] == {"ok": True}
     assert [a["outcome"] for a in attempts(pg, tenant)] == ["SUCCEEDED"]
     # the tenant's slot is free again; the key and the resource are still held

@@ -34,6 +34,13 @@ def job(pg: psycopg.Connection, job_id: uuid.UUID) -> dict[str, Any]:
     return dict(zip(names, row, strict=True))
 
 
+def versions(pg: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Each job's row version: xmin moves with every write of a row, so equal means
+    untouched."""
+    rows = pg.execute("SELECT job_id, xmin::text FROM jobs WHERE job_id = ANY(%s)", [ids])
+    return dict(rows.fetchall())
+
+
 def attempts(pg: psycopg.Connection, job_id: uuid.UUID) -> list[dict[str, Any]]:
     cur = pg.execute("SELECT * FROM job_attempts WHERE job_id = %s ORDER BY attempt", [job_id])
     names = [d.name for d in cur.description or []]
