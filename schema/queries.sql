@@ -720,10 +720,15 @@ WITH types AS (
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
         rate_limit text)
 ), locked AS (
-    -- 1b. the named plain jobs that may be claimed now, locked (others' rows skipped)
+    -- 1b. the named plain jobs that may be claimed now, locked (others' rows skipped).
+    -- The ids through a sub-select, whose value the planner does not see: a plan
+    -- made with the values then looks no cheaper than the generic one, which the
+    -- prepared claim settles on. Given the array itself, a plan made for one id
+    -- looked cheaper, and PostgreSQL planned the claim afresh every time (0.9 ms of
+    -- the 1.7 a claim of one job took, with 40,000 jobs waiting).
     SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
     FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
-    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
+    WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
       AND j.state IN ('QUEUED', 'RETRY_WAIT')
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
