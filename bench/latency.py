@@ -16,6 +16,10 @@ handler notes when it starts. All processes share the machine's clock. Per job:
 relay has logged the publish it waits confirms for). DEBUG tracing costs a little
 itself: the headline figure is bench.drain's, at the normal log level.
 
+With --history N, N finished jobs are in place and the tables analyzed before the
+run, as autovacuum would have them in production: the planner then knows the
+jobs table is large, which changes the plans the prepared statements settle on.
+
 Prints one JSON object.
 """
 
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
@@ -44,6 +49,7 @@ from bench.common import (
 from bench.drain import wait_succeeded
 from bench.marks import ENV, Marks
 from bench.peers.base import paced
+from harness.history import fill
 
 # (the figure's name, from, to): "committing" is when the producer sent COMMIT,
 # "commit" when COMMIT returned.
@@ -77,12 +83,19 @@ def main() -> None:
         action="store_false",
         help="run at the normal log level: only commit-to-start and CPU, not the hops",
     )
+    parser.add_argument(
+        "--history", type=int, default=0, help="finished jobs in place, analyzed, before the run"
+    )
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     level = "DEBUG" if args.trace else "INFO"
     with scratch_system(env={ENV: str(logs), "LOG_LEVEL": level}, logs=logs) as system:
         db = system.db
+        if args.history:
+            with psycopg.connect(db.conninfo, autocommit=True) as conn:
+                fill(conn, args.history, 0)
+                conn.execute("VACUUM ANALYZE jobs")
         procs = [system.start("relay")]
         procs += [system.start("consumer", "--app", "bench.apps") for _ in range(args.consumers)]
         time.sleep(3)  # connected, consuming
@@ -119,7 +132,7 @@ def main() -> None:
         if k < len(notified):
             times["notified"] = notified[k]
         times["committing"] = committing[job_id]
-    result: dict[str, Any] = {"rate_per_s": args.rate, "jobs": len(at)}
+    result: dict[str, Any] = {"rate_per_s": args.rate, "jobs": len(at), "history": args.history}
     for name, a, b in HOPS:
         samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
         result[name] = percentiles(samples) if len(samples) > 10 else None
