@@ -3,10 +3,12 @@ LOCKED loop as the baseline, in one run against one database.
 
     python -m bench.drain [--jobs 20000] [--consumers 2] [--concurrency 50]
                           [--rate 200] [--seconds 10] [--no-baseline]
-                          [--pack 50] [--prefetch 0]
+                          [--pack 50] [--prefetch 0] [--analyze]
 
 1. drain: N no-op jobs committed at once with enqueue_many, one relay and K
-   `consumer` processes; jobs/s from the commit until the last is SUCCEEDED;
+   `consumer` processes; jobs/s from the commit until the last is SUCCEEDED
+   (with --analyze, the tables analyzed right after that commit, as autovacuum
+   would after an insert this large: a production table's plans);
 2. latency: one job per transaction at a fixed rate; from each commit to its
    handler's first line, p50/p95/p99;
 3. baseline: N jobs drained by K processes each running the unbatched loop a plain
@@ -61,12 +63,18 @@ def wait_succeeded(db: DatabaseUrl, job_type: str, n: int, timeout: float = 600)
     return finished
 
 
-def drain(db: DatabaseUrl, n: int) -> float:
+def drain(db: DatabaseUrl, n: int, *, analyze: bool = False) -> float:
     engine = create_engine(db.sqlalchemy)
     with Session(engine) as session, session.begin():
         outbox.enqueue_many(session, [outbox.NewJob("noop", {"i": i}) for i in range(n)])
     committed = time.perf_counter()
     engine.dispose()
+    if analyze:
+        # as autovacuum would after an insert this large: the plans made from then
+        # on know the backlog
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute("ANALYZE jobs")
+            conn.execute("ANALYZE outbox")
     return n / (wait_succeeded(db, "noop", n) - committed)
 
 
@@ -107,6 +115,11 @@ def main() -> None:
     parser.add_argument(
         "--prefetch", type=int, default=0, help="the consumers' --prefetch (0: their default)"
     )
+    parser.add_argument(
+        "--analyze",
+        action="store_true",
+        help="ANALYZE jobs and outbox right after the backlog's commit, as autovacuum would",
+    )
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
     signal.signal(signal.SIGTERM, _terminated)
@@ -122,7 +135,7 @@ def main() -> None:
                 *("--prefetch", str(args.prefetch)),
             )
         time.sleep(3)  # connected, consuming
-        drain_rate = drain(db, args.jobs)
+        drain_rate = drain(db, args.jobs, analyze=args.analyze)
         lat = latency(db, args.rate, args.seconds, marks)
         system.stop()
         attempts = count(db, "SELECT count(*) FROM job_attempts")
@@ -134,6 +147,7 @@ def main() -> None:
         "concurrency_per_process": args.concurrency,
         "pack": args.pack,
         "prefetch": args.prefetch or "default",
+        "analyzed": args.analyze,
         "drain_jobs_per_s": round(drain_rate),
         "commit_to_handler_start": lat,
     }
