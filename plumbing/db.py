@@ -44,7 +44,18 @@ CONTROL_OPTIONS = "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
 # its job), and anything that depends on it (a consumer's claim) is a synchronous
 # commit later in the same write-ahead log, which flushes it too. So the relay does
 # not wait for a disk flush per transaction.
-RELAY_OPTIONS = CONTROL_OPTIONS + " -c synchronous_commit=off"
+#
+# And no bitmap scans. The decision reads outbox_inflight_idx (the wake-ups in
+# flight) three times a pass, and that index keeps an entry for every wake-up
+# settled since the last vacuum: thousands a second under load, where a minute
+# passes between autovacuum's visits. An index scan marks each dead entry it
+# passes, so the next pass skips it without visiting the table; a bitmap scan marks
+# none and visits them all, every pass. Midway through a drain of 60,000 jobs
+# (autovacuum off), a pass found 8,156 entries there for 25 wake-ups in flight, and
+# after the drain the start of a job took 13.5-15.6 ms at p50 instead of 5.6-8.5
+# (bench.drain; tests/test_relay_decision.py). Every statement of the relay walks
+# an index bounded by its batch, where a bitmap scan gains nothing.
+RELAY_OPTIONS = CONTROL_OPTIONS + " -c synchronous_commit=off -c enable_bitmapscan=off"
 
 
 def make_pool(
