@@ -396,5 +396,7 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
     reads = _inflight_reads(found[0]["Plan"])
     assert reads, "the pass reads the wake-ups in flight"
     assert all("Bitmap" not in node for node, _ in reads), reads
-    # 100 in flight live: a few index pages each time (as bitmap scans: 115 each)
-    assert sum(hits for _, hits in reads) < 60, reads
+    # 100 in flight live: a few index pages each time, or a few dozen where other
+    # tests' transactions kept some entries from being marked yet (as bitmap scans:
+    # 114 each, the table's pages of every settled wake-up)
+    assert all(hits < 60 for _, hits in reads), reads
