@@ -10,6 +10,8 @@ p50/p95/p99). The contenders:
   pgqueuer     PgQueuer at batch size 10 and 100, K workers, asyncpg
   celery       Celery on RabbitMQ, K solo-pool workers, acks_late, prefetch 16
   skiplocked   a plain table and K processes claiming 1 or 10 rows per statement
+  floor        this design's hops (NOTIFY, relay, RabbitMQ, fenced claim and end) with
+               the least SQL each needs and no feature: what the shape costs
 
 Each runs in a scratch database or broker queue of its own, removed afterwards (also
 on failure or Ctrl-C). How each is set up, and why that is fair, is in the docstring
@@ -40,6 +42,7 @@ GROUPS = {
     "pgqueuer": "bench.peers.pgqueuer_peer",
     "celery": "bench.peers.celery_peer",
     "skiplocked": "bench.peers.skiplocked",
+    "floor": "bench.peers.floor",
 }
 OURS = "hybrid-jobs"
 EXTRA = "pip install -e '.[bench]'"

@@ -56,6 +56,14 @@ def test_this_project_next_to_the_skip_locked_loop() -> None:
         assert ratio["jobs_per_s"] == pytest.approx(expected, rel=0.05, abs=0.01)
 
 
+def test_the_floor_of_this_design_runs_its_hops_and_loses_no_job() -> None:
+    """The floor contender: a relay and consumers of its own on the same services; its
+    run fails unless every job it committed reached its recorded end."""
+    data = figures(compare(*SMALL, "--json", "--only", "floor"))
+    assert [row["name"] for row in data["results"]] == ["floor"]
+    assert data["results"][0]["details"] == {"pack": 20, "relay_batch": 500}
+
+
 @pytest.mark.parametrize(
     ("group", "package", "rows"),
     [
@@ -95,6 +103,6 @@ def test_help_shows_the_whole_description_and_every_default() -> None:
         "(our consumer processes) (default: 2)",
         "jobs committed per second in the latency run (default: 200)",
         "length of the latency run (default: 10)",
-        "skiplocked (default: all)",
+        "skiplocked, floor (default: all)",
     ):
         assert described in text
