@@ -249,7 +249,7 @@ RETURNING true;
 -- Parameters: generation, job_id, progress, worker.
 WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
 held AS (
-    SELECT j.job_id FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    SELECT j.job_id FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     FOR NO KEY UPDATE OF j SKIP LOCKED
 )
 UPDATE jobs AS j SET progress = %(progress)s::jsonb, progress_at = now()
@@ -818,7 +818,7 @@ WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 ), held AS (
     SELECT j.job_id
-    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     WHERE j.lease_expires_at > now()
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -833,7 +833,7 @@ SELECT h.job_id,
        COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END)
 FROM h
 LEFT JOIN renewed AS r ON r.job_id = h.job_id
-LEFT JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
+LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
 
 -- name: JOB_FINISH_MANY
 -- Run by consumers.reporter:Reporter.record (through consumers.store:JobStore.finish),
@@ -866,7 +866,7 @@ WITH h AS (
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
-    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), finished AS (
@@ -990,7 +990,7 @@ WITH h AS (
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_PLAIN_MANY
@@ -1024,7 +1024,7 @@ WITH h AS (
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
-    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     WHERE j.key IS NULL AND j.resource IS NULL
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -1080,7 +1080,7 @@ WITH h AS (
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, CASE WHEN j.key IS NULL AND j.resource IS NULL THEN 'LOCKED' ELSE 'full' END
-FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_FINISH_MANY_IN_TX
@@ -1108,7 +1108,7 @@ WITH h AS (
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
-    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j 
 ), finished AS (
@@ -1232,7 +1232,7 @@ WITH h AS (
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
 -- name: JOB_ATTEMPT_RECORDED_MANY
@@ -1258,7 +1258,7 @@ WITH h AS (
            j.lease_generation, j.lease_owner AS worker, j.run_after AS ready_at, j.started_at,
            j.holds_slot AS held_slot,
            CASE WHEN j.state = 'RUNNING' THEN 'QUEUED' ELSE 'CANCELLED' END AS state
-    FROM h JOIN jobs AS j ON j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), returned AS (
