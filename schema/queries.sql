@@ -343,7 +343,7 @@ SELECT job_id, queue FROM expired;
 -- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
--- Built with LIVE_WORKER, no_pending_wakeup, key_wake_next.
+-- Built with WAITING_BY_ID, LIVE_WORKER, no_pending_wakeup, key_wake_next.
 -- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker, worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
@@ -369,8 +369,10 @@ WITH types AS (
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            COALESCE(j.tenant IN (SELECT tenant FROM dedicated), false) AS unauthorized
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
-    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
-      AND j.state IN ('QUEUED', 'RETRY_WAIT')
+    -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
+    -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
+    WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND (j.state IN ('QUEUED', 'RETRY_WAIT')) IS TRUE
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
@@ -711,6 +713,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- Makes QUEUED -> RUNNING: a woken consumer claims a plain job (no key, resource,
 -- deadline or rate limit) by the shorter claim.
 -- Makes RETRY_WAIT -> RUNNING: a plain job's retry, claimed by the shorter claim.
+-- Built with WAITING_BY_ID.
 -- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
@@ -729,7 +732,7 @@ WITH types AS (
     SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
     FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
-      AND j.state IN ('QUEUED', 'RETRY_WAIT')
+      AND (j.state IN ('QUEUED', 'RETRY_WAIT')) IS TRUE
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL

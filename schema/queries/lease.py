@@ -12,11 +12,12 @@ from schema.queries.fragments import (
     KEY_AHEAD,
     LIVE_WORKER,
     REFUSAL_BACKSTOP_SECONDS,
+    WAITING_BY_ID,
     key_wake_next,
     lease_ended,
 )
 from schema.states import DelayReason
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
+from schema.tables import LEASED_SQL, TERMINAL_SQL
 
 # What this worker can run, as the consumer binds it: its handlers' types, with their
 # budget, backoff, kind (a plain function needs a thread) and rate limit.
@@ -164,8 +165,10 @@ WITH {_HANDLERS}, dedicated AS (
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            COALESCE(j.tenant IN (SELECT tenant FROM dedicated), false) AS unauthorized
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
-    WHERE j.job_id = ANY(%(job_ids)s::uuid[])
-      AND j.state IN ({CLAIMABLE_SQL})
+    -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
+    -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
+    WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND {WAITING_BY_ID}
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
@@ -467,7 +470,7 @@ WITH {_HANDLERS}, locked AS (
     SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
     FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
-      AND j.state IN ({CLAIMABLE_SQL})
+      AND {WAITING_BY_ID}
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
