@@ -3,9 +3,9 @@ sleep the tests' app has too."""
 
 from __future__ import annotations
 
-import consumers
 from bench.marks import process_marks
 from harness.handlers import noop, sleep
+from hybrid_jobs import consumers
 
 
 @consumers.handler("latency")

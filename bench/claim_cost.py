@@ -28,13 +28,13 @@ from collections.abc import Iterator
 
 import psycopg
 
-import outbox
 from bench.common import argument_parser, committing, machine, scratch_database
-from consumers.outcome import Outcome
-from consumers.store import finish_params
 from harness.claim import claim_params
-from plumbing.db import CONTROL_OPTIONS
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.consumers.outcome import Outcome
+from hybrid_jobs.consumers.store import finish_params
+from hybrid_jobs.plumbing.db import CONTROL_OPTIONS
+from hybrid_jobs.schema import queries as q
 
 # The consumer's own options, the planner made to use one plan without the values
 # from the first execution: whether planning per execution costs the claim anything.

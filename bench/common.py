@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 
 from harness.scratch import scratch_database, scratch_topology
 from harness.services import ADMIN_URL
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL
+from hybrid_jobs.schema.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

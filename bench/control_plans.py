@@ -33,7 +33,7 @@ import psycopg
 
 from bench.common import argument_parser, machine, scratch_database
 from harness.plans import plan as explain_plan
-from schema import queries as q
+from hybrid_jobs.schema import queries as q
 
 BIG_TABLES = {"jobs", "outbox", "job_attempts"}
 

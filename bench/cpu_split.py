@@ -30,7 +30,6 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     argument_parser,
     committing,
@@ -41,7 +40,8 @@ from bench.common import (
 )
 from bench.fleet import Fleet, fleet
 from bench.peers.base import paced
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
 def pids_of(program: str) -> list[int]:

@@ -31,7 +31,6 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     argument_parser,
     pace_options,
@@ -42,7 +41,8 @@ from bench.common import (
 from bench.marks import ENV, Marks
 from bench.peers import skiplocked
 from bench.peers.base import latency_figures, paced
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
 def count(db: DatabaseUrl, sql: str) -> int:

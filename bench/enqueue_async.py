@@ -35,12 +35,12 @@ from typing import Any
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-import outbox
 from bench.common import argument_parser, percentiles, report, scratch_database
-from outbox import backpressure
-from outbox.enqueue import _plan, _resolve, check_driver
-from outbox.validation import max_payload_bytes
-from schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import backpressure
+from hybrid_jobs.outbox.enqueue import _plan, _resolve, check_driver
+from hybrid_jobs.outbox.validation import max_payload_bytes
+from hybrid_jobs.schema.queries import JOB_FIND_BY_DEDUP_MANY, JOB_INSERT_MANY
 
 Enqueue = Callable[[AsyncSession, int], Awaitable[object]]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg
 
-import outbox
 from bench.common import argument_parser, committing, fleet_options, percentiles, report
 from bench.fleet import drain_rate, fleet
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
 def waits(db: DatabaseUrl, tenant: str) -> dict[str, float]:

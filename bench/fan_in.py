@@ -26,9 +26,9 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import argument_parser, fleet_options, percentiles, report
 from bench.fleet import fleet
+from hybrid_jobs import outbox
 
 # The callback's first attempt and its parents' attempts, of one round: the
 # latency in ms, how many attempts the callback had, how it ended, and the last two

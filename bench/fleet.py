@@ -13,10 +13,10 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import scratch_system, wait_all_done
-from plumbing.config import DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 
 
 @dataclass(frozen=True)

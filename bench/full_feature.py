@@ -36,7 +36,6 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     argument_parser,
     committing,
@@ -49,7 +48,8 @@ from bench.common import (
 from bench.marks import ENV, Marks
 from bench.peers.base import paced
 from harness.history import fill
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 TABLES = ("jobs", "job_attempts", "outbox", "tenant_usage", "key_usage", "rate_buckets")
 RATE_LIMIT = "bench-full"

@@ -30,7 +30,6 @@ from typing import Any
 
 import psycopg
 
-import outbox
 from bench.common import (
     argument_parser,
     explaining,
@@ -42,7 +41,13 @@ from bench.common import (
 )
 from bench.fleet import drain_rate, fleet
 from harness.claim import claim_params
-from schema.queries import JOB_CLAIM_MANY, JOB_FINISH_MANY, OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
+from hybrid_jobs import outbox
+from hybrid_jobs.schema.queries import (
+    JOB_CLAIM_MANY,
+    JOB_FINISH_MANY,
+    OUTBOX_WAKE_QUEUE,
+    WORKER_TTL_SECONDS,
+)
 
 
 def jobs_over(keys: int, jobs: int) -> list[outbox.NewJob]:

@@ -36,7 +36,6 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     argument_parser,
     cpu_seconds,
@@ -50,6 +49,7 @@ from bench.drain import wait_succeeded
 from bench.marks import ENV, Marks
 from bench.peers.base import paced
 from harness.history import fill
+from hybrid_jobs import outbox
 
 # (the figure's name, from, to): "committing" is when the producer sent COMMIT,
 # "commit" when COMMIT returned.

@@ -22,14 +22,14 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     argument_parser,
     machine,
     percentiles,
     scratch_system,
 )
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
 def producer(url: str, seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

@@ -33,10 +33,10 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from bench.common import argument_parser, machine, percentiles, scratch_database
-from jobctl.metrics import Collector
-from jobctl.metrics import queries as q
-from plumbing.db import make_pool
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.jobctl.metrics import queries as q
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL
 
 QUEUES = 4
 JOB_TYPES = 10

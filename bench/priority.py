@@ -15,9 +15,9 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import argument_parser, fleet_options, report
 from bench.fleet import fleet
+from hybrid_jobs import outbox
 
 
 def run(queue_type: str, backlog: int, consumers: int, concurrency: int) -> dict[str, Any]:

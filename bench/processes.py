@@ -25,9 +25,9 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import argument_parser, percentiles, report, wait_all_done
 from bench.fleet import fleet, wait_for_workers
+from hybrid_jobs import outbox
 
 
 @dataclass(frozen=True)

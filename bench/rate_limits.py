@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import outbox
 from bench.common import committing, drain_variants
 from bench.fleet import drain_rate, fleet
+from hybrid_jobs import outbox
 
 VARIANTS = {"no rate limit": False, "rate limit far above the drain": True}
 FAR_ABOVE = 1_000_000

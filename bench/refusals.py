@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import consumers
 from bench.common import argument_parser, report, scratch_system
 from bench.marks import ENV, Marks, process_marks
+from hybrid_jobs import consumers
 
 ROLE = "BENCH_REFUSALS_ROLE"
 
@@ -61,7 +61,7 @@ def _outbox_written(conn: Any) -> int:
 def _enqueue(engine: Any, seconds: float) -> str:
     from sqlalchemy.orm import Session
 
-    import outbox
+    from hybrid_jobs import outbox
 
     with Session(engine) as session, session.begin():
         return str(outbox.enqueue(session, "rare", {"seconds": seconds}))

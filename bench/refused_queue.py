@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import consumers
 from bench.common import argument_parser, pace_options, percentiles, report, scratch_system
 from bench.marks import ENV, Marks, process_marks
+from hybrid_jobs import consumers
 
 HEALTHY, REFUSED = "healthy", "refused"
 POLICY = {"max-length": 0, "overflow": "reject-publish"}
@@ -54,7 +54,7 @@ def _produce(db: Any, plan: list[tuple[float, str, str]]) -> dict[str, float]:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    import outbox
+    from hybrid_jobs import outbox
 
     engine = create_engine(db.sqlalchemy, pool_size=2)
     committed: dict[str, float] = {}

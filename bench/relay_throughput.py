@@ -20,10 +20,10 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import AMQP, argument_parser, report, scratch_system
-from plumbing.cli import event_loop_runner
-from schema.topology import Declared, Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.cli import event_loop_runner
+from hybrid_jobs.schema.topology import Declared, Topology
 
 
 async def bare_publisher(topology: Topology, n: int, window: int) -> float:

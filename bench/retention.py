@@ -35,7 +35,6 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import (
     BIN,
     argument_parser,
@@ -46,7 +45,8 @@ from bench.common import (
     service_env,
     stopping,
 )
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 TABLES = ("jobs", "job_attempts", "outbox", "job_effects")
 # The relay's default --retention-interval (relay/settings.py).

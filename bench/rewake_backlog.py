@@ -37,10 +37,10 @@ from bench.common import AMQP, System, argument_parser, report, scratch_system
 from bench.peers.base import tail
 from harness.backlog import build_backlog
 from harness.broker import purge, queue_depth
-from plumbing.config import DatabaseUrl
-from relay.maintenance import OrphanWalk, wake_orphans
-from schema.queries import WORKER_TTL_SECONDS
-from schema.tables import CLAIMABLE_SQL
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.relay.maintenance import OrphanWalk, wake_orphans
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL
 
 QUEUE = "backlog"
 

@@ -8,9 +8,9 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import outbox
 from bench.common import argument_parser, fleet_options, report
 from bench.fleet import drain_rate, fleet
+from hybrid_jobs import outbox
 
 
 def drain(consumers: int, jobs: int, relays: int, concurrency: int) -> float:

@@ -18,9 +18,9 @@ from datetime import timedelta
 
 import psycopg
 
-import outbox
 from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import fleet
+from hybrid_jobs import outbox
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
 from bench.common import argument_parser, fleet_options, report, wait_all_done
 from bench.fleet import fleet
+from hybrid_jobs import outbox
 
 
 def one_round(

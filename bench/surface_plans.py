@@ -29,10 +29,10 @@ import psycopg
 from bench.common import argument_parser, report, scratch_database
 from harness.history import fill, job_lists, middle_of_the_failed
 from harness.plans import plan as explain_plan
-from jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
-from jobctl.service import queries
-from schema.queries import WORKER_TTL_SECONDS
-from schema.states import JobState
+from hybrid_jobs.jobctl.metrics.queries import METRICS_JOBS_LEASED, METRICS_JOBS_WAITING
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs.schema.states import JobState
 
 PAGE = 51  # a page of 50, and one to tell whether there is a next
 SCAN = 10_000  # jobctl.service.jobs.SCAN_LIMIT

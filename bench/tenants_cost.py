@@ -9,9 +9,9 @@ Prints one JSON object with jobs/s and each variant's ratio to the first.
 
 from __future__ import annotations
 
-import outbox
 from bench.common import committing, drain_variants
 from bench.fleet import drain_rate, fleet
+from hybrid_jobs import outbox
 
 VARIANTS = {"no tenant": (0, None), "10 tenants": (10, None), "10 tenants, capped": (10, 20)}
 

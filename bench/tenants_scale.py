@@ -25,7 +25,6 @@ from typing import Any
 
 import psycopg
 
-import outbox
 from bench.common import (
     against_first,
     argument_parser,
@@ -38,8 +37,9 @@ from bench.common import (
     scratch_database,
 )
 from bench.fleet import drain_rate, fleet
-from plumbing.config import DatabaseUrl
-from schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
 
 
 def names(tenants: int) -> list[str]:

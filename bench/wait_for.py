@@ -35,12 +35,12 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
-import outbox
 from bench.common import argument_parser, committing, percentiles, report
 from bench.fleet import drain_rate, fleet
 from harness.scratch import scratch_database
-from outbox.waiting import APPLICATION_NAME
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox.waiting import APPLICATION_NAME
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 _END = "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now(), result = %s WHERE job_id = %s"
 

@@ -34,13 +34,13 @@ from collections.abc import Awaitable, Callable
 import aiormq
 import psycopg
 
-import outbox
 from bench.common import AMQP, argument_parser, committing, report
 from harness.claim import claim_params
 from harness.scratch import scratch_database
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool, native
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool, native
+from hybrid_jobs.schema import queries as q
 
 GAPS_MS = (0.0, 1.0, 5.0, 50.0)
 

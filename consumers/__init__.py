@@ -2,7 +2,7 @@
 
 ::
 
-    import consumers
+    from hybrid_jobs import consumers
 
     @consumers.handler("send_receipt", queue="mail", max_attempts=8, timeout=30)
     async def send_receipt(job):
@@ -15,11 +15,11 @@ Raise :class:`Retry` to try again later, :class:`Permanent` to fail at once,
 with backoff until the job's attempts are spent.
 """
 
-from consumers.backoff import Backoff
-from consumers.errors import Cancel, LeaseLost, Permanent, Retry
-from consumers.job import AsyncTx, Job, SyncTx
-from consumers.reconcile import Uncertain
-from consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
+from hybrid_jobs.consumers.backoff import Backoff
+from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry
+from hybrid_jobs.consumers.job import AsyncTx, Job, SyncTx
+from hybrid_jobs.consumers.reconcile import Uncertain
+from hybrid_jobs.consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
 
 __all__ = [
     "NO_TIMEOUT",

@@ -1,6 +1,6 @@
-"""``python -m consumers``: the ``consumer`` command (the supervisor of
+"""``python -m hybrid_jobs.consumers``: the ``consumer`` command (the supervisor of
 ``--processes`` starts its workers this way)."""
 
-from consumers.cli import main
+from hybrid_jobs.consumers.cli import main
 
 main(prog_name="consumer")

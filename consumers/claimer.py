@@ -38,18 +38,18 @@ import psycopg.errors
 from psycopg_pool import PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from consumers.executor import Executor, Threads
-from consumers.inbox import Delivery, Inbox, give_back, settle
-from consumers.intake import Intake
-from consumers.ledger import Ledger
-from consumers.reconcile import reconcile
-from consumers.registry import Registry
-from consumers.settings import ConsumerSettings
-from consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
-from plumbing import tracing
-from plumbing.logfmt import describe_error
-from plumbing.transient import is_transient_db_error, retry_forever
-from schema.states import DelayReason
+from hybrid_jobs.consumers.executor import Executor, Threads
+from hybrid_jobs.consumers.inbox import Delivery, Inbox, give_back, settle
+from hybrid_jobs.consumers.intake import Intake
+from hybrid_jobs.consumers.ledger import Ledger
+from hybrid_jobs.consumers.reconcile import reconcile
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
+from hybrid_jobs.plumbing import tracing
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.plumbing.transient import is_transient_db_error, retry_forever
+from hybrid_jobs.schema.states import DelayReason
 
 log = logging.getLogger("consumer")
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from consumers.recycle import RecycleLimits, parse_size, recycle_when_due
-from consumers.registry import default_registry
-from consumers.settings import ConsumerSettings
-from consumers.supervisor import Supervisor, SupervisorLink
-from consumers.worker import Consumer
-from plumbing.cli import (
+from hybrid_jobs.consumers.recycle import RecycleLimits, parse_size, recycle_when_due
+from hybrid_jobs.consumers.registry import default_registry
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.supervisor import Supervisor, SupervisorLink
+from hybrid_jobs.consumers.worker import Consumer
+from hybrid_jobs.plumbing.cli import (
     Daemon,
     connection_options,
     run_daemon,
@@ -25,9 +25,9 @@ from plumbing.cli import (
     settings_from,
     topology,
 )
-from plumbing.config import ConfigError, amqp_url, database_url
-from plumbing.logfmt import describe_error
-from schema import names
+from hybrid_jobs.plumbing.config import ConfigError, amqp_url, database_url
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.schema import names
 
 
 def load_app(module: str) -> None:

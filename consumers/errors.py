@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from consumers.outcome import MAX_RETRY_DELAY
+from hybrid_jobs.consumers.outcome import MAX_RETRY_DELAY
 
 
 class Retry(Exception):

@@ -27,18 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from consumers.errors import Cancel, LeaseLost, Permanent, Retry
-from consumers.job import Job, Resources
-from consumers.outcome import TIMEOUT, Outcome, encode_result
-from consumers.registry import Handler, Registry
-from plumbing import tracing
-from plumbing.logfmt import describe_error
+from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry
+from hybrid_jobs.consumers.job import Job, Resources
+from hybrid_jobs.consumers.outcome import TIMEOUT, Outcome, encode_result
+from hybrid_jobs.consumers.registry import Handler, Registry
+from hybrid_jobs.plumbing import tracing
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 if TYPE_CHECKING:  # the ledger records Reservations: it imports this module
-    from consumers.journal import Journal
-    from consumers.ledger import Ledger
-    from consumers.settings import ConsumerSettings
-    from consumers.store import Claimed
+    from hybrid_jobs.consumers.journal import Journal
+    from hybrid_jobs.consumers.ledger import Ledger
+    from hybrid_jobs.consumers.settings import ConsumerSettings
+    from hybrid_jobs.consumers.store import Claimed
 
 log = logging.getLogger("consumer")
 

@@ -15,8 +15,8 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from consumers.store import JobStore
-from plumbing.logfmt import describe_error
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
 

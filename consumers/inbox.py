@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from plumbing.amqp import FailoverConnection, connect_and_set_up
-from plumbing.config import AmqpUrl
-from schema.topology import Declared, Topology
+from hybrid_jobs.plumbing.amqp import FailoverConnection, connect_and_set_up
+from hybrid_jobs.plumbing.config import AmqpUrl
+from hybrid_jobs.schema.topology import Declared, Topology
 
 log = logging.getLogger("consumer")
 

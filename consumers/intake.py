@@ -28,10 +28,10 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-from consumers.inbox import Inbox
-from consumers.settings import ConsumerSettings
-from consumers.store import JobStore
-from plumbing.logfmt import describe_error
+from hybrid_jobs.consumers.inbox import Inbox
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
 

@@ -25,14 +25,14 @@ from psycopg import AsyncConnection, Connection
 from psycopg.abc import Params
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from consumers.errors import LeaseLost
-from consumers.outcome import Outcome, encode_result, json_problem
-from consumers.store import Claimed, finish_params
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool, make_sync_pool
-from plumbing.logfmt import describe_error
-from schema import queries as q
-from schema.states import JobState
+from hybrid_jobs.consumers.errors import LeaseLost
+from hybrid_jobs.consumers.outcome import Outcome, encode_result, json_problem
+from hybrid_jobs.consumers.store import Claimed, finish_params
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool, make_sync_pool
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.states import JobState
 
 log = logging.getLogger("consumer")
 

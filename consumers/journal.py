@@ -14,7 +14,7 @@ import logging
 import time
 from collections import Counter
 
-from consumers.job import Job
+from hybrid_jobs.consumers.job import Job
 
 log = logging.getLogger("consumer")
 

@@ -30,11 +30,11 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
-from consumers.ledger import Ledger
-from consumers.settings import ConsumerSettings
-from consumers.store import JobStore
-from plumbing.logfmt import describe_error
-from schema.states import JobState
+from hybrid_jobs.consumers.ledger import Ledger
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.schema.states import JobState
 
 log = logging.getLogger("consumer")
 

@@ -24,9 +24,9 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
-from consumers.executor import Reservation
-from consumers.job import Job
-from consumers.outcome import Outcome
+from hybrid_jobs.consumers.executor import Reservation
+from hybrid_jobs.consumers.job import Job
+from hybrid_jobs.consumers.outcome import Outcome
 
 log = logging.getLogger("consumer")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from consumers.registry import Registry
-from consumers.store import JobStore
-from plumbing.logfmt import describe_error
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 log = logging.getLogger("consumer")
 

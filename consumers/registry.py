@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from consumers.backoff import DEFAULT_BACKOFF, Backoff
-from schema import names
-from schema.tables import DEFAULT_MAX_ATTEMPTS
+from hybrid_jobs.consumers.backoff import DEFAULT_BACKOFF, Backoff
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
-    from consumers.job import Job
-    from consumers.reconcile import Uncertain
+    from hybrid_jobs.consumers.job import Job
+    from hybrid_jobs.consumers.reconcile import Uncertain
 
 HandlerFn = Callable[["Job"], Any]
 # A handler's reconcile hook: given what an expired lease left uncertain, it looks at

@@ -18,13 +18,13 @@ import contextlib
 import logging
 from collections import Counter
 
-from consumers.journal import Journal
-from consumers.ledger import Held, Ledger
-from consumers.settings import ConsumerSettings
-from consumers.store import Finished, JobStore
-from plumbing.logfmt import describe_error
-from plumbing.transient import retry_forever
-from schema.states import JobState
+from hybrid_jobs.consumers.journal import Journal
+from hybrid_jobs.consumers.ledger import Held, Ledger
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.store import Finished, JobStore
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.plumbing.transient import retry_forever
+from hybrid_jobs.schema.states import JobState
 
 log = logging.getLogger("consumer")
 

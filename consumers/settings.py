@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from schema.queries import WORKER_TTL_SECONDS
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs.schema.topology import Topology
 
 MESSAGES_AHEAD = 2
 

@@ -14,11 +14,11 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from consumers.outcome import Outcome
-from plumbing.db import native
-from plumbing.logfmt import describe_error
-from schema import queries as q
-from schema.states import JobState
+from hybrid_jobs.consumers.outcome import Outcome
+from hybrid_jobs.plumbing.db import native
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.states import JobState
 
 # What a claim says of a wake-up it did not turn into a running job. The reasons a
 # consumer turned the job down are recorded on the row; the rest say where the job

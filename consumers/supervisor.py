@@ -1,6 +1,6 @@
 """``consumer --processes N``: one supervisor, N worker processes.
 
-Each worker is the ordinary consumer, started afresh as ``python -m consumers``
+Each worker is the ordinary consumer, started afresh as ``python -m hybrid_jobs.consumers``
 with the supervisor's own arguments (so it imports ``--app`` itself, and has its
 own worker id, pools and broker connection). The supervisor:
 
@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from plumbing.config import ConfigError
+from hybrid_jobs.plumbing.config import ConfigError
 
 log = logging.getLogger("consumer")
 
@@ -218,7 +218,7 @@ class Supervisor:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "consumers",
+                "hybrid_jobs.consumers",
                 *self.argv,
                 env=env,
                 pass_fds=(theirs.fileno(),),

@@ -3,7 +3,7 @@ claim and outcome statements, with no relay, consumer or RabbitMQ.
 
 In your own test suite, against your real (test) database::
 
-    from consumers.testing import JobRunner, run_jobs
+    from hybrid_jobs.consumers.testing import JobRunner, run_jobs
     import myapp.handlers  # registers them with @consumers.handler
 
     def test_receipt_is_sent(engine):
@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from consumers.executor import Reservation, Threads, execute
-from consumers.job import HandlerPools, Job, Resources
-from consumers.outcome import Outcome
-from consumers.registry import Registry, default_registry
-from consumers.store import JobStore
-from plumbing.config import DatabaseUrl, database_url
-from plumbing.db import make_pool
-from schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
+from hybrid_jobs.consumers.executor import Reservation, Threads, execute
+from hybrid_jobs.consumers.job import HandlerPools, Job, Resources
+from hybrid_jobs.consumers.outcome import Outcome
+from hybrid_jobs.consumers.registry import Registry, default_registry
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.config import DatabaseUrl, database_url
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
 
 _DUE = """
 SELECT job_id FROM jobs

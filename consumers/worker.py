@@ -30,23 +30,23 @@ import secrets
 import socket
 from collections import Counter
 
-from consumers.claimer import Claimer
-from consumers.executor import Executor, Threads
-from consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
-from consumers.inbox import Delivery, Inbox
-from consumers.intake import Intake
-from consumers.job import HandlerPools, Job, Resources
-from consumers.journal import Journal
-from consumers.lease_keeper import LeaseKeeper
-from consumers.ledger import Held, Ledger, Phase
-from consumers.registry import Registry
-from consumers.reporter import Reporter
-from consumers.settings import ConsumerSettings
-from consumers.store import JobStore
-from plumbing.db import make_pool
-from plumbing.logfmt import describe_error
-from plumbing.stopping import cancel_and_wait
-from plumbing.transient import retry_forever, unless_stopped
+from hybrid_jobs.consumers.claimer import Claimer
+from hybrid_jobs.consumers.executor import Executor, Threads
+from hybrid_jobs.consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
+from hybrid_jobs.consumers.inbox import Delivery, Inbox
+from hybrid_jobs.consumers.intake import Intake
+from hybrid_jobs.consumers.job import HandlerPools, Job, Resources
+from hybrid_jobs.consumers.journal import Journal
+from hybrid_jobs.consumers.lease_keeper import LeaseKeeper
+from hybrid_jobs.consumers.ledger import Held, Ledger, Phase
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.reporter import Reporter
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.plumbing.stopping import cancel_and_wait
+from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
 
 log = logging.getLogger("consumer")
 

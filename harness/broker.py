@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import aio_pika
 
-from schema.topology import Declared, Topology
+from hybrid_jobs.schema.topology import Declared, Topology
 
 
 async def queue_depth(amqp_url: str, topology: Topology, queue: str) -> int:

@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import consumers
-from consumers.registry import Registry
-from schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 
 _REGISTRY = Registry()
 

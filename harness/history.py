@@ -9,9 +9,9 @@ from typing import Any
 
 import psycopg
 
-from jobctl.service import queries
-from jobctl.service.queries import JobList
-from schema.states import JobState
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.queries import JobList
+from hybrid_jobs.schema.states import JobState
 
 # Jobs i = 1..history finished over the span (UUIDv7 ids, in creation order),
 # mostly succeeded: failed when i % 100 is in [94, 98), cancelled in [98, 100),

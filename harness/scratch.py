@@ -16,8 +16,8 @@ import psycopg
 
 from harness.broker import delete_topology
 from harness.services import ADMIN_URL, AMQP_URL
-from plumbing.config import DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 

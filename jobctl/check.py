@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from schema.states import TERMINAL
-from schema.tables import TERMINAL_SQL
+from hybrid_jobs.schema.states import TERMINAL
+from hybrid_jobs.schema.tables import TERMINAL_SQL
 
 # Only the module's own constant (the terminal states) is formatted into these
 # statements; they take no input at all.

@@ -14,23 +14,23 @@ from typing import Any
 
 import click
 
-from jobctl.output import Failure, command_path, report_error
-from plumbing.config import ConfigError
+from hybrid_jobs.jobctl.output import Failure, command_path, report_error
+from hybrid_jobs.plumbing.config import ConfigError
 
 # name -> "module:attribute" of the click command.
 COMMANDS: dict[str, str] = {
-    "check": "jobctl.commands.check:check",
-    "jobs": "jobctl.commands.jobs:jobs",
-    "keys": "jobctl.commands.keys:keys",
-    "limits": "jobctl.commands.limits:limits",
-    "migrate": "jobctl.commands.migrate:migrate",
-    "queues": "jobctl.commands.queues:queues",
-    "resources": "jobctl.commands.resources:resources",
-    "schedules": "jobctl.commands.schedules:schedules",
-    "serve": "jobctl.commands.serve:serve",
-    "stats": "jobctl.commands.stats:stats",
-    "tenants": "jobctl.commands.tenants:tenants",
-    "workers": "jobctl.commands.workers:workers",
+    "check": "hybrid_jobs.jobctl.commands.check:check",
+    "jobs": "hybrid_jobs.jobctl.commands.jobs:jobs",
+    "keys": "hybrid_jobs.jobctl.commands.keys:keys",
+    "limits": "hybrid_jobs.jobctl.commands.limits:limits",
+    "migrate": "hybrid_jobs.jobctl.commands.migrate:migrate",
+    "queues": "hybrid_jobs.jobctl.commands.queues:queues",
+    "resources": "hybrid_jobs.jobctl.commands.resources:resources",
+    "schedules": "hybrid_jobs.jobctl.commands.schedules:schedules",
+    "serve": "hybrid_jobs.jobctl.commands.serve:serve",
+    "stats": "hybrid_jobs.jobctl.commands.stats:stats",
+    "tenants": "hybrid_jobs.jobctl.commands.tenants:tenants",
+    "workers": "hybrid_jobs.jobctl.commands.workers:workers",
 }
 
 

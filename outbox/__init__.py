@@ -16,12 +16,26 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
 """
 
-from outbox.approval import NotAwaitingApproval, approve, approve_async, reject, reject_async
-from outbox.backpressure import Backpressure
-from outbox.cancel import request_cancel, request_cancel_async
-from outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from outbox.explain import Blocker, Explanation, JobNotFound, LastError, Why, explain, explain_async
-from outbox.queues import (
+from hybrid_jobs.outbox.approval import (
+    NotAwaitingApproval,
+    approve,
+    approve_async,
+    reject,
+    reject_async,
+)
+from hybrid_jobs.outbox.backpressure import Backpressure
+from hybrid_jobs.outbox.cancel import request_cancel, request_cancel_async
+from hybrid_jobs.outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from hybrid_jobs.outbox.explain import (
+    Blocker,
+    Explanation,
+    JobNotFound,
+    LastError,
+    Why,
+    explain,
+    explain_async,
+)
+from hybrid_jobs.outbox.queues import (
     PausedQueue,
     pause_queue,
     pause_queue_async,
@@ -32,7 +46,7 @@ from outbox.queues import (
     resume_queue,
     resume_queue_async,
 )
-from outbox.rate_limits import (
+from hybrid_jobs.outbox.rate_limits import (
     RateLimit,
     rate_limits,
     rate_limits_async,
@@ -41,8 +55,8 @@ from outbox.rate_limits import (
     set_rate_limit,
     set_rate_limit_async,
 )
-from outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
-from outbox.resources import (
+from hybrid_jobs.outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
+from hybrid_jobs.outbox.resources import (
     NotUncertain,
     Resolved,
     ResourceHold,
@@ -51,7 +65,7 @@ from outbox.resources import (
     resource_holds,
     resource_holds_async,
 )
-from outbox.schedules import (
+from hybrid_jobs.outbox.schedules import (
     pause_schedule,
     pause_schedule_async,
     resume_schedule,
@@ -63,15 +77,15 @@ from outbox.schedules import (
     unschedule,
     unschedule_async,
 )
-from outbox.tenants import (
+from hybrid_jobs.outbox.tenants import (
     TenantLimit,
     set_tenant_limit,
     set_tenant_limit_async,
     tenant_limits,
     tenant_limits_async,
 )
-from outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
-from outbox.waiting import Finished, wait_for, wait_for_async
+from hybrid_jobs.outbox.validation import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_ENV, NewJob
+from hybrid_jobs.outbox.waiting import Finished, wait_for, wait_for_async
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",

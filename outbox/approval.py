@@ -29,13 +29,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.explain import JobNotFound
-from outbox.ids import actor, job_id_arg
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import JOB_APPROVAL, JOB_APPROVE, JOB_REJECT
-from schema.states import JobState
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.explain import JobNotFound
+from hybrid_jobs.outbox.ids import actor, job_id_arg
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import JOB_APPROVAL, JOB_APPROVE, JOB_REJECT
+from hybrid_jobs.schema.states import JobState
 
 MAX_REASON_LENGTH = 2000
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from schema.queries import TENANT_BACKPRESSURE, TENANT_ENQUEUE_TAKE
+from hybrid_jobs.schema.queries import TENANT_BACKPRESSURE, TENANT_ENQUEUE_TAKE
 
 # Bounds of the retry-after hint, in seconds.
 MIN_RETRY_AFTER = 1.0

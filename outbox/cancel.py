@@ -6,10 +6,10 @@ import uuid
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.twin import async_twin
-from schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
-from schema.states import JobState
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
+from hybrid_jobs.schema.states import JobState
 
 
 def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:

@@ -24,18 +24,18 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import Session
 
-from outbox import backpressure
-from outbox.twin import async_twin
-from outbox.validation import NewJob, max_payload_bytes, parent_ids, to_row
-from plumbing import tracing
-from schema.queries import (
+from hybrid_jobs.outbox import backpressure
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.outbox.validation import NewJob, max_payload_bytes, parent_ids, to_row
+from hybrid_jobs.plumbing import tracing
+from hybrid_jobs.schema.queries import (
     JOB_DEBOUNCE_MANY,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     JOB_KEYS_LOCK,
     JOB_PARENTS_LOCK,
 )
-from schema.states import JobState
+from hybrid_jobs.schema.states import JobState
 
 # A parent in one of these counts as done for a child, whatever it asked for.
 _SETTLED_FOR = {

@@ -93,17 +93,17 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.ids import job_id_arg
-from outbox.twin import async_twin
-from outbox.validation import read_json
-from schema.queries import (
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.ids import job_id_arg
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.outbox.validation import read_json
+from hybrid_jobs.schema.queries import (
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
     JOB_PARENTS_PENDING,
     WORKER_TTL_SECONDS,
 )
-from schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
 
 # Wake-ups ahead are counted up to this many; beyond, "at least".
 AHEAD_CAP: Final = 10_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from schema import names
+from hybrid_jobs.schema import names
 
 MAX_ACTOR_LENGTH = 200
 

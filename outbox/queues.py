@@ -28,11 +28,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.ids import actor
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_PAUSED_LIST, QUEUE_RESUME
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.ids import actor
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import QUEUE_IN_USE, QUEUE_PAUSE, QUEUE_PAUSED_LIST, QUEUE_RESUME
 
 
 @dataclass(frozen=True)

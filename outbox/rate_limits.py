@@ -24,10 +24,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 
 
 @dataclass(frozen=True)

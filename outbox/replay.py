@@ -38,12 +38,12 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.ids import actor, job_id_arg
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
-from schema.states import REPLAYABLE, JobState
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.ids import actor, job_id_arg
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
+from hybrid_jobs.schema.states import REPLAYABLE, JobState
 
 MAX_REPLAY_BATCH = 100_000
 MAX_ERROR_CODE_LENGTH = 200

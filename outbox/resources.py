@@ -24,12 +24,12 @@ from datetime import datetime
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.ids import actor
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import RESOURCE_HOLD_LIST, RESOURCE_RESOLVE
-from schema.states import JobState
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.ids import actor
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import RESOURCE_HOLD_LIST, RESOURCE_RESOLVE
+from hybrid_jobs.schema.states import JobState
 
 MAX_OUTCOME_LENGTH = 2000
 

@@ -22,12 +22,12 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import insert_jobs, psycopg_connection
-from outbox.recurrence import Recurrence, check_catchup, recurrence
-from outbox.twin import async_twin
-from outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
-from schema import names
-from schema.queries import (
+from hybrid_jobs.outbox.enqueue import insert_jobs, psycopg_connection
+from hybrid_jobs.outbox.recurrence import Recurrence, check_catchup, recurrence
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import (
     SCHEDULE_CLOCK,
     SCHEDULE_DELETE,
     SCHEDULE_PAUSE,
@@ -36,7 +36,7 @@ from schema.queries import (
     SCHEDULE_TEMPLATE,
     SCHEDULE_UPSERT,
 )
-from schema.tables import MAX_SCHEDULE_NAME_LENGTH
+from hybrid_jobs.schema.tables import MAX_SCHEDULE_NAME_LENGTH
 
 # A schedule's payload passed the producer's size limit when the schedule was
 # written; a process with a smaller limit must not make the schedule unfireable.

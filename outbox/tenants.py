@@ -20,10 +20,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
-from outbox.twin import async_twin
-from schema import names
-from schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
+from hybrid_jobs.outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.twin import async_twin
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
 
 MAX_WEIGHT = 1000.0
 RUNNERS = ("shared", "dedicated")

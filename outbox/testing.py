@@ -2,7 +2,7 @@
 
 In your own test suite, against your real database::
 
-    from outbox.testing import assert_enqueued, enqueued
+    from hybrid_jobs.outbox.testing import assert_enqueued, enqueued
 
     with Session(engine) as session, session.begin():
         place_order(session, ...)               # your code, which calls outbox.enqueue
@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from outbox.enqueue import psycopg_connection
+from hybrid_jobs.outbox.enqueue import psycopg_connection
 
 _MINE = """
 SELECT job_id, job_type, queue, tenant, payload, priority, dedup_key, max_attempts,

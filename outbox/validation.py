@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from schema import names
+from hybrid_jobs.schema import names
 
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_PAYLOAD_BYTES_ENV = "MAX_PAYLOAD_BYTES"

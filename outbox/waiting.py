@@ -41,12 +41,12 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.explain import JobNotFound
-from plumbing.config import DatabaseUrl
-from plumbing.db import connection_kwargs
-from schema.queries import JOB_OUTCOME
-from schema.states import TERMINAL, JobState
-from schema.tables import JOB_FINISHED_CHANNEL
+from hybrid_jobs.outbox.explain import JobNotFound
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import connection_kwargs
+from hybrid_jobs.schema.queries import JOB_OUTCOME
+from hybrid_jobs.schema.states import TERMINAL, JobState
+from hybrid_jobs.schema.tables import JOB_FINISHED_CHANNEL
 
 log = logging.getLogger("outbox.waiting")
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from aio_pika import RobustConnection
 from yarl import URL
 
-from plumbing.config import AmqpUrl
+from hybrid_jobs.plumbing.config import AmqpUrl
 
 log = logging.getLogger(__name__)
 

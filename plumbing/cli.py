@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from plumbing.config import (
+from hybrid_jobs.plumbing.config import (
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
     AmqpUrl,
@@ -21,10 +21,10 @@ from plumbing.config import (
     DatabaseUrl,
     password_in_flag,
 )
-from plumbing.logfmt import setup_logging
-from plumbing.preflight import preflight
-from plumbing.stopping import CLOSE_SECONDS, Stopper
-from schema.topology import QueueType, Topology
+from hybrid_jobs.plumbing.logfmt import setup_logging
+from hybrid_jobs.plumbing.preflight import preflight
+from hybrid_jobs.plumbing.stopping import CLOSE_SECONDS, Stopper
+from hybrid_jobs.schema.topology import QueueType, Topology
 
 F = Callable[..., Any]
 T = typing.TypeVar("T")

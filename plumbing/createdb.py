@@ -1,6 +1,6 @@
 """Create the database named in DATABASE_URL if it does not exist yet.
 
-``python -m plumbing.createdb [--fresh]``; used by scripts/run and scripts/demo on a
+``python -m hybrid_jobs.plumbing.createdb [--fresh]``; used by scripts/run and scripts/demo on a
 machine whose PostgreSQL is already running. Connects to the server's ``postgres``
 database to do it. ``--fresh`` drops the database first (the demo's, never yours).
 """
@@ -13,7 +13,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg import sql
 
-from plumbing.config import ConfigError, database_url
+from hybrid_jobs.plumbing.config import ConfigError, database_url
 
 
 def main() -> None:

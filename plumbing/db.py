@@ -10,7 +10,7 @@ from typing import Any
 from psycopg import AsyncConnection, AsyncRawCursor, Connection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
 def connection_kwargs(application_name: str, database: DatabaseUrl | None = None) -> dict[str, Any]:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import aiormq.exceptions
 import psycopg
 
-from plumbing.amqp import NoNodeAnswered
-from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.logfmt import describe_error
+from hybrid_jobs.plumbing.amqp import NoNodeAnswered
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 
 @dataclass(frozen=True)

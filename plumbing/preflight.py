@@ -28,12 +28,12 @@ import aio_pika
 import psycopg
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from plumbing import diagnose
-from plumbing.amqp import first_answering
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from plumbing.diagnose import Diagnosis
-from plumbing.transient import reconnect_wait, unless_stopped
-from schema import revisions
+from hybrid_jobs.plumbing import diagnose
+from hybrid_jobs.plumbing.amqp import first_answering
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.plumbing.diagnose import Diagnosis
+from hybrid_jobs.plumbing.transient import reconnect_wait, unless_stopped
+from hybrid_jobs.schema import revisions
 
 # A waiting daemon says so at once, then at most this often.
 LOG_EVERY_S = 5.0

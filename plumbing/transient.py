@@ -27,7 +27,7 @@ from tenacity import (
     wait_random,
 )
 
-from plumbing.logfmt import describe_error
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 # Seconds between reconnect attempts: 0.1, 0.2, 0.4 ... capped at 5, with jitter so a
 # fleet of workers does not return in lockstep after an outage.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from relay.broker import QueueFailure
+from hybrid_jobs.relay.broker import QueueFailure
 
 log = logging.getLogger("relay")
 

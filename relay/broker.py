@@ -17,9 +17,9 @@ import aio_pika
 import aiormq
 import aiormq.exceptions
 
-from plumbing.amqp import FailoverConnection, connect_and_set_up
-from plumbing.config import AmqpUrl
-from schema.topology import (
+from hybrid_jobs.plumbing.amqp import FailoverConnection, connect_and_set_up
+from hybrid_jobs.plumbing.config import AmqpUrl
+from hybrid_jobs.schema.topology import (
     MAX_PRIORITY,
     Declared,
     Topology,

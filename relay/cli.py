@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from plumbing.cli import (
+from hybrid_jobs.plumbing.cli import (
     Daemon,
     connection_options,
     default_of,
@@ -15,9 +15,9 @@ from plumbing.cli import (
     settings_from,
     topology,
 )
-from plumbing.config import amqp_url, database_url
-from relay.service import Relay
-from relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
+from hybrid_jobs.plumbing.config import amqp_url, database_url
+from hybrid_jobs.relay.service import Relay
+from hybrid_jobs.relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from relay.broker import Publisher
-from schema.locks import LockKey
-from schema.queries import (
+from hybrid_jobs.relay.broker import Publisher
+from hybrid_jobs.schema.locks import LockKey
+from hybrid_jobs.schema.queries import (
     JOB_EXPIRE_WAITING,
     JOB_SWEEP_EXPIRED,
     JOB_WAKE_ORPHANS,

@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from schema.queries import RELAY_GONE, RELAY_SEEN
+from hybrid_jobs.schema.queries import RELAY_GONE, RELAY_SEEN
 
 Pool = AsyncConnectionPool[AsyncConnection]
 

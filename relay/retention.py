@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 
-from relay.maintenance import Pool, _chore
-from schema.locks import LockKey
-from schema.queries import EFFECT_RETENTION_DELETE, JOB_RETENTION_DELETE
+from hybrid_jobs.relay.maintenance import Pool, _chore
+from hybrid_jobs.schema.locks import LockKey
+from hybrid_jobs.schema.queries import EFFECT_RETENTION_DELETE, JOB_RETENTION_DELETE
 
 log = logging.getLogger("relay")
 

@@ -48,11 +48,11 @@ from typing import Any, Final
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from outbox.recurrence import Recurrence
-from outbox.schedules import NO_PAYLOAD_LIMIT, JobTemplate
-from outbox.validation import to_row
-from plumbing.transient import is_transient_db_error
-from schema.queries import (
+from hybrid_jobs.outbox.recurrence import Recurrence
+from hybrid_jobs.outbox.schedules import NO_PAYLOAD_LIMIT, JobTemplate
+from hybrid_jobs.outbox.validation import to_row
+from hybrid_jobs.plumbing.transient import is_transient_db_error
+from hybrid_jobs.schema.queries import (
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
     SCHEDULE_ADVANCE,

@@ -44,12 +44,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
-from plumbing.stopping import cancel_and_wait
-from plumbing.transient import retry_forever, unless_stopped
-from relay.backoff import QueueBackoff
-from relay.broker import Publisher, QueueFailure
-from relay.maintenance import (
+from hybrid_jobs.plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
+from hybrid_jobs.plumbing.stopping import cancel_and_wait
+from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
+from hybrid_jobs.relay.backoff import QueueBackoff
+from hybrid_jobs.relay.broker import Publisher, QueueFailure
+from hybrid_jobs.relay.maintenance import (
     OrphanWalk,
     expire_waiting,
     expire_workers,
@@ -60,13 +60,13 @@ from relay.maintenance import (
     wake_orphans,
     wake_refused,
 )
-from relay.presence import announce, forget, make_relay_id
-from relay.retention import delete_finished, delete_old_effects
-from relay.schedules import fire_due, seconds_until_due
-from relay.settings import RelaySettings
-from relay.wake import WakeLimits, due_queues, wake_queue
-from schema.queries import OUTBOX_BACKLOG
-from schema.tables import OUTBOX_CHANNEL
+from hybrid_jobs.relay.presence import announce, forget, make_relay_id
+from hybrid_jobs.relay.retention import delete_finished, delete_old_effects
+from hybrid_jobs.relay.schedules import fire_due, seconds_until_due
+from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.relay.wake import WakeLimits, due_queues, wake_queue
+from hybrid_jobs.schema.queries import OUTBOX_BACKLOG
+from hybrid_jobs.schema.tables import OUTBOX_CHANNEL
 
 log = logging.getLogger("relay")
 

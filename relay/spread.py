@@ -17,7 +17,7 @@ import weakref
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from schema.queries import WORKER_PACK_LIMIT
+from hybrid_jobs.schema.queries import WORKER_PACK_LIMIT
 
 # How long a queue's limit is reused before the workers table is read again.
 FRESH_SECONDS = 1.0

@@ -29,12 +29,12 @@ import psycopg.errors
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from plumbing import tracing
-from plumbing.db import native
-from plumbing.logfmt import describe_error
-from relay.broker import Publisher, QueueFailure, WakeUp, pack
-from relay.spread import pack_limit
-from schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
+from hybrid_jobs.plumbing import tracing
+from hybrid_jobs.plumbing.db import native
+from hybrid_jobs.plumbing.logfmt import describe_error
+from hybrid_jobs.relay.broker import Publisher, QueueFailure, WakeUp, pack
+from hybrid_jobs.relay.spread import pack_limit
+from hybrid_jobs.schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
 log = logging.getLogger("relay")
 

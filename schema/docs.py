@@ -8,7 +8,7 @@
   one of why a waiting job waits (the reasons kept on its row), from
   :data:`schema.states.WAITS`.
 
-``python -m schema.docs`` rewrites both; ``python -m schema.docs --check`` rewrites
+``python -m hybrid_jobs.schema.docs`` rewrites both; with ``--check`` it rewrites
 nothing and exits 1 when either is stale or the index disagrees with the code.
 
 Who runs a statement is read from the code itself: the functions of relay/,
@@ -34,14 +34,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from schema import queries
-from schema.queries import fragments
-from schema.states import OPERATIONS, WAITS, DelayReason, Edge, JobState, Operation
+from hybrid_jobs.schema import queries
+from hybrid_jobs.schema.queries import fragments
+from hybrid_jobs.schema.states import OPERATIONS, WAITS, DelayReason, Edge, JobState, Operation
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 SQL_FILE: Final = ROOT / "schema" / "queries.sql"
 STATE_DOC: Final = ROOT / "docs" / "state_machine.md"
-COMMAND: Final = "python -m schema.docs"
+COMMAND: Final = "python -m hybrid_jobs.schema.docs"
 
 # The packages whose code runs the statements.
 CALLER_PACKAGES: Final = ("relay", "consumers", "outbox", "jobctl")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from schema.tables import (
+from hybrid_jobs.schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
     MAX_KEY_LENGTH,

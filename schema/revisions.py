@@ -14,7 +14,7 @@ from typing import Final
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from schema.locks import LockKey
+from hybrid_jobs.schema.locks import LockKey
 
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
 

@@ -6,7 +6,7 @@ The same machine is enforced three times: by the CHECK constraint on ``jobs.stat
 states it may leave), and by :data:`OPERATIONS`, the index below of which statement
 makes which edge and who runs it, which the model-based test checks every applied
 transition against, statement by statement. ``docs/state_machine.md`` draws the
-machine and tabulates the index (``python -m schema.docs`` writes the table).
+machine and tabulates the index (``python -m hybrid_jobs.schema.docs`` writes the table).
 
 FAILED and CANCELLED are final for the system: no worker, relay or sweeper statement
 leaves them. Only an operator's replay (``outbox.retry_job``) does, back to QUEUED.
@@ -202,7 +202,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         "JOB_CLAIM_MANY",
-        ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
+        (
+            "consumers.claimer:Claimer._claim",
+            "consumers.testing:JobRunner.run_due",
+        ),
         {
             (_QUEUED, _RUNNING): "a woken consumer claims it: generation+1, attempt+1, lease",
             (_RETRY_WAIT, _RUNNING): "a woken consumer claims it once its run_after has passed",
@@ -212,7 +215,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         "JOB_CLAIM_PLAIN_MANY",
-        ("consumers.claimer:Claimer._claim", "consumers.testing:JobRunner.run_due"),
+        (
+            "consumers.claimer:Claimer._claim",
+            "consumers.testing:JobRunner.run_due",
+        ),
         {
             (_QUEUED, _RUNNING): "a woken consumer claims a plain job (no key, resource, "
             "deadline or rate limit) by the shorter claim",
@@ -221,7 +227,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         "JOB_FINISH_MANY",
-        ("consumers.reporter:Reporter.record", "consumers.testing:JobRunner._record"),
+        (
+            "consumers.reporter:Reporter.record",
+            "consumers.testing:JobRunner._record",
+        ),
         {
             (_RUNNING, _SUCCEEDED): "the holder's handler returned",
             (_RUNNING, _RETRY_WAIT): "the holder's attempt failed with attempts left",
@@ -234,7 +243,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         "JOB_FINISH_PLAIN_MANY",
-        ("consumers.reporter:Reporter.record", "consumers.testing:JobRunner._record"),
+        (
+            "consumers.reporter:Reporter.record",
+            "consumers.testing:JobRunner._record",
+        ),
         {
             (_RUNNING, _SUCCEEDED): "a plain lease's (no key, no resource) handler returned, "
             "recorded by the shorter outcome",

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, JSONB, UUID
 
-from schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, DelayReason, JobState
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, DelayReason, JobState
 
 metadata = MetaData()
 

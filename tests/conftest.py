@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.schema.topology import Topology
 from tests.support import services
 from tests.support.broker import delete_topology
 from tests.support.processes import service_env

@@ -17,11 +17,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers.registry import Registry
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, api_client, served
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import wait_for_state

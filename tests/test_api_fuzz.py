@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.api import BEARER, served
 
 CHECKS = [

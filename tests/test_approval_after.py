@@ -11,12 +11,11 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.testing import JobRunner
-from outbox import NewJob
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.testing import JobRunner
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.api import api_client
 from tests.support.jobs import enqueue, job
 

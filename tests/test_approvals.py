@@ -17,12 +17,11 @@ from playwright.async_api import expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers.registry import Registry
-from consumers.testing import JobRunner
-from plumbing.config import DatabaseUrl
-from schema import queries as q
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.testing import JobRunner
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema import queries as q
 from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import attempts, enqueue, job

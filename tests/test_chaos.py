@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jobctl.check import violations
+from hybrid_jobs.jobctl.check import violations
 from tests.chaos.run import run
 
 

@@ -18,12 +18,12 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from consumers.store import LOCKED, JobStore
 from harness.claim import claim_params
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.consumers.store import LOCKED, JobStore
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.schema import queries as q
 from tests.support.jobs import enqueue, job, versions
 
 

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
 from harness.claim import claim_params
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool, native
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool, native
+from hybrid_jobs.schema import queries as q
 from tests.support.plans import plan as explain_plan
 
 BACKLOG = 5_000

@@ -14,12 +14,11 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Backoff, Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import collect, publish_raw, purge, queue_depth
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
@@ -494,11 +493,11 @@ async def test_stale_completion_is_rejected_by_the_fence(
 ) -> None:
     """Worker A claims, stalls past its lease, the sweeper re-queues, worker B claims
     and finishes; A's late heartbeat, outcome and transaction all bounce."""
-    from consumers.job import Job, Resources
-    from consumers.outcome import Outcome
-    from consumers.store import JobStore
-    from plumbing.db import make_pool
-    from schema.queries import JOB_SWEEP_EXPIRED
+    from hybrid_jobs.consumers.job import Job, Resources
+    from hybrid_jobs.consumers.outcome import Outcome
+    from hybrid_jobs.consumers.store import JobStore
+    from hybrid_jobs.plumbing.db import make_pool
+    from hybrid_jobs.schema.queries import JOB_SWEEP_EXPIRED
 
     pg.execute("CREATE TABLE effects_log (writer text)")
     job_id = enqueue(engine, "contested")

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from consumers.journal import LINES_PER_SECOND
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.consumers.journal import LINES_PER_SECOND
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import fleet, refused, running, service_env
 

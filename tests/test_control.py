@@ -14,14 +14,13 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Backoff, Registry
-from jobctl.check import check as chaos_check
-from outbox import Explanation, NewJob
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from relay.settings import RelaySettings
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.jobctl.check import check as chaos_check
+from hybrid_jobs.outbox import Explanation, NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, until, wait_for_state
 

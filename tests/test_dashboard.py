@@ -29,13 +29,12 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-import consumers
-import outbox
-from consumers.backoff import Backoff
-from consumers.registry import Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.backoff import Backoff
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port
 from tests.support.api import served as served_process
 from tests.support.dashboard import (

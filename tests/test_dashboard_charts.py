@@ -13,13 +13,13 @@ import pytest
 from playwright.async_api import ConsoleMessage, expect
 from sqlalchemy import Engine
 
-import consumers
-from consumers.backoff import Backoff
-from consumers.registry import Registry
-from jobctl.metrics import CollectorSettings
-from outbox import NewJob
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers.backoff import Backoff
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.jobctl.metrics import CollectorSettings
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.dashboard import CHROMIUM, Served, chromium, dashboard_served, sign_in
 from tests.support.inproc import both_running
 from tests.support.jobs import enqueue_many

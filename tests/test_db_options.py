@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool, make_sync_pool
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool, make_sync_pool
 
 
 async def test_daemon_connections_run_without_jit_and_with_their_timeouts(

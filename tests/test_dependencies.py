@@ -17,9 +17,9 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.apps.deps import RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.jobs import enqueue, job

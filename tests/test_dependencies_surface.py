@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-import outbox
-from jobctl.service import get_job
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.service import get_job
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 
 

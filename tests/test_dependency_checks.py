@@ -12,12 +12,11 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.testing import JobRunner
-from jobctl.check import check
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.testing import JobRunner
+from hybrid_jobs.jobctl.check import check
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 DEPENDENCY_CHECKS = (
     "children_started_before_parents",

@@ -11,13 +11,13 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 
-import consumers
-from consumers import Registry
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from relay.retention import delete_old_effects
-from relay.settings import RelaySettings
-from schema.queries import EFFECT_RETENTION_DELETE
-from schema.topology import Topology
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.relay.retention import delete_old_effects
+from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.schema.queries import EFFECT_RETENTION_DELETE
+from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, job, until, wait_for_state
 from tests.support.plans import plan

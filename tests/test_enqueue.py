@@ -13,8 +13,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
 
 
 def _rows(pg: psycopg.Connection, table: str) -> int:

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from jobctl.check import check, violations
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.support.broker import close_connections_of, publish_raw, purge
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
@@ -321,7 +321,7 @@ def test_tenant_slots_never_leak_however_a_lease_ends(env, engine, pg, db_url) -
     hold one, and once everything settled both are zero."""
     from sqlalchemy.orm import Session
 
-    import outbox
+    from hybrid_jobs import outbox
 
     with Session(engine) as session, session.begin():
         outbox.set_tenant_limit(session, "acme", max_running=2)

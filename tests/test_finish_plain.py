@@ -19,14 +19,14 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from consumers import store as store_module
-from consumers.outcome import Outcome
-from consumers.store import JobStore, finish_params
 from harness.claim import claim_params
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.consumers import store as store_module
+from hybrid_jobs.consumers.outcome import Outcome
+from hybrid_jobs.consumers.store import JobStore, finish_params
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.schema import queries as q
 from tests.support.jobs import attempts, enqueue, job, versions
 
 Held = dict[str, tuple[uuid.UUID, int]]

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.jobs import enqueue
 from tests.support.processes import jobctl
 

@@ -18,14 +18,13 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from relay.maintenance import OrphanWalk, wake_orphans
-from schema.queries import JOB_EXPIRE_WAITING
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay.maintenance import OrphanWalk, wake_orphans
+from hybrid_jobs.schema.queries import JOB_EXPIRE_WAITING
+from hybrid_jobs.schema.topology import Topology
 from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.inproc import both_running

@@ -21,14 +21,13 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.store import JobStore
-from jobctl.service import list_keys, stats
-from outbox import NewJob
-from plumbing.config import DatabaseUrl
-from schema.queries import JOB_EXPIRE_WAITING
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.jobctl.service import list_keys, stats
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.queries import JOB_EXPIRE_WAITING
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import enqueue, enqueue_many
 from tests.support.processes import jobctl

@@ -13,11 +13,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.testing import JobRunner
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.testing import JobRunner
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.apps.limits import STARTS_TABLE
 from tests.support.jobs import enqueue, job, wait_for_state, wait_until_all
 from tests.support.processes import running

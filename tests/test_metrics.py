@@ -17,15 +17,14 @@ from psycopg import AsyncConnection
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Backoff, Registry
-from consumers.store import JobStore
-from jobctl.metrics import Collector, CollectorSettings
-from jobctl.metrics.queries import LOCK_NAME
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.jobctl.metrics import Collector, CollectorSettings
+from hybrid_jobs.jobctl.metrics.queries import LOCK_NAME
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
+from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, wait_for_state
 from tests.support.metrics import Scrape

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from plumbing.config import DatabaseUrl
-from schema.revisions import scripts
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.revisions import scripts
 from tests.support import processes
 from tests.support.processes import BIN, ROOT
 
@@ -181,7 +181,7 @@ def test_installed_package_migrates_without_a_checkout(
         check=True,
         capture_output=True,
     )
-    assert (target / "schema" / "migrations" / "script.py.mako").is_file()
+    assert (target / "hybrid_jobs" / "schema" / "migrations" / "script.py.mako").is_file()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # The installed copy comes first on the path; the checkout's editable finder is
@@ -193,7 +193,7 @@ def test_installed_package_migrates_without_a_checkout(
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[: len(HEAD_STEPS)] == HEAD_STEPS
     where = subprocess.run(
-        [sys.executable, "-c", "import schema.revisions as r; print(r.MIGRATIONS)"],
+        [sys.executable, "-c", "import hybrid_jobs.schema.revisions as r; print(r.MIGRATIONS)"],
         cwd=elsewhere,
         env={**os.environ, "PYTHONPATH": str(target)},
         capture_output=True,

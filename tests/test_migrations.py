@@ -12,8 +12,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from plumbing.config import DatabaseUrl
-from schema.tables import metadata
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.tables import metadata
 from tests.conftest import ROOT, migrate
 
 TABLES = {

@@ -13,12 +13,11 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import QueueType, Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import QueueType, Topology
 from tests.support.broker import collect, delete_topology, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state, wait_until_all

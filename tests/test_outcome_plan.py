@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from schema import queries as q
+from hybrid_jobs.schema import queries as q
 from tests.support.plans import plan as explain_plan
 
 BACKLOG = 5_000

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-import consumers
-from consumers import Backoff, Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue_many, job, wait_for_state
 

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from jobctl.check import check, violations
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support import pgbouncer
 from tests.support.jobs import enqueue_many, wait_until_all
 from tests.support.processes import running, service_env

@@ -9,7 +9,7 @@ import signal
 import psycopg
 from sqlalchemy import Engine
 
-from outbox import NewJob
+from hybrid_jobs.outbox import NewJob
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import fleet, refused, running
 

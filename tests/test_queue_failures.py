@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.api import api_client
 from tests.support.broker import queue_depth, queue_policy
 from tests.support.jobs import enqueue_many, until

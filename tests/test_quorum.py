@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-import consumers
-from consumers import Registry
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import QUORUM_DELIVERY_LIMIT, QueueType, Topology
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import QUORUM_DELIVERY_LIMIT, QueueType, Topology
 from tests.support.broker import delete_topology, queue_depth
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, until, wait_for_state

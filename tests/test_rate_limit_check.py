@@ -10,7 +10,7 @@ import uuid
 import psycopg
 import pytest
 
-from jobctl.check import CHECKS
+from hybrid_jobs.jobctl.check import CHECKS
 
 EXCEEDED = CHECKS["rate_limit_exceeded"]
 

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
-from schema import queries as q
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.schema import queries as q
 from tests.support.jobs import enqueue, enqueue_many, until, wait_for_state
 from tests.support.processes import running
 

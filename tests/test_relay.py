@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Declared, Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Declared, Topology
 from tests.support import inproc
 from tests.support.broker import collect_ids, queue_depth
 from tests.support.jobs import until

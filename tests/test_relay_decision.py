@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from plumbing.config import DatabaseUrl
-from plumbing.db import RELAY_OPTIONS
-from schema.queries import OUTBOX_WAKE_QUEUE
-from schema.tables import CLOCK_ROW
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import RELAY_OPTIONS
+from hybrid_jobs.schema.queries import OUTBOX_WAKE_QUEUE
+from hybrid_jobs.schema.tables import CLOCK_ROW
 from tests.support.plans import plan as explain_plan
 
 QUEUE = "default"

@@ -20,18 +20,17 @@ from playwright.async_api import expect
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.store import JobStore
-from jobctl.check import check
-from jobctl.metrics import Collector
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
-from relay.maintenance import OrphanWalk, wake_orphans
-from schema.queries import JOB_SWEEP_EXPIRED
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.jobctl.check import check
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.relay.maintenance import OrphanWalk, wake_orphans
+from hybrid_jobs.schema.queries import JOB_SWEEP_EXPIRED
+from hybrid_jobs.schema.topology import Topology
 from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.dashboard import chromium, dashboard_served, sign_in

@@ -11,11 +11,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from harness import backlog
-from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import RELAY_OPTIONS
-from relay.broker import Publisher
-from relay.maintenance import OrphanWalk, rewake_lost, wake_orphans
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import RELAY_OPTIONS
+from hybrid_jobs.relay.broker import Publisher
+from hybrid_jobs.relay.maintenance import OrphanWalk, rewake_lost, wake_orphans
+from hybrid_jobs.schema.topology import Topology
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.jobs import attempts, enqueue, job
 from tests.support.processes import ROOT, service_env
 

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from jobctl.metrics.queries import METRICS_JOBS_NO_AUTHORIZED_RUNNER
-from plumbing.config import DatabaseUrl
-from schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.metrics.queries import METRICS_JOBS_NO_AUTHORIZED_RUNNER
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.queries.fragments import REFUSAL_BACKSTOP_SECONDS
 from tests.support.api import api_client
 from tests.support.jobs import attempts, enqueue, job, until
 from tests.support.processes import ROOT, fleet, jobctl, running

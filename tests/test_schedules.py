@@ -19,13 +19,12 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from plumbing.config import AmqpUrl, DatabaseUrl
-from plumbing.db import make_pool
-from relay.schedules import fire_due
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.relay.schedules import fire_due
+from hybrid_jobs.schema.topology import Topology
 from tests.support import inproc
 from tests.support.inproc import consumer_running
 from tests.support.processes import running

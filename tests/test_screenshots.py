@@ -21,14 +21,13 @@ from playwright.async_api import Page
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers.backoff import Backoff
-from consumers.registry import Registry
-from jobctl.metrics import CollectorSettings
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.backoff import Backoff
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.jobctl.metrics import CollectorSettings
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue, enqueue_many, states

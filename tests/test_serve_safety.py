@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
-from plumbing.config import DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port, served
 from tests.support.jobs import enqueue, job
 from tests.support.processes import BIN, jobctl, jobctl_env, service_env

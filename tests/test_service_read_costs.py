@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from jobctl.metrics.queries import (
+from hybrid_jobs.jobctl.metrics.queries import (
     METRICS_JOBS_LEASED,
     METRICS_JOBS_NO_AUTHORIZED_RUNNER,
     METRICS_JOBS_RATE_LIMITED,
@@ -21,8 +21,8 @@ from jobctl.metrics.queries import (
     METRICS_KEY_WAITS,
     METRICS_RESOURCE_WAITS,
 )
-from jobctl.service import JobFilter, list_jobs, queries
-from schema.states import JobState
+from hybrid_jobs.jobctl.service import JobFilter, list_jobs, queries
+from hybrid_jobs.schema.states import JobState
 from tests.support.history import fill, job_lists, middle_of_the_failed
 from tests.support.plans import plan as explain_plan
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from plumbing.config import DatabaseUrl
-from schema.revisions import scripts
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.revisions import scripts
 from tests.conftest import migrate
 from tests.support.broker import rabbitmq_account
 from tests.support.cluster import password_postgres

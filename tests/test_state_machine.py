@@ -44,9 +44,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from plumbing.config import DatabaseUrl
-from schema import queries as q
-from schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, JobState, edges_of
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, JobState, edges_of
 
 WORKERS = ["w1", "w2", "w3"]
 TENANTS = [None, "capped"]

@@ -211,8 +211,8 @@ def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
     """A consumer of 2,000 slots stopped with no drain: every claim goes back
     (QUEUED, attempt refunded), a bounded batch per statement rather than one
     statement of any size (whose failure or timeout would cost every attempt)."""
-    from consumers.worker import GIVE_BACK_BATCH
-    from outbox import NewJob
+    from hybrid_jobs.consumers.worker import GIVE_BACK_BATCH
+    from hybrid_jobs.outbox import NewJob
     from tests.support.jobs import enqueue_many
 
     n = 2000

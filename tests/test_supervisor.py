@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from jobctl.check import check, violations
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.apps.processes import RUNS_TABLE
 from tests.support.jobs import attempts, enqueue_many, job, wait_for_state, wait_until_all
 from tests.support.processes import Daemon, refused, running, service_env

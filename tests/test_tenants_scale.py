@@ -16,14 +16,13 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from relay.maintenance import reconcile_tenant_slots, refresh_tenant_usage
-from schema.queries import TENANT_USAGE_REFRESH
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay.maintenance import reconcile_tenant_slots, refresh_tenant_usage
+from hybrid_jobs.schema.queries import TENANT_USAGE_REFRESH
+from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue_many, wait_until_all
 

@@ -8,12 +8,11 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Backoff, Registry
-from consumers.testing import JobRunner, run_jobs
-from outbox.testing import assert_enqueued, enqueued
-from plumbing.config import DatabaseUrl
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.consumers.testing import JobRunner, run_jobs
+from hybrid_jobs.outbox.testing import assert_enqueued, enqueued
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.jobs import attempts, job
 
 app = Registry()

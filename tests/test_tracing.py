@@ -27,14 +27,13 @@ from opentelemetry.util._once import Once
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-import consumers
-import outbox
-from consumers.registry import Registry
-from consumers.testing import run_jobs
-from outbox import NewJob
-from plumbing import tracing
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.testing import run_jobs
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing import tracing
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import queue_policy
 from tests.support.jobs import enqueue, enqueue_many, job, wait_for_state
 from tests.support.processes import ROOT, running, service_env

@@ -19,14 +19,13 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-import consumers
-import outbox
-from consumers import Registry
-from consumers.settings import ConsumerSettings
-from consumers.testing import JobRunner
-from consumers.worker import Consumer
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.tables import metadata
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.testing import JobRunner
+from hybrid_jobs.consumers.worker import Consumer
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.tables import metadata
 
 # wait_for(_async) take an engine, not a session: each waits in its own way (a
 # thread blocks, a coroutine awaits), so they are not twins of one body.

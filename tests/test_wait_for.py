@@ -14,11 +14,11 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
-from outbox.waiting import APPLICATION_NAME
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.outbox.waiting import APPLICATION_NAME
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.api import api_client
 from tests.support.jobs import enqueue, enqueue_many
 from tests.support.processes import running, service_env

@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-import consumers
-from consumers import Backoff, Registry
-from consumers.inbox import Delivery
-from outbox import NewJob
-from plumbing.config import AmqpUrl, DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers import Backoff, Registry
+from hybrid_jobs.consumers.inbox import Delivery
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import collect, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
@@ -168,8 +168,8 @@ async def test_an_expired_lease_is_retried_after_the_handlers_backoff(
 ) -> None:
     """A job whose worker vanished waits its handler's backoff like any failed
     attempt, so a job that kills its worker does not take the next one down at once."""
-    from consumers.store import JobStore
-    from plumbing.db import make_pool
+    from hybrid_jobs.consumers.store import JobStore
+    from hybrid_jobs.plumbing.db import make_pool
 
     registry = Registry()
 
@@ -250,7 +250,7 @@ async def test_one_channel_never_acks_what_was_not_claimed_or_explained(
     message whose every id a claim had taken or explained, garbage alone is
     rejected, a message given back during the pause was never acked, and RabbitMQ
     never closed the channel (an unknown or repeated delivery tag would)."""
-    import consumers.claimer as claimer_module
+    import hybrid_jobs.consumers.claimer as claimer_module
 
     _db, amqp, topology = services
     registry = Registry()

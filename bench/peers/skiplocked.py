@@ -41,7 +41,7 @@ from bench.peers.base import (
     started_latency,
     wait_until,
 )
-from plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.config import DatabaseUrl
 
 CHANNEL = "skiplocked_jobs"
 

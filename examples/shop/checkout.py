@@ -18,8 +18,8 @@ from datetime import timedelta
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-import outbox
-from plumbing.config import ConfigError, database_url
+from hybrid_jobs import outbox
+from hybrid_jobs.plumbing.config import ConfigError, database_url
 
 SHOP_TABLES = """
 CREATE TABLE IF NOT EXISTS orders (

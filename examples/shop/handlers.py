@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-import consumers
+from hybrid_jobs import consumers
 
 
 @consumers.handler("send_receipt", queue="mail", max_attempts=8, timeout=30)

@@ -10,15 +10,15 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from jobctl import dashboard
-from jobctl.api import problems
-from jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit, FailureLimiter, HostCheck
-from jobctl.api.headers import ResponseHeaders
-from jobctl.api.routes import health, jobs, operate
-from jobctl.api.settings import ApiSettings
-from jobctl.metrics import Collector
-from jobctl.service import Database
-from jobctl.service.health import ReadinessCache
+from hybrid_jobs.jobctl import dashboard
+from hybrid_jobs.jobctl.api import problems
+from hybrid_jobs.jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit, FailureLimiter, HostCheck
+from hybrid_jobs.jobctl.api.headers import ResponseHeaders
+from hybrid_jobs.jobctl.api.routes import health, jobs, operate
+from hybrid_jobs.jobctl.api.settings import ApiSettings
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.jobctl.service import Database
+from hybrid_jobs.jobctl.service.health import ReadinessCache
 
 log = logging.getLogger("jobctl")
 

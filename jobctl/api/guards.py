@@ -28,11 +28,11 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobctl.api.headers import REALM, HttpMiddleware
-from jobctl.api.problems import MEDIA_TYPE, Problem
-from jobctl.api.tokens import Tokens
-from jobctl.service.errors import Invalid
-from outbox.validation import MAX_PAYLOAD_DEPTH
+from hybrid_jobs.jobctl.api.headers import REALM, HttpMiddleware
+from hybrid_jobs.jobctl.api.problems import MEDIA_TYPE, Problem
+from hybrid_jobs.jobctl.api.tokens import Tokens
+from hybrid_jobs.jobctl.service.errors import Invalid
+from hybrid_jobs.outbox.validation import MAX_PAYLOAD_DEPTH
 
 log = logging.getLogger("jobctl")
 

@@ -9,10 +9,15 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from jobctl.service.models import ScheduleView, TenantView, WorkerView
-from outbox.validation import MAX_ATTEMPTS_LIMIT, MAX_KEY_LIMIT, MAX_PARENTS, check_depth
-from schema import names
-from schema.tables import (
+from hybrid_jobs.jobctl.service.models import ScheduleView, TenantView, WorkerView
+from hybrid_jobs.outbox.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_KEY_LIMIT,
+    MAX_PARENTS,
+    check_depth,
+)
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
     MAX_KEY_LENGTH,

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-import outbox
-from jobctl.api.headers import security_headers
-from jobctl.service import IdempotencyMismatch, Invalid, NotFound, WrongState
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.api.headers import security_headers
+from hybrid_jobs.jobctl.service import IdempotencyMismatch, Invalid, NotFound, WrongState
 
 log = logging.getLogger("jobctl")
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
-from jobctl.api.tokens import Tokens
-from jobctl.metrics import CollectorSettings
-from outbox.validation import max_payload_bytes
-from plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.jobctl.api.tokens import Tokens
+from hybrid_jobs.jobctl.metrics import CollectorSettings
+from hybrid_jobs.outbox.validation import max_payload_bytes
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 
 # Room in a body for everything around the payload.
 ENVELOPE_BYTES: Final = 16 * 1024

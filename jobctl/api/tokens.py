@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from plumbing.config import ConfigError
+from hybrid_jobs.plumbing.config import ConfigError
 
 log = logging.getLogger("jobctl")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 import psycopg
 
-from jobctl.check import check as run_check
-from jobctl.check import violations
-from jobctl.commands.common import database, database_failure, database_option
-from jobctl.output import Failure, emit, json_option
+from hybrid_jobs.jobctl.check import check as run_check
+from hybrid_jobs.jobctl.check import violations
+from hybrid_jobs.jobctl.commands.common import database, database_failure, database_option
+from hybrid_jobs.jobctl.output import Failure, emit, json_option
 
 
 @click.command()

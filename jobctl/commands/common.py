@@ -13,13 +13,13 @@ import psycopg.errors
 import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import outbox
-from jobctl.output import Failure, warn
-from jobctl.service import Database, Invalid, ServiceError, parse_job_id
-from jobctl.service.database import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
-from plumbing import diagnose
-from plumbing.cli import event_loop_runner
-from plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.output import Failure, warn
+from hybrid_jobs.jobctl.service import Database, Invalid, ServiceError, parse_job_id
+from hybrid_jobs.jobctl.service.database import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
+from hybrid_jobs.plumbing import diagnose
+from hybrid_jobs.plumbing.cli import event_loop_runner
+from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -10,9 +10,16 @@ from typing import Any, Final
 
 import click
 
-from jobctl.commands.common import by_option, database_option, limit_option, parse_ids, read, write
-from jobctl.output import Failure, duration, emit, json_option, printable, table, when
-from jobctl.service import (
+from hybrid_jobs.jobctl.commands.common import (
+    by_option,
+    database_option,
+    limit_option,
+    parse_ids,
+    read,
+    write,
+)
+from hybrid_jobs.jobctl.output import Failure, duration, emit, json_option, printable, table, when
+from hybrid_jobs.jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     JobFilter,
@@ -25,10 +32,10 @@ from jobctl.service import (
     retry_jobs,
     retry_matching,
 )
-from jobctl.service.jobs import RETRYABLE
-from jobctl.service.models import JobPage, JobStateChange, JobSummary, JobView
-from outbox.explain import error_line
-from schema.states import JobState
+from hybrid_jobs.jobctl.service.jobs import RETRYABLE
+from hybrid_jobs.jobctl.service.models import JobPage, JobStateChange, JobSummary, JobView
+from hybrid_jobs.outbox.explain import error_line
+from hybrid_jobs.schema.states import JobState
 
 # The traceback `jobs show` prints: the newest attempt's that has one, its last lines.
 TRACEBACK_LINES: Final = 40

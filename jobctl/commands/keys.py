@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, limit_option, read
-from jobctl.output import emit, json_option, table, when
-from jobctl.service import jsonable, list_keys
+from hybrid_jobs.jobctl.commands.common import database_option, limit_option, read
+from hybrid_jobs.jobctl.output import emit, json_option, table, when
+from hybrid_jobs.jobctl.service import jsonable, list_keys
 
 
 @click.command()

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-import outbox
-from jobctl.commands.common import database_option, run
-from jobctl.metrics.queries import METRICS_JOBS_EXPIRED
-from jobctl.output import emit, json_option, table, when
-from jobctl.service import Database
-from jobctl.service.sql import fetch_all
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.commands.common import database_option, run
+from hybrid_jobs.jobctl.metrics.queries import METRICS_JOBS_EXPIRED
+from hybrid_jobs.jobctl.output import emit, json_option, table, when
+from hybrid_jobs.jobctl.service import Database
+from hybrid_jobs.jobctl.service.sql import fetch_all
 
 
 def _limits_table(found: list[outbox.RateLimit]) -> str:

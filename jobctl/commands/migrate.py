@@ -24,10 +24,10 @@ from alembic.script.revision import Revision
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
-from jobctl.output import Failure, emit, json_option, say, warn
-from plumbing import diagnose
-from plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
-from schema import revisions
+from hybrid_jobs.jobctl.output import Failure, emit, json_option, say, warn
+from hybrid_jobs.plumbing import diagnose
+from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
+from hybrid_jobs.schema import revisions
 
 NAME = "jobctl migrate"
 

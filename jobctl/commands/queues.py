@@ -6,10 +6,17 @@ from collections.abc import Callable
 
 import click
 
-from jobctl.commands.common import F, by_option, database_option, run, write
-from jobctl.output import emit, json_option, when
-from jobctl.service import Database, Invalid, NotFound, jsonable, pause_queue, resume_queue
-from jobctl.service.models import QueueState
+from hybrid_jobs.jobctl.commands.common import F, by_option, database_option, run, write
+from hybrid_jobs.jobctl.output import emit, json_option, when
+from hybrid_jobs.jobctl.service import (
+    Database,
+    Invalid,
+    NotFound,
+    jsonable,
+    pause_queue,
+    resume_queue,
+)
+from hybrid_jobs.jobctl.service.models import QueueState
 
 
 @click.group()

@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-import outbox
-from jobctl.commands.common import by_option, database_option, read, write
-from jobctl.output import Failure, emit, json_option, table, when
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.commands.common import by_option, database_option, read, write
+from hybrid_jobs.jobctl.output import Failure, emit, json_option, table, when
 
 
 @click.group()

@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 import click
 
-from jobctl.commands.common import database_option, read, write
-from jobctl.output import emit, json_option, table, when
-from jobctl.service import (
+from hybrid_jobs.jobctl.commands.common import database_option, read, write
+from hybrid_jobs.jobctl.output import emit, json_option, table, when
+from hybrid_jobs.jobctl.service import (
     jsonable,
     list_schedules,
     pause_schedule,
     resume_schedule,
     trigger_schedule,
 )
-from jobctl.service.models import ScheduleView
+from hybrid_jobs.jobctl.service.models import ScheduleView
 
 
 @click.group()

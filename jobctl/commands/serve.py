@@ -17,17 +17,17 @@ from typing import Any
 import click
 import uvicorn
 
-from jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
-from jobctl.api.settings import is_loopback
-from jobctl.metrics import CollectorSettings
-from plumbing.cli import (
+from hybrid_jobs.jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
+from hybrid_jobs.jobctl.api.settings import is_loopback
+from hybrid_jobs.jobctl.metrics import CollectorSettings
+from hybrid_jobs.plumbing.cli import (
     connection_options,
     default_of,
     event_loop_runner,
     warn_about_passwords_in_flags,
 )
-from plumbing.config import ConfigError, amqp_url, database_url
-from plumbing.logfmt import setup_logging
+from hybrid_jobs.plumbing.config import ConfigError, amqp_url, database_url
+from hybrid_jobs.plumbing.logfmt import setup_logging
 
 log = logging.getLogger("jobctl")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, read
-from jobctl.output import duration, emit, json_option, table, when
-from jobctl.service import jsonable
-from jobctl.service import stats as read_stats
+from hybrid_jobs.jobctl.commands.common import database_option, read
+from hybrid_jobs.jobctl.output import duration, emit, json_option, table, when
+from hybrid_jobs.jobctl.service import jsonable
+from hybrid_jobs.jobctl.service import stats as read_stats
 
 
 @click.command()

@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 
-from jobctl.commands.common import database_option, read, write
-from jobctl.output import emit, json_option, table, when
-from jobctl.service import KEEP, jsonable, list_tenants, set_tenant
-from jobctl.service.models import TenantView
+from hybrid_jobs.jobctl.commands.common import database_option, read, write
+from hybrid_jobs.jobctl.output import emit, json_option, table, when
+from hybrid_jobs.jobctl.service import KEEP, jsonable, list_tenants, set_tenant
+from hybrid_jobs.jobctl.service.models import TenantView
 
 
 @click.group()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from jobctl.commands.common import database_option, read
-from jobctl.output import emit, json_option, table, when
-from jobctl.service import jsonable, list_workers
+from hybrid_jobs.jobctl.commands.common import database_option, read
+from hybrid_jobs.jobctl.output import emit, json_option, table, when
+from hybrid_jobs.jobctl.service import jsonable, list_workers
 
 
 @click.command()

@@ -20,8 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 
-from jobctl.dashboard import actions, pages, render
-from jobctl.dashboard.auth import Refused, SignInRequired, root
+from hybrid_jobs.jobctl.dashboard import actions, pages, render
+from hybrid_jobs.jobctl.dashboard.auth import Refused, SignInRequired, root
 
 STATIC_PATH = "/static"
 
@@ -32,7 +32,7 @@ def install(app: FastAPI) -> None:
     app.include_router(actions.router)
     app.mount(
         STATIC_PATH,
-        StaticFiles(packages=[("jobctl.dashboard", "static")]),
+        StaticFiles(packages=[("hybrid_jobs.jobctl.dashboard", "static")]),
         name="dashboard-static",
     )
     app.add_exception_handler(SignInRequired, _sign_in)

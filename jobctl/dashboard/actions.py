@@ -18,11 +18,11 @@ from fastapi import APIRouter, Depends, Form, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import RedirectResponse, Response
 
-import outbox
-from jobctl.api.guards import token_matches, too_many
-from jobctl.api.tokens import Tokens
-from jobctl.dashboard import render
-from jobctl.dashboard.auth import (
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.api.guards import token_matches, too_many
+from hybrid_jobs.jobctl.api.tokens import Tokens
+from hybrid_jobs.jobctl.dashboard import render
+from hybrid_jobs.jobctl.dashboard.auth import (
     Refused,
     Viewer,
     end_session,
@@ -32,8 +32,8 @@ from jobctl.dashboard.auth import (
     root,
     same_origin,
 )
-from jobctl.dashboard.flash import Flash
-from jobctl.service import (
+from hybrid_jobs.jobctl.dashboard.flash import Flash
+from hybrid_jobs.jobctl.service import (
     Database,
     ServiceError,
     approve_job,
@@ -49,8 +49,8 @@ from jobctl.service import (
     retry_matching,
     trigger_schedule,
 )
-from jobctl.service.sql import fetch_one
-from schema.states import JobState
+from hybrid_jobs.jobctl.service.sql import fetch_one
+from hybrid_jobs.schema.states import JobState
 
 router = APIRouter(include_in_schema=False)
 

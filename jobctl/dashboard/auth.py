@@ -40,11 +40,11 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from starlette.responses import Response
 
-from jobctl.api.settings import PublicUrl
-from jobctl.api.tokens import Tokens
-from jobctl.service import Database
-from jobctl.service.sql import fetch_one
-from schema.queries import (
+from hybrid_jobs.jobctl.api.settings import PublicUrl
+from hybrid_jobs.jobctl.api.tokens import Tokens
+from hybrid_jobs.jobctl.service import Database
+from hybrid_jobs.jobctl.service.sql import fetch_one
+from hybrid_jobs.schema.queries import (
     DASHBOARD_SESSION_CREATE,
     DASHBOARD_SESSION_END,
     DASHBOARD_SESSION_EXPIRE,

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from jobctl.dashboard.figures import quantile
-from jobctl.dashboard.render import NONE, duration
-from jobctl.metrics.histogram import WAIT_BUCKETS, Histogram
-from jobctl.metrics.history import HistoryView, Slot
-from jobctl.metrics.labels import OTHER
+from hybrid_jobs.jobctl.dashboard.figures import quantile
+from hybrid_jobs.jobctl.dashboard.render import NONE, duration
+from hybrid_jobs.jobctl.metrics.histogram import WAIT_BUCKETS, Histogram
+from hybrid_jobs.jobctl.metrics.history import HistoryView, Slot
+from hybrid_jobs.jobctl.metrics.labels import OTHER
 
 MINUS: Final = "\N{MINUS SIGN}"
 

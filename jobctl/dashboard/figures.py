@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from jobctl.metrics import Collector, Snapshot
-from jobctl.metrics.histogram import FrozenHistogram
+from hybrid_jobs.jobctl.metrics import Collector, Snapshot
+from hybrid_jobs.jobctl.metrics.histogram import FrozenHistogram
 
 # The span the figures cover, once the dashboard has seen snapshots that old.
 WINDOW: Final = 15 * 60.0

@@ -11,15 +11,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-import outbox
-from jobctl.dashboard import render
-from jobctl.dashboard.actions import BULK_RETRY_LIMIT
-from jobctl.dashboard.auth import Viewer, viewer
-from jobctl.dashboard.charts import Charts, build
-from jobctl.dashboard.figures import Recent, figures
-from jobctl.metrics import Collector
-from jobctl.metrics.history import EMPTY, HistoryView
-from jobctl.service import (
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.dashboard import render
+from hybrid_jobs.jobctl.dashboard.actions import BULK_RETRY_LIMIT
+from hybrid_jobs.jobctl.dashboard.auth import Viewer, viewer
+from hybrid_jobs.jobctl.dashboard.charts import Charts, build
+from hybrid_jobs.jobctl.dashboard.figures import Recent, figures
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.jobctl.metrics.history import EMPTY, HistoryView
+from hybrid_jobs.jobctl.service import (
     Database,
     Invalid,
     JobFilter,
@@ -33,10 +33,10 @@ from jobctl.service import (
     queries,
     stats,
 )
-from jobctl.service.jobs import ATTEMPTS_SHOWN
-from jobctl.service.models import JobPage, JobView
-from jobctl.service.sql import fetch_one
-from schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
+from hybrid_jobs.jobctl.service.jobs import ATTEMPTS_SHOWN
+from hybrid_jobs.jobctl.service.models import JobPage, JobView
+from hybrid_jobs.jobctl.service.sql import fetch_one
+from hybrid_jobs.schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
 
 router = APIRouter(include_in_schema=False)
 

@@ -14,9 +14,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from jobctl.api.headers import HTML_POLICY
-from jobctl.dashboard.auth import Viewer, root
-from jobctl.dashboard.flash import Flash, take_flash
+from hybrid_jobs.jobctl.api.headers import HTML_POLICY
+from hybrid_jobs.jobctl.dashboard.auth import Viewer, root
+from hybrid_jobs.jobctl.dashboard.flash import Flash, take_flash
 
 # Everything the pages need comes from this server (no inline script or style
 # either), pages cannot be framed (clickjacking), forms post only here. (Every
@@ -35,7 +35,7 @@ DEFAULT_REFRESH_SECONDS: Final = 5
 NONE: Final = "\N{EN DASH}"
 
 env = Environment(
-    loader=PackageLoader("jobctl.dashboard", "templates"),
+    loader=PackageLoader("hybrid_jobs.jobctl.dashboard", "templates"),
     autoescape=select_autoescape(default=True),
     trim_blocks=True,
     lstrip_blocks=True,

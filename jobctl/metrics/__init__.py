@@ -14,8 +14,8 @@ the prometheus-client collector), ``collector`` (the loop, the lock, the cache).
 The metrics are listed in docs/metrics.md.
 """
 
-from jobctl.metrics.collector import Collector, CollectorSettings
-from jobctl.metrics.exposition import Status
-from jobctl.metrics.totals import Snapshot
+from hybrid_jobs.jobctl.metrics.collector import Collector, CollectorSettings
+from hybrid_jobs.jobctl.metrics.exposition import Status
+from hybrid_jobs.jobctl.metrics.totals import Snapshot
 
 __all__ = ["Collector", "CollectorSettings", "Snapshot", "Status"]

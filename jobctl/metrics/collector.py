@@ -30,13 +30,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobctl.metrics.exposition import SnapshotExporter, Status
-from jobctl.metrics.history import History
-from jobctl.metrics.reading import read_round
-from jobctl.metrics.totals import Snapshot, Totals
-from plumbing.config import ConfigError, DatabaseUrl
-from plumbing.db import make_pool
-from plumbing.logfmt import describe_error
+from hybrid_jobs.jobctl.metrics.exposition import SnapshotExporter, Status
+from hybrid_jobs.jobctl.metrics.history import History
+from hybrid_jobs.jobctl.metrics.reading import read_round
+from hybrid_jobs.jobctl.metrics.totals import Snapshot, Totals
+from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.plumbing.logfmt import describe_error
 
 log = logging.getLogger("jobctl")
 

@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from jobctl.metrics.histogram import FrozenHistogram
-from jobctl.metrics.totals import Snapshot
+from hybrid_jobs.jobctl.metrics.histogram import FrozenHistogram
+from hybrid_jobs.jobctl.metrics.totals import Snapshot
 
 # A series' label values, in the order of its family's label names.
 L = TypeVar("L", bound=tuple[str, ...])

@@ -26,8 +26,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Final
 
-from jobctl.metrics.histogram import WAIT_BUCKETS
-from schema.states import JobState
+from hybrid_jobs.jobctl.metrics.histogram import WAIT_BUCKETS
+from hybrid_jobs.schema.states import JobState
 
 RESOLUTION: Final = 60.0
 SPAN: Final = 3600.0

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.locks import METRICS_LOCK_NAME
-from schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
-from schema.states import DelayReason
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
+from hybrid_jobs.schema.locks import METRICS_LOCK_NAME
+from hybrid_jobs.schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
+from hybrid_jobs.schema.states import DelayReason
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # The name of the transaction-scoped advisory lock that lets one collection run at a
 # time across every `jobctl serve` (schema.locks).

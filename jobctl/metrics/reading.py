@@ -16,8 +16,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobctl.metrics import queries as q
-from jobctl.metrics.cursor import Cursor, Seen
+from hybrid_jobs.jobctl.metrics import queries as q
+from hybrid_jobs.jobctl.metrics.cursor import Cursor, Seen
 
 
 @dataclass(frozen=True)

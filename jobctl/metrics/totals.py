@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Final, TypeVar
 
-from jobctl.metrics.cursor import Cursor, Seen
-from jobctl.metrics.histogram import (
+from hybrid_jobs.jobctl.metrics.cursor import Cursor, Seen
+from hybrid_jobs.jobctl.metrics.histogram import (
     ATTEMPT_BUCKETS,
     EXECUTION_BUCKETS,
     LATENCY_BUCKETS,
@@ -26,10 +26,10 @@ from jobctl.metrics.histogram import (
     FrozenHistogram,
     Histogram,
 )
-from jobctl.metrics.history import EMPTY, History, HistoryView
-from jobctl.metrics.labels import LabelBudget
-from jobctl.metrics.reading import Attempt, Cursors, Reading, Worker
-from schema.states import CLAIMABLE, LEASED, DelayReason, JobState
+from hybrid_jobs.jobctl.metrics.history import EMPTY, History, HistoryView
+from hybrid_jobs.jobctl.metrics.labels import LabelBudget
+from hybrid_jobs.jobctl.metrics.reading import Attempt, Cursors, Reading, Worker
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, DelayReason, JobState
 
 T = TypeVar("T")
 K = TypeVar("K")

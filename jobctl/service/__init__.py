@@ -33,10 +33,16 @@ What a dashboard needs, and where it is:
 - workers: :func:`list_workers`; health: :func:`readiness`.
 """
 
-from jobctl.service.database import Database
-from jobctl.service.errors import IdempotencyMismatch, Invalid, NotFound, ServiceError, WrongState
-from jobctl.service.health import readiness
-from jobctl.service.jobs import (
+from hybrid_jobs.jobctl.service.database import Database
+from hybrid_jobs.jobctl.service.errors import (
+    IdempotencyMismatch,
+    Invalid,
+    NotFound,
+    ServiceError,
+    WrongState,
+)
+from hybrid_jobs.jobctl.service.health import readiness
+from hybrid_jobs.jobctl.service.jobs import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     JobFilter,
@@ -51,18 +57,24 @@ from jobctl.service.jobs import (
     retry_jobs,
     retry_matching,
 )
-from jobctl.service.keys import list_keys
-from jobctl.service.models import jsonable
-from jobctl.service.queues import pause_queue, resume_queue, stats
-from jobctl.service.schedules import (
+from hybrid_jobs.jobctl.service.keys import list_keys
+from hybrid_jobs.jobctl.service.models import jsonable
+from hybrid_jobs.jobctl.service.queues import pause_queue, resume_queue, stats
+from hybrid_jobs.jobctl.service.schedules import (
     get_schedule,
     list_schedules,
     pause_schedule,
     resume_schedule,
     trigger_schedule,
 )
-from jobctl.service.tenants import KEEP, get_tenant, has_limits, list_tenants, set_tenant
-from jobctl.service.workers import list_workers
+from hybrid_jobs.jobctl.service.tenants import (
+    KEEP,
+    get_tenant,
+    has_limits,
+    list_tenants,
+    set_tenant,
+)
+from hybrid_jobs.jobctl.service.workers import list_workers
 
 __all__ = [
     "DEFAULT_LIMIT",

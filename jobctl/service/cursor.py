@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from jobctl.service.errors import Invalid
+from hybrid_jobs.jobctl.service.errors import Invalid
 
 
 class Order(StrEnum):

@@ -21,8 +21,8 @@ from contextlib import asynccontextmanager
 from sqlalchemy import pool
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from plumbing.config import DatabaseUrl
-from plumbing.db import connection_kwargs
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import connection_kwargs
 
 # A read or action that takes longer is failed rather than left to hold a
 # connection (and, for a write, row locks) while its caller has given up; a row

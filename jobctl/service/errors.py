@@ -6,7 +6,7 @@ Every message is safe to show (no URL, no token) and names what to fix.
 
 from __future__ import annotations
 
-from schema.states import JobState
+from hybrid_jobs.schema.states import JobState
 
 
 class ServiceError(Exception):

@@ -15,13 +15,13 @@ from typing import Final
 import aio_pika
 import sqlalchemy.exc
 
-from jobctl.service import queries
-from jobctl.service.database import Database
-from jobctl.service.models import Check, Readiness
-from jobctl.service.sql import fetch_one
-from plumbing import diagnose
-from plumbing.amqp import first_answering
-from plumbing.config import AmqpUrl
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.database import Database
+from hybrid_jobs.jobctl.service.models import Check, Readiness
+from hybrid_jobs.jobctl.service.sql import fetch_one
+from hybrid_jobs.plumbing import diagnose
+from hybrid_jobs.plumbing.amqp import first_answering
+from hybrid_jobs.plumbing.config import AmqpUrl
 
 TIMEOUT: Final = 2.0
 

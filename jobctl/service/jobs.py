@@ -14,17 +14,17 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import outbox
-from jobctl.service import queries
-from jobctl.service.cursor import Cursor, Order
-from jobctl.service.errors import (
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.cursor import Cursor, Order
+from hybrid_jobs.jobctl.service.errors import (
     IdempotencyMismatch,
     Invalid,
     NotFound,
     WrongState,
     invalid_argument,
 )
-from jobctl.service.models import (
+from hybrid_jobs.jobctl.service.models import (
     Approval,
     Attempt,
     Blocker,
@@ -39,16 +39,16 @@ from jobctl.service.models import (
     Lease,
     Why,
 )
-from jobctl.service.sql import fetch_all, fetch_one
-from outbox.validation import read_json as readable
-from schema import names
-from schema.queries import (
+from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
+from hybrid_jobs.outbox.validation import read_json as readable
+from hybrid_jobs.schema import names
+from hybrid_jobs.schema.queries import (
     JOB_FIND_BY_DEDUP_MANY,
     JOB_REQUEST_BY_KEY,
     JOB_REQUEST_RECORD,
     JOB_STATE,
 )
-from schema.states import LEASED, TERMINAL, JobState
+from hybrid_jobs.schema.states import LEASED, TERMINAL, JobState
 
 # The states a retry (an operator's replay) moves a job out of.
 RETRYABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})

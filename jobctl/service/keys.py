@@ -7,10 +7,10 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobctl.service import queries
-from jobctl.service.models import BusyKey, HeldKey, KeyHolder, Keys
-from jobctl.service.sql import fetch_all, fetch_one
-from schema.states import JobState
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.models import BusyKey, HeldKey, KeyHolder, Keys
+from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
+from hybrid_jobs.schema.states import JobState
 
 # Per key: the holders listed (a key_limit may be in the thousands) and how far the
 # waiting jobs are counted (a hot key may have a long queue behind it).

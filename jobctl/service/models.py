@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, TypeAdapter
 
-from schema.states import JobState
+from hybrid_jobs.schema.states import JobState
 
 # Attribute docstrings become field descriptions in the OpenAPI document.
 _DOCUMENTED = ConfigDict(use_attribute_docstrings=True)

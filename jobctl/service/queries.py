@@ -29,10 +29,10 @@ import functools
 from dataclasses import dataclass
 from typing import Final
 
-from jobctl.service.cursor import Order
-from schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
-from schema.states import CLAIMABLE, LEASED, REPLAYABLE, JobState
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
+from hybrid_jobs.jobctl.service.cursor import Order
+from hybrid_jobs.schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, JobState
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
 
 # The columns of a JobSummary, in its order (done is computed).
 SUMMARY_COLUMNS: Final = (

@@ -9,19 +9,19 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import outbox
-from jobctl.metrics.queries import (
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.metrics.queries import (
     METRICS_JOBS_LEASED,
     METRICS_JOBS_RATE_LIMITED,
     METRICS_JOBS_WAITING,
     METRICS_KEY_WAITS,
 )
-from jobctl.service import queries
-from jobctl.service.errors import NotFound, invalid_argument
-from jobctl.service.models import PublishFailure, QueueState, QueueStats, Stats
-from jobctl.service.sql import fetch_all, fetch_one
-from schema.queries import WORKER_TTL_SECONDS
-from schema.states import JobState
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.errors import NotFound, invalid_argument
+from hybrid_jobs.jobctl.service.models import PublishFailure, QueueState, QueueStats, Stats
+from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs.schema.states import JobState
 
 # Finished counts and throughput cover this window, from at most SAMPLE jobs.
 WINDOW: Final = 60.0

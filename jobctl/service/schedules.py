@@ -7,13 +7,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import outbox
-from jobctl.service import queries
-from jobctl.service.errors import NotFound, invalid_argument
-from jobctl.service.jobs import get_job
-from jobctl.service.models import JobView, LastFire, ScheduleView
-from jobctl.service.sql import fetch_all, fetch_one
-from outbox.validation import read_json as readable
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.errors import NotFound, invalid_argument
+from hybrid_jobs.jobctl.service.jobs import get_job
+from hybrid_jobs.jobctl.service.models import JobView, LastFire, ScheduleView
+from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
+from hybrid_jobs.outbox.validation import read_json as readable
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from outbox.enqueue import check_driver
+from hybrid_jobs.outbox.enqueue import check_driver
 
 
 async def fetch_all(

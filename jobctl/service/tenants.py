@@ -7,11 +7,11 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-import outbox
-from jobctl.service import queries
-from jobctl.service.errors import invalid_argument
-from jobctl.service.models import Held, TenantView
-from jobctl.service.sql import fetch_all
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.errors import invalid_argument
+from hybrid_jobs.jobctl.service.models import Held, TenantView
+from hybrid_jobs.jobctl.service.sql import fetch_all
 
 
 class _Keep(Enum):

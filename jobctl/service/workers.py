@@ -6,10 +6,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobctl.service import queries
-from jobctl.service.models import WorkerView
-from jobctl.service.sql import fetch_all
-from schema.queries import WORKER_TTL_SECONDS
+from hybrid_jobs.jobctl.service import queries
+from hybrid_jobs.jobctl.service.models import WorkerView
+from hybrid_jobs.jobctl.service.sql import fetch_all
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 
 
 async def list_workers(session: AsyncSession) -> list[WorkerView]:

@@ -14,8 +14,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from plumbing.config import ConfigError, database_url
-from schema.tables import metadata
+from hybrid_jobs.plumbing.config import ConfigError, database_url
+from hybrid_jobs.schema.tables import metadata
 
 target_metadata = metadata
 

@@ -41,7 +41,7 @@ name and never write SQL of their own. The rules:
 
 from __future__ import annotations
 
-from schema.queries.control import (
+from hybrid_jobs.schema.queries.control import (
     EFFECT_RETENTION_DELETE,
     JOB_APPROVAL,
     JOB_APPROVE,
@@ -56,19 +56,19 @@ from schema.queries.control import (
     QUEUE_PAUSED_LIST,
     QUEUE_RESUME,
 )
-from schema.queries.dashboard import (
+from hybrid_jobs.schema.queries.dashboard import (
     DASHBOARD_SESSION_CREATE,
     DASHBOARD_SESSION_END,
     DASHBOARD_SESSION_EXPIRE,
     DASHBOARD_SESSION_VALID,
 )
-from schema.queries.fragments import (
+from hybrid_jobs.schema.queries.fragments import (
     FENCE,
     LIVE_WORKER,
     UNTAKEN,
     WORKER_TTL_SECONDS,
 )
-from schema.queries.job import (
+from hybrid_jobs.schema.queries.job import (
     JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
     JOB_EXPIRE_WAITING,
@@ -87,7 +87,7 @@ from schema.queries.job import (
     JOB_STATE,
     JOB_TRACE_CONTEXTS,
 )
-from schema.queries.lease import (
+from hybrid_jobs.schema.queries.lease import (
     JOB_ATTEMPT_RECORDED_MANY,
     JOB_CLAIM_MANY,
     JOB_CLAIM_PLAIN_MANY,
@@ -99,7 +99,7 @@ from schema.queries.lease import (
     JOB_HELD_BY,
     JOB_SWEEP_EXPIRED,
 )
-from schema.queries.outbox import (
+from hybrid_jobs.schema.queries.outbox import (
     JOB_WAKE_ORPHANS,
     JOB_WAKE_PARKED,
     OUTBOX_BACKLOG,
@@ -112,13 +112,13 @@ from schema.queries.outbox import (
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
 )
-from schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
-from schema.queries.resource import (
+from hybrid_jobs.schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
+from hybrid_jobs.schema.queries.resource import (
     RESOURCE_HOLD_LIST,
     RESOURCE_RESOLVE,
     RESOURCE_UNCERTAIN_FOR,
 )
-from schema.queries.schedule import (
+from hybrid_jobs.schema.queries.schedule import (
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
     SCHEDULE_CLOCK,
@@ -134,7 +134,7 @@ from schema.queries.schedule import (
     SCHEDULE_TEMPLATE,
     SCHEDULE_UPSERT,
 )
-from schema.queries.tenant import (
+from hybrid_jobs.schema.queries.tenant import (
     TENANT_BACKPRESSURE,
     TENANT_ENQUEUE_TAKE,
     TENANT_LIMIT_LIST,
@@ -144,7 +144,7 @@ from schema.queries.tenant import (
     TENANT_USAGE_RECONCILE,
     TENANT_USAGE_REFRESH,
 )
-from schema.queries.worker import (
+from hybrid_jobs.schema.queries.worker import (
     MAINTENANCE_TRY_LOCK,
     RELAY_EXPIRE,
     RELAY_FAILING_QUEUES,

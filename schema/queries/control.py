@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import (
+from hybrid_jobs.schema.queries.fragments import (
     KEY_AHEAD,
     LIVE_WORKER,
     PENDING_TENANTS,
     UNTAKEN,
     key_wake_next,
 )
-from schema.queries.worker import RELAY_LIVE_SECONDS
-from schema.states import DelayReason
-from schema.tables import (
+from hybrid_jobs.schema.queries.worker import RELAY_LIVE_SECONDS
+from hybrid_jobs.schema.states import DelayReason
+from hybrid_jobs.schema.tables import (
     APPROVAL_HOLD,
     CLAIMABLE_SQL,
     LEASED_SQL,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.states import DelayReason
-from schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
+from hybrid_jobs.schema.states import DelayReason
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
 
 # The attempt budget in force: the row's, else the default.
 BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.locks import KEY_LOCK_PREFIX
-from schema.queries.fragments import FENCE, key_wake_next
-from schema.states import DelayReason
-from schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
+from hybrid_jobs.schema.locks import KEY_LOCK_PREFIX
+from hybrid_jobs.schema.queries.fragments import FENCE, key_wake_next
+from hybrid_jobs.schema.states import DelayReason
+from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
 # only by the relay, for a schedule's occurrence; approval 'REQUIRED' by an enqueue

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import (
+from hybrid_jobs.schema.queries.fragments import (
     BUDGET,
     FENCE,
     KEY_AHEAD,
@@ -16,8 +16,8 @@ from schema.queries.fragments import (
     key_wake_next,
     lease_ended,
 )
-from schema.states import DelayReason
-from schema.tables import LEASED_SQL, TERMINAL_SQL
+from hybrid_jobs.schema.states import DelayReason
+from hybrid_jobs.schema.tables import LEASED_SQL, TERMINAL_SQL
 
 # What this worker can run, as the consumer binds it: its handlers' types, with their
 # budget, backoff, kind (a plain function needs a thread) and rate limit.

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.locks import WAKE_LOCK_PREFIX
-from schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
-from schema.states import DelayReason, HeldReason
-from schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
+from hybrid_jobs.schema.locks import WAKE_LOCK_PREFIX
+from hybrid_jobs.schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
+from hybrid_jobs.schema.states import DelayReason, HeldReason
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
 
 # Jobs that waited for a consumer that knows their type, or (NO_AUTHORIZED_RUNNER)
 # for one that names their dedicated tenant: woken when one announces itself (and by

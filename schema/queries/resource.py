@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import resource_wake_next
-from schema.tables import CLAIMABLE_SQL
+from hybrid_jobs.schema.queries.fragments import resource_wake_next
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL
 
 # Who acts when the caller does not say (as JOB_APPROVE records it).
 _WHO = (

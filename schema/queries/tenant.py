@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.tables import CLAIMABLE_SQL, LEASED_SQL
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL
 
 # Backpressure at enqueue: for each tenant of a batch that has a max_queued, how many
 # of its jobs wait. No hot row and no count of the whole table: the relay counts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from schema.queries.fragments import LIVE_WORKER
+from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
 
 # A consumer announces itself at start and at every heartbeat: which queues, job
 # types and dedicated tenants it serves, with what capacity, and its counters.

@@ -6,8 +6,8 @@ import asyncio
 import os
 import time
 
-import consumers
 from harness.handlers import noop, sleep  # noqa: F401 - registered on import, run by this app
+from hybrid_jobs import consumers
 
 
 @consumers.handler("sync_sleep", queue="sync")

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-import consumers
+from hybrid_jobs import consumers
 
 RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS dep_runs (

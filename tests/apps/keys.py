@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-import consumers
+from hybrid_jobs import consumers
 
 RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS key_runs (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import consumers
+from hybrid_jobs import consumers
 
 STARTS_TABLE = """
 CREATE TABLE IF NOT EXISTS starts (

@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 
-import consumers
+from hybrid_jobs import consumers
 
 RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -3,7 +3,7 @@ a queue that fails while the others carry on (tests/test_queue_failures.py)."""
 
 from __future__ import annotations
 
-import consumers
+from hybrid_jobs import consumers
 
 
 @consumers.handler("healthy_noop", queue="healthy")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-import consumers
+from hybrid_jobs import consumers
 
 
 @consumers.handler("rare")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-import consumers
+from hybrid_jobs import consumers
 
 EFFECTS_TABLE = """
 CREATE TABLE IF NOT EXISTS chaos_effects (

@@ -31,10 +31,10 @@ import yarl
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-import outbox
-from jobctl.check import check, violations
-from plumbing.config import DatabaseUrl
-from schema.topology import Topology
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
 from tests.chaos.app import EFFECTS_TABLE
 from tests.support.processes import Daemon, service_env
 from tests.support.proxy import TcpProxy

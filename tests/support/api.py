@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from jobctl.api import ApiSettings, create_app
-from plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.jobctl.api import ApiSettings, create_app
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from tests.support.processes import Daemon, service_env
 from tests.support.services import AMQP_URL
 
@@ -63,7 +63,7 @@ def served(
     """`jobctl serve` on a free port (with ``args`` too); yields its base URL once
     /healthz answers, and stops it (SIGTERM) afterwards. ``token=None`` and no
     JOBCTL_API_TOKEN_FILE in ``env``: a server without a token."""
-    from schema.topology import Topology
+    from hybrid_jobs.schema.topology import Topology
 
     port = free_port()
     environment = service_env(db, amqp, Topology(prefix="unused"), **env)

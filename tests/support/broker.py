@@ -18,7 +18,7 @@ import aio_pika
 import pytest
 
 from harness.broker import delete_topology, purge, queue_depth
-from schema.topology import Declared, Topology
+from hybrid_jobs.schema.topology import Declared, Topology
 
 __all__ = [
     "close_connections_of",

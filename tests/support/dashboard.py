@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from playwright.async_api import BrowserContext, Page, async_playwright
 from starlette.types import ASGIApp
 
-from jobctl.api import ApiSettings, create_app
-from jobctl.metrics import Collector
-from plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.jobctl.api import ApiSettings, create_app
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from tests.support.api import TOKEN, free_port
 from tests.support.services import AMQP_URL
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from consumers.registry import Registry
-from consumers.settings import ConsumerSettings
-from consumers.worker import Consumer
-from plumbing.config import AmqpUrl, DatabaseUrl
-from relay.service import Relay
-from relay.settings import RelaySettings
-from schema.topology import Topology
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.worker import Consumer
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay.service import Relay
+from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.schema.topology import Topology
 
 FAST_RELAY = {"poll_interval": 0.2, "sweep_interval": 0.2, "rewake_interval": 1.0}
 

@@ -12,8 +12,8 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-import outbox
-from outbox import NewJob
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
 
 
 def enqueue(engine: Engine, job_type: str, payload: Any = None, **kw: Any) -> uuid.UUID:

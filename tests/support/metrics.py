@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobctl.metrics import Collector
-from plumbing.config import DatabaseUrl
-from plumbing.db import make_pool
+from hybrid_jobs.jobctl.metrics import Collector
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import make_pool
 
 
 class Scrape:

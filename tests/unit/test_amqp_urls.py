@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from plumbing.config import AmqpUrl, ConfigError
+from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError
 
 SECRET = "hunter2-mq"
 

@@ -3,8 +3,8 @@ settings only."""
 
 from __future__ import annotations
 
-from consumers import Backoff
-from consumers.backoff import DEFAULT_BACKOFF
+from hybrid_jobs.consumers import Backoff
+from hybrid_jobs.consumers.backoff import DEFAULT_BACKOFF
 
 
 def test_backoff_schedule() -> None:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobctl.dashboard.charts import (
+from hybrid_jobs.jobctl.dashboard.charts import (
     BOTTOM,
     HEIGHT,
     LEFT,
@@ -27,10 +27,10 @@ from jobctl.dashboard.charts import (
     rate,
     seconds,
 )
-from jobctl.dashboard.charts import series as series_for
-from jobctl.dashboard.render import NONE
-from jobctl.metrics.history import EMPTY, History
-from jobctl.metrics.labels import OTHER
+from hybrid_jobs.jobctl.dashboard.charts import series as series_for
+from hybrid_jobs.jobctl.dashboard.render import NONE
+from hybrid_jobs.jobctl.metrics.history import EMPTY, History
+from hybrid_jobs.jobctl.metrics.labels import OTHER
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobctl.service.cursor import Cursor, Order
-from jobctl.service.errors import Invalid
+from hybrid_jobs.jobctl.service.cursor import Cursor, Order
+from hybrid_jobs.jobctl.service.errors import Invalid
 
 ID = uuid.UUID("0190a5a0-0000-7000-8000-000000000001")
 FINISHED = datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from jobctl.dashboard.auth import csrf_for, local_path, token_digest
-from jobctl.dashboard.figures import Recent, merged, minus, quantile, quantiles
-from jobctl.dashboard.render import duration, progress
-from jobctl.metrics.histogram import Histogram
+from hybrid_jobs.jobctl.dashboard.auth import csrf_for, local_path, token_digest
+from hybrid_jobs.jobctl.dashboard.figures import Recent, merged, minus, quantile, quantiles
+from hybrid_jobs.jobctl.dashboard.render import duration, progress
+from hybrid_jobs.jobctl.metrics.histogram import Histogram
 
 TOKEN = "a-token-of-some-length"
 

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox import NewJob
-from outbox.enqueue import _plan, _resolve
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.outbox.enqueue import _plan, _resolve
 
 LIMIT = 1024
 

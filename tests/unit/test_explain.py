@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from outbox.explain import AHEAD_CAP, DRAIN_WINDOW, Why, _explanation, error_line
+from hybrid_jobs.outbox.explain import AHEAD_CAP, DRAIN_WINDOW, Why, _explanation, error_line
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

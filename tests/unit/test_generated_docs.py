@@ -1,5 +1,5 @@
 """schema/queries.sql and the table of docs/state_machine.md are what the code
-generates now (``python -m schema.docs`` writes them), and say what they claim to.
+generates now (``python -m hybrid_jobs.schema.docs`` writes them), and say what they claim to.
 No services."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from schema import docs
-from schema import queries as q
-from schema.queries import lease
+from hybrid_jobs.schema import docs
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.queries import lease
 
 REGENERATE = f"stale: run `{docs.COMMAND}` and commit what it writes"
 

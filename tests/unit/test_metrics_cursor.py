@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from jobctl.metrics.cursor import Cursor, Seen
+from hybrid_jobs.jobctl.metrics.cursor import Cursor, Seen
 
 
 def _at(seconds: float) -> datetime:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from plumbing.db import Native, native
-from schema import queries as q
+from hybrid_jobs.plumbing.db import Native, native
+from hybrid_jobs.schema import queries as q
 
 
 def test_each_name_gets_one_number_in_order_of_first_use() -> None:

@@ -15,18 +15,18 @@ from typing import Any
 import click
 import pytest
 
-from consumers.cli import main as consumer_main
-from consumers.settings import ConsumerSettings
-from jobctl.metrics import CollectorSettings
-from jobctl.service import queries as service_queries
-from plumbing.cli import default_of, settings_from
-from plumbing.config import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, AmqpUrl, DatabaseUrl
-from relay.cli import main as relay_main
-from relay.settings import RelaySettings
-from schema import docs
-from schema import queries as q
-from schema.locks import LockKey
-from schema.states import DelayReason, HeldReason
+from hybrid_jobs.consumers.cli import main as consumer_main
+from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.jobctl.metrics import CollectorSettings
+from hybrid_jobs.jobctl.service import queries as service_queries
+from hybrid_jobs.plumbing.cli import default_of, settings_from
+from hybrid_jobs.plumbing.config import DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay.cli import main as relay_main
+from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.schema import docs
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.locks import LockKey
+from hybrid_jobs.schema.states import DelayReason, HeldReason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def test_the_daemons_settings_from_their_default_flags_are_the_settings_defaults
 
 
 def test_the_metrics_flags_default_to_the_collectors_settings() -> None:
-    from jobctl.commands.serve import serve
+    from hybrid_jobs.jobctl.commands.serve import serve
 
     flags = _flag_defaults(serve)
     assert flags["metrics_max_queues"] == CollectorSettings().max_queues
@@ -94,7 +94,7 @@ def test_one_worker_ttl_for_the_relay_the_consumer_explain_and_jobctl() -> None:
     assert _flag_defaults(relay_main)["worker_ttl"] == ttl
     assert default_of(RelaySettings, "worker_ttl") == ttl
     assert default_of(ConsumerSettings, "worker_ttl") == ttl
-    explain = importlib.import_module("outbox.explain")
+    explain = importlib.import_module("hybrid_jobs.outbox.explain")
     assert explain._params(uuid.uuid4())["worker_ttl"] == ttl
 
 

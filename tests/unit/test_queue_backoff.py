@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from relay.backoff import LOG_EVERY, QueueBackoff
-from relay.broker import QueueFailure
+from hybrid_jobs.relay.backoff import LOG_EVERY, QueueBackoff
+from hybrid_jobs.relay.broker import QueueFailure
 
 REFUSED = QueueFailure("mail", "refused", "RabbitMQ refused 1 of 1 messages")
 

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from outbox.recurrence import (
+from hybrid_jobs.outbox.recurrence import (
     Recurrence,
     check_catchup,
     check_timezone,

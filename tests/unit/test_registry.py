@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import consumers
-from consumers import Registry
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers import Registry
 
 
 def test_registry_refuses_bad_handlers() -> None:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from consumers.outcome import (
+from hybrid_jobs.consumers.outcome import (
     MAX_ERROR_CODE,
     MAX_ERROR_MESSAGE,
     MAX_RESULT_BYTES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from outbox.recurrence import recurrence
-from relay.schedules import Decision, plan_fires
+from hybrid_jobs.outbox.recurrence import recurrence
+from hybrid_jobs.relay.schedules import Decision, plan_fires
 
 
 def test_the_catchup_rules_at_their_boundaries() -> None:

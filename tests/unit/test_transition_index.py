@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 import re
 
-from schema import docs
-from schema import queries as q
-from schema.states import (
+from hybrid_jobs.schema import docs
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.states import (
     OPERATIONS,
     OPERATOR_ONLY,
     TERMINAL,
@@ -48,12 +48,18 @@ def test_the_index_check_catches_a_wrong_caller_a_missing_one_and_a_wrong_name()
     moves: dict[Edge, str] = {(JobState.QUEUED, JobState.RUNNING): "claim"}
     wrong = [
         Operation("JOB_CLAIM_MANY", ("relay.maintenance:sweep_expired",), moves),
-        Operation("JOB_CLAIM_MANY", ("consumers.claimer:Claimer.no_such_method",), moves),
-        Operation("JOB_NO_SUCH_STATEMENT", ("consumers.claimer:Claimer._claim",), moves),
+        Operation(
+            "JOB_CLAIM_MANY", ("consumers.claimer:Claimer.no_such_method",), moves
+        ),
+        Operation(
+            "JOB_NO_SUCH_STATEMENT", ("consumers.claimer:Claimer._claim",), moves
+        ),
     ]
     problems = docs.index_problems(wrong)
     assert "JOB_CLAIM_MANY: relay.maintenance:sweep_expired does not run it" in problems
-    assert any("consumers.store:JobStore.claim runs it but is not among" in p for p in problems)
+    assert any(
+        "consumers.store:JobStore.claim runs it but is not among" in p for p in problems
+    )
     missing = "caller consumers.claimer:Claimer.no_such_method is no function"
     assert any(missing in p for p in problems)
     assert "JOB_NO_SUCH_STATEMENT: no such statement in schema/queries/" in problems
@@ -73,7 +79,9 @@ def test_only_an_operator_leaves_a_terminal_state() -> None:
         for before, after in op.moves:
             if before in TERMINAL and after is not None:
                 assert (before, after) in OPERATOR_ONLY, (op.statement, before, after)
-                assert all(c.startswith("outbox.replay:") for c in op.callers), op.statement
+                assert all(c.startswith("outbox.replay:") for c in op.callers), (
+                    op.statement
+                )
 
 
 def test_every_state_is_reached_from_an_enqueue_and_reaches_a_final_one() -> None:

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from consumers.inbox import MAX_BODY_BYTES, MAX_IDS_PER_MESSAGE, parse_job_ids
-from relay.broker import pack
+from hybrid_jobs.consumers.inbox import MAX_BODY_BYTES, MAX_IDS_PER_MESSAGE, parse_job_ids
+from hybrid_jobs.relay.broker import pack
 
 
 def rows(n: int, priority: int = 0) -> list[tuple[int, uuid.UUID, int]]:

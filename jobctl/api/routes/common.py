@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from jobctl.service import Database
+from hybrid_jobs.jobctl.service import Database
 
 # A route function, as a route decorator takes and gives it back.
 F = TypeVar("F", bound=Callable[..., Any])

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
-from jobctl.api.guards import GuardedRoute, has_valid_bearer, may_scrape
-from jobctl.api.models import Health
-from jobctl.api.problems import responses
-from jobctl.service.health import ReadinessCache
-from jobctl.service.models import Readiness
+from hybrid_jobs.jobctl.api.guards import GuardedRoute, has_valid_bearer, may_scrape
+from hybrid_jobs.jobctl.api.models import Health
+from hybrid_jobs.jobctl.api.problems import responses
+from hybrid_jobs.jobctl.service.health import ReadinessCache
+from hybrid_jobs.jobctl.service.models import Readiness
 
 router = APIRouter(tags=["health"], route_class=GuardedRoute)
 

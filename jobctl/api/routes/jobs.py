@@ -12,15 +12,15 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
-import outbox
-from jobctl.api.guards import GuardedRoute, may_read, may_write
-from jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
-from jobctl.api.problems import WITH_BODY, responses
-from jobctl.api.routes.common import F, actor, database, url
-from jobctl.service import NotFound, WrongState
-from jobctl.service import jobs as service
-from jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
-from schema.states import LEASED, JobState
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.api.guards import GuardedRoute, may_read, may_write
+from hybrid_jobs.jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
+from hybrid_jobs.jobctl.api.problems import WITH_BODY, responses
+from hybrid_jobs.jobctl.api.routes.common import F, actor, database, url
+from hybrid_jobs.jobctl.service import NotFound, WrongState
+from hybrid_jobs.jobctl.service import jobs as service
+from hybrid_jobs.jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
+from hybrid_jobs.schema.states import LEASED, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 

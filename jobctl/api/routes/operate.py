@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from jobctl.api.guards import GuardedRoute, may_read, may_write
-from jobctl.api.models import (
+from hybrid_jobs.jobctl.api.guards import GuardedRoute, may_read, may_write
+from hybrid_jobs.jobctl.api.models import (
     QueueName,
     ScheduleList,
     ScheduleName,
@@ -16,10 +16,10 @@ from jobctl.api.models import (
     TenantList,
     WorkerList,
 )
-from jobctl.api.problems import WITH_BODY, responses
-from jobctl.api.routes.common import F, actor, database
-from jobctl.api.routes.jobs import location, say_when_to_poll
-from jobctl.service import (
+from hybrid_jobs.jobctl.api.problems import WITH_BODY, responses
+from hybrid_jobs.jobctl.api.routes.common import F, actor, database
+from hybrid_jobs.jobctl.api.routes.jobs import location, say_when_to_poll
+from hybrid_jobs.jobctl.service import (
     has_limits,
     list_schedules,
     list_tenants,
@@ -32,7 +32,7 @@ from jobctl.service import (
     stats,
     trigger_schedule,
 )
-from jobctl.service.models import JobView, QueueState, ScheduleView, Stats, TenantView
+from hybrid_jobs.jobctl.service.models import JobView, QueueState, ScheduleView, Stats, TenantView
 
 router = APIRouter(prefix="/v1", route_class=GuardedRoute)
 
