@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from hybrid_jobs import defaults
 from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry
 from hybrid_jobs.consumers.job import Job, Resources
 from hybrid_jobs.consumers.outcome import TIMEOUT, Outcome, encode_result
@@ -42,9 +43,8 @@ if TYPE_CHECKING:  # the ledger records Reservations: it imports this module
 
 log = logging.getLogger("consumer")
 
-# A job of a type with no handler here (the claim takes only known types, so only
-# if the registry changed under it) is retried this much later.
-UNKNOWN_TYPE_RETRY_SECONDS = 60.0
+# The claim takes only known types, so only a registry changed under it meets one.
+UNKNOWN_TYPE_RETRY_SECONDS = defaults.UNKNOWN_TYPE_RETRY_SECONDS
 
 
 class Executor:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from hybrid_jobs import defaults
+
 Kind = Literal["succeeded", "retry", "failed", "cancelled"]
 
 # Long enough for a useful message, short enough to keep the hot row small.
@@ -21,8 +23,8 @@ MAX_RETRY_DELAY = 365 * 24 * 3600.0
 TIMEOUT = "TIMEOUT"
 # A handler's return value is kept as the job's result up to this size, as JSON,
 # nested at most this deep (every surface that shows a result must be able to).
-MAX_RESULT_BYTES = 64 * 1024
-MAX_RESULT_DEPTH = 64
+MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
+MAX_RESULT_DEPTH = defaults.MAX_RESULT_DEPTH
 # An escaped NUL in JSON text: \u0000 preceded by an even number of backslashes.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 

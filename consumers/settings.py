@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 from hybrid_jobs.schema.topology import Topology
 
 MESSAGES_AHEAD = 2
@@ -13,33 +13,24 @@ MESSAGES_AHEAD = 2
 
 @dataclass(frozen=True)
 class ConsumerSettings:
+    """Each field\'s default, and what it means, is ``CONSUMER_<FIELD>`` of
+    :mod:`hybrid_jobs.defaults`."""
+
     database: DatabaseUrl
     amqp: AmqpUrl
     queues: tuple[str, ...]
     topology: Topology = field(default_factory=Topology)
-    # Jobs running at once in this process.
-    concurrency: int = 10
-    # Job ids held beyond the free slots (delivered, waiting for a slot); 0 means as
-    # many as the concurrency. Ids past that are handed back for other consumers.
-    prefetch: int = 0
-    lease_seconds: float = 60.0
-    # 0 means a third of the lease, which tolerates one lost heartbeat.
-    heartbeat_seconds: float = 0.0
-    # On SIGTERM, how long running jobs may take to finish before the claims of async
-    # handlers are given back (plain functions are waited for: consumers/worker.py).
-    drain_seconds: float = 30.0
-    # The time limit of an attempt whose handler sets none (see DEFAULT_TIMEOUT);
-    # None for no limit.
-    default_timeout: float | None = 900.0
-    claim_batch: int = 100
-    report_batch: int = 500
-    stats_interval: float = 30.0
-    # A worker row not refreshed for this long belongs to a consumer that is gone
-    # (WORKER_TTL_SECONDS says why one figure).
-    worker_ttl: float = WORKER_TTL_SECONDS
-    # The dedicated tenants (tenant_limits.runners) this consumer may serve, besides
-    # every shared one (consumer --tenant).
-    tenants: tuple[str, ...] = ()
+    concurrency: int = defaults.CONSUMER_CONCURRENCY
+    prefetch: int = defaults.CONSUMER_PREFETCH
+    lease_seconds: float = defaults.CONSUMER_LEASE_SECONDS
+    heartbeat_seconds: float = defaults.CONSUMER_HEARTBEAT_SECONDS
+    drain_seconds: float = defaults.CONSUMER_DRAIN_SECONDS
+    default_timeout: float | None = defaults.CONSUMER_DEFAULT_TIMEOUT
+    claim_batch: int = defaults.CONSUMER_CLAIM_BATCH
+    report_batch: int = defaults.CONSUMER_REPORT_BATCH
+    stats_interval: float = defaults.CONSUMER_STATS_INTERVAL
+    worker_ttl: float = defaults.CONSUMER_WORKER_TTL
+    tenants: tuple[str, ...] = defaults.CONSUMER_TENANTS
 
     def __post_init__(self) -> None:
         if not self.queues:

@@ -14,13 +14,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.queries import TENANT_BACKPRESSURE, TENANT_ENQUEUE_TAKE
 
-# Bounds of the retry-after hint, in seconds.
-MIN_RETRY_AFTER = 1.0
-MAX_RETRY_AFTER = 3600.0
-# When nothing of the tenant's has drained lately, the hint cannot be estimated.
-UNKNOWN_DRAIN_RETRY_AFTER = 60.0
+MIN_RETRY_AFTER = defaults.MIN_RETRY_AFTER
+MAX_RETRY_AFTER = defaults.MAX_RETRY_AFTER
+UNKNOWN_DRAIN_RETRY_AFTER = defaults.UNKNOWN_DRAIN_RETRY_AFTER
 
 
 class Backpressure(Exception):

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
+from hybrid_jobs import defaults
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.ids import actor, job_id_arg
 from hybrid_jobs.outbox.twin import async_twin
@@ -45,7 +46,7 @@ from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
 from hybrid_jobs.schema.states import REPLAYABLE, JobState
 
-MAX_REPLAY_BATCH = 100_000
+MAX_REPLAY_BATCH = defaults.MAX_REPLAY_BATCH
 MAX_ERROR_CODE_LENGTH = 200
 # The states a replay moves a job out of, and retry_jobs' default.
 REPLAYABLE_STATES: Final = REPLAYABLE

@@ -20,12 +20,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from hybrid_jobs import defaults
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
 
-MAX_WEIGHT = 1000.0
+MAX_WEIGHT = defaults.MAX_TENANT_WEIGHT
 RUNNERS = ("shared", "dedicated")
 
 

@@ -18,19 +18,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema import names
 
-DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = defaults.MAX_PAYLOAD_BYTES
 MAX_PAYLOAD_BYTES_ENV = "MAX_PAYLOAD_BYTES"
-# How deeply a payload's objects and arrays may nest ({"a": [1]} is 2 deep). JSON
-# libraries stop somewhere (Python's json at about 1000 levels, pydantic's
+# JSON libraries stop somewhere (Python's json at about 1000 levels, pydantic's
 # serialiser at 255, PostgreSQL at its stack depth), and a job that one of them
 # cannot read back is one no surface can show and no handler can take. Ruby's
-# JSON.parse has the same default, max_nesting 100. Fixed, not a setting: every
-# reader of the table relies on it.
-MAX_PAYLOAD_DEPTH = 100
+# JSON.parse has the same default, max_nesting 100.
+MAX_PAYLOAD_DEPTH = defaults.MAX_PAYLOAD_DEPTH
 PRIORITY_RANGE = range(-32768, 32768)  # smallint
-MAX_ATTEMPTS_LIMIT = 1000
+MAX_ATTEMPTS_LIMIT = defaults.MAX_ATTEMPTS_LIMIT
 
 # An escaped NUL in JSON text: \u0000 preceded by an even number of backslashes.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -65,7 +64,7 @@ class NewJob:
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
 # callback after a large group, small enough that one enqueue's lock of its
 # parents and the edges it writes stay bounded.
-MAX_PARENTS = 1000
+MAX_PARENTS = defaults.MAX_PARENTS
 ON_PARENT_FAILURE = ("cancel", "run")
 
 
@@ -115,9 +114,8 @@ def parent_ids(job: NewJob) -> list[uuid.UUID]:
     return ids
 
 
-# How many jobs of one key may hold a lease at once when enqueue does not say.
-DEFAULT_KEY_LIMIT = 1
-MAX_KEY_LIMIT = 100_000
+DEFAULT_KEY_LIMIT = defaults.KEY_LIMIT
+MAX_KEY_LIMIT = defaults.MAX_KEY_LIMIT
 
 
 def key_fields(

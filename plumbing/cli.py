@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import click
 
+from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import (
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
@@ -132,7 +133,7 @@ def connection_options(fn: F) -> F:
         click.option(
             "--log-level",
             envvar="LOG_LEVEL",
-            default="INFO",
+            default=defaults.LOG_LEVEL,
             show_default=True,
             show_envvar=True,
             type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),

@@ -20,10 +20,10 @@ from pathlib import Path
 import psycopg.conninfo
 import yarl
 
-DEFAULT_DATABASE_URL = "postgresql://127.0.0.1:5432/jobs"
-# No credentials here: without a user in the URL, RabbitMQ's client library uses the
-# broker's local default account.
-DEFAULT_AMQP_URL = "amqp://127.0.0.1:5672/"
+from hybrid_jobs import defaults
+
+DEFAULT_DATABASE_URL = defaults.DATABASE_URL
+DEFAULT_AMQP_URL = defaults.AMQP_URL
 
 _PG_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg"}
 _AMQP_SCHEMES = {"amqp", "amqps"}
@@ -244,7 +244,7 @@ def database_url(override: str | None = None) -> DatabaseUrl:
     else:
         raw, setting = read_setting_from("DATABASE_URL", DEFAULT_DATABASE_URL)
         url = DatabaseUrl.parse(raw, variable=setting)
-    pooler = os.environ.get("DATABASE_POOLER", "none").strip().lower() or "none"
+    pooler = os.environ.get("DATABASE_POOLER", defaults.DATABASE_POOLER).strip().lower() or "none"
     if pooler not in ("none", "transaction"):
         raise ConfigError("DATABASE_POOLER must be none or transaction")
     raw_listen, listen_setting = read_setting_from("DATABASE_LISTEN_URL", "")

@@ -48,6 +48,7 @@ from typing import Any, Final
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from hybrid_jobs import defaults
 from hybrid_jobs.outbox.recurrence import Recurrence
 from hybrid_jobs.outbox.schedules import NO_PAYLOAD_LIMIT, JobTemplate
 from hybrid_jobs.outbox.validation import to_row
@@ -66,9 +67,9 @@ from hybrid_jobs.schema.queries import (
 
 log = logging.getLogger("relay")
 
-DEFAULT_MAX_CATCHUP: Final = 10
-DEFAULT_KEEP_FIRES: Final = 1000
-DEFAULT_GRACE: Final = 60.0
+DEFAULT_MAX_CATCHUP: Final = defaults.SCHEDULE_MAX_CATCHUP
+DEFAULT_KEEP_FIRES: Final = defaults.SCHEDULE_KEEP_FIRES
+DEFAULT_GRACE: Final = defaults.SCHEDULE_GRACE
 # Old ledger rows deleted per fired schedule per round: a round adds a handful.
 PRUNE_BATCH: Final = 100
 # A schedule whose firing fails is tried again after this many seconds, doubled with

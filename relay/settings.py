@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from hybrid_jobs.schema.queries import RELAY_LIVE_SECONDS, WORKER_TTL_SECONDS
+from hybrid_jobs.schema.queries import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.topology import Topology
 
 HEARTBEAT_INTERVAL_MAX = RELAY_LIVE_SECONDS / 3
@@ -13,77 +14,40 @@ HEARTBEAT_INTERVAL_MAX = RELAY_LIVE_SECONDS / 3
 
 @dataclass(frozen=True)
 class RelaySettings:
+    """Each field\'s default, and what it means, is ``RELAY_<FIELD>`` of
+    :mod:`hybrid_jobs.defaults`."""
+
     database: DatabaseUrl
     amqp: AmqpUrl
     topology: Topology = field(default_factory=Topology)
-    # Wake on NOTIFY, and at least this often in case a notification was missed.
-    poll_interval: float = 1.0
-    # Wake-ups decided and published per transaction, at most.
-    batch_size: int = 500
-    # Wake-ups in flight (sent, not yet taken up by a consumer) per queue. None: twice
-    # the concurrency of the queue's live consumers, and at least min_window. The
-    # backlog beyond it waits in the tables, where priority and fair share order it.
-    window: int | None = None
-    min_window: int = 100
-    # Job ids packed into one message when a batch holds several for a queue. At low
-    # load a message carries one id, so latency does not pay for it. Measured
-    # (README, Performance): 50 drains about 30% faster than 20, 100 no faster.
-    pack: int = 50
-    # While a backlog waits on a full window, how soon to look again for room (the
-    # interval doubles, up to the cap, while no room appears).
-    refill_interval: float = 0.005
-    refill_interval_cap: float = 0.1
-    # Transactions in flight at once: while one waits for the broker's confirms, the
-    # next queue's is already being decided.
-    publishers: int = 2
-    # The publish inside the claim transaction is the one network call allowed
-    # there; it must not hold row locks for long.
-    publish_timeout: float = 5.0
-    # A queue whose own publishes fail (RabbitMQ refuses them or their declaration,
-    # confirms none in time, its decision times out) is tried again after this
-    # long, doubling up to the cap, while every other queue carries on.
-    queue_backoff: float = 0.5
-    queue_backoff_cap: float = 5.0
-    # Leases that expired without a report are swept this often.
-    sweep_interval: float = 5.0
-    sweep_batch: int = 1000
-    # Backoff for an expired lease whose claim recorded none (claimed before 0003).
-    default_backoff: float = 5.0
-    # A wake-up sent this long ago and never taken up is sent again.
-    rewake_interval: float = 30.0
-    # The backstop for jobs with no wake-up at all reads this many jobs (by primary
-    # key, whatever their state) this often: its cost per round is fixed, however
-    # long the backlog; a lap of a million jobs takes about 200 rounds.
-    orphan_interval: float = 1.0
-    orphan_slice: int = 5000
-    # A wake-up turned down for want of a handler waits (a backstop of 10 s) until a
-    # live consumer with the handler has a free slot: looked for this often while
-    # some wait (and every poll interval otherwise).
-    refusal_interval: float = 0.05
-    # Tenants' held slots are checked against the leases that hold them this often.
-    reconcile_interval: float = 30.0
-    # Waiting jobs of tenants with a max_queued are counted this often.
-    usage_interval: float = 1.0
-    # A consumer or relay not seen for this long is gone (WORKER_TTL_SECONDS says
-    # why one figure).
-    worker_ttl: float = WORKER_TTL_SECONDS
-    # The relay's own row in `relays` (live, connected, published) is refreshed
-    # this often; it counts as live for RELAY_LIVE_SECONDS after its last refresh, so
-    # at most a third of that, to survive two lost refreshes.
-    heartbeat_interval: float = 5.0
-    # Due occurrences of recurring schedules are fired this often.
-    schedule_interval: float = 1.0
-    # Relay-wide figures (published, backlog per queue) are logged this often.
-    stats_interval: float = 30.0
-    # Finished jobs older than this many seconds are deleted (retention), checked
-    # this often, this many per transaction.
-    keep_finished: float = 7 * 24 * 3600.0
-    retention_interval: float = 30.0
-    retention_batch: int = 1000
-    # Effect keys (tx.once) marked longer ago than this many seconds are deleted;
-    # None: kept for ever. A key forgotten lets a later job with it do the effect
-    # again, so it must outlive the jobs (keep_finished).
-    keep_effects: float | None = None
+    poll_interval: float = defaults.RELAY_POLL_INTERVAL
+    batch_size: int = defaults.RELAY_BATCH_SIZE
+    window: int | None = defaults.RELAY_WINDOW
+    min_window: int = defaults.RELAY_MIN_WINDOW
+    pack: int = defaults.RELAY_PACK
+    refill_interval: float = defaults.RELAY_REFILL_INTERVAL
+    refill_interval_cap: float = defaults.RELAY_REFILL_INTERVAL_CAP
+    publishers: int = defaults.RELAY_PUBLISHERS
+    publish_timeout: float = defaults.RELAY_PUBLISH_TIMEOUT
+    queue_backoff: float = defaults.RELAY_QUEUE_BACKOFF
+    queue_backoff_cap: float = defaults.RELAY_QUEUE_BACKOFF_CAP
+    sweep_interval: float = defaults.RELAY_SWEEP_INTERVAL
+    sweep_batch: int = defaults.RELAY_SWEEP_BATCH
+    default_backoff: float = defaults.RELAY_DEFAULT_BACKOFF
+    rewake_interval: float = defaults.RELAY_REWAKE_INTERVAL
+    orphan_interval: float = defaults.RELAY_ORPHAN_INTERVAL
+    orphan_slice: int = defaults.RELAY_ORPHAN_SLICE
+    refusal_interval: float = defaults.RELAY_REFUSAL_INTERVAL
+    reconcile_interval: float = defaults.RELAY_RECONCILE_INTERVAL
+    usage_interval: float = defaults.RELAY_USAGE_INTERVAL
+    worker_ttl: float = defaults.RELAY_WORKER_TTL
+    heartbeat_interval: float = defaults.RELAY_HEARTBEAT_INTERVAL
+    schedule_interval: float = defaults.RELAY_SCHEDULE_INTERVAL
+    stats_interval: float = defaults.RELAY_STATS_INTERVAL
+    keep_finished: float = defaults.RELAY_KEEP_FINISHED
+    retention_interval: float = defaults.RELAY_RETENTION_INTERVAL
+    retention_batch: int = defaults.RELAY_RETENTION_BATCH
+    keep_effects: float | None = defaults.RELAY_KEEP_EFFECTS
 
     def __post_init__(self) -> None:
         positive = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
@@ -19,7 +20,7 @@ from hybrid_jobs.schema.tables import (
     QUEUE_NAME_PATTERN,
 )
 
-MAX_QUEUE_NAME_LENGTH = 100
+MAX_QUEUE_NAME_LENGTH = defaults.MAX_QUEUE_NAME_LENGTH
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 # What a JSON schema (the HTTP API's document) can say of text(): no control
 # character (C0, DEL, C1), at least one character.

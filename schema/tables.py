@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, JSONB, UUID
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, DelayReason, JobState
 
 metadata = MetaData()
@@ -48,13 +49,11 @@ REPLAYABLE_SQL = _in(REPLAYABLE)
 
 # Queue and tenant names become RabbitMQ queue names and metric labels, so they keep
 # to a conservative alphabet.
-QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
-# The attempt budget of a job enqueued without one and claimed by no handler that
-# sets one.
-DEFAULT_MAX_ATTEMPTS = 5
-MAX_JOB_TYPE_LENGTH = 200
-MAX_DEDUP_KEY_LENGTH = 500
-MAX_KEY_LENGTH = 500
+QUEUE_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{defaults.MAX_QUEUE_NAME_LENGTH - 1}}}$"
+DEFAULT_MAX_ATTEMPTS = defaults.MAX_ATTEMPTS
+MAX_JOB_TYPE_LENGTH = defaults.MAX_JOB_TYPE_LENGTH
+MAX_DEDUP_KEY_LENGTH = defaults.MAX_DEDUP_KEY_LENGTH
+MAX_KEY_LENGTH = defaults.MAX_KEY_LENGTH
 # outbox.tenant of a job that belongs to no tenant: the fair-share grouping key needs
 # a value that an index can order and compare, which NULL is not.
 NO_TENANT = ""
@@ -790,7 +789,7 @@ Index("dashboard_sessions_expires_at_idx", dashboard_sessions.c.expires_at)
 # database the arbiter between relays, so one occurrence fires at most once, and a
 # skipped one says why.
 
-MAX_SCHEDULE_NAME_LENGTH = 200
+MAX_SCHEDULE_NAME_LENGTH = defaults.MAX_SCHEDULE_NAME_LENGTH
 CATCHUP_MODES_SQL = "'all', 'latest', 'skip'"
 FIRE_OUTCOMES_SQL = "'enqueued', 'skipped'"
 

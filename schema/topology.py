@@ -29,11 +29,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+from hybrid_jobs import defaults
 
 log = logging.getLogger("topology")
 
@@ -52,10 +54,13 @@ class QueueType(StrEnum):
     QUORUM = "quorum"
 
 
+DEFAULT_QUEUE_TYPE: Final = QueueType(defaults.AMQP_QUEUE_TYPE)
+
+
 @dataclass(frozen=True)
 class Topology:
-    prefix: str = "jobs"
-    queue_type: QueueType = QueueType.CLASSIC
+    prefix: str = defaults.AMQP_PREFIX
+    queue_type: QueueType = DEFAULT_QUEUE_TYPE
 
     @property
     def exchange_name(self) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
+from hybrid_jobs import defaults
 from hybrid_jobs.jobctl.api.tokens import Tokens
 from hybrid_jobs.jobctl.metrics import CollectorSettings
 from hybrid_jobs.outbox.validation import max_payload_bytes
@@ -79,9 +80,8 @@ class ApiSettings:
     # Collect metrics for /metrics (tests of other things turn it off), and how.
     metrics: bool = True
     collector: CollectorSettings = field(default_factory=CollectorSettings)
-    pool_size: int = 5
-    # The address the server listens on; a specific one is a host it serves.
-    bind_host: str = "127.0.0.1"
+    pool_size: int = defaults.SERVE_POOL_SIZE
+    bind_host: str = defaults.SERVE_BIND_HOST
     # Host names (or addresses) requests may name besides the loopback names, the
     # bind address and the public URL's host; "*" lets every one through, and
     # ".example.com" a domain and its subdomains.
@@ -90,11 +90,9 @@ class ApiSettings:
     # /metrics without the token even when one is set (a network only Prometheus
     # reaches).
     open_metrics: bool = False
-    # /readyz answers from a cache this many seconds old at most.
-    readiness_seconds: float = 2.0
-    # Wrong tokens one client may send per window before it is refused for a while.
-    failures_allowed: int = 10
-    failure_window_seconds: float = 60.0
+    readiness_seconds: float = defaults.SERVE_READINESS_SECONDS
+    failures_allowed: int = defaults.SERVE_FAILURES_ALLOWED
+    failure_window_seconds: float = defaults.SERVE_FAILURE_WINDOW_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

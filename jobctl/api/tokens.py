@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import ConfigError
 
 log = logging.getLogger("jobctl")
 
 TOKEN_SETTING: Final = "JOBCTL_API_TOKEN"  # noqa: S105 (the variable's name)
-MIN_TOKEN_BITS: Final = 128
+MIN_TOKEN_BITS: Final = defaults.MIN_TOKEN_BITS
 MAKE_ONE: Final = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 _CLASSES: Final = (
     frozenset(string.ascii_lowercase),

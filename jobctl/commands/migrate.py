@@ -9,12 +9,14 @@ Upgrades only: a downgrade drops tables, and deserves the deliberate
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
+import psycopg
 import sqlalchemy.exc
 from alembic import command
 from alembic.migration import MigrationContext
@@ -25,11 +27,12 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from hybrid_jobs.jobctl.output import Failure, emit, json_option, say, warn
-from hybrid_jobs.plumbing import diagnose
+from hybrid_jobs.plumbing import createdb, diagnose
 from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
 from hybrid_jobs.schema import revisions
 
 NAME = "jobctl migrate"
+_MISSING_DATABASE = re.compile(r'database "[^"]*" does not exist')
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,14 @@ class Step:
     help="Revision to upgrade to (`--dry-run` lists the steps and their revisions).",
 )
 @click.option("--dry-run", is_flag=True, help="List the steps that would run; change nothing.")
+@click.option(
+    "--create-database",
+    is_flag=True,
+    help="Create the database the URL names first, if it does not exist (connecting to the "
+    "server's `postgres` database, as createdb does).",
+)
 @json_option
-def migrate(database_url: str | None, target: str, dry_run: bool) -> None:
+def migrate(database_url: str | None, target: str, dry_run: bool, create_database: bool) -> None:
     """Create or upgrade the database's tables to this release's schema.
 
     Prints each step it runs and the revision the database ends at; with nothing to
@@ -69,6 +78,7 @@ def migrate(database_url: str | None, target: str, dry_run: bool) -> None:
     url = _database(database_url)
     script = revisions.scripts()
     goal = _resolve(script, target)
+    created = _create(url) if create_database and not dry_run else False
     engine = create_engine(
         url.sqlalchemy,
         poolclass=pool.NullPool,
@@ -92,6 +102,7 @@ def migrate(database_url: str | None, target: str, dry_run: bool) -> None:
     final = current if dry_run or not plan else goal
     result: dict[str, Any] = {
         "database": url.redacted(),
+        "created": created,
         "from": current,
         "to": final,
         "head": head,
@@ -115,6 +126,21 @@ def _database(flag: str | None) -> DatabaseUrl:
     return url
 
 
+def _create(url: DatabaseUrl) -> bool:
+    try:
+        created = createdb.create_database(url)
+    except psycopg.Error as exc:
+        found = diagnose.postgres(exc, url)
+        if found.fatal:
+            raise ConfigError(f"{url.setting}: {found.reason}") from None
+        raise Failure(
+            f"cannot create the database at {url.address}: {diagnose.first_line(exc)}"
+        ) from None
+    if created:
+        say(f"created database {createdb.database_name(url)}")
+    return created
+
+
 def _resolve(script: ScriptDirectory, target: str) -> str:
     try:
         found = script.get_revision(target)
@@ -134,6 +160,10 @@ def _connect(engine: Engine, url: DatabaseUrl) -> Iterator[Connection]:
         conn = engine.connect()
     except sqlalchemy.exc.DBAPIError as exc:
         found = diagnose.postgres(exc.orig or exc, url)
+        if found.fatal and _MISSING_DATABASE.search(found.reason):
+            raise ConfigError(
+                f"{url.setting}: {found.reason} (create it with `jobctl migrate --create-database`)"
+            ) from None
         if found.fatal:
             raise ConfigError(f"{url.setting}: {found.reason}") from None
         hint = f"; {found.hint}" if found.hint else ""

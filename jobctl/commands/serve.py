@@ -17,6 +17,7 @@ from typing import Any
 import click
 import uvicorn
 
+from hybrid_jobs import defaults
 from hybrid_jobs.jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
 from hybrid_jobs.jobctl.api.settings import is_loopback
 from hybrid_jobs.jobctl.metrics import CollectorSettings
@@ -111,7 +112,7 @@ def _bind(host: str, port: int) -> socket.socket:
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=8080,
+    default=defaults.SERVE_PORT,
     show_default=True,
     envvar="JOBCTL_PORT",
     show_envvar=True,

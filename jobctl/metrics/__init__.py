@@ -11,7 +11,7 @@ Modules: ``queries`` (the statements), ``reading`` (one round's reads),
 ``cursor`` (the high-water mark over a history), ``totals`` (what has accumulated,
 and the snapshot), ``histogram`` (buckets), ``exposition`` (names, definitions and
 the prometheus-client collector), ``collector`` (the loop, the lock, the cache).
-The metrics are listed in docs/metrics.md.
+The metrics are listed in docs/guides/metrics.md.
 """
 
 from hybrid_jobs.jobctl.metrics.collector import Collector, CollectorSettings

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from hybrid_jobs import defaults
 from hybrid_jobs.jobctl.metrics.exposition import SnapshotExporter, Status
 from hybrid_jobs.jobctl.metrics.history import History
 from hybrid_jobs.jobctl.metrics.reading import read_round
@@ -48,29 +49,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @dataclass(frozen=True)
 class CollectorSettings:
-    # Seconds between rounds, each spread by up to +-jitter of it so that several
-    # processes do not fall into step (Hatchet polls every 15 s, riverui 10 s +-1 s).
-    interval: float = 15.0
-    jitter: float = 0.1
-    # The limit on each statement of a round: one that runs longer fails the round,
-    # and the cache stays as it was.
-    statement_timeout: float = 2.0
-    # How far behind its high-water mark a round re-reads the history, for rows
-    # committed after their timestamp (see jobctl.metrics.cursor); covers the 30 s
-    # statement timeout of the daemons' own statements.
-    overlap: float = 60.0
-    # New history rows taken per source per round, at most; a backlog of them (after
-    # an outage) is caught up over several rounds.
-    batch: int = 50_000
-    # The bound on queue and job_type label values (jobctl.metrics.labels): past
-    # these, values share the "_other" series; one unseen this long is forgotten.
-    max_queues: int = 100
-    max_job_types: int = 200
-    forget_after: float = 3600.0
-    # What the dashboard's charts cover, and the width of one point of them
-    # (jobctl.metrics.history).
-    history_span: float = 3600.0
-    history_resolution: float = 60.0
+    """Each field\'s default, and what it means, is ``METRICS_<FIELD>`` of
+    :mod:`hybrid_jobs.defaults`."""
+
+    interval: float = defaults.METRICS_INTERVAL
+    jitter: float = defaults.METRICS_JITTER
+    statement_timeout: float = defaults.METRICS_STATEMENT_TIMEOUT
+    overlap: float = defaults.METRICS_OVERLAP
+    batch: int = defaults.METRICS_BATCH
+    max_queues: int = defaults.METRICS_MAX_QUEUES
+    max_job_types: int = defaults.METRICS_MAX_JOB_TYPES
+    forget_after: float = defaults.METRICS_FORGET_AFTER
+    history_span: float = defaults.METRICS_HISTORY_SPAN
+    history_resolution: float = defaults.METRICS_HISTORY_RESOLUTION
 
     def __post_init__(self) -> None:
         if self.interval <= 0 or not 0 <= self.jitter < 1:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from hybrid_jobs import outbox
+from hybrid_jobs import defaults, outbox
 from hybrid_jobs.jobctl.service import queries
 from hybrid_jobs.jobctl.service.cursor import Cursor, Order
 from hybrid_jobs.jobctl.service.errors import (
@@ -53,8 +53,8 @@ from hybrid_jobs.schema.states import LEASED, TERMINAL, JobState
 # The states a retry (an operator's replay) moves a job out of.
 RETRYABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
 
-DEFAULT_LIMIT: Final = 50
-MAX_LIMIT: Final = 500
+DEFAULT_LIMIT: Final = defaults.PAGE_LIMIT
+MAX_LIMIT: Final = defaults.MAX_PAGE_LIMIT
 # Index entries one page of a filtered list over finished jobs may read (about
 # 20 ms at most); past it the page ends early, with a token to read on.
 SCAN_LIMIT: Final = 10_000

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
 
@@ -51,23 +52,16 @@ UNTAKEN: Final = (
     " AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)"
 )
 
-# A wake-up a consumer turned down for want of a handler, while another live
-# consumer has it, comes due again after this many seconds at the latest: the
-# backstop. The relay brings it forward as soon as such a consumer has a free slot
-# (OUTBOX_WAKE_REFUSED); sent back at once, it met a consumer that could not run it
-# either, round and round (about 870 wake-ups per job in 10 s).
-REFUSAL_BACKSTOP_SECONDS: Final = 10
+# The backstop of a refused wake-up. The relay brings it forward as soon as a
+# consumer with the handler has a free slot (OUTBOX_WAKE_REFUSED); sent back at once,
+# it met a consumer that could not run it either, round and round (about 870
+# wake-ups per job in 10 s).
+REFUSAL_BACKSTOP_SECONDS: Final = defaults.REFUSAL_BACKSTOP_SECONDS
 
-# A consumer not heard from for this many seconds is gone: the relay forgets its row
-# (WORKER_EXPIRE, after --worker-ttl), and every judgement of liveness (LIVE_WORKER:
-# the claim's refusals, the relay's window and packing, explain, jobctl's stats and
-# workers) stops counting it, so they must all use the same figure: a consumer
-# judged gone while its row lives on would make explain say "no consumer" for a job
-# a live one is about to take. It is bound (%(worker_ttl)s), not formatted in,
-# because the relay takes it as a flag; its default, the consumer's, and the figure
-# explain and jobctl use (which cannot know a relay's flag) are this one constant.
-# A consumer refreshes its row at least three times per TTL (consumers.lease_keeper).
-WORKER_TTL_SECONDS: Final = 60.0
+# Bound (%(worker_ttl)s), not formatted in, because the relay takes it as a flag; its
+# default, the consumer's, and the figure explain and jobctl use (which cannot know a
+# relay's flag) are this one constant (its docstring in defaults says why one).
+WORKER_TTL_SECONDS: Final = defaults.WORKER_TTL_SECONDS
 
 # A live consumer: heartbeating within the given number of seconds, not stopping.
 LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"

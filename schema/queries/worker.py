@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
 
 # A consumer announces itself at start and at every heartbeat: which queues, job
@@ -62,9 +63,7 @@ WHERE last_seen_at < now() - make_interval(secs => %(relay_ttl)s)
 RETURNING relay_id
 """
 
-# A relay seen this recently is live: several heartbeats (every 5 s by default), so
-# one slow round does not make it look gone.
-RELAY_LIVE_SECONDS: Final = 30
+RELAY_LIVE_SECONDS: Final = defaults.RELAY_LIVE_SECONDS
 
 # How many relays are live, and how many of those are connected to RabbitMQ.
 RELAY_LIVE_LIST: Final = f"""

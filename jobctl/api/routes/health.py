@@ -57,7 +57,7 @@ async def readyz(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     """The collector's cached snapshot in the Prometheus text format (see
-    docs/metrics.md); a scrape never queries the database. Needs the token when the
+    docs/guides/metrics.md); a scrape never queries the database. Needs the token when the
     server has one (Prometheus: `authorization: {credentials_file: ...}`), unless
     `jobctl serve --open-metrics`."""
     body, content_type = request.app.state.collector.render()
