@@ -48,7 +48,7 @@ OURS = "hybrid-jobs"
 EXTRA = "pip install -e '.[bench]'"
 PEER_PACKAGES = ("pgqueuer", "celery")
 LATENCY_KEYS = ("p50_ms", "p95_ms", "p99_ms")
-OWN_PACKAGES = {"bench", "harness", "schema", "outbox", "relay", "consumers", "plumbing", "jobctl"}
+OWN_PACKAGES = {"bench", "harness", "hybrid_jobs"}
 
 
 @dataclass

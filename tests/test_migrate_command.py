@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -16,6 +17,7 @@ from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema.revisions import scripts
 from tests.support import processes
 from tests.support.processes import BIN, ROOT
+from tests.support.services import ADMIN_URL
 
 # The migrations this release ships, base first: the tests follow them as they grow.
 REVISIONS = list(reversed(list(scripts().walk_revisions())))
@@ -54,6 +56,7 @@ def test_migrate_an_empty_database_then_again(empty_db_url: DatabaseUrl, tmp_pat
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout) == {
         "database": empty_db_url.redacted(),
+        "created": False,
         "dry_run": False,
         "from": HEAD,
         "to": HEAD,
@@ -133,7 +136,10 @@ def test_errors_are_one_line(as_json: bool, tmp_path: Path) -> None:
         "migrate", *flags, url="postgresql://root:pg-hunter2@127.0.0.1:5432/hj_nope", cwd=tmp_path
     )
     assert missing.returncode == 2
-    message = 'DATABASE_URL: database "hj_nope" does not exist'
+    message = (
+        'DATABASE_URL: database "hj_nope" does not exist '
+        "(create it with `jobctl migrate --create-database`)"
+    )
     if as_json:
         assert json.loads(missing.stdout) == {"command": "jobctl migrate", "error": message}
     else:
@@ -150,6 +156,29 @@ def test_errors_are_one_line(as_json: bool, tmp_path: Path) -> None:
     assert malformed.returncode == 2
     assert "DATABASE_URL must be a postgresql:// URL" in malformed.stdout + malformed.stderr
     assert "hunter2" not in malformed.stdout + malformed.stderr
+
+
+def test_create_database_creates_a_missing_one_then_migrates(tmp_path: Path) -> None:
+    """The first step of the docs: `jobctl migrate --create-database` on a server
+    without the database creates it, migrates it, and is a no-op the second time."""
+    name = f"hj_create_{uuid.uuid4().hex[:12]}"
+    url = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
+    try:
+        first = jobctl("migrate", "--create-database", url=url, cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.splitlines() == [
+            f"created database {name}",
+            *HEAD_STEPS,
+            f"{url.redacted()} is at {HEAD} (head)",
+        ]
+        assert {"jobs", "outbox"} <= tables(url)
+        again = jobctl("migrate", "--create-database", "--json", url=url, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["created"] is False
+        assert json.loads(again.stdout)["steps"] == []
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_password_in_the_flag_is_warned_about(empty_db_url: DatabaseUrl, tmp_path: Path) -> None:
