@@ -9,14 +9,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 RUN useradd --create-home --uid 10001 app
 
-# Dependencies first, so a code change does not reinstall them.
-COPY pyproject.toml README.md ./
-COPY schema/__init__.py schema/
-COPY outbox/__init__.py outbox/
-COPY relay/__init__.py relay/
-COPY consumers/__init__.py consumers/
-COPY plumbing/__init__.py plumbing/
-RUN pip install . && pip uninstall -y hybrid-jobs
+# The dependencies first, from pyproject.toml alone, in a layer of their own: a
+# change to the code does not reinstall them.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
 
 COPY . .
 RUN pip install --no-deps .
