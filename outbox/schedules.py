@@ -143,8 +143,9 @@ def schedule(
     ``job_type`` with ``payload`` on ``queue`` with ``priority`` and
     ``max_attempts``, meaning what they mean for :func:`outbox.enqueue`.
     ``catchup`` says what happens to occurrences missed while no relay ran:
-    ``"skip"`` (none runs), ``"latest"`` (the newest one runs) or ``"all"`` (each
-    runs, up to the relay's bound). ``tenant`` is stored with the schedule.
+    ``"skip"`` (only the newest runs, and only if it is at most a minute late),
+    ``"latest"`` (the newest one runs, however late) or ``"all"`` (each runs, up to
+    the relay's bound); the others are recorded as skipped. ``tenant`` is stored with the schedule.
 
     A new rule (cron, every or timezone) starts from the first occurrence after the
     database's clock; an update that keeps the rule keeps the schedule's place.

@@ -5,7 +5,7 @@ The same machine is enforced three times: by the CHECK constraint on ``jobs.stat
 (migration 0001), by the guarded UPDATEs in :mod:`schema.queries` (each names the
 states it may leave), and by :data:`OPERATIONS`, the index below of which statement
 makes which edge and who runs it, which the model-based test checks every applied
-transition against, statement by statement. ``docs/state_machine.md`` draws the
+transition against, statement by statement. ``docs/design/state-machine.md`` draws the
 machine and tabulates the index (``python -m hybrid_jobs.schema.docs`` writes the table).
 
 FAILED and CANCELLED are final for the system: no worker, relay or sweeper statement
@@ -72,7 +72,7 @@ class HeldReason(StrEnum):
 @dataclass(frozen=True)
 class Wait:
     """A reason a QUEUED or RETRY_WAIT job waits that is kept on its row: where it is
-    kept, who writes it and what ends it (``docs/state_machine.md`` tabulates them,
+    kept, who writes it and what ends it (``docs/design/state-machine.md`` tabulates them,
     generated; ``outbox.explain`` reports each under the same code, with the rest
     it reads from other tables)."""
 

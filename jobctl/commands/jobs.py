@@ -342,7 +342,8 @@ def _instant(value: str) -> datetime:
     "pairs",
     metavar="KEY=VALUE",
     multiple=True,
-    help="Retry the failed and cancelled jobs that match, instead of IDs: queue=, type=, "
+    help="Retry the failed jobs that match (and the cancelled ones, with "
+    "--include-cancelled), instead of IDs: queue=, type=, "
     "error_code=, finished_after= (ISO 8601, or 30m, 2h, 1d ago). Repeat to narrow.",
 )
 @limit_option(1000, 100_000, "With --filter: at most this many, oldest finished first.")

@@ -1,4 +1,4 @@
-"""schema/queries.sql and the table of docs/state_machine.md are what the code
+"""docs/design/queries.sql and the table of docs/design/state-machine.md are what the code
 generates now (``python -m hybrid_jobs.schema.docs`` writes them), and say what they claim to.
 No services."""
 

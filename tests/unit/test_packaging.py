@@ -99,3 +99,14 @@ def test_compose_file_parses(client: list[str]) -> None:
             [*client, *profile, "config", "-q"], cwd=ROOT, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    """At most 300 lines: what it is, the promises, a quick start, one producer and
+    one handler, and links into the docs, where the rest is."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    for command in ("docker compose up", "./scripts/run", "./scripts/test"):
+        assert command in readme
+    assert "from hybrid_jobs import outbox" in readme
+    assert "from hybrid_jobs import consumers" in readme

@@ -1,6 +1,6 @@
 """The index of schema/states.py against the code: every statement it names exists,
 every caller it names imports and runs that statement, nothing else runs it, and
-the machine it describes is the one docs/state_machine.md draws. No services."""
+the machine it describes is the one docs/design/state-machine.md draws. No services."""
 
 from __future__ import annotations
 
@@ -48,18 +48,12 @@ def test_the_index_check_catches_a_wrong_caller_a_missing_one_and_a_wrong_name()
     moves: dict[Edge, str] = {(JobState.QUEUED, JobState.RUNNING): "claim"}
     wrong = [
         Operation("JOB_CLAIM_MANY", ("relay.maintenance:sweep_expired",), moves),
-        Operation(
-            "JOB_CLAIM_MANY", ("consumers.claimer:Claimer.no_such_method",), moves
-        ),
-        Operation(
-            "JOB_NO_SUCH_STATEMENT", ("consumers.claimer:Claimer._claim",), moves
-        ),
+        Operation("JOB_CLAIM_MANY", ("consumers.claimer:Claimer.no_such_method",), moves),
+        Operation("JOB_NO_SUCH_STATEMENT", ("consumers.claimer:Claimer._claim",), moves),
     ]
     problems = docs.index_problems(wrong)
     assert "JOB_CLAIM_MANY: relay.maintenance:sweep_expired does not run it" in problems
-    assert any(
-        "consumers.store:JobStore.claim runs it but is not among" in p for p in problems
-    )
+    assert any("consumers.store:JobStore.claim runs it but is not among" in p for p in problems)
     missing = "caller consumers.claimer:Claimer.no_such_method is no function"
     assert any(missing in p for p in problems)
     assert "JOB_NO_SUCH_STATEMENT: no such statement in schema/queries/" in problems
@@ -79,9 +73,7 @@ def test_only_an_operator_leaves_a_terminal_state() -> None:
         for before, after in op.moves:
             if before in TERMINAL and after is not None:
                 assert (before, after) in OPERATOR_ONLY, (op.statement, before, after)
-                assert all(c.startswith("outbox.replay:") for c in op.callers), (
-                    op.statement
-                )
+                assert all(c.startswith("outbox.replay:") for c in op.callers), op.statement
 
 
 def test_every_state_is_reached_from_an_enqueue_and_reaches_a_final_one() -> None:
@@ -115,5 +107,5 @@ def test_the_diagram_draws_exactly_the_edges_of_the_index() -> None:
     leaves (retention deletes a finished one)."""
     drawn = _diagram_edges(docs.STATE_DOC.read_text())
     indexed = {edge for op in OPERATIONS for edge in op.moves}
-    assert drawn - indexed == set(), "drawn in docs/state_machine.md, in no operation"
+    assert drawn - indexed == set(), "drawn in docs/design/state-machine.md, in no operation"
     assert indexed - drawn == set(), "in schema/states.py OPERATIONS, not drawn"
