@@ -10,6 +10,7 @@ Each example is set up and decided in one transaction that is rolled back."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -392,11 +393,22 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
                 "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now() WHERE job_id = ANY(%s)",
                 [sent],
             )
-        found = explain_plan(relay, OUTBOX_WAKE_QUEUE, params, generic=True)
-    reads = _inflight_reads(found[0]["Plan"])
+        plan = explain_plan(relay, OUTBOX_WAKE_QUEUE, params, generic=True)
+        reads = _inflight_reads(plan[0]["Plan"])
+        # An index scan marks an entry only once no snapshot on the server may still
+        # see it, and a backend judges that again only when its own snapshot's xmin
+        # moves: a transaction of another test (in its own database) that began
+        # before the drain keeps the last passes' entries unmarked until it ends. So
+        # while they are, the pass is read again a little later (its scans mark what
+        # they may, as the relay's next pass would); scans that never mark, or bitmap
+        # scans, never get under the bound.
+        deadline = time.monotonic() + 30
+        while any(hits >= 60 for _, hits in reads) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            plan = explain_plan(relay, OUTBOX_WAKE_QUEUE, params, generic=True)
+            reads = _inflight_reads(plan[0]["Plan"])
     assert reads, "the pass reads the wake-ups in flight"
     assert all("Bitmap" not in node for node, _ in reads), reads
-    # 100 in flight live: a few index pages each time, or a few dozen where other
-    # tests' transactions kept some entries from being marked yet (as bitmap scans:
-    # 114 each, the table's pages of every settled wake-up)
+    # 100 in flight live: a few index pages each time (as bitmap scans: 114 each, the
+    # table's pages of every settled wake-up)
     assert all(hits < 60 for _, hits in reads), reads
