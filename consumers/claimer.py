@@ -12,8 +12,11 @@ prefetch); those beyond it are handed back for other consumers (consumers/intake
 
 What comes back unclaimed is handled by why:
 
-- explained (running elsewhere, finished, not due, unknown, or turned down and
-  recorded on the row: paused queue, tenant cap, no handler here): done;
+- explained (running elsewhere, finished, not due, unknown, of a queue this
+  consumer does not serve, or turned down and recorded on the row: paused queue,
+  tenant cap, no handler here): done. A job of another queue is left exactly as it
+  was, for a consumer of its queue: the wake-up that named it here was not the
+  relay's (anyone with access to the broker can publish one), so it is dropped;
 - locked by another transaction: tried again alone, after a short wait, then
   handed back to the outbox's backlog if that goes on;
 - no free thread for a plain-function handler (every thread held by a handler
@@ -45,7 +48,7 @@ from hybrid_jobs.consumers.ledger import Ledger
 from hybrid_jobs.consumers.reconcile import reconcile
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.settings import ConsumerSettings
-from hybrid_jobs.consumers.store import LOCKED, NO_THREAD, Claimed, JobStore
+from hybrid_jobs.consumers.store import LOCKED, NO_THREAD, OTHER_QUEUE, Claimed, JobStore
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.plumbing.transient import is_transient_db_error, retry_forever
@@ -250,6 +253,7 @@ class Claimer:
                     result = await self.store.claim(
                         job_ids,
                         self.registry.claim_terms(),
+                        queues=self.settings.queues,
                         free_threads=self.threads.free,
                         worker_ttl=self.settings.worker_ttl,
                     )
@@ -314,6 +318,16 @@ class Claimer:
             log.warning(
                 "consumer.wakeup_for_unknown_job",
                 extra={"count": unknown, "action": "acked and ignored"},
+            )
+        strays = sum(1 for why in missed.values() if why == OTHER_QUEUE)
+        if strays:
+            log.warning(
+                "consumer.wakeup_for_other_queue",
+                extra={
+                    "count": strays,
+                    "queues": list(self.settings.queues),
+                    "action": "acked and dropped; the jobs wait for a consumer of their queue",
+                },
             )
         return None
 

@@ -25,6 +25,10 @@ from hybrid_jobs.schema.states import JobState
 # is, or that its row was held by another transaction ('locked': try it again).
 LOCKED = "locked"
 NO_THREAD = "no_thread"
+# The job belongs to a queue this consumer does not serve: the wake-up was not the
+# relay's to this queue (anyone with access to the broker may publish one). The job
+# is left as it was, for a consumer of its own queue.
+OTHER_QUEUE = "other_queue"
 
 log = logging.getLogger("consumer")
 
@@ -121,11 +125,16 @@ class JobStore:
         job_ids: Sequence[uuid.UUID],
         terms: list[dict[str, Any]],
         *,
+        queues: Sequence[str],
         free_threads: int,
         worker_ttl: float,
     ) -> ClaimResult:
+        """Claim the jobs of ``job_ids`` that may run here: ``terms`` are the
+        handlers' (Registry.claim_terms), ``queues`` the queues this worker serves (a
+        job of any other comes back OTHER_QUEUE, untouched)."""
         params: dict[str, Any] = {
             "job_ids": list(job_ids),
+            "queues": list(queues),
             "types": json.dumps(terms),
             "free_threads": free_threads,
             "worker": self.worker,

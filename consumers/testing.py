@@ -42,7 +42,7 @@ from hybrid_jobs.plumbing.db import make_pool
 from hybrid_jobs.schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
 
 _DUE = """
-SELECT job_id FROM jobs
+SELECT job_id, queue FROM jobs
 WHERE state IN ('QUEUED', 'RETRY_WAIT') AND run_after <= now()
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -102,12 +102,14 @@ class JobRunner:
         """Claim and run every job that is due now (of this type or queue)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(_DUE, {"job_type": job_type, "queue": queue, "limit": limit})
-            ids = [row[0] for row in await cur.fetchall()]
-        if not ids:
+            due = await cur.fetchall()
+        if not due:
             return []
         claimed = await self.store.claim(
-            ids,
+            [row[0] for row in due],
             self.registry.claim_terms(),
+            # the runner serves the queue asked for, else every queue with a job due
+            queues=sorted({row[1] for row in due}),
             free_threads=self.threads.size,
             worker_ttl=WORKER_TTL_SECONDS,
         )

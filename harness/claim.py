@@ -31,4 +31,6 @@ def claim_params(job_ids: Sequence[Any], worker: str) -> dict[str, Any]:
         "worker_ttl": WORKER_TTL_SECONDS,
         # the tenants the consumer names (consumer --tenant): none
         "tenants": [],
+        # the queues it serves: its handler's
+        "queues": _REGISTRY.queues(),
     }

@@ -431,11 +431,13 @@ def _key(job: Mapping[str, Any]) -> list[Blocker]:
             "strict": job["key_order"] == "strict",
         }
         return [Blocker(Why.KEY_ORDER, facts)]
-    if job["key_running"] >= job["key_limit"]:
+    # The strictest limit of the key's holders and its own governs (the claim's rule).
+    limit = min(job["key_limit"], job.get("key_running_limit") or job["key_limit"])
+    if job["key_running"] >= limit:
         facts = {
             "key": job["key"],
             "running": job["key_running"],
-            "key_limit": job["key_limit"],
+            "key_limit": limit,
             "held_by": job["key_holder"],
         }
         return [Blocker(Why.KEY_BUSY, facts)]

@@ -23,6 +23,10 @@ in one guarded statement. What it promises:
 - What belonged to the finished run is cleared (``finished_at``, ``result``,
   ``progress``, ``delay_reason``, ``cancel_requested_at``); ``last_error_code`` and
   ``last_error_message`` stay until a new attempt replaces them.
+- A job that ended because it was not started by its deadline (CANCELLED, code
+  ``EXPIRED``) loses that deadline (``expires_at`` becomes unset): kept, it would
+  be ended again by the relay's next round, never started. Any other job keeps
+  its ``expires_at``, passed or not.
 - A ``job_replays`` row records who asked (``by``, else the database role and the
   session's ``application_name``, as ``"role (app)"``), when (the database clock),
   from which state, and after how many attempts.

@@ -6,7 +6,10 @@ been SUCCEEDED, FAILED or CANCELLED for longer than ``relay --keep-finished`` is
 deleted with everything of its own: its attempts, wake-ups and replays (by cascade).
 That frees its dedup key: enqueueing with it again creates a new job. A job
 waiting, running or replayed meanwhile is never touched (the statement checks the
-state on the locked row).
+state on the locked row). Nor is a job a waiting job still waits on, so retention
+never changes what a waiting job waits for: a FAILED ``ordered="strict"`` job, which
+holds its key until it is replayed, and a job that an unfinished job depends on
+(``after=``).
 
 Effect keys (``tx.once``) are not the job's: they record that an effect happened,
 and a new job with the same key (its dedup key freed by retention, or a job with

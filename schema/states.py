@@ -320,7 +320,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         ("relay.retention:delete_finished",),
         dict.fromkeys(
             ((_SUCCEEDED, _GONE), (_FAILED, _GONE), (_CANCELLED, _GONE)),
-            "retention deletes it, finished longer than relay --keep-finished",
+            "retention deletes it, finished longer than relay --keep-finished, unless a"
+            " waiting job waits on it (a FAILED strict head, a parent of an unfinished child)",
         ),
     ),
 )

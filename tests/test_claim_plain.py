@@ -64,7 +64,9 @@ async def test_the_store_claims_or_turns_down_each_job_as_the_whole_claim_would(
 ) -> None:
     store = JobStore(pool, "w1", lease_seconds=30)
     terms = json.loads(claim_params([], "w1")["types"])
-    found = await store.claim(list(mixed.values()), terms, free_threads=0, worker_ttl=60)
+    found = await store.claim(
+        list(mixed.values()), terms, queues=["default", "paused"], free_threads=0, worker_ttl=60
+    )
     claimed = {c.job_id for c in found.claimed}
     taken = ("plain", "keyed", "ordered", "deadline", "rated", "resource")
     assert claimed == {mixed[n] for n in taken}
@@ -102,7 +104,9 @@ async def test_the_two_claims_share_the_free_threads(
         }
     ]
     store = JobStore(pool, "w1", lease_seconds=30)
-    found = await store.claim([first, second, keyed], terms, free_threads=1, worker_ttl=60)
+    found = await store.claim(
+        [first, second, keyed], terms, queues=["default"], free_threads=1, worker_ttl=60
+    )
     assert [c.job_id for c in found.claimed] == [first]
     assert found.missed == {second: "no_thread", keyed: "no_thread"}
     assert job(pg, keyed)["state"] == "QUEUED"
@@ -123,7 +127,9 @@ async def test_a_whole_claim_that_fails_leaves_the_plain_jobs_claimed(
         try:
             store = JobStore(pool, "w1", lease_seconds=30)
             terms = json.loads(claim_params([], "w1")["types"])
-            found = await store.claim([plain, keyed], terms, free_threads=0, worker_ttl=60)
+            found = await store.claim(
+                [plain, keyed], terms, queues=["default"], free_threads=0, worker_ttl=60
+            )
         finally:
             await pool.close()
         holder.rollback()

@@ -21,7 +21,7 @@ from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import collect, publish_raw, purge, queue_depth
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
-from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
+from tests.support.jobs import attempts, enqueue, enqueue_many, job, until, versions, wait_for_state
 from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -511,7 +511,7 @@ async def test_stale_completion_is_rejected_by_the_fence(
         @terms.handler("contested")
         async def contested(j: consumers.Job) -> None: ...
 
-        claim = {"free_threads": 0, "worker_ttl": 60}
+        claim = {"queues": ["default"], "free_threads": 0, "worker_ttl": 60}
         (claim_a,) = (await a.claim([job_id], terms.claim_terms(), **claim)).claimed
         await asyncio.sleep(0.7)
         swept = pg.execute(JOB_SWEEP_EXPIRED, {"limit": 10, "default_backoff": 5}).fetchall()
@@ -567,6 +567,39 @@ async def test_wakeup_for_a_missing_or_early_job_is_acked(services, engine: Engi
         assert consumer.counts["wakeup_missing"] == 1
     assert job(pg, early)["state"] == "QUEUED"
     assert await queue_depth(amqp.url, topology, "default") == 0
+
+
+async def test_a_wakeup_for_a_job_of_another_queue_does_not_run_it(
+    services, engine: Engine, pg
+) -> None:
+    """A wake-up naming a job of a queue the consumer does not serve (anyone with
+    access to the broker can publish one) is acked and dropped: the job is not run,
+    its row and its own wake-up are left exactly as they were, and a consumer of its
+    queue runs it."""
+    _db, amqp, topology = services
+    registry = Registry()
+    ran: list[uuid.UUID] = []
+
+    @registry.handler("portable")  # a handler here, for a job of another queue
+    async def portable(j: consumers.Job) -> None:
+        ran.append(j.id)
+
+    job_id = enqueue(engine, "portable", queue="other")
+    before = versions(pg, [job_id])
+    async with consumer_running(*services, registry, queues=("default",)) as consumer:
+        await publish_raw(amqp.url, topology, "default", str(job_id).encode())
+        await until(lambda: consumer.counts["wakeup_other_queue"] or ran, "the wake-up explained")
+        assert ran == [], "a job of a queue the consumer does not serve ran"
+        assert consumer.counts["wakeup_other_queue"] == 1
+        assert consumer.claimer.buffered == 0
+    assert await queue_depth(amqp.url, topology, "default") == 0, "the stray wake-up was acked"
+    assert versions(pg, [job_id]) == before, "the job's row was not written"
+    assert job(pg, job_id)["state"] == "QUEUED"
+    own = pg.execute("SELECT queue, sent_at FROM outbox WHERE job_id = %s", [job_id]).fetchall()
+    assert own == [("other", None)], "its own wake-up waits to be sent"
+    async with relay_running(*services), consumer_running(*services, registry, queues=("other",)):
+        await wait_for_state(pg, job_id, "SUCCEEDED")
+    assert ran == [job_id]
 
 
 async def test_broker_connection_loss_is_survived(services, engine: Engine, pg) -> None:

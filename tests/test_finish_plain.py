@@ -46,7 +46,9 @@ async def held(engine: Engine, pool: AsyncConnectionPool[AsyncConnection]) -> He
     }
     store = JobStore(pool, "w1", lease_seconds=30)
     terms = json.loads(claim_params([], "w1")["types"])
-    found = await store.claim(list(ids.values()), terms, free_threads=0, worker_ttl=60)
+    found = await store.claim(
+        list(ids.values()), terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
     generation = {c.job_id: c.generation for c in found.claimed}
     assert set(generation) == set(ids.values())
     return {name: (i, generation[i]) for name, i in ids.items()}

@@ -328,6 +328,47 @@ async def test_explain_names_the_key_and_the_job_holding_it(
     assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
 
 
+@pytest.mark.parametrize(("first", "second"), [(1, 5), (5, 1)])
+async def test_mixed_limits_on_one_key_keep_the_strictest(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    first: int,
+    second: int,
+) -> None:
+    """A job that asked to run alone is neither joined by one of its key that
+    allows company, nor joins one: the strictest limit of the holders and the
+    newcomer governs (it was the newcomer's alone, and overwrote the key's)."""
+    registry = Registry()
+    release = asyncio.Event()
+
+    @registry.handler("hold")
+    async def hold(j: consumers.Job) -> None:
+        await release.wait()
+
+    async with both_running(db_url, amqp_url, topology, registry, concurrency=4):
+        holder = enqueue(engine, "hold", {}, key="doc:mixed", key_limit=first)
+        await wait_for_state(pg, holder, "RUNNING")
+        newcomer = enqueue(engine, "hold", {}, key="doc:mixed", key_limit=second)
+        await until(
+            lambda: (
+                job(pg, newcomer)["delay_reason"] == "KEY_BUSY"
+                or job(pg, newcomer)["state"] == "RUNNING"
+            ),
+            "the newcomer claimed or turned down",
+        )
+        assert job(pg, newcomer)["state"] != "RUNNING", "two leases under a limit of one"
+        with Session(engine) as session:
+            why = outbox.explain(session, newcomer)
+        assert why.codes == ["KEY_BUSY"], why
+        assert why.blocker("KEY_BUSY").facts["key_limit"] == 1  # type: ignore[union-attr]
+        release.set()
+        await wait_until_all(pg, "SUCCEEDED", 2)
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "text"),
     [

@@ -68,7 +68,11 @@ async def _world(
     )
     store = JobStore(pool, WORKER, lease_seconds=300)
     claimed = await store.claim(
-        [*wide, single, paid, unpaid], registry.claim_terms(), free_threads=0, worker_ttl=60
+        [*wide, single, paid, unpaid],
+        registry.claim_terms(),
+        queues=registry.queues(),
+        free_threads=0,
+        worker_ttl=60,
     )
     assert sorted(claimed.missed.values()) == ["KEY_BUSY", "RATE_LIMITED"], claimed.missed
     enqueue(engine, "sync_account", {}, run_after=timedelta(hours=1), expires=timedelta(0))

@@ -17,6 +17,7 @@ from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers import Registry
 from hybrid_jobs.consumers.testing import JobRunner
 from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.relay.maintenance import expire_waiting
 from tests.apps.limits import STARTS_TABLE
 from tests.support.jobs import enqueue, job, wait_for_state, wait_until_all
 from tests.support.processes import running
@@ -89,7 +90,11 @@ async def test_the_claim_ends_a_job_woken_past_its_deadline(
     await asyncio.sleep(0.3)
     async with JobRunner(db_url, registry) as runner:
         claim = await runner.store.claim(
-            [job_id, fresh], registry.claim_terms(), free_threads=1, worker_ttl=60
+            [job_id, fresh],
+            registry.claim_terms(),
+            queues=registry.queues(),
+            free_threads=1,
+            worker_ttl=60,
         )
     assert claim.missed == {job_id: "EXPIRED"}
     assert [c.job_id for c in claim.claimed] == [fresh]
@@ -100,6 +105,47 @@ async def test_the_claim_ends_a_job_woken_past_its_deadline(
         0,
     )
     assert pg.execute("SELECT count(*) FROM outbox WHERE job_id = %s", [job_id]).fetchone() == (0,)
+
+
+async def test_a_replayed_expired_job_runs(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """A job the relay ended for its deadline (CANCELLED, EXPIRED), replayed by an
+    operator, runs: the replay drops the deadline it missed, so the relay's next
+    round does not end it again. A job cancelled for another reason keeps its
+    deadline through a replay."""
+    registry = Registry()
+
+    @registry.handler("stamp")
+    async def stamp(j: consumers.Job) -> None:
+        return None
+
+    # delayed past its deadline: no claim looks at it, the relay's sweep ends it
+    missed = enqueue(
+        engine, "stamp", {}, run_after=timedelta(minutes=1), expires=timedelta(seconds=0.2)
+    )
+    cancelled = enqueue(
+        engine, "stamp", {}, run_after=timedelta(minutes=1), expires=timedelta(hours=1)
+    )
+    with Session(engine) as session, session.begin():
+        assert outbox.request_cancel(session, cancelled) == "CANCELLED"
+    deadline = job(pg, cancelled)["expires_at"]
+    await asyncio.sleep(0.3)
+    async with JobRunner(db_url, registry) as runner:
+        assert await expire_waiting(runner.pool, batch=10) == 1
+        row = job(pg, missed)
+        assert (row["state"], row["last_error_code"]) == ("CANCELLED", "EXPIRED")
+        with Session(engine) as session, session.begin():
+            assert outbox.retry_job(session, missed, by="test") == "QUEUED"
+            assert outbox.retry_job(session, cancelled, by="test") == "QUEUED"
+        # the relay's next round finds nothing past its deadline
+        assert await expire_waiting(runner.pool, batch=10) == 0
+        assert job(pg, missed)["expires_at"] is None
+        assert job(pg, cancelled)["expires_at"] == deadline
+        ran = await runner.run_until_idle()
+    assert sorted((r.job_id, r.state) for r in ran) == sorted(
+        [(missed, "SUCCEEDED"), (cancelled, "SUCCEEDED")]
+    )
 
 
 def test_a_deadline_is_checked_before_anything_is_written(engine: Engine) -> None:
@@ -253,7 +299,11 @@ async def test_a_job_without_a_token_waits_for_its_own_token_spending_nothing(
     pg.execute("UPDATE outbox SET sent_at = now()")  # as the relay does when it wakes them
     async with JobRunner(db_url, registry) as runner:
         claim = await runner.store.claim(
-            ids + sms, registry.claim_terms(), free_threads=8, worker_ttl=60
+            ids + sms,
+            registry.claim_terms(),
+            queues=registry.queues(),
+            free_threads=8,
+            worker_ttl=60,
         )
     assert len(claim.claimed) == 4, "two of api, one each of sms:a and sms:b"
     assert sorted(claim.missed.values()) == ["RATE_LIMITED"] * 4

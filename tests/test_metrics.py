@@ -309,7 +309,9 @@ async def test_gauges_read_the_backlog(
     stuck = enqueue(engine, "ghostly", queue="idle")
     enqueue(engine, "ok", run_after=timedelta(hours=1))  # not due: no lag anywhere
     store = JobStore(pool, "ghost-worker", lease_seconds=0.1)
-    claimed = await store.claim([stuck], registry.claim_terms(), free_threads=0, worker_ttl=60)
+    claimed = await store.claim(
+        [stuck], registry.claim_terms(), queues=registry.queues(), free_threads=0, worker_ttl=60
+    )
     assert [c.job_id for c in claimed.claimed] == [stuck]
     await _lease_runs_out(pg, stuck)  # and nobody sweeps it
 
@@ -363,7 +365,11 @@ async def test_gauges_of_rate_limited_and_expired_jobs(
     enqueue(engine, "ok", run_after=timedelta(hours=1), expires=timedelta(seconds=0))
     store = JobStore(pool, "a-worker", lease_seconds=30)
     claimed = await store.claim(
-        [first, second], registry.claim_terms(), free_threads=0, worker_ttl=60
+        [first, second],
+        registry.claim_terms(),
+        queues=registry.queues(),
+        free_threads=0,
+        worker_ttl=60,
     )
     assert len(claimed.claimed) == 1 and list(claimed.missed.values()) == ["RATE_LIMITED"]
     assert len(pg.execute(JOB_EXPIRE_WAITING, {"limit": 10}).fetchall()) == 1
@@ -391,7 +397,11 @@ async def test_gauges_of_jobs_waiting_for_parents_and_for_a_resource(
     first, second = (enqueue(engine, "ok", resource="deploy:prod") for _ in range(2))
     store = JobStore(pool, "a-worker", lease_seconds=30)
     claimed = await store.claim(
-        [first, second], registry.claim_terms(), free_threads=0, worker_ttl=60
+        [first, second],
+        registry.claim_terms(),
+        queues=registry.queues(),
+        free_threads=0,
+        worker_ttl=60,
     )
     assert len(claimed.claimed) == 1 and list(claimed.missed.values()) == ["RESOURCE_BUSY"]
     collector = Collector(pool)
@@ -479,7 +489,9 @@ async def _expire_one(
 ) -> None:
     """A claim whose lease ran out, swept: one finished attempt, LEASE_EXPIRED."""
     job_id = enqueue(engine, "ghostly", queue="idle")
-    await store.claim([job_id], registry.claim_terms(), free_threads=0, worker_ttl=60)
+    await store.claim(
+        [job_id], registry.claim_terms(), queues=registry.queues(), free_threads=0, worker_ttl=60
+    )
     await _lease_runs_out(pg, job_id)
     swept = pg.execute(JOB_SWEEP_EXPIRED, {"limit": 10, "default_backoff": 5}).fetchall()
     assert [r[0] for r in swept] == [job_id]
@@ -513,7 +525,9 @@ async def test_a_row_committed_late_is_counted_once(
     collector = Collector(pool)
     assert await collector.collect_once()
     job_id = enqueue(engine, "ghostly", queue="idle")
-    await store.claim([job_id], registry.claim_terms(), free_threads=0, worker_ttl=60)
+    await store.claim(
+        [job_id], registry.claim_terms(), queues=registry.queues(), free_threads=0, worker_ttl=60
+    )
     await _lease_runs_out(pg, job_id)
 
     def expired() -> float:

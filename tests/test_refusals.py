@@ -175,6 +175,7 @@ def claim(pg: psycopg.Connection, worker: str, ids: list[uuid.UUID], types: Any)
         "lease_seconds": 60,
         "worker_ttl": 60,
         "tenants": [],
+        "queues": ["default"],
     }
     return pg.execute(q.JOB_CLAIM_MANY, params).fetchall()
 

@@ -397,7 +397,9 @@ async def test_the_sweep_of_an_expired_holder_is_counted_uncertain_in_the_metric
     await pool.open()
     try:
         store = JobStore(pool, "a-worker", lease_seconds=0.2)
-        claimed = await store.claim([held], registry.claim_terms(), free_threads=0, worker_ttl=60)
+        claimed = await store.claim(
+            [held], registry.claim_terms(), queues=registry.queues(), free_threads=0, worker_ttl=60
+        )
         assert [c.job_id for c in claimed.claimed] == [held]
         collector = Collector(pool)
         assert await collector.collect_once()

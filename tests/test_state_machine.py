@@ -298,6 +298,7 @@ class JobMachine(RuleBasedStateMachine):
                 "lease_seconds": 60,
                 "worker_ttl": 60,
                 "tenants": [],
+                "queues": ["default"],
             },
         )
 

@@ -181,7 +181,13 @@ async def test_an_expired_lease_is_retried_after_the_handlers_backoff(
     await pool.open()
     try:
         dead = JobStore(pool, "dead-worker", lease_seconds=0.3)
-        claimed = await dead.claim([job_id], registry.claim_terms(), free_threads=0, worker_ttl=60)
+        claimed = await dead.claim(
+            [job_id],
+            registry.claim_terms(),
+            queues=registry.queues(),
+            free_threads=0,
+            worker_ttl=60,
+        )
         assert len(claimed.claimed) == 1
     finally:
         await pool.close()

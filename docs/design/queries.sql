@@ -344,7 +344,8 @@ SELECT job_id, queue FROM expired;
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
 -- Built with WAITING_BY_ID, LIVE_WORKER, no_pending_wakeup, key_wake_next.
--- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker, worker_ttl.
+-- Parameters: free_threads, job_ids, lease_seconds, queues, tenants, types, worker,
+-- worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
@@ -359,7 +360,8 @@ WITH types AS (
     SELECT d.tenant FROM tenant_limits AS d
     WHERE d.runners = 'dedicated' AND d.tenant <> ALL(%(tenants)s::text[])
 ), locked AS (
-    -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
+    -- 1b. the named jobs of this worker's queues that may be claimed now, locked
+    -- (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            j.key, j.key_limit, j.key_seq, j.resource, j.lease_generation,
            t.job_type IS NOT NULL AS known,
@@ -372,6 +374,7 @@ WITH types AS (
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND j.queue = ANY(%(queues)s::text[])
       AND (j.state IN ('QUEUED', 'RETRY_WAIT')) IS TRUE
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
@@ -498,12 +501,16 @@ WITH types AS (
     -- sorted order and after the tenants (as every end of a lease releases them). A
     -- row another statement holds is waited for and judged by the count it left; one
     -- inserted meanwhile conflicts and is judged so too: never a count and then a
-    -- write.
+    -- write. The key's limit is the strictest of its holders' and the newcomers':
+    -- a job that asked to run alone is never joined by one that allows company, nor
+    -- joins one (the row goes with the key's last lease, so the next holder's own
+    -- limit governs again).
     INSERT INTO key_usage AS u (key, running, key_limit)
     SELECT w.key, w.n, w.key_limit FROM key_wanted AS w ORDER BY w.key
     ON CONFLICT (key) DO UPDATE
-    SET running = u.running + EXCLUDED.running, key_limit = EXCLUDED.key_limit
-    WHERE u.running + EXCLUDED.running <= EXCLUDED.key_limit
+    SET running = u.running + EXCLUDED.running,
+        key_limit = LEAST(u.key_limit, EXCLUDED.key_limit)
+    WHERE u.running + EXCLUDED.running <= LEAST(u.key_limit, EXCLUDED.key_limit)
     RETURNING u.key
 ), key_admitted AS (
     -- 2b3. the admitted jobs whose key was had
@@ -692,6 +699,7 @@ SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
+           WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') THEN 'running'
@@ -714,7 +722,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- deadline or rate limit) by the shorter claim.
 -- Makes RETRY_WAIT -> RUNNING: a plain job's retry, claimed by the shorter claim.
 -- Built with WAITING_BY_ID.
--- Parameters: free_threads, job_ids, lease_seconds, tenants, types, worker.
+-- Parameters: free_threads, job_ids, lease_seconds, queues, tenants, types, worker.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
@@ -732,6 +740,7 @@ WITH types AS (
     SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
     FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND j.queue = ANY(%(queues)s::text[])
       AND (j.state IN ('QUEUED', 'RETRY_WAIT')) IS TRUE
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
@@ -1980,7 +1989,8 @@ WITH slice AS MATERIALIZED (
       -- orphan only once nothing holds it back any more
       AND NOT (s.delay_reason = 'KEY_BUSY'
                AND EXISTS (SELECT 1 FROM key_usage AS u
-                           WHERE u.key = s.key AND u.running >= s.key_limit))
+                           WHERE u.key = s.key
+                             AND u.running >= LEAST(u.key_limit, s.key_limit)))
       AND NOT (s.delay_reason = 'KEY_ORDER'
                AND EXISTS (SELECT 1 FROM jobs AS x
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
@@ -2480,6 +2490,10 @@ WITH RECURSIVE target AS (
         delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
+        -- the relay's next round would end it again, never started
+        expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
+                          THEN NULL ELSE j.expires_at END,
         updated_at = now()
     FROM target AS t
     -- The array hands the planner the ids as one pkey probe each; joined alone, it
@@ -2554,6 +2568,10 @@ WITH RECURSIVE found AS (
         delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
+        -- the relay's next round would end it again, never started
+        expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
+                          THEN NULL ELSE j.expires_at END,
         updated_at = now()
     FROM target AS t
     -- The array hands the planner the ids as one pkey probe each; joined alone, it
@@ -2709,7 +2727,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
           AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
-       j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
+       j.key, j.key_limit, j.key_order, j.key_seq,
+       k.key_running, k.key_running_limit, k.key_holder,
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since
@@ -2720,7 +2739,7 @@ LEFT JOIN resource_holds AS rh
  AND (rh.job_id <> j.job_id OR rh.uncertain_since IS NOT NULL)
 LEFT JOIN LATERAL (
     -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
-    SELECT count(*)::int AS key_running,
+    SELECT count(*)::int AS key_running, min(x.key_limit) AS key_running_limit,
            (array_agg(x.job_id ORDER BY x.started_at, x.job_id))[1] AS key_holder
     FROM jobs AS x
     WHERE x.key = j.key AND x.state IN ('CANCEL_REQUESTED', 'RUNNING') AND x.job_id <> j.job_id
@@ -2818,17 +2837,30 @@ FROM drained AS d;
 -- name: JOB_RETENTION_DELETE
 -- Run by relay.retention:delete_finished.
 -- Makes SUCCEEDED -> (deleted): retention deletes it, finished longer than relay --keep-
--- finished.
+-- finished, unless a waiting job waits on it (a FAILED strict head, a parent of an
+-- unfinished child).
 -- Makes FAILED -> (deleted): retention deletes it, finished longer than relay --keep-
--- finished.
+-- finished, unless a waiting job waits on it (a FAILED strict head, a parent of an
+-- unfinished child).
 -- Makes CANCELLED -> (deleted): retention deletes it, finished longer than relay --keep-
--- finished.
+-- finished, unless a waiting job waits on it (a FAILED strict head, a parent of an
+-- unfinished child).
 -- Parameters: keep_seconds, limit.
 WITH doomed AS (
     SELECT j.job_id
     FROM jobs AS j
     WHERE j.state IN ('CANCELLED', 'FAILED', 'SUCCEEDED')
       AND j.finished_at < now() - make_interval(secs => %(keep_seconds)s)
+      -- not what a later job of its key waits behind (of finished jobs: a FAILED
+      -- one of a strict key), nor a parent a job not finished waits for or reads
+      AND ((j.state IN ('QUEUED', 'RETRY_WAIT', 'CANCEL_REQUESTED', 'RUNNING') OR (j.state = 'FAILED' AND j.key_order = 'strict'))) IS NOT TRUE
+      AND NOT (j.has_dependants AND EXISTS (
+          SELECT 1
+          FROM job_dependencies AS d JOIN jobs AS c ON c.job_id = d.child_id
+          WHERE d.parent_id = j.job_id AND c.state NOT IN ('CANCELLED', 'FAILED', 'SUCCEEDED')
+          -- a probe per parent: left to itself PostgreSQL hashed the edges of every
+          -- waiting child once instead, reading all of job_dependencies and jobs
+          OFFSET 0))
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

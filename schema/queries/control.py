@@ -47,7 +47,8 @@ def _replay(target: str, *, before: str = "") -> str:
     was rejected, waits for approval again: held, without a wake-up),
     with a fresh budget of the job's own size on top of the attempts it made (so
     attempt_count <= max_attempts holds and the history keeps numbering on), what
-    belonged to the finished run cleared, a wake-up (the outbox trigger notifies the
+    belonged to the finished run cleared (and the deadline of one that ended for it,
+    CANCELLED with code EXPIRED), a wake-up (the outbox trigger notifies the
     relay at commit), and a job_replays row saying who asked, when, from what."""
     return f"""
 WITH RECURSIVE {before}target AS ({target}
@@ -69,6 +70,10 @@ WITH RECURSIVE {before}target AS ({target}
         delay_reason = CASE WHEN j.parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
+        -- the relay's next round would end it again, never started
+        expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
+                          THEN NULL ELSE j.expires_at END,
         updated_at = now()
     FROM target AS t
     -- The array hands the planner the ids as one pkey probe each; joined alone, it
@@ -276,7 +281,8 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
           AND {LIVE_WORKER})::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
-       j.key, j.key_limit, j.key_order, j.key_seq, k.key_running, k.key_holder,
+       j.key, j.key_limit, j.key_order, j.key_seq,
+       k.key_running, k.key_running_limit, k.key_holder,
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since
@@ -287,7 +293,7 @@ LEFT JOIN resource_holds AS rh
  AND (rh.job_id <> j.job_id OR rh.uncertain_since IS NOT NULL)
 LEFT JOIN LATERAL (
     -- the leases its key holds (jobs_key_leased_idx), and the oldest of them
-    SELECT count(*)::int AS key_running,
+    SELECT count(*)::int AS key_running, min(x.key_limit) AS key_running_limit,
            (array_agg(x.job_id ORDER BY x.started_at, x.job_id))[1] AS key_holder
     FROM jobs AS x
     WHERE x.key = j.key AND x.state IN ({LEASED_SQL}) AND x.job_id <> j.job_id
@@ -394,12 +400,37 @@ FROM drained AS d
 # Deleting the job frees its dedup key. The delete takes the batch as an array, so
 # it is a key lookup per id whatever the batch size (joined, a generic plan could
 # scan all of jobs).
+# Retention never changes what a waiting job waits for. Two kinds of finished job
+# stay, however old:
+# - a FAILED job of a strict key, until it is replayed: the key's later jobs wait
+#   behind it (KEY_ORDER), and with it deleted they would run as if it had
+#   succeeded. Asked as KEY_AHEAD, the one definition of what holds a key (IS NOT
+#   TRUE: key_order is NULL for a job without an order);
+# - a job that a job not finished yet depends on, until every such child has
+#   finished: a child replayed while this parent is FAILED waits for it again, and
+#   deleting the parent would take the edge with it (ON DELETE CASCADE), leaving the
+#   child's parents_pending above 0 for ever (a waiting child also reads its
+#   parents' results). has_dependants is the guard: a job nobody named in after= is
+#   never looked up; one that was costs a probe of job_dependencies_parent_idx and
+#   one pkey lookup per child.
+# The jobs kept are walked again by every pass (they stay in jobs_finished_idx):
+# as many as there are held keys and parents of waiting children.
 JOB_RETENTION_DELETE: Final = f"""
 WITH doomed AS (
     SELECT j.job_id
     FROM jobs AS j
     WHERE j.state IN ({TERMINAL_SQL})
       AND j.finished_at < now() - make_interval(secs => %(keep_seconds)s)
+      -- not what a later job of its key waits behind (of finished jobs: a FAILED
+      -- one of a strict key), nor a parent a job not finished waits for or reads
+      AND ({KEY_AHEAD.format(x="j")}) IS NOT TRUE
+      AND NOT (j.has_dependants AND EXISTS (
+          SELECT 1
+          FROM job_dependencies AS d JOIN jobs AS c ON c.job_id = d.child_id
+          WHERE d.parent_id = j.job_id AND c.state NOT IN ({TERMINAL_SQL})
+          -- a probe per parent: left to itself PostgreSQL hashed the edges of every
+          -- waiting child once instead, reading all of job_dependencies and jobs
+          OFFSET 0))
     ORDER BY j.finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -140,6 +140,11 @@ _WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZ
 # itself naming the tenant (JOB_WAKE_PARKED). A worker naming tenants still takes
 # every shared tenant's jobs.
 #
+# A job of a queue this worker does not serve (%(queues)s, its consumer's queues) is
+# not its to take, whoever published the wake-up that named it: it is neither locked
+# nor written (its own wake-up, in its own queue, stays as it was) and comes back
+# 'other_queue', for the worker to drop the stray wake-up.
+#
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
 # the reason it was not.
@@ -155,7 +160,8 @@ WITH {_HANDLERS}, dedicated AS (
     SELECT d.tenant FROM tenant_limits AS d
     WHERE d.runners = 'dedicated' AND d.tenant <> ALL(%(tenants)s::text[])
 ), locked AS (
-    -- 1b. the named jobs that may be claimed now, locked (others' rows skipped)
+    -- 1b. the named jobs of this worker's queues that may be claimed now, locked
+    -- (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
            j.key, j.key_limit, j.key_seq, j.resource, j.lease_generation,
            t.job_type IS NOT NULL AS known,
@@ -168,6 +174,7 @@ WITH {_HANDLERS}, dedicated AS (
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND j.queue = ANY(%(queues)s::text[])
       AND {WAITING_BY_ID}
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
@@ -286,12 +293,16 @@ WITH {_HANDLERS}, dedicated AS (
     -- sorted order and after the tenants (as every end of a lease releases them). A
     -- row another statement holds is waited for and judged by the count it left; one
     -- inserted meanwhile conflicts and is judged so too: never a count and then a
-    -- write.
+    -- write. The key's limit is the strictest of its holders' and the newcomers':
+    -- a job that asked to run alone is never joined by one that allows company, nor
+    -- joins one (the row goes with the key's last lease, so the next holder's own
+    -- limit governs again).
     INSERT INTO key_usage AS u (key, running, key_limit)
     SELECT w.key, w.n, w.key_limit FROM key_wanted AS w ORDER BY w.key
     ON CONFLICT (key) DO UPDATE
-    SET running = u.running + EXCLUDED.running, key_limit = EXCLUDED.key_limit
-    WHERE u.running + EXCLUDED.running <= EXCLUDED.key_limit
+    SET running = u.running + EXCLUDED.running,
+        key_limit = LEAST(u.key_limit, EXCLUDED.key_limit)
+    WHERE u.running + EXCLUDED.running <= LEAST(u.key_limit, EXCLUDED.key_limit)
     RETURNING u.key
 ), key_admitted AS (
     -- 2b3. the admitted jobs whose key was had
@@ -434,6 +445,7 @@ SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
+           WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            WHEN j.state IN ({LEASED_SQL}) THEN 'running'
@@ -451,13 +463,14 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 """
 
 # The claim of plain jobs: no key, no resource, no deadline, no rate limit (neither
-# the job's nor its handler's), a handler here, an unpaused queue, and a tenant this
-# worker may serve. Most jobs are plain, and for them this is JOB_CLAIM_MANY's claim
-# (the same budget, threads, tenant slots taken in tenant order, and step 4), without
-# the steps that would find nothing to do: it costs 20-30% less (bench.claim_cost).
-# Every other named id comes back 'full', whatever the reason (not plain, turned
-# down, held by another transaction, no longer waiting): the consumer claims those
-# with JOB_CLAIM_MANY, which decides and records why not. Nothing it turns down is
+# the job's nor its handler's), a handler here, an unpaused queue this worker
+# serves, and a tenant this worker may serve. Most jobs are plain, and for them this
+# is JOB_CLAIM_MANY's claim (the same budget, threads, tenant slots taken in tenant
+# order, and step 4), without the steps that would find nothing to do: it costs
+# 20-30% less (bench.claim_cost). Every other named id comes back 'full', whatever
+# the reason (not plain, turned down, of a queue this worker does not serve, held by
+# another transaction, no longer waiting): the consumer claims those with
+# JOB_CLAIM_MANY, which decides and records why not. Nothing it turns down is
 # written, so a job it passes over is exactly as it was.
 JOB_CLAIM_PLAIN_MANY: Final = f"""
 WITH {_HANDLERS}, locked AS (
@@ -470,6 +483,7 @@ WITH {_HANDLERS}, locked AS (
     SELECT j.job_id, j.tenant, j.priority, COALESCE(t.sync, false) AS sync
     FROM jobs AS j JOIN types AS t ON t.job_type = j.job_type
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
+      AND j.queue = ANY(%(queues)s::text[])
       AND {WAITING_BY_ID}
       AND j.run_after <= now()
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)

@@ -549,7 +549,8 @@ WITH slice AS MATERIALIZED (
       -- orphan only once nothing holds it back any more
       AND NOT (s.delay_reason = '{DelayReason.KEY_BUSY}'
                AND EXISTS (SELECT 1 FROM key_usage AS u
-                           WHERE u.key = s.key AND u.running >= s.key_limit))
+                           WHERE u.key = s.key
+                             AND u.running >= LEAST(u.key_limit, s.key_limit)))
       AND NOT (s.delay_reason = '{DelayReason.KEY_ORDER}'
                AND EXISTS (SELECT 1 FROM jobs AS x
                            WHERE x.key = s.key AND x.key_seq < s.key_seq
