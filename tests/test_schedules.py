@@ -461,16 +461,18 @@ async def test_occurrences_fire_on_time_not_an_interval_late(
     topology: Topology,
 ) -> None:
     """The scheduler sleeps until the next occurrence is due, not a fixed interval:
-    with the default interval of a second, an every-second schedule's occurrences
-    fire within a fraction of it (a fixed interval made them 0.5 s late on average)."""
+    with an interval of 5 s, an every-second schedule's occurrences each fire within
+    a fraction of a second (a fixed interval would make them 2.5 s late on average,
+    all five under a second with a chance of 1 in 3,000). The bound leaves room for
+    a loaded machine: CI's parallel run once saw one fire 0.34 s late."""
     schedule(engine, every=SECOND)
     async with inproc.relay_running(
-        db_url, amqp_url, topology, schedule_interval=1.0, rewake_interval=30.0
+        db_url, amqp_url, topology, schedule_interval=5.0, rewake_interval=30.0
     ):
-        await wait_for(lambda: len(ledger(pg)) >= 6, "6 fires", timeout=30)
+        await wait_for(lambda: len(ledger(pg)) >= 6, "6 fires", timeout=40)
     # The first may wait out an interval: the schedule was new to the sleeping relay.
     delays = [f["delay_seconds"] for f in ledger(pg)[1:]]
-    assert max(delays) < 0.25, delays
+    assert max(delays) < 1.0, delays
 
 
 async def test_a_relay_killed_mid_fire_loses_no_occurrence(
