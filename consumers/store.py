@@ -105,6 +105,14 @@ class Finished:
     stale: set[uuid.UUID]
 
 
+@dataclass(frozen=True)
+class GivenBack:
+    # job id -> its new state (QUEUED, or CANCELLED if a cancel was requested)
+    returned: dict[uuid.UUID, JobState]
+    # leases still ours whose row another transaction held: try them again
+    locked: set[uuid.UUID]
+
+
 class JobStore:
     def __init__(
         self,
@@ -179,17 +187,31 @@ class JobStore:
         return ClaimResult(claimed, missed)
 
     async def uncertain_for(self, job_ids: Sequence[uuid.UUID]) -> list[tuple[Any, ...]]:
-        """The uncertain holds of these jobs' resources, with the job that left each."""
+        """The uncertain holds of these jobs' resources (RESOURCE_UNCERTAIN_FOR): the
+        resource, the lease that left each (job, generation), that job's type and
+        payload (None once retention deleted it), since when, and the types of
+        these jobs turned down for it."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(q.RESOURCE_UNCERTAIN_FOR, {"job_ids": list(job_ids)})
             return list(await cur.fetchall())
 
-    async def resolve_resource(self, resource: str, by: str, outcome: str) -> bool:
-        """Resolve an uncertain resource (RESOURCE_RESOLVE); False if it was not
-        uncertain any more (someone resolved it first)."""
+    async def resolve_resource(
+        self, resource: str, job_id: uuid.UUID, lease_generation: int, by: str, outcome: str
+    ) -> bool:
+        """Resolve the uncertain hold the lease of ``job_id``, ``lease_generation``
+        left on ``resource`` (RESOURCE_RESOLVE, fenced by that holder); False, nothing
+        changed, if that hold is gone: someone resolved it first, whoever holds the
+        resource now."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                q.RESOURCE_RESOLVE, {"resource": resource, "by": by, "outcome": outcome}
+                q.RESOURCE_RESOLVE,
+                {
+                    "resource": resource,
+                    "job_id": job_id,
+                    "lease_generation": lease_generation,
+                    "by": by,
+                    "outcome": outcome,
+                },
             )
             return await cur.fetchone() is not None
 
@@ -241,12 +263,19 @@ class JobStore:
         locked = {i for i, s in result.items() if s == "LOCKED"}
         return Finished(applied, locked, {job_id for job_id, _ in missing} - recorded)
 
-    async def give_back(self, held: Sequence[Fence]) -> dict[uuid.UUID, JobState]:
+    async def give_back(self, held: Sequence[Fence]) -> GivenBack:
+        """Give back these claims (JOB_GIVE_BACK_MANY): the ones given back, with
+        their new states, and the ones whose row another transaction held (still
+        ours, untouched). A claim in neither was no longer ours."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 q.JOB_GIVE_BACK_MANY, {"jobs": _fences(held), "worker": self.worker}
             )
-            return {row[0]: JobState(row[1]) for row in await cur.fetchall()}
+            rows = await cur.fetchall()
+        return GivenBack(
+            {row[0]: JobState(row[1]) for row in rows if row[1] != "LOCKED"},
+            {row[0] for row in rows if row[1] == "LOCKED"},
+        )
 
     async def hand_back(self, job_ids: Sequence[uuid.UUID], delay: float = 0.0) -> set[uuid.UUID]:
         """Put these wake-ups back in the outbox's backlog, due in ``delay``

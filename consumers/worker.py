@@ -56,6 +56,12 @@ OUTCOME_FLUSH_SECONDS = 10.0
 CANCEL_GRACE_SECONDS = 5.0
 # Claims given back at a stop, at most this many a statement.
 GIVE_BACK_BATCH = 500
+# A claim whose row another transaction held when it was given back (a heartbeat, an
+# operator's cancel request, the relay's sweep: a moment, as a rule) is tried again
+# this many times, after GIVE_BACK_LOCKED_PAUSE seconds, doubling: 1.55 s at most
+# for the whole stop. Then it is left to lapse, and the sweeper retries its job.
+GIVE_BACK_LOCKED_RETRIES = 5
+GIVE_BACK_LOCKED_PAUSE = 0.05
 
 
 def make_worker_id() -> str:
@@ -300,12 +306,40 @@ class Consumer:
 
     async def _give_back(self, jobs: list[Job]) -> None:
         """Give back claims, in bounded statements: a failure costs only its batch
-        (whose leases lapse: the sweeper retries those jobs, spending an attempt)."""
+        (whose leases lapse: the sweeper retries those jobs, spending an attempt).
+
+        A claim whose row another transaction holds is skipped by the statement,
+        not waited for: those few are tried again, briefly (GIVE_BACK_LOCKED_*), and
+        only then left to lapse, named in ``consumer.give_back_left``."""
+        locked = await self._give_back_once(jobs)
+        pause = GIVE_BACK_LOCKED_PAUSE
+        for _ in range(GIVE_BACK_LOCKED_RETRIES):
+            if not locked:
+                return
+            await asyncio.sleep(pause)
+            pause *= 2
+            locked = await self._give_back_once(locked)
+        if locked:
+            log.warning(
+                "consumer.give_back_left",
+                extra={
+                    "jobs": [str(job.id) for job in locked],
+                    "why": "another transaction kept holding their rows",
+                    "action": "left to lapse; the sweeper retries them",
+                },
+            )
+            for job in locked:
+                self.ledger.forget(job)
+
+    async def _give_back_once(self, jobs: list[Job]) -> list[Job]:
+        """One try at giving back these claims; returns the ones whose row another
+        transaction held (still ours and still held here, to be tried again)."""
+        locked: list[Job] = []
         for start in range(0, len(jobs), GIVE_BACK_BATCH):
             batch = jobs[start : start + GIVE_BACK_BATCH]
             try:
                 async with asyncio.timeout(10):
-                    returned = await self.store.give_back([j.fence for j in batch])
+                    given = await self.store.give_back([j.fence for j in batch])
             except Exception as exc:
                 log.error(
                     "consumer.give_back_failed",
@@ -313,9 +347,21 @@ class Consumer:
                 )
                 continue
             for job in batch:
-                self.ledger.forget(job)
-            states = Counter(str(state) for state in returned.values())
-            log.info("consumer.gave_back", extra={"jobs": len(batch), "states": dict(states)})
+                if job.id in given.locked:
+                    locked.append(job)
+                else:  # given back, or no longer ours
+                    self.ledger.forget(job)
+            states = Counter(str(state) for state in given.returned.values())
+            log.info(
+                "consumer.gave_back",
+                extra={
+                    "jobs": len(given.returned),
+                    "states": dict(states),
+                    "locked": len(given.locked),
+                    "stale": len(batch) - len(given.returned) - len(given.locked),
+                },
+            )
+        return locked
 
     # ------------------------------------------------------------------ jobs
 

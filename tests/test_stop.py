@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.support.jobs import attempts, enqueue, job, wait_for_state
 from tests.support.processes import Daemon, running
 
@@ -236,3 +237,43 @@ def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
         "SELECT count(*) FROM job_attempts WHERE outcome = 'QUEUED' AND error_code = 'SHUTDOWN'"
     ).fetchone()[0]
     assert given_back == n
+
+
+def test_a_give_back_that_meets_a_locked_row_gives_it_back_once_free(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    env: dict[str, str],
+) -> None:
+    """SIGTERM while another transaction holds the row of a claim being given back
+    (a heartbeat, an operator's cancel request, the relay's sweep hold it a moment):
+    the give-back skips the row, tries it again shortly, and gives it back once it is
+    free: QUEUED, the attempt refunded. (The consumer used to forget it: the job
+    stayed RUNNING until its lease ran out, and the sweeper then spent its attempt.)"""
+    args = [*APP, "--drain-seconds", "0", "--lease-seconds", "300"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", args, env, "consumer.started") as consumer,
+    ):
+        job_id = enqueue(engine, "sleep", {"seconds": 600})
+        asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+        with psycopg.connect(db_url.conninfo) as other:
+            other.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", [job_id])
+            consumer.signal(signal.SIGTERM)
+            # until the give-back has met the locked row (or the process is gone)
+            deadline = time.monotonic() + 30
+            while consumer.proc.poll() is None and not any(
+                e["event"] == "consumer.gave_back" and e.get("locked") for e in consumer.events()
+            ):
+                assert time.monotonic() < deadline, consumer.text()[-3000:]
+                time.sleep(0.02)
+            other.rollback()  # the row is free again
+        assert consumer.proc.wait(30) == 0
+    row = job(pg, job_id)
+    assert (row["state"], row["attempt_count"], row["lease_owner"]) == ("QUEUED", 0, None), (
+        row,
+        consumer.text()[-3000:],
+    )
+    history = [(a["outcome"], a["error_code"]) for a in attempts(pg, job_id)]
+    assert history == [("QUEUED", "SHUTDOWN")], history
+    assert not consumer.has_event("consumer.give_back_left")

@@ -658,6 +658,10 @@ WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
 # burn attempts) and a fresh wake-up; CANCEL_REQUESTED becomes CANCELLED, since
 # nobody wants it run again. Either way the attempt gets its history row (outcome
 # QUEUED for a refunded one) and the slot is released. Fenced like every worker write.
+# Returns the given-back ones' new states, and 'LOCKED' for a lease still ours whose
+# row another transaction holds right now (a heartbeat, a cancel request, the
+# sweeper: try it again in a moment). A stale one (generation or owner no longer
+# match) matches no row, changes nothing and is absent.
 JOB_GIVE_BACK_MANY: Final = f"""
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -691,6 +695,10 @@ WITH h AS (
               NULL::text AS traceback
 ), {lease_ended("returned")}
 SELECT job_id, state FROM returned
+UNION ALL
+SELECT h.job_id, 'LOCKED'
+FROM h JOIN jobs AS j ON {FENCE}
+WHERE h.job_id NOT IN (SELECT job_id FROM returned)
 """
 
 # The sweeper: leases that expired without a report. A crashed or frozen worker
