@@ -76,7 +76,10 @@ class Registry:
         (``enqueue(..., resource=)``) is turned down because a lease of this type's
         expired holding it: it looks at the target and returns what happened (text,
         recorded), so the resource is resolved as by :func:`outbox.resolve_resource`,
-        or None to leave it uncertain for an operator.
+        or None to leave it uncertain for an operator. Its answer resolves the hold
+        it was shown (that job's lease, :class:`consumers.Uncertain`) and no later
+        one. Once retention has deleted the holder, the hook of the type turned down
+        is asked instead, its hold's ``job_type`` and ``payload`` None.
         """
         names.job_type(job_type)
         names.queue(queue)

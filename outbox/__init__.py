@@ -57,6 +57,7 @@ from hybrid_jobs.outbox.rate_limits import (
 )
 from hybrid_jobs.outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
 from hybrid_jobs.outbox.resources import (
+    HeldByAnother,
     NotUncertain,
     Resolved,
     ResourceHold,
@@ -94,6 +95,7 @@ __all__ = [
     "Blocker",
     "Explanation",
     "Finished",
+    "HeldByAnother",
     "JobNotFound",
     "LastError",
     "NewJob",

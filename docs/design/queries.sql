@@ -1388,7 +1388,11 @@ WITH h AS (
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
-SELECT job_id, state FROM returned;
+SELECT job_id, state FROM returned
+UNION ALL
+SELECT h.job_id, 'LOCKED'
+FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+WHERE h.job_id NOT IN (SELECT job_id FROM returned);
 
 -- name: JOB_SWEEP_EXPIRED
 -- Run by relay.maintenance:sweep_expired.
@@ -2987,14 +2991,16 @@ ORDER BY r.name;
 
 -- name: RESOURCE_RESOLVE
 -- Run by consumers.store:JobStore.resolve_resource,
--- outbox.resources:resolve_resource(_async) to free a resource an expired lease left
--- uncertain, and wake its next job.
+-- outbox.resources:resolve_resource(_async) to free the uncertain hold one holder's
+-- lease left, and wake the next job.
 -- Built with no_pending_wakeup, resource_wake_next.
--- Parameters: by, outcome, resource.
+-- Parameters: by, job_id, lease_generation, outcome, resource.
 WITH freed AS (
     DELETE FROM resource_holds AS h
     WHERE h.resource = %(resource)s AND h.uncertain_since IS NOT NULL
-    RETURNING h.resource, h.job_id, h.uncertain_since
+      AND h.job_id = COALESCE(%(job_id)s::uuid, h.job_id)
+      AND h.lease_generation = COALESCE(%(lease_generation)s::bigint, h.lease_generation)
+    RETURNING h.resource, h.job_id, h.lease_generation, h.uncertain_since
 ), recorded AS (
     INSERT INTO resource_resolutions (resource, job_id, uncertain_since, resolved_by, outcome)
     SELECT resource, job_id, uncertain_since, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), %(outcome)s::text
@@ -3014,17 +3020,19 @@ WITH freed AS (
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
 )
-SELECT job_id, uncertain_since FROM freed;
+SELECT job_id, uncertain_since, lease_generation FROM freed;
 
 -- name: RESOURCE_UNCERTAIN_FOR
 -- Run by consumers.store:JobStore.uncertain_for to the uncertain holds of some jobs'
--- resources, for reconcile hooks.
+-- resources (holder gone or not).
 -- Parameters: job_ids.
-SELECT DISTINCT ON (h.resource) h.resource, h.job_id, x.job_type, x.payload, h.uncertain_since
+SELECT h.resource, h.job_id, h.lease_generation, x.job_type, x.payload, h.uncertain_since,
+       array_agg(DISTINCT j.job_type ORDER BY j.job_type) AS asking
 FROM jobs AS j
 JOIN resource_holds AS h ON h.resource = j.resource AND h.uncertain_since IS NOT NULL
-JOIN jobs AS x ON x.job_id = h.job_id
+LEFT JOIN jobs AS x ON x.job_id = h.job_id
 WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.resource IS NOT NULL
+GROUP BY h.resource, x.job_id
 ORDER BY h.resource;
 
 -- name: RESOURCE_HOLD_LIST
@@ -3032,7 +3040,8 @@ ORDER BY h.resource;
 SELECT h.resource, h.job_id, j.state, j.job_type, h.held_since, h.uncertain_since,
        (SELECT count(*) FROM jobs AS w
         WHERE w.resource = h.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
-          AND w.job_id <> h.job_id)::int AS waiting
+          AND w.job_id <> h.job_id)::int AS waiting,
+       h.lease_generation
 FROM resource_holds AS h
 LEFT JOIN jobs AS j ON j.job_id = h.job_id
 ORDER BY h.uncertain_since IS NULL, h.uncertain_since, h.resource;
