@@ -21,8 +21,11 @@ from hybrid_jobs.schema.tables import TERMINAL_SQL
 # Only the module's own constant (the terminal states) is formatted into these
 # statements; they take no input at all.
 CHECKS = {
-    # Not in a final state after the run settled: lost (or stuck).
-    "lost": f"SELECT count(*) FROM jobs WHERE state NOT IN ({TERMINAL_SQL})",
+    # Not in a final state after the run settled: lost (or stuck). A job that waits
+    # for a person's approval is held by design, not lost (awaiting_approval).
+    "lost": f"""
+        SELECT count(*) FROM jobs
+        WHERE state NOT IN ({TERMINAL_SQL}) AND approval IS DISTINCT FROM 'REQUIRED'""",
     # More than one successful attempt for a job: it completed twice.
     "completed_twice": """
         SELECT count(*) FROM (
@@ -230,6 +233,10 @@ def check(
                 "SELECT attempt_count, count(*) FROM jobs GROUP BY 1 ORDER BY 1"
             ).fetchall()
         )
+        report["awaiting_approval"] = conn.execute(
+            f"SELECT count(*) FROM jobs WHERE state NOT IN ({TERMINAL_SQL})"
+            " AND approval = 'REQUIRED'"
+        ).fetchone()[0]  # type: ignore[index]
         report["lease_expired_attempts"] = conn.execute(
             "SELECT count(*) FROM job_attempts WHERE error_code = 'LEASE_EXPIRED'"
         ).fetchone()[0]  # type: ignore[index]

@@ -206,6 +206,19 @@ def _url_of(engine: Engine | AsyncEngine, listen_url: str | None) -> str:
     return _conninfo(listen_url or engine.url.render_as_string(hide_password=False))
 
 
+def _job_id(job_id: uuid.UUID | str) -> uuid.UUID:
+    # The waiters are found by the UUID a notification names: an id kept as text
+    # would never be woken, and would wait out its whole timeout.
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    if isinstance(job_id, str):
+        try:
+            return uuid.UUID(job_id)
+        except ValueError:
+            raise ValueError(f"job_id must be a UUID, got {job_id!r}") from None
+    raise TypeError(f"job_id must be a UUID or its text, got {type(job_id).__name__}")
+
+
 def _check_timeout(timeout: float) -> None:
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout >= 0):
         raise ValueError(f"timeout must be a finite number of seconds >= 0, not {timeout!r}")
@@ -226,13 +239,19 @@ def _timed_out(job_id: uuid.UUID, timeout: float, listener: _Listener) -> Timeou
 
 
 def wait_for(
-    engine: Engine, job_id: uuid.UUID, timeout: float = 30, *, listen_url: str | None = None
+    engine: Engine,
+    job_id: uuid.UUID | str,
+    timeout: float = 30,
+    *,
+    listen_url: str | None = None,
 ) -> Finished:
     """Block until the job is SUCCEEDED, FAILED or CANCELLED and return how it
-    ended (at once if it has already). Raises ``TimeoutError`` after ``timeout``
+    ended (at once if it has already). ``job_id`` is a UUID or its text (as
+    jobctl, JSON and the API give it). Raises ``TimeoutError`` after ``timeout``
     seconds, and :class:`outbox.JobNotFound` for an id no job has (or a job
     retention deleted). Holds no transaction while it waits; reads the row with a
     connection of ``engine`` only when there is news."""
+    job_id = _job_id(job_id)
     _check_timeout(timeout)
     deadline = time.monotonic() + timeout
     news = threading.Event()
@@ -257,13 +276,14 @@ def wait_for(
 
 async def wait_for_async(
     engine: AsyncEngine,
-    job_id: uuid.UUID,
+    job_id: uuid.UUID | str,
     timeout: float = 30,  # noqa: ASYNC109 - the twin of wait_for's contract
     *,
     listen_url: str | None = None,
 ) -> Finished:
     """:func:`wait_for` for an ``AsyncEngine``: the coroutine waits, the event loop
     does not."""
+    job_id = _job_id(job_id)
     _check_timeout(timeout)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

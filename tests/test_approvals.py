@@ -318,3 +318,15 @@ async def test_the_metrics_count_the_jobs_awaiting_approval(
     scrape = await scrape_once(db_url, "test-metrics")
     assert scrape.value("hybrid_jobs_jobs_awaiting_approval", queue="default") == 2
     assert scrape.value("hybrid_jobs_jobs", queue="default", state="QUEUED") == 3
+
+
+def test_jobctl_check_does_not_call_a_job_awaiting_approval_lost(
+    engine: Engine, db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    """A job held for a person's approval is held by design: `jobctl check` counts
+    it apart and passes (it called it lost and exited 1)."""
+    enqueue(engine, "echo", {}, needs_approval=True)
+    done = jobctl("check", "--json", url=db_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["lost"], report["awaiting_approval"]) == (0, 1), report

@@ -573,6 +573,16 @@ def test_http_answers_say_the_right_thing(
             timeout=10,
         )
         assert malformed.status_code == 400 and "not valid JSON" in malformed.json()["detail"]
+        # An integer of more digits than Python converts: a 400 too, not a 500 that
+        # also dropped the connection.
+        huge = httpx.post(
+            f"{base}/v1/jobs",
+            content='{"job_type": "x", "payload": {"n": ' + "9" * 5000 + "}}",
+            headers=BEARER | {"content-type": "application/json"},
+            timeout=10,
+        )
+        assert huge.status_code == 400 and "not valid JSON" in huge.json()["detail"]
+        assert "digits" in huge.json()["detail"]
         for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
             headers = BEARER | ({"content-type": content_type} if content_type else {})
             other = httpx.post(

@@ -71,6 +71,32 @@ async def test_wait_for_async_returns_when_the_job_is_cancelled(
     assert time.monotonic() - cancelled_at < 5
 
 
+async def test_wait_for_takes_the_id_as_text_as_jobctl_and_the_api_give_it(
+    engine: Engine, async_engine: AsyncEngine
+) -> None:
+    """An id given as text is woken by the commit that ends the job, like a UUID: it
+    was kept as text and never matched, so the wait ran out its whole timeout."""
+    job_id = enqueue(engine, "echo", {})
+    waiting = asyncio.create_task(outbox.wait_for_async(async_engine, str(job_id), timeout=20))
+    threaded: list[outbox.Finished] = []
+    thread = threading.Thread(
+        target=lambda: threaded.append(outbox.wait_for(engine, str(job_id), timeout=20))
+    )
+    thread.start()
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    cancelled_at = time.monotonic()
+    with Session(engine) as session, session.begin():
+        outbox.request_cancel(session, job_id)
+    done = await waiting
+    await asyncio.to_thread(thread.join, 20)
+    assert done.state == "CANCELLED" and done.job_id == job_id
+    assert [t.state for t in threaded] == ["CANCELLED"]
+    assert time.monotonic() - cancelled_at < 5
+    with pytest.raises(ValueError, match="must be a UUID"):
+        outbox.wait_for(engine, "not-an-id", timeout=1)
+
+
 def test_wait_for_times_out_and_knows_unknown_and_finished_jobs(
     engine: Engine, pg: psycopg.Connection
 ) -> None:

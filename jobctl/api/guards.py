@@ -328,6 +328,10 @@ async def parsed_json(request: Request) -> None:
             " (MAX_PAYLOAD_DEPTH)",
             "body.payload",
         ) from None
+    except ValueError as exc:
+        # What the parser refuses beyond the grammar: an integer of more digits than
+        # Python converts (sys.get_int_max_str_digits, 4,300 by default).
+        raise HTTPException(400, f"the body is not valid JSON: {exc}") from None
 
 
 class GuardedRoute(APIRoute):

@@ -24,6 +24,9 @@ def test_compose_services_wait_for_what_they_need() -> None:
     assert services["postgres"]["healthcheck"]
     assert services["rabbitmq"]["healthcheck"]
     assert any("15672" in str(p) for p in services["rabbitmq"]["ports"]), "management UI"
+    # The demo's credentials are published: its services answer this machine only.
+    for name in ("postgres", "rabbitmq", "api"):
+        assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"]), name
     assert "management" in services["rabbitmq"]["image"]
     assert services["migrate"]["command"] == ["jobctl", "migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
