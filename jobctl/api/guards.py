@@ -1,6 +1,6 @@
 """What every request passes before a route: the Host it names, the body's size,
-the bearer token (with a limit on wrong ones per client), a JSON body that parses;
-and the access log.
+the bearer token (with a limit on wrong ones per client and per peer), a JSON body
+that parses; and the access log.
 
 Order matters and is set in :func:`jobctl.api.app.create_app`: the access log and
 the response headers (:mod:`jobctl.api.headers`) see every answer, a 413 and a
@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hybrid_jobs.jobctl.api.headers import REALM, HttpMiddleware
 from hybrid_jobs.jobctl.api.problems import MEDIA_TYPE, Problem
+from hybrid_jobs.jobctl.api.proxies import Caller, caller_of, client_address
 from hybrid_jobs.jobctl.api.tokens import Tokens
 from hybrid_jobs.jobctl.service.errors import Invalid
 from hybrid_jobs.outbox.validation import MAX_PAYLOAD_DEPTH
@@ -151,50 +152,96 @@ class BodyLimit(HttpMiddleware):
 
 
 class FailureLimiter:
-    """Wrong tokens per client: after ``allowed`` of them within ``window`` seconds,
-    the client is refused (429) until the oldest leaves the window, whatever it sends,
-    so a guess that happens to be right is refused too. Remembers at most
-    ``max_clients`` clients (the ones heard from longest ago are forgotten first), so
-    a flood of addresses costs bounded memory. Per process."""
+    """Wrong tokens, counted per address within ``window`` seconds; a request is
+    refused (429) while a count it answers to is full, whatever it sends, so a guess
+    that happens to be right is refused too.
 
-    def __init__(self, allowed: int, window: float, max_clients: int = 10_000) -> None:
+    Each wrong token counts against the socket's peer (the address that opened the
+    connection) and, when a trusted proxy named the client (:mod:`.proxies`), against
+    that client as well. A request answers to:
+
+    - a peer that is no trusted proxy: its own count, ``allowed``. Its
+      ``X-Forwarded-For`` is ignored, so naming another address each time dodges
+      nothing, and naming someone else's locks out nobody but the sender;
+    - through a trusted proxy: the count of the client the proxy names, ``allowed``,
+      and the proxy's, ``proxy_allowed``: every client behind it together. The client
+      is the right-most address the proxy did not vouch for, the one it added itself:
+      a client that writes someone else's address into its own header is still
+      counted as itself, and locks out nobody else. The proxy's count bounds the
+      guesses of whoever varies the address it is counted by (a proxy that passes
+      a client's header on, a process that connects from the proxy's address, many
+      real addresses); at ``proxy_allowed`` in a window, everyone through that
+      proxy is refused until the oldest leaves it. A trusted proxy's own requests
+      without a usable header answer to the proxy's count alone.
+
+    Remembers at most ``max_clients`` addresses (those heard from longest ago are
+    forgotten first), so a flood of addresses costs bounded memory. Per process."""
+
+    def __init__(
+        self,
+        allowed: int,
+        window: float,
+        proxy_allowed: int | None = None,
+        max_clients: int = 10_000,
+    ) -> None:
         self.allowed = allowed
         self.window = window
+        self.proxy_allowed = max(allowed, proxy_allowed or allowed)
         self.max_clients = max_clients
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def _recent(self, client: str, now: float) -> deque[float]:
-        found = self._failures.get(client)
+    def _recent(self, address: str, now: float) -> deque[float]:
+        found = self._failures.get(address)
         if found is None:
             return deque()
         while found and found[0] <= now - self.window:
             found.popleft()
         if not found:
-            del self._failures[client]
+            del self._failures[address]
         return found
 
-    def wait(self, client: str) -> int:
-        """Seconds until ``client`` may try again; 0: now."""
-        now = time.monotonic()
-        recent = self._recent(client, now)
-        if len(recent) < self.allowed:
-            return 0
-        return max(1, math.ceil(recent[0] + self.window - now))
+    def _counts(self, caller: Caller) -> list[tuple[str, int]]:
+        """The addresses ``caller`` answers to, each with its allowance."""
+        counts = [(caller.peer, self.proxy_allowed if caller.peer_is_proxy else self.allowed)]
+        if caller.forwarded:
+            counts.append((caller.client, self.allowed))
+        return counts
 
-    def failed(self, client: str) -> None:
+    def wait(self, caller: Caller) -> tuple[int, str]:
+        """Seconds until ``caller`` may try again (0: now), and the address whose
+        count holds it back."""
         now = time.monotonic()
-        recent = self._recent(client, now)
-        recent.append(now)
-        self._failures[client] = recent
-        self._failures.move_to_end(client)
+        longest, by = 0, caller.client
+        for address, allowed in self._counts(caller):
+            recent = self._recent(address, now)
+            if len(recent) >= allowed:
+                seconds = max(1, math.ceil(recent[-allowed] + self.window - now))
+                if seconds > longest:
+                    longest, by = seconds, address
+        return longest, by
+
+    def failed(self, caller: Caller) -> None:
+        now = time.monotonic()
+        for address, _ in self._counts(caller):
+            recent = self._recent(address, now)
+            recent.append(now)
+            self._failures[address] = recent
+            self._failures.move_to_end(address)
         while len(self._failures) > self.max_clients:
             self._failures.popitem(last=False)
 
 
+def caller(request: Request) -> Caller:
+    """Who is asking: the socket's peer and the client (the peer, or whom a trusted
+    proxy names: --forwarded-allow-ips)."""
+    return caller_of(request.scope)
+
+
 def client_of(request: Request) -> str:
-    """Who is asking, as the limit counts and the records say: the client's address
-    (the proxy's X-Forwarded-For when it is trusted, --forwarded-allow-ips)."""
-    return request.client.host if request.client else "unknown"
+    """Who is asking, as the records say: the client's address (validated; the
+    client a trusted proxy names, --forwarded-allow-ips, or else the socket's
+    peer), never header text."""
+    return client_address(request.scope)
 
 
 def _tokens(request: Request) -> Tokens | None:
@@ -205,12 +252,16 @@ def _tokens(request: Request) -> Tokens | None:
 def too_many(request: Request) -> HTTPException | None:
     """The refusal for a client past its limit of wrong tokens, if it is."""
     limiter: FailureLimiter = request.app.state.failures
-    wait = limiter.wait(client_of(request))
+    asking = caller(request)
+    wait, by = limiter.wait(asking)
     if not wait:
         return None
+    whom = by
+    if by == asking.peer and asking.peer_is_proxy:
+        whom = f"{by}, a trusted proxy (every client behind it together)"
     return HTTPException(
         429,
-        f"too many wrong tokens from {client_of(request)}: try again in {wait} s",
+        f"too many wrong tokens from {whom}: try again in {wait} s",
         headers={"Retry-After": str(wait)},
     )
 
@@ -224,8 +275,12 @@ def token_matches(request: Request, given: str) -> bool:
         return False
     if hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode()):
         return True
-    request.app.state.failures.failed(client_of(request))
-    log.warning("api.wrong_token", extra={"client": client_of(request), "path": request.url.path})
+    asking = caller(request)
+    request.app.state.failures.failed(asking)
+    log.warning(
+        "api.wrong_token",
+        extra={"client": asking.client, "peer": asking.peer, "path": request.url.path},
+    )
     return False
 
 
@@ -374,14 +429,14 @@ class AccessLog(HttpMiddleware):
         try:
             await self.app(scope, receive, sent)
         finally:
-            client = scope.get("client")
-            log.info(
-                "api.request",
-                extra={
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status,
-                    "ms": round((time.perf_counter() - started) * 1000, 1),
-                    "client": client[0] if client else None,
-                },
-            )
+            asking = caller_of(scope)
+            extra = {
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "ms": round((time.perf_counter() - started) * 1000, 1),
+                "client": asking.client,
+            }
+            if asking.forwarded:
+                extra["peer"] = asking.peer
+            log.info("api.request", extra=extra)

@@ -65,17 +65,22 @@ class HttpMiddleware:
 
 class ResponseHeaders(HttpMiddleware):
     """Adds :func:`security_headers` to every answer (those a route set win), and a
-    ``WWW-Authenticate`` challenge to any 401 without one (RFC 9110 asks for it)."""
+    ``WWW-Authenticate`` challenge to any 401 without one (RFC 9110 asks for it).
+    ``https``: people reach the server over https (its public URL says so), so HSTS
+    goes on every answer (a browser ignores it over plain http)."""
+
+    def __init__(self, app: ASGIApp, https: bool = False) -> None:
+        super().__init__(app)
+        self.https = https
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
+        scheme = "https" if self.https else scope.get("scheme", "http")
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                wanted = security_headers(
-                    scope.get("scheme", "http"), path, headers.get("content-type", "")
-                )
+                wanted = security_headers(scheme, path, headers.get("content-type", ""))
                 for name, value in wanted.items():
                     if name not in headers:
                         headers[name] = value

@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import RedirectResponse, Response
 
 from hybrid_jobs import outbox
-from hybrid_jobs.jobctl.api.guards import token_matches, too_many
+from hybrid_jobs.jobctl.api.guards import client_of, token_matches, too_many
+from hybrid_jobs.jobctl.api.proxies import UNKNOWN
 from hybrid_jobs.jobctl.api.tokens import Tokens
 from hybrid_jobs.jobctl.dashboard import render
 from hybrid_jobs.jobctl.dashboard.auth import (
@@ -72,8 +73,10 @@ def _database(request: Request) -> Database:
 
 def _by(request: Request) -> str:
     """Who acted, as a replay or a pause records it: one token is shared by every
-    operator, so the client's address is what tells them apart."""
-    return f"dashboard ({request.client.host})" if request.client else "dashboard"
+    operator, so the client's address (validated, never a header's text) is what
+    tells them apart."""
+    client = client_of(request)
+    return "dashboard" if client == UNKNOWN else f"dashboard ({client})"
 
 
 def _done(request: Request, back: str, flash: Flash, default: str = "/") -> Response:

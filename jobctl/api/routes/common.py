@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from hybrid_jobs.jobctl.api.guards import client_of
+from hybrid_jobs.jobctl.api.proxies import UNKNOWN
 from hybrid_jobs.jobctl.service import Database
 
 # A route function, as a route decorator takes and gives it back.
@@ -20,9 +22,10 @@ def database(request: Request) -> Database:
 
 def actor(request: Request) -> str:
     """Who asked, as recorded by a retry or a pause: the API and the client's
-    address (one token is shared by every client)."""
-    client = request.client
-    return f"api ({client.host})" if client else "api"
+    address (one token is shared by every client): a validated IP address, never a
+    header's text (:func:`client_of`)."""
+    client = client_of(request)
+    return "api" if client == UNKNOWN else f"api ({client})"
 
 
 def url(request: Request, path: str) -> str:
