@@ -314,6 +314,18 @@ SERVE_PORT: Final = 8080
 SERVE_POOL_SIZE: Final = 5
 """Database connections ``jobctl serve`` holds at most."""
 
+SERVE_MAX_WAITERS: Final = 100
+"""``GET /v1/jobs/{id}?wait=`` requests one ``jobctl serve`` process holds at once;
+one more is answered 503 with ``Retry-After`` at once. Each held request keeps a
+socket open (a file descriptor) for up to 30 s, and its job's end costs a read
+through the pool (shared by the requests waiting for the same job)."""
+
+SERVE_MAX_WAITERS_PER_CLIENT: Final = 20
+"""Of those, the most one client (its address: the connection's peer, or the client
+a trusted proxy names) may hold; one more is answered 429 with ``Retry-After``.
+Behind a proxy that is not trusted (``--forwarded-allow-ips``), every client is the
+proxy."""
+
 SERVE_READINESS_SECONDS: Final = 2.0
 """``/readyz`` answers from a cache this many seconds old at most."""
 
@@ -322,6 +334,16 @@ SERVE_FAILURES_ALLOWED: Final = 10
 
 SERVE_FAILURE_WINDOW_SECONDS: Final = 60.0
 """The window of that count, in seconds."""
+
+SERVE_PROXY_FAILURES_ALLOWED: Final = 100
+"""Wrong tokens that may come through one trusted proxy per window, from all the
+clients behind it together, before every request through it is refused for a while
+(each client behind it keeps its own, smaller, allowance)."""
+
+SERVE_FORWARDED_ALLOW_IPS: Final = ""
+"""``$JOBCTL_FORWARDED_ALLOW_IPS`` / ``--forwarded-allow-ips``: the reverse proxies
+(addresses or networks, comma-separated) whose ``X-Forwarded-For`` and
+``X-Forwarded-Proto`` are believed. None: every request is its socket's peer."""
 
 MIN_TOKEN_BITS: Final = 128
 """``$JOBCTL_API_TOKEN`` must carry at least this many bits of randomness."""

@@ -258,6 +258,10 @@ def enqueue(
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
+    ``payload`` is any JSON value: ``None`` is stored as JSON null (the handler gets
+    None), and a dict key that is not a string is refused (``TypeError``), where
+    ``json.dumps`` would turn it into text.
+
     Returns the new job's id, or with a ``dedup_key`` already used for ``job_type``,
     the existing job's id (and inserts nothing). ``run_after`` is an aware datetime
     or a timedelta from the database's now. Without ``max_attempts`` the job's
@@ -268,7 +272,8 @@ def enqueue(
 
     ``expires``: a deadline (an aware datetime, or a timedelta from now): no
     attempt starts after it; a job still waiting then ends CANCELLED with
-    last_error_code EXPIRED. ``rate_limit``: the rate limit
+    last_error_code EXPIRED. A ``run_after`` not before it is refused
+    (``ValueError``): the job could never run. ``rate_limit``: the rate limit
     (:func:`outbox.set_rate_limit`) the job takes a token of when it starts, as a
     handler's ``rate_limit`` would. ``debounce`` (with ``dedup_key``): while the job
     with that key has not started, an enqueue with the key replaces its payload and

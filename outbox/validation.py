@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hybrid_jobs import defaults
@@ -230,9 +230,41 @@ def read_json(text: str | None) -> tuple[Any, bool]:
     return value, True
 
 
+def _where(path: tuple[str | int, ...], name: str) -> str:
+    return name + "".join(f"[{step!r}]" for step in path)
+
+
+def check_keys(name: str, value: Any) -> None:
+    """TypeError naming the key and where it is when a dict in ``value`` has a key
+    that is not a string. JSON object keys are text: ``json.dumps`` would turn
+    ``{1: "a"}`` into ``{"1": "a"}`` (and ``{1: "a", "1": "b"}`` into one key), so
+    the handler would read back something other than what was enqueued. Called
+    after :func:`check_depth`, so the walk is bounded."""
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    shown = repr(key)
+                    shown = shown if len(shown) <= 100 else shown[:100] + "..."
+                    raise TypeError(
+                        f"{name} has a key that is not a string: {shown}"
+                        f" ({type(key).__name__}) at {_where(path, name)}; JSON object"
+                        " keys are strings, so it would be stored as text (convert it"
+                        " yourself, e.g. str(key), if that is what you mean)"
+                    )
+                pending.append((child, (*path, key)))
+        elif isinstance(item, list | tuple):
+            pending.extend((child, (*path, i)) for i, child in enumerate(item))
+
+
 def encode_payload(payload: Any, limit: int) -> str:
-    """The payload as compact JSON text, checked the way PostgreSQL's jsonb will."""
+    """The payload as compact JSON text, checked the way PostgreSQL's jsonb will.
+    ``None`` is JSON ``null``, stored and handed to the handler as such; a dict key
+    that is not a string is refused (:func:`check_keys`)."""
     check_depth("payload", payload)
+    check_keys("payload", payload)
     try:
         encoded = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except TypeError as exc:
@@ -266,6 +298,35 @@ def _run_after(value: object, name: str = "run_after") -> tuple[str | None, floa
             raise ValueError(f"{name} is not a finite timedelta")
         return None, seconds
     raise TypeError(f"{name} must be a datetime or a timedelta, not {type(value).__name__}")
+
+
+def _shown(value: datetime | timedelta) -> str:
+    return value.isoformat() if isinstance(value, datetime) else f"{value} from now"
+
+
+def check_start_before_deadline(run_after: object, expires: object) -> None:
+    """ValueError naming both when ``run_after`` is not before ``expires``: no attempt
+    starts at or after the deadline, so such a job could only ever be cancelled
+    (EXPIRED). Two instants, or two spans from the database's now (the same now for
+    both), compare whatever the clock; an instant and a span are compared on this
+    process's clock. Both already checked by :func:`_run_after`."""
+    if not isinstance(run_after, datetime | timedelta) or not isinstance(
+        expires, datetime | timedelta
+    ):
+        return
+    # Seconds from now of each (no datetime arithmetic: a span of a million years is
+    # accepted by _run_after and would overflow one). Of two instants, or of two
+    # spans, the order does not depend on the clock.
+    now = datetime.now(UTC)
+
+    def ahead(value: datetime | timedelta) -> float:
+        return (value - now if isinstance(value, datetime) else value).total_seconds()
+
+    if ahead(run_after) >= ahead(expires):
+        raise ValueError(
+            f"run_after ({_shown(run_after)}) is not before expires ({_shown(expires)}):"
+            " no attempt starts at or after the deadline, so the job could never run"
+        )
 
 
 def _debounce(job: NewJob) -> tuple[float | None, float | None]:
@@ -332,6 +393,7 @@ def to_row(
         raise ValueError("a debounced job takes no key")
 
     expires_at, expires_seconds = _run_after(job.expires, "expires")
+    check_start_before_deadline(job.run_after, job.expires)
     rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)
     debounce_seconds, debounce_max_seconds = _debounce(job)
     key, key_limit, key_order = key_fields(job.key, job.key_limit, job.ordered)

@@ -87,6 +87,21 @@ async def test_enqueue_returns_202_with_location_and_the_job(db_url: DatabaseUrl
     )
 
 
+async def test_a_null_payload_is_json_null_and_an_absent_one_an_empty_object(
+    db_url: DatabaseUrl, pg
+) -> None:
+    async with api_client(db_url) as client:
+        null = await post_job(client, payload=None)
+        absent = await post_job(client)
+    assert (null.status_code, null.json()["payload"]) == (202, None)
+    assert (absent.status_code, absent.json()["payload"]) == (202, {})
+    for sent, kind in ((null, "null"), (absent, "object")):
+        row = pg.execute(
+            "SELECT jsonb_typeof(payload) FROM jobs WHERE job_id = %s", (sent.json()["id"],)
+        ).fetchone()
+        assert row == (kind,)
+
+
 async def test_enqueue_takes_a_deadline_and_a_rate_limit(db_url: DatabaseUrl, pg) -> None:
     expires = datetime.now(UTC) + timedelta(minutes=5)
     async with api_client(db_url) as client:
@@ -288,6 +303,15 @@ async def test_a_large_body_gets_413_and_writes_nothing(db_url: DatabaseUrl, pg)
         ({"job_type": "greet", "surprise": 1}, "surprise"),
         ({"payload": {}}, "job_type"),
         ({"job_type": "greet", "payload": {"a": "nul\u0000"}}, "payload"),
+        pytest.param(
+            {
+                "job_type": "greet",
+                "run_after": "2030-01-02T00:00:00Z",
+                "expires": "2030-01-01T00:00:00Z",
+            },
+            "run_after",
+            id="run_after-later-than-expires",
+        ),
     ],
 )
 async def test_invalid_input_gets_422_naming_the_field(

@@ -13,8 +13,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from hybrid_jobs import outbox
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.topology import Topology
+from tests.support.inproc import both_running
+from tests.support.jobs import wait_for_state
 
 
 def _rows(pg: psycopg.Connection, table: str) -> int:
@@ -227,6 +232,62 @@ BAD = [
     ({"dedup_key": ""}, ValueError, "dedup_key must not be empty"),
     ({"dedup_key": 7}, TypeError, "dedup_key must be a str"),
     ({"dedup_key": "k" * 501}, ValueError, "dedup_key is 501 characters"),
+    # A job that would expire before it could start: never run, only cancelled.
+    pytest.param(
+        {
+            "run_after": datetime(2030, 1, 2, tzinfo=UTC),
+            "expires": datetime(2030, 1, 1, tzinfo=UTC),
+        },
+        ValueError,
+        r"run_after \(2030-01-02T00:00:00\+00:00\) is not before expires \(2030-01-01T00:00",
+        id="run_after-later-than-expires",
+    ),
+    pytest.param(
+        {
+            "run_after": datetime(2030, 1, 1, tzinfo=UTC),
+            "expires": datetime(2030, 1, 1, tzinfo=UTC),
+        },
+        ValueError,
+        "run_after .* is not before expires",
+        id="run_after-at-expires",
+    ),
+    pytest.param(
+        {"run_after": timedelta(hours=2), "expires": timedelta(hours=1)},
+        ValueError,
+        r"run_after \(2:00:00 from now\) is not before expires \(1:00:00 from now\)",
+        id="run_after-later-than-expires-as-timedeltas",
+    ),
+    pytest.param(
+        {"run_after": datetime.now(UTC) + timedelta(hours=2), "expires": timedelta(hours=1)},
+        ValueError,
+        "run_after .* is not before expires",
+        id="run_after-instant-later-than-expires-from-now",
+    ),
+    pytest.param(
+        {"run_after": timedelta(days=2), "expires": datetime.now(UTC) + timedelta(days=1)},
+        ValueError,
+        "run_after .* is not before expires",
+        id="run_after-from-now-later-than-expires-instant",
+    ),
+    # JSON object keys are text: json.dumps would store {1: "a"} as {"1": "a"}.
+    pytest.param(
+        {"payload": {1: "a"}},
+        TypeError,
+        r"payload has a key that is not a string: 1 \(int\) at payload\b",
+        id="payload-int-key",
+    ),
+    pytest.param(
+        {"payload": {"rows": [{"ok": 1}, {None: "x"}]}},
+        TypeError,
+        r"key that is not a string: None \(NoneType\) at payload\['rows'\]\[1\]",
+        id="payload-nested-none-key",
+    ),
+    pytest.param(
+        {"payload": [{True: 1}]},
+        TypeError,
+        r"key that is not a string: True \(bool\)",
+        id="payload-bool-key",
+    ),
 ]
 
 
@@ -244,6 +305,16 @@ def test_bad_arguments_raise_before_writing(
             outbox.enqueue_many(session, [NewJob("ok", {}), NewJob(job_type, payload, **args)])
     # The caller's transaction went on and committed its own work; nothing else.
     assert pg.execute("SELECT job_type FROM jobs").fetchall() == [("fine",)]
+
+
+def test_run_after_before_expires_is_accepted(engine: Engine, pg: psycopg.Connection) -> None:
+    soon = datetime.now(UTC) + timedelta(minutes=5)
+    with Session(engine) as session, session.begin():
+        outbox.enqueue(session, "t", {}, run_after=timedelta(minutes=1), expires=timedelta(hours=1))
+        outbox.enqueue(session, "t", {}, run_after=soon, expires=soon + timedelta(seconds=1))
+        outbox.enqueue(session, "t", {}, run_after=timedelta(minutes=1), expires=soon)
+        outbox.enqueue(session, "t", {}, run_after=soon, expires=timedelta(hours=1))
+    assert pg.execute("SELECT bool_and(run_after < expires_at) FROM jobs").fetchone() == (True,)
 
 
 def test_payload_limit_is_configurable(
@@ -275,3 +346,32 @@ def test_a_null_payload_is_stored_as_json_null(engine: Engine, pg) -> None:
     assert pg.execute(
         "SELECT payload = 'null'::jsonb FROM jobs WHERE job_id = %s", [job_id]
     ).fetchone()[0]
+
+
+async def test_a_none_payload_is_json_null_from_every_producer_to_the_handler(
+    engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    """None is the JSON value null, as documented: never replaced by {} (nor
+    refused). Stored as null by enqueue, enqueue_many and a schedule, and the
+    handler gets None."""
+    with Session(engine) as session, session.begin():
+        one = outbox.enqueue(session, "seen", None)
+        (many,) = outbox.enqueue_many(session, [NewJob("seen", None)])
+        outbox.schedule(session, "nothing", "seen", None, every=timedelta(hours=1))
+    rows = pg.execute(
+        "SELECT jsonb_typeof(payload) FROM jobs UNION ALL SELECT jsonb_typeof(payload)"
+        " FROM schedules"
+    ).fetchall()
+    assert rows == [("null",)] * 3
+    registry = Registry()
+    seen: list[object] = []
+
+    @registry.handler("seen")
+    async def remember(job: consumers.Job) -> None:
+        seen.append(job.payload)
+
+    async with both_running(db_url, amqp_url, topology, registry):
+        for job_id in (one, many):
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+    # (The hourly schedule may fire meanwhile, near the hour: null as well.)
+    assert len(seen) >= 2 and all(payload is None for payload in seen), seen

@@ -14,8 +14,10 @@ from hybrid_jobs.jobctl import dashboard
 from hybrid_jobs.jobctl.api import problems
 from hybrid_jobs.jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit, FailureLimiter, HostCheck
 from hybrid_jobs.jobctl.api.headers import ResponseHeaders
+from hybrid_jobs.jobctl.api.proxies import ForwardedHeaders
 from hybrid_jobs.jobctl.api.routes import health, jobs, operate
 from hybrid_jobs.jobctl.api.settings import ApiSettings
+from hybrid_jobs.jobctl.api.waiters import Waiters
 from hybrid_jobs.jobctl.metrics import Collector
 from hybrid_jobs.jobctl.service import Database
 from hybrid_jobs.jobctl.service.health import ReadinessCache
@@ -30,8 +32,10 @@ tenants and consumers. Errors are `application/problem+json` (RFC 9457) whose
 Authentication: `Authorization: Bearer <token>`, the token `jobctl serve` was
 given in `JOBCTL_API_TOKEN` (or `JOBCTL_API_TOKEN_FILE`). With a token, every read
 needs it too, `/metrics` included (unless the server runs with `--open-metrics`);
-a client that sends too many wrong tokens is refused for a while (429). A server
-without one refuses every change (403) and serves reads to anyone who can reach it
+a client that sends too many wrong tokens is refused for a while (429). The client
+is the connection's peer, or the one named in `X-Forwarded-For` by a proxy that
+`jobctl serve` trusts (`--forwarded-allow-ips`, none by default). A server
+without a token refuses every change (403) and serves reads to anyone who can reach it
 and names a host it serves. `/healthz`, `/readyz` (without the details a token
 shows) and `/openapi.json` need no token.
 """
@@ -67,21 +71,28 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     # Known before the lifespan runs: a request may come first (in tests).
     app.state.tokens = settings.tokens
-    app.state.failures = FailureLimiter(settings.failures_allowed, settings.failure_window_seconds)
+    app.state.failures = FailureLimiter(
+        settings.failures_allowed,
+        settings.failure_window_seconds,
+        proxy_allowed=settings.proxy_failures_allowed,
+    )
     app.state.open_metrics = settings.open_metrics
+    app.state.waiters = Waiters(settings.max_waiters, settings.max_waiters_per_client)
     app.state.public_url = settings.public_url
     problems.install(app)
     app.include_router(jobs.router)
     app.include_router(operate.router)
     app.include_router(health.router)
     dashboard.install(app)
-    # Added innermost first: the access log sees every request, and every answer
-    # gets the headers, 413s and refused hosts included; the Host is checked before
-    # a body is read.
+    # Added innermost first: the client's address is settled before anything (from
+    # a trusted proxy's X-Forwarded-For, or the socket's peer), the access log sees
+    # every request, and every answer gets the headers, 413s and refused hosts
+    # included; the Host is checked before a body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HostCheck, served=settings.served_hosts())
-    app.add_middleware(ResponseHeaders)
+    app.add_middleware(ResponseHeaders, https=settings.public_https)
     app.add_middleware(AccessLog)
+    app.add_middleware(ForwardedHeaders, proxies=settings.trusted_proxies)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

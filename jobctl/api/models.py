@@ -93,7 +93,8 @@ class EnqueueBody(BaseModel):
     job_type: JobType
     payload: Annotated[Any, AfterValidator(_payload)] = Field(default_factory=dict)
     """Any JSON value the handler understands: at most MAX_PAYLOAD_BYTES as JSON, and
-    nested at most MAX_PAYLOAD_DEPTH (100) objects and arrays deep."""
+    nested at most MAX_PAYLOAD_DEPTH (100) objects and arrays deep. null is stored as
+    JSON null (the handler gets None); absent: an empty object."""
     dedup_key: (
         Annotated[str, Field(min_length=1, max_length=MAX_DEDUP_KEY_LENGTH), AfterValidator(_text)]
         | None

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.api.headers import security_headers
+from hybrid_jobs.jobctl.api.waiters import TooManyWaiters
 from hybrid_jobs.jobctl.service import IdempotencyMismatch, Invalid, NotFound, WrongState
 
 log = logging.getLogger("jobctl")
@@ -146,6 +147,13 @@ async def _backpressure(_request: Request, exc: Exception) -> Response:
     )
 
 
+async def _too_many_waiters(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TooManyWaiters)
+    # Connection: close gives the refused request's descriptor back at once.
+    headers = {"Retry-After": str(exc.retry_after), "Connection": "close"}
+    return problem(exc.status, str(exc), headers=headers, limit=exc.limit)
+
+
 async def _database(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, sqlalchemy.exc.SQLAlchemyError)
     cause = getattr(exc, "orig", None) or exc
@@ -177,7 +185,9 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     detail = "the server failed unexpectedly; its log has the traceback (api.unexpected_error)"
     response = problem(500, detail)
     # This answer leaves by the outermost middleware, past the one that adds these.
-    for name, value in security_headers(request.url.scheme, request.url.path, MEDIA_TYPE).items():
+    public = getattr(request.app.state, "public_url", None)
+    scheme = "https" if public is not None and public.scheme == "https" else request.url.scheme
+    for name, value in security_headers(scheme, request.url.path, MEDIA_TYPE).items():
         response.headers.setdefault(name, value)
     return response
 
@@ -190,6 +200,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(WrongState, _wrong_state)
     app.add_exception_handler(IdempotencyMismatch, _mismatch)
     app.add_exception_handler(outbox.Backpressure, _backpressure)
+    app.add_exception_handler(TooManyWaiters, _too_many_waiters)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _database)
     app.add_exception_handler(Exception, _unexpected)
 
@@ -211,8 +222,10 @@ def responses(*statuses: int, **documented: dict[str, Any]) -> dict[int | str, d
         415: "The body is not JSON (Content-Type: application/json).",
         422: "Invalid input; `detail` names the field.",
         429: "Too many requests: the tenant has its max_queued jobs waiting (an enqueue),"
-        " or this client sent too many wrong tokens; see Retry-After.",
-        503: "The database is not reachable now; see Retry-After.",
+        " this client sent too many wrong tokens, or it holds as many ?wait= requests as"
+        " one client may; see Retry-After.",
+        503: "The database is not reachable now, or (?wait=) the server holds as many"
+        " waiting requests as it may; see Retry-After.",
     }
     # Whatever needs the token can be refused for too many wrong ones.
     wanted = sorted({*statuses, 429} if 401 in statuses else set(statuses))

@@ -8,6 +8,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from hybrid_jobs import defaults
+from hybrid_jobs.jobctl.api.proxies import TrustedProxies
 from hybrid_jobs.jobctl.api.tokens import Tokens
 from hybrid_jobs.jobctl.metrics import CollectorSettings
 from hybrid_jobs.outbox.validation import max_payload_bytes
@@ -81,6 +82,9 @@ class ApiSettings:
     metrics: bool = True
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     pool_size: int = defaults.SERVE_POOL_SIZE
+    # GET /v1/jobs/{id}?wait= requests held at once, by the process and by one client.
+    max_waiters: int = defaults.SERVE_MAX_WAITERS
+    max_waiters_per_client: int = defaults.SERVE_MAX_WAITERS_PER_CLIENT
     bind_host: str = defaults.SERVE_BIND_HOST
     # Host names (or addresses) requests may name besides the loopback names, the
     # bind address and the public URL's host; "*" lets every one through, and
@@ -93,12 +97,26 @@ class ApiSettings:
     readiness_seconds: float = defaults.SERVE_READINESS_SECONDS
     failures_allowed: int = defaults.SERVE_FAILURES_ALLOWED
     failure_window_seconds: float = defaults.SERVE_FAILURE_WINDOW_SECONDS
+    proxy_failures_allowed: int = defaults.SERVE_PROXY_FAILURES_ALLOWED
+    # The reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed
+    # (addresses and networks, comma-separated; "*": any peer). None by default:
+    # every request is its socket's peer.
+    forwarded_allow_ips: str = defaults.SERVE_FORWARDED_ALLOW_IPS
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ConfigError("the body limit must be at least 1024 bytes")
         if self.failures_allowed < 1 or self.failure_window_seconds <= 0:
             raise ConfigError("the failed-attempt limit and its window must be positive")
+        if self.max_waiters < 1 or self.max_waiters_per_client < 1:
+            raise ConfigError("the limits of waiting requests (?wait=) must be at least 1")
+        if self.proxy_failures_allowed < self.failures_allowed:
+            raise ConfigError("a proxy's failed-attempt limit must be at least a client's")
+        self.trusted_proxies  # noqa: B018 (reading it checks it)
+
+    @property
+    def trusted_proxies(self) -> TrustedProxies:
+        return TrustedProxies.parse(self.forwarded_allow_ips)
 
     @property
     def tokens(self) -> Tokens | None:
@@ -116,6 +134,12 @@ class ApiSettings:
         if self.public_url is not None:
             hosts.add(self.public_url.host)
         return frozenset(hosts)
+
+    @property
+    def public_https(self) -> bool:
+        """People reach the server over https (a TLS proxy in front of it), so every
+        answer carries HSTS, whether the proxy is trusted to say so or not."""
+        return self.public_url is not None and self.public_url.scheme == "https"
 
     @property
     def root_path(self) -> str:

@@ -136,17 +136,23 @@ def _bind(host: str, port: int) -> socket.socket:
     show_envvar=True,
     help="Where people reach the server, e.g. https://jobs.example.com/ops behind a "
     "proxy: its origin is the one the dashboard's buttons must come from, https makes "
-    "cookies Secure, and its path is the mount point the proxy strips.",
+    "cookies Secure and adds HSTS, and its path is the mount point the proxy strips. "
+    "Behind a proxy, set --forwarded-allow-ips too.",
 )
 @click.option(
     "--forwarded-allow-ips",
     metavar="IPS",
     envvar="JOBCTL_FORWARDED_ALLOW_IPS",
     show_envvar=True,
-    default="127.0.0.1",
-    show_default=True,
-    help="Proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (comma "
-    "separated addresses or networks; '*': any), as uvicorn's --forwarded-allow-ips.",
+    default=default_of(ApiSettings, "forwarded_allow_ips"),
+    show_default="none",
+    help="The reverse proxies in front of the server (comma-separated addresses or "
+    "networks, e.g. 127.0.0.1 or 10.0.0.0/8; '*': any peer): only from them is "
+    "X-Forwarded-For believed (a well-formed address, the client's: what the "
+    "wrong-token limit counts and the records of who acted keep), and "
+    "X-Forwarded-Proto. Without it every client is its connection's address, so "
+    "behind a proxy all clients share the proxy's: a deployment behind one sets this "
+    "and --public-url.",
 )
 @click.option(
     "--allow-open-reads",
@@ -182,6 +188,25 @@ def _bind(host: str, port: int) -> socket.socket:
     show_envvar=True,
     help='Job types with series of their own in /metrics; more share job_type="_other".',
 )
+@click.option(
+    "--max-waiters",
+    type=click.IntRange(1, 100_000),
+    default=default_of(ApiSettings, "max_waiters"),
+    show_default=True,
+    envvar="JOBCTL_MAX_WAITERS",
+    show_envvar=True,
+    help="GET /v1/jobs/{id}?wait= requests held at once; one more is answered 503 with "
+    "Retry-After.",
+)
+@click.option(
+    "--max-waiters-per-client",
+    type=click.IntRange(1, 100_000),
+    default=default_of(ApiSettings, "max_waiters_per_client"),
+    show_default=True,
+    envvar="JOBCTL_MAX_WAITERS_PER_CLIENT",
+    show_envvar=True,
+    help="Of those, the most one client (address) may hold; one more is answered 429.",
+)
 def serve(
     host: str,
     port: int,
@@ -192,6 +217,8 @@ def serve(
     open_metrics: bool,
     metrics_max_queues: int,
     metrics_max_job_types: int,
+    max_waiters: int,
+    max_waiters_per_client: int,
     **kwargs: Any,
 ) -> None:
     """Serve the HTTP API (/v1, its OpenAPI document at /openapi.json), the
@@ -217,6 +244,9 @@ def serve(
             allowed_hosts=_hosts(allowed_hosts),
             public_url=None if not public_url else PublicUrl.parse(public_url),
             open_metrics=open_metrics,
+            forwarded_allow_ips=forwarded_allow_ips,
+            max_waiters=max_waiters,
+            max_waiters_per_client=max_waiters_per_client,
             collector=CollectorSettings(
                 max_queues=metrics_max_queues, max_job_types=metrics_max_job_types
             ),
@@ -236,8 +266,9 @@ def serve(
         host=host,
         port=port,
         root_path=settings.root_path,
-        proxy_headers=True,
-        forwarded_allow_ips=forwarded_allow_ips,
+        # Ours instead (jobctl.api.proxies): trusted proxies only, none by default,
+        # and a well-formed address only.
+        proxy_headers=False,
         # Our logging (JSON lines) and our access log, which never shows a header.
         log_config=None,
         access_log=False,
@@ -265,8 +296,18 @@ def serve(
             "allowed_hosts": "any"
             if settings.served_hosts() is None
             else sorted(settings.served_hosts() or ()),
+            "forwarded_allow_ips": settings.trusted_proxies.describe(),
         },
     )
+    if public_url and not settings.trusted_proxies:
+        log.warning(
+            "api.no_trusted_proxy",
+            extra={
+                "detail": "--public-url is set but no proxy is trusted (--forwarded-allow-ips):"
+                " X-Forwarded-For is ignored, so every client behind a proxy is the proxy's"
+                " address, and one client's wrong tokens refuse them all"
+            },
+        )
     event_loop_runner()(server.serve(sockets=[listening]))
     if not server.started:
         # Start-up failed (the lifespan): uvicorn logged why.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import uuid
 from collections.abc import Callable
@@ -12,11 +11,11 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
-from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.api.guards import GuardedRoute, may_read, may_write
 from hybrid_jobs.jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
 from hybrid_jobs.jobctl.api.problems import WITH_BODY, responses
 from hybrid_jobs.jobctl.api.routes.common import F, actor, database, url
+from hybrid_jobs.jobctl.api.waiters import Waiters, client_of
 from hybrid_jobs.jobctl.service import NotFound, WrongState
 from hybrid_jobs.jobctl.service import jobs as service
 from hybrid_jobs.jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
@@ -231,7 +230,7 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     response_model=JobView,
     dependencies=[Depends(may_read)],
     responses=responses(
-        401, 404, 422, 503, ok_200={"headers": {"Retry-After": _HEADERS["Retry-After"]}}
+        401, 404, 422, 429, 503, ok_200={"headers": {"Retry-After": _HEADERS["Retry-After"]}}
     ),
     summary="Look at a job",
 )
@@ -246,7 +245,10 @@ async def job(
             le=MAX_WAIT,
             description=f"Seconds (at most {MAX_WAIT}) to hold the request while the job "
             "is not done: answered as soon as it ends (woken at the commit that ended "
-            "it), else with its state at the end of the wait.",
+            "it), else with its state at the end of the wait. A server holds a bounded "
+            "number of such requests (jobctl serve's max_waiters, and "
+            "max_waiters_per_client for one client): past either, a wait for a job not "
+            "done is answered at once, 503 or 429, with Retry-After.",
         ),
     ] = None,
 ) -> JobView:
@@ -257,10 +259,9 @@ async def job(
     async with db.reading() as session:
         found = await service.get_job(session, ident)
     if found is not None and not found.done and wait:
-        with contextlib.suppress(TimeoutError, outbox.JobNotFound):
-            await outbox.wait_for_async(db.engine, ident, timeout=wait, listen_url=db.url.listen)
-        async with db.reading() as session:
-            found = await service.get_job(session, ident)
+        waiters: Waiters = request.app.state.waiters
+        with waiters.seat(client_of(request), wait):
+            found = await waiters.wait(db, ident, wait)
     if found is None:
         raise NotFound(f"no job {ident}: it never existed, or it finished and was deleted")
     say_when_to_poll(response, found)
