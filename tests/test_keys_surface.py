@@ -75,7 +75,11 @@ async def _world(
         worker_ttl=60,
     )
     assert sorted(claimed.missed.values()) == ["KEY_BUSY", "RATE_LIMITED"], claimed.missed
-    enqueue(engine, "sync_account", {}, run_after=timedelta(hours=1), expires=timedelta(0))
+    # Delayed past its deadline, as a retry's backoff can leave a job.
+    late = enqueue(
+        engine, "sync_account", {}, run_after=timedelta(hours=1), expires=timedelta(hours=2)
+    )
+    pg.execute("UPDATE jobs SET expires_at = now() WHERE job_id = %s", [late])
     assert len(pg.execute(JOB_EXPIRE_WAITING, {"limit": 10}).fetchall()) == 1
     head, behind = (
         enqueue(engine, "post_entry", {"n": n}, key="ledger:9", ordered="strict") for n in range(2)

@@ -51,8 +51,14 @@ def test_an_expired_job_never_starts_and_ends_cancelled_expired(
         blocker = enqueue(engine, "stamp", {"seconds": 1.5})
         asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
         late = [enqueue(engine, "stamp", {}, expires=timedelta(seconds=0.5)) for _ in range(5)]
+        # Delayed past its deadline, as a retry's backoff can leave a job (enqueue
+        # refuses to write one so): not due for a minute, so nothing claims it first.
         delayed = enqueue(
-            engine, "stamp", {}, run_after=timedelta(seconds=60), expires=timedelta(seconds=1)
+            engine, "stamp", {}, run_after=timedelta(seconds=60), expires=timedelta(seconds=90)
+        )
+        pg.execute(
+            "UPDATE jobs SET expires_at = now() + interval '1 second' WHERE job_id = %s",
+            [delayed],
         )
         kept = enqueue(engine, "stamp", {}, expires=timedelta(minutes=5))
         for job_id in [*late, delayed, kept]:
@@ -120,9 +126,13 @@ async def test_a_replayed_expired_job_runs(
     async def stamp(j: consumers.Job) -> None:
         return None
 
-    # delayed past its deadline: no claim looks at it, the relay's sweep ends it
+    # delayed past its deadline (as a retry's backoff can leave a job; enqueue refuses
+    # to write one so): no claim looks at it, the relay's sweep ends it
     missed = enqueue(
-        engine, "stamp", {}, run_after=timedelta(minutes=1), expires=timedelta(seconds=0.2)
+        engine, "stamp", {}, run_after=timedelta(minutes=1), expires=timedelta(minutes=2)
+    )
+    pg.execute(
+        "UPDATE jobs SET expires_at = now() + interval '0.2 seconds' WHERE job_id = %s", [missed]
     )
     cancelled = enqueue(
         engine, "stamp", {}, run_after=timedelta(minutes=1), expires=timedelta(hours=1)

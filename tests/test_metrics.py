@@ -362,7 +362,9 @@ async def test_gauges_of_rate_limited_and_expired_jobs(
     with Session(engine) as session, session.begin():
         outbox.set_rate_limit(session, "slow", rate=1, per=timedelta(hours=1), burst=1)
     first, second = (enqueue(engine, "ok", queue="idle", rate_limit="slow") for _ in range(2))
-    enqueue(engine, "ok", run_after=timedelta(hours=1), expires=timedelta(seconds=0))
+    # Delayed past its deadline, as a retry's backoff can leave a job.
+    late = enqueue(engine, "ok", run_after=timedelta(hours=1), expires=timedelta(hours=2))
+    pg.execute("UPDATE jobs SET expires_at = now() WHERE job_id = %s", [late])
     store = JobStore(pool, "a-worker", lease_seconds=30)
     claimed = await store.claim(
         [first, second],
