@@ -261,6 +261,17 @@ def test_a_weak_token_is_refused_at_start_with_how_to_make_one(db_url: DatabaseU
         assert weak not in line
 
 
+def test_a_long_but_repetitive_token_is_refused_at_start(db_url: DatabaseUrl) -> None:
+    # Long enough for the per-character estimate alone, but a repeat or a sequence.
+    for weak in ("0123456789" * 4, "abcdefghij" * 3):
+        refused = serve_once(db_url, ["--port", str(free_port())], {"JOBCTL_API_TOKEN": weak})
+        assert refused.returncode == 2, (weak, refused.stderr)
+        (line,) = refused.stderr.strip().splitlines()
+        assert "JOBCTL_API_TOKEN is too weak" in line and "128" in line
+        assert "secrets.token_urlsafe(32)" in line
+        assert weak not in line
+
+
 def test_a_token_file_is_read_again_when_it_changes(db_url: DatabaseUrl, tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")

@@ -5,10 +5,14 @@ restart).
 A token is refused at start-up when, at the most generous estimate, it holds fewer
 than 128 bits: its length times log2 of the alphabet its characters are drawn from
 (lower case, upper case, digits, other printable ASCII: 26, 26, 10 and 32 symbols),
-or, for a token of fewer than 10 distinct characters, of those characters. The
-43-character ``secrets.token_urlsafe(32)`` the message recommends (256 bits) always
-passes, ``secrets.token_hex(16)`` too; a password-like word does not. The estimate
-cannot see that a long token is a sentence: make tokens with ``secrets``.
+or, for a token of fewer than 10 distinct characters, of those characters; and no
+more than what is left once its patterns are taken out: a stretch that repeats an
+earlier one (``abcabc...``, ``0123456789`` over and over) or carries on a sequence
+(``abcdefgh``, ``13579``) counts as one reference, about 2 log2(length) bits,
+however long it is. The 43-character ``secrets.token_urlsafe(32)`` the message
+recommends (256 bits) always passes, ``secrets.token_hex(16)`` too; a
+password-like word does not. The estimate cannot see that a long token is a
+sentence: make tokens with ``secrets``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ _CLASSES: Final = (
 _FEW_DISTINCT: Final = 10
 
 
+# A repeat or a sequence is counted as one reference from this many characters on
+# (shorter ones are left to chance: a random token has a few), looking back at most
+# _WINDOW characters for a repeat (which keeps the estimate linear in the length).
+_PATTERN_MIN: Final = 3
+_WINDOW: Final = 256
+
+
 def estimated_bits(token: str) -> float:
     """An upper bound on the token's entropy, in bits (see the module's docstring)."""
     if not token:
@@ -48,7 +59,38 @@ def estimated_bits(token: str) -> float:
     distinct = len(set(token))
     if distinct < _FEW_DISTINCT:
         alphabet = min(alphabet, distinct)
-    return len(token) * math.log2(alphabet) if alphabet > 1 else 0.0
+    if alphabet <= 1:
+        return 0.0
+    per_character = math.log2(alphabet)
+    return min(len(token) * per_character, _patterned_bits(token, per_character))
+
+
+def _patterned_bits(token: str, per_character: float) -> float:
+    """The token's bits with its patterns counted once: going left to right, the
+    longest stretch that repeats one starting up to _WINDOW characters back or
+    carries on the step between the two characters before it (``cdef`` after ``ab``,
+    ``7`` after ``35``) costs one reference, any other character ``per_character``."""
+    codes = [ord(c) for c in token]
+    size = len(codes)
+    reference = 2 * math.log2(size) if size > 1 else 0.0
+    bits, at = 0.0, 0
+    while at < size:
+        longest = 0
+        for start in range(max(0, at - _WINDOW), at):
+            length = 0
+            while at + length < size and codes[start + length] == codes[at + length]:
+                length += 1
+            longest = max(longest, length)
+        if at >= 2:
+            step, length = codes[at - 1] - codes[at - 2], 0
+            while at + length < size and codes[at + length] - codes[at + length - 1] == step:
+                length += 1
+            longest = max(longest, length)
+        if longest >= _PATTERN_MIN:
+            bits, at = bits + min(reference, longest * per_character), at + longest
+        else:
+            bits, at = bits + per_character, at + 1
+    return bits
 
 
 def checked(token: str, setting: str) -> str:
