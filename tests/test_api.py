@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.jobctl.api.models import EnqueueBody
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, api_client, served
@@ -327,6 +328,68 @@ async def test_invalid_input_gets_422_naming_the_field(
     assert count_jobs(pg) == 0
 
 
+async def test_a_key_and_a_resource_together_are_422_naming_a_body_field(
+    db_url: DatabaseUrl, pg
+) -> None:
+    async with api_client(db_url) as client:
+        refused = await post_job(client, key="user:1", resource="deploy:prod")
+    assert refused.status_code == 422, refused.text
+    problem = refused.json()
+    assert "a key or a resource, not both" in problem["detail"]
+    assert [e["field"] for e in problem["errors"]] == ["body.key"], problem
+    assert count_jobs(pg) == 0
+
+
+# Combinations the request model lets through and enqueue refuses, each with the
+# field its message is about.
+ENQUEUE_REFUSALS = [
+    pytest.param({"key": "k", "resource": "r"}, "key", id="key-and-resource"),
+    pytest.param({"key_limit": 2}, "key_limit", id="key_limit-without-key"),
+    pytest.param({"ordered": True}, "ordered", id="ordered-without-key"),
+    pytest.param({"key": "k", "ordered": "strict", "key_limit": 2}, "ordered", id="ordered-limit"),
+    pytest.param({"debounce": 1.0}, "debounce", id="debounce-without-dedup_key"),
+    pytest.param({"debounce_max": 1.0}, "debounce_max", id="debounce_max-alone"),
+    pytest.param(
+        {"dedup_key": "d", "debounce": 2.0, "debounce_max": 1.0},
+        "debounce_max",
+        id="debounce_max-below-debounce",
+    ),
+    pytest.param({"dedup_key": "d", "debounce": 1.0, "key": "k"}, "key", id="debounce-key"),
+    pytest.param(
+        {"dedup_key": "d", "debounce": 1.0, "resource": "r"}, "resource", id="debounce-resource"
+    ),
+    pytest.param(
+        {"needs_approval": True, "run_after": "2030-01-01T00:00:00Z"},
+        "needs_approval",
+        id="approval-run_after",
+    ),
+    pytest.param(
+        {"after": [str(uuid.uuid4())], "run_after": "2030-01-01T00:00:00Z"},
+        "after",
+        id="after-run_after",
+    ),
+    pytest.param(
+        {"run_after": "2030-01-02T00:00:00Z", "expires": "2030-01-01T00:00:00Z"},
+        "run_after",
+        id="run_after-later-than-expires",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), ENQUEUE_REFUSALS)
+async def test_enqueue_refusals_name_a_field_of_the_body(
+    db_url: DatabaseUrl, pg, body: dict[str, Any], field: str
+) -> None:
+    async with api_client(db_url) as client:
+        refused = await post_job(client, **body)
+    assert refused.status_code == 422, refused.text
+    assert refused.headers["content-type"] == PROBLEM
+    (error,) = refused.json()["errors"]
+    assert error["field"] == f"body.{field}", error
+    assert field in EnqueueBody.model_fields
+    assert count_jobs(pg) == 0
+
+
 async def test_invalid_queries_get_422_naming_the_parameter(db_url: DatabaseUrl) -> None:
     async with api_client(db_url) as client:
         for query, name in [
@@ -519,6 +582,7 @@ async def test_queues_schedules_tenants_workers(db_url: DatabaseUrl, engine: Eng
             3.0,
             None,
         )
+        assert acme["queued"] is None, "no max_queued: its waiting jobs are not counted"
         bad = await client.put("/v1/tenants/acme", json={"weight": 0})
         assert bad.status_code == 422 and bad.json()["detail"].startswith("weight")
 

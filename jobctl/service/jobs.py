@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -408,8 +409,20 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             resource=request.resource,
         )
     except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc) from None
+        raise invalid_argument(exc, _argument_named(exc)) from None
     return job_id, job_id != waiting
+
+
+# The request's fields, which enqueue's messages name as its arguments.
+_REQUEST_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(NewJobRequest))
+_WORD: Final = re.compile(r"[A-Za-z_]+")
+
+
+def _argument_named(exc: ValueError | TypeError) -> str | None:
+    """The request field an enqueue refusal is about: the first word of its message
+    that is one ("payload is ...", "a job takes a key or a resource, not both":
+    key); None when it names none (the request as a whole)."""
+    return next((w for w in _WORD.findall(str(exc)) if w in _REQUEST_FIELDS), None)
 
 
 async def _replay(
@@ -442,7 +455,7 @@ async def _debounced_waiting(
     try:
         params = {"job_type": names.job_type(job_type), "debounce_key": names.dedup_key(dedup_key)}
     except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc) from None
+        raise invalid_argument(exc, _argument_named(exc)) from None
     row = await fetch_one(session, queries.DEBOUNCE_WAITING, params)
     return None if row is None else uuid.UUID(str(row[0]))
 
@@ -452,7 +465,7 @@ async def _find_by_dedup(session: AsyncSession, job_type: str, dedup_key: str) -
         job_type = names.job_type(job_type)
         dedup_key = names.dedup_key(dedup_key)
     except (ValueError, TypeError) as exc:
-        raise invalid_argument(exc) from None
+        raise invalid_argument(exc, _argument_named(exc)) from None
     keys = json.dumps([{"job_type": job_type, "dedup_key": dedup_key}])
     row = await fetch_one(session, JOB_FIND_BY_DEDUP_MANY, {"keys": keys})
     return None if row is None else uuid.UUID(str(row[2]))

@@ -16,7 +16,7 @@ from hybrid_jobs.jobctl.api.models import EnqueueBody, JobType, QueueName, Rejec
 from hybrid_jobs.jobctl.api.problems import WITH_BODY, responses
 from hybrid_jobs.jobctl.api.routes.common import F, actor, database, url
 from hybrid_jobs.jobctl.api.waiters import Waiters, client_of
-from hybrid_jobs.jobctl.service import NotFound, WrongState
+from hybrid_jobs.jobctl.service import Invalid, NotFound, WrongState
 from hybrid_jobs.jobctl.service import jobs as service
 from hybrid_jobs.jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from hybrid_jobs.schema.states import LEASED, JobState
@@ -90,6 +90,15 @@ def _parse(job_id: str) -> uuid.UUID:
     return ident
 
 
+def where_in_request(field: str | None) -> str:
+    """Where in an enqueue request the service's refusal of ``field`` points: the
+    Idempotency-Key header, a field of the body (``body.resource``), or the body as
+    a whole when the refusal names none of its fields."""
+    if field == "Idempotency-Key":
+        return f"header.{field}"
+    return f"body.{field}" if field in EnqueueBody.model_fields else "body"
+
+
 @router.post(
     "",
     status_code=202,
@@ -151,8 +160,12 @@ async def enqueue(
         body.on_parent_failure,
         body.resource,
     )
-    async with database(request).writing() as session:
-        done = await service.enqueue_job(session, wanted, idempotency_key=idempotency_key)
+    try:
+        async with database(request).writing() as session:
+            done = await service.enqueue_job(session, wanted, idempotency_key=idempotency_key)
+    except Invalid as exc:
+        exc.field = where_in_request(exc.field)
+        raise
     response.headers["Location"] = location(request, done.job)
     say_when_to_poll(response, done.job)
     if done.replayed:
