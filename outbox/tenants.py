@@ -36,9 +36,11 @@ class TenantLimit:
     max_running: int | None
     weight: float
     max_queued: int | None
-    # Slots held now, and the waiting jobs as last counted (with when).
+    # Slots held now, and the waiting jobs as the relay last counted them (with
+    # when), up to max_queued. Counted only for tenants with a max_queued: None
+    # for the others (not 0: their jobs are not counted at all).
     running: int
-    queued: int
+    queued: int | None
     queued_at: datetime | None
     drain_per_s: float | None
     max_enqueue_rate: float | None = None
@@ -114,7 +116,11 @@ set_tenant_limit_async = async_twin(set_tenant_limit)
 
 
 def tenant_limits(session: Session) -> list[TenantLimit]:
-    """Every tenant that has limits, with its slots in use and waiting jobs."""
+    """Every tenant that has limits, with its slots in use and, for a tenant with
+    a ``max_queued``, its waiting jobs as the relay last counted them (at most a few
+    seconds old, counted up to ``max_queued``). ``queued`` is None for a tenant
+    without ``max_queued``: its waiting jobs are not counted (``jobctl jobs list
+    --tenant`` lists them)."""
     conn = psycopg_connection(session)
     return [TenantLimit(*row) for row in conn.exec_driver_sql(TENANT_LIMIT_LIST).all()]
 

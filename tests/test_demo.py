@@ -3,13 +3,18 @@ examples.shop.handlers, checkouts committing orders with their jobs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 from sqlalchemy import Engine
 
 from examples.shop.checkout import (
+    SALES_SCHEDULE,
     checkout,
     create_shop_tables,
     schedule_sales_total,
@@ -51,3 +56,33 @@ def test_every_order_gets_exactly_one_receipt(
         " WHERE e.order_id IS NULL"
     ).fetchone()[0]
     assert unmatched == 0
+
+
+def test_the_checkout_command_leaves_no_schedule_behind(
+    pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    """The checkout as scripts/run's banner suggests it, against a relay and a
+    consumer of the shop: it schedules the sales total, reports it, and when it ends
+    the schedule is gone, so nothing keeps enqueuing total_sales jobs into the
+    database (scripts/run's default is the user's own)."""
+    app = ["--app", "examples.shop.handlers", "--concurrency", "20"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", app, env, "consumer.started"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "examples.shop.checkout", "--count", "20", "--wait", "30"],
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["receipts_sent"] == 20 and result["sales_total_runs"] >= 1, result
+    left = pg.execute("SELECT name FROM schedules").fetchall()
+    assert left == [], f"the demo left {left} behind"
+    assert pg.execute(
+        "SELECT count(*) FROM schedule_fires WHERE schedule_name = %s", (SALES_SCHEDULE,)
+    ).fetchone() == (0,)

@@ -206,6 +206,9 @@ def test_schedules(cli, engine: Engine, pg) -> None:
 
 def test_tenants_set_keeps_what_is_not_given(cli) -> None:
     cli("tenants", "set", "acme", "--max-running", "3", "--weight", "2")
+    # No max_queued: its waiting jobs are not counted, and it says so.
+    (acme,) = cli.json("tenants", "list")["tenants"]
+    assert (acme["queued"], acme["queued_at"]) == (None, None)
     cli("tenants", "set", "acme", "--max-queued", "100")
     (acme,) = cli.json("tenants", "list")["tenants"]
     assert (acme["max_running"], acme["weight"], acme["max_queued"]) == (3, 2.0, 100)

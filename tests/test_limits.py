@@ -366,6 +366,28 @@ def test_a_tenant_that_enqueues_faster_than_its_rate_gets_backpressure(
     assert limit.max_enqueue_rate == 5
 
 
+def test_tenant_limits_reports_no_count_of_waiting_jobs_it_does_not_keep(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """Waiting jobs are counted (by the relay) only for tenants with a max_queued: a
+    capped tenant with 4 waiting jobs and no max_queued says None, not 0, and so
+    does one whose max_queued was removed after a count."""
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "acme", max_running=1)
+        outbox.set_tenant_limit(session, "globex", max_running=1, max_queued=10)
+        outbox.enqueue_many(session, [outbox.NewJob("stamp", {}, tenant="acme")] * 4)
+    (acme,) = [t for t in tenant_limits(engine) if t.tenant == "acme"]
+    assert (acme.max_queued, acme.queued, acme.queued_at) == (None, None, None)
+    # globex's count, as the relay's usage chore writes it; then its max_queued goes.
+    pg.execute("UPDATE tenant_usage SET queued = 3, queued_at = now() WHERE tenant = 'globex'")
+    (globex,) = [t for t in tenant_limits(engine) if t.tenant == "globex"]
+    assert globex.queued == 3 and globex.queued_at is not None
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "globex", max_running=1)
+    (globex,) = [t for t in tenant_limits(engine) if t.tenant == "globex"]
+    assert (globex.queued, globex.queued_at) == (None, None)
+
+
 def enqueue_many_of(engine: Engine, jobs: list[outbox.NewJob]) -> list[uuid.UUID]:
     with Session(engine) as session, session.begin():
         return outbox.enqueue_many(session, jobs)

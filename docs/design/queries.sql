@@ -2122,8 +2122,10 @@ SELECT tenant FROM limits;
 -- name: TENANT_LIMIT_LIST
 -- Run by outbox.tenants:tenant_limits(_async) to list the tenants' limits and usage.
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
-       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
-       l.max_enqueue_rate, l.runners
+       COALESCE(u.running, 0),
+       CASE WHEN l.max_queued IS NOT NULL THEN COALESCE(u.queued, 0) END,
+       CASE WHEN l.max_queued IS NOT NULL THEN u.queued_at END,
+       u.drain_per_s, l.max_enqueue_rate, l.runners
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant;
 

@@ -3,7 +3,9 @@ transaction, then a summary of what ran.
 
     python -m examples.shop.checkout [--count 200] [--wait 60]
 
-DATABASE_URL names the database (the same one the relay and consumer use).
+DATABASE_URL names the database (the same one the relay and consumer use). While it
+runs, a schedule (sales-total, every 5 s) totals the takings; it removes the schedule
+when it ends, so nothing of the demo keeps enqueuing afterwards.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ CREATE TABLE IF NOT EXISTS sales_totals (
 """
 
 # The demo's recurring job: the takings so far, every few seconds (a real shop
-# would say cron="0 2 * * *", timezone="Europe/Berlin").
+# would say cron="0 2 * * *", timezone="Europe/Berlin"). The checkout removes it
+# when it ends: left behind, it would go on enqueuing a total_sales job every 5 s
+# into whatever database this was (scripts/run's default is the one your own app
+# uses), where they would wait as NO_HANDLER once no consumer of the shop runs.
 SALES_SCHEDULE = "sales-total"
 
 
@@ -63,6 +68,11 @@ def create_shop_tables(engine: Engine) -> None:
 def schedule_sales_total(engine: Engine, every: timedelta = timedelta(seconds=5)) -> None:
     with Session(engine) as session, session.begin():
         outbox.schedule(session, SALES_SCHEDULE, "total_sales", {}, every=every, queue="reports")
+
+
+def unschedule_sales_total(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        outbox.unschedule(session, SALES_SCHEDULE)
 
 
 def checkout(
@@ -146,23 +156,27 @@ def main() -> None:
         sys.exit(f"checkout: {exc}")
     create_shop_tables(engine)
     schedule_sales_total(engine)
-    started = time.monotonic()
-    for i in range(args.count):
-        checkout(
-            engine,
-            f"customer{i}@example.com",
-            random.randint(500, 50_000),
-            with_report=i % 20 == 0,
-            shop=f"shop-{i % 3}",
+    try:
+        started = time.monotonic()
+        for i in range(args.count):
+            checkout(
+                engine,
+                f"customer{i}@example.com",
+                random.randint(500, 50_000),
+                with_report=i % 20 == 0,
+                shop=f"shop-{i % 3}",
+            )
+        print(
+            f"checkout: {args.count} checkouts committed in {time.monotonic() - started:.2f}s",
+            file=sys.stderr,
         )
-    print(
-        f"checkout: {args.count} checkouts committed in {time.monotonic() - started:.2f}s",
-        file=sys.stderr,
-    )
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline and not settled(engine, args.count):
-        time.sleep(0.5)
-    print(json.dumps(summary(engine), indent=2))
+        deadline = time.monotonic() + args.wait
+        while time.monotonic() < deadline and not settled(engine, args.count):
+            time.sleep(0.5)
+        print(json.dumps(summary(engine), indent=2))
+    finally:
+        # Also on Ctrl-C: the schedule is the demo's, not the database's.
+        unschedule_sales_total(engine)
 
 
 if __name__ == "__main__":

@@ -422,8 +422,9 @@ class TenantView:
     """Waiting jobs past which enqueue refuses more; null: no limit."""
     running: int
     """Slots held now."""
-    queued: int
-    """Waiting jobs, as the relay last counted them (tenants with a max_queued)."""
+    queued: int | None
+    """Waiting jobs, as the relay last counted them, up to max_queued; null for a
+    tenant without a max_queued (its waiting jobs are not counted)."""
     queued_at: datetime | None
     drain_per_s: float | None
     held: tuple[Held, ...]

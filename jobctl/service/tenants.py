@@ -45,7 +45,7 @@ async def list_tenants(session: AsyncSession) -> list[TenantView]:
     }
     for tenant, holds in held.items():
         if tenant not in views:
-            views[tenant] = TenantView(tenant, None, 1.0, None, 0, 0, None, None, tuple(holds))
+            views[tenant] = TenantView(tenant, None, 1.0, None, 0, None, None, None, tuple(holds))
     return [views[name] for name in sorted(views)]
 
 

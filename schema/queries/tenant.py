@@ -77,10 +77,16 @@ WITH limits AS (
 SELECT tenant FROM limits
 """
 
+# The waiting jobs are the relay's last count, kept only for tenants with a
+# max_queued (counted up to it); for the others, NULL: counting them here would read
+# every tenant's backlog per call (10,000 tenants, a million waiting jobs), and a
+# stale count left from a max_queued since removed would be a wrong answer.
 TENANT_LIMIT_LIST: Final = """
 SELECT l.tenant, l.max_running, l.weight, l.max_queued,
-       COALESCE(u.running, 0), COALESCE(u.queued, 0), u.queued_at, u.drain_per_s,
-       l.max_enqueue_rate, l.runners
+       COALESCE(u.running, 0),
+       CASE WHEN l.max_queued IS NOT NULL THEN COALESCE(u.queued, 0) END,
+       CASE WHEN l.max_queued IS NOT NULL THEN u.queued_at END,
+       u.drain_per_s, l.max_enqueue_rate, l.runners
 FROM tenant_limits AS l LEFT JOIN tenant_usage AS u USING (tenant)
 ORDER BY l.tenant
 """
