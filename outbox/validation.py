@@ -182,15 +182,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def nesting_depth(value: Any, stop: int = MAX_PAYLOAD_DEPTH) -> int:
+def _walk(value: Any, stop: int) -> tuple[int, bool]:
     """How deeply ``value``'s dicts, lists and tuples nest (a scalar: 0), counted
     without recursion and no further than ``stop + 1`` (so a self-referencing value
-    or one nested 100,000 deep costs no more than one just past the limit)."""
+    or one nested 100,000 deep costs no more than one just past the limit), and
+    whether every dict key met on the way is a string: one walk for both, since
+    enqueue needs both of every payload."""
     deepest = 0
+    str_keys = True
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
         if isinstance(item, dict):
+            if str_keys and not all(isinstance(k, str) for k in item):
+                str_keys = False
             children: Any = item.values()
         elif isinstance(item, list | tuple):
             children = item
@@ -199,9 +204,15 @@ def nesting_depth(value: Any, stop: int = MAX_PAYLOAD_DEPTH) -> int:
         depth += 1
         deepest = max(deepest, depth)
         if depth > stop:
-            return deepest
+            return deepest, str_keys
         pending.extend((child, depth) for child in children)
-    return deepest
+    return deepest, str_keys
+
+
+def nesting_depth(value: Any, stop: int = MAX_PAYLOAD_DEPTH) -> int:
+    """How deeply ``value``'s dicts, lists and tuples nest (a scalar: 0), counted no
+    further than ``stop + 1``."""
+    return _walk(value, stop)[0]
 
 
 def check_depth(name: str, value: Any) -> None:
@@ -234,37 +245,48 @@ def _where(path: tuple[str | int, ...], name: str) -> str:
     return name + "".join(f"[{step!r}]" for step in path)
 
 
-def check_keys(name: str, value: Any) -> None:
-    """TypeError naming the key and where it is when a dict in ``value`` has a key
-    that is not a string. JSON object keys are text: ``json.dumps`` would turn
-    ``{1: "a"}`` into ``{"1": "a"}`` (and ``{1: "a", "1": "b"}`` into one key), so
-    the handler would read back something other than what was enqueued. Called
-    after :func:`check_depth`, so the walk is bounded."""
+def check_payload(name: str, value: Any) -> None:
+    """:func:`check_depth`, and a TypeError naming the key and where it is when a
+    dict in ``value`` has a key that is not a string, in one walk. JSON object keys
+    are text: ``json.dumps`` would turn ``{1: "a"}`` into ``{"1": "a"}`` (and
+    ``{1: "a", "1": "b"}`` into one key), so the handler would read back something
+    other than what was enqueued."""
+    depth, str_keys = _walk(value, MAX_PAYLOAD_DEPTH)
+    if depth > MAX_PAYLOAD_DEPTH:
+        check_depth(name, value)
+    if not str_keys:
+        path, key = _first_non_string_key(value)
+        shown = repr(key)
+        shown = shown if len(shown) <= 100 else shown[:100] + "..."
+        raise TypeError(
+            f"{name} has a key that is not a string: {shown}"
+            f" ({type(key).__name__}) at {_where(path, name)}; JSON object"
+            " keys are strings, so it would be stored as text (convert it"
+            " yourself, e.g. str(key), if that is what you mean)"
+        )
+
+
+def _first_non_string_key(value: Any) -> tuple[tuple[str | int, ...], Any]:
+    """Where the first key that is not a string is (only walked to say so: the
+    depth is already bounded)."""
     pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while pending:
         item, path = pending.pop()
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    shown = repr(key)
-                    shown = shown if len(shown) <= 100 else shown[:100] + "..."
-                    raise TypeError(
-                        f"{name} has a key that is not a string: {shown}"
-                        f" ({type(key).__name__}) at {_where(path, name)}; JSON object"
-                        " keys are strings, so it would be stored as text (convert it"
-                        " yourself, e.g. str(key), if that is what you mean)"
-                    )
+                    return path, key
                 pending.append((child, (*path, key)))
         elif isinstance(item, list | tuple):
             pending.extend((child, (*path, i)) for i, child in enumerate(item))
+    raise AssertionError("no key that is not a string")
 
 
 def encode_payload(payload: Any, limit: int) -> str:
     """The payload as compact JSON text, checked the way PostgreSQL's jsonb will.
     ``None`` is JSON ``null``, stored and handed to the handler as such; a dict key
-    that is not a string is refused (:func:`check_keys`)."""
-    check_depth("payload", payload)
-    check_keys("payload", payload)
+    that is not a string is refused (:func:`check_payload`)."""
+    check_payload("payload", payload)
     try:
         encoded = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except TypeError as exc:
