@@ -48,7 +48,7 @@ from hybrid_jobs.consumers.ledger import Ledger
 from hybrid_jobs.consumers.reconcile import reconcile
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.settings import ConsumerSettings
-from hybrid_jobs.consumers.store import LOCKED, NO_THREAD, OTHER_QUEUE, Claimed, JobStore
+from hybrid_jobs.consumers.store import HELD_HERE, LOCKED, NO_THREAD, OTHER_QUEUE, Claimed, JobStore
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.plumbing.transient import is_transient_db_error, retry_forever
@@ -230,7 +230,6 @@ class Claimer:
         could not be reached (the deliveries went back)."""
         sent_at = time.monotonic()
         began = tracing.now_ns()
-        ambiguous = False
         try:
             # A dropped connection is worth two quick retries on a fresh connection
             # before consuming pauses; no connection to be had at all means the
@@ -248,7 +247,6 @@ class Claimer:
                 reraise=True,
             ):
                 with attempt:
-                    ambiguous = attempt.retry_state.attempt_number > 1
                     sent_at = time.monotonic()
                     result = await self.store.claim(
                         job_ids,
@@ -258,10 +256,13 @@ class Claimer:
                         worker_ttl=self.settings.worker_ttl,
                     )
             claimed, missed = result.claimed, result.missed
-            if ambiguous:
-                # The failed try may have committed before its connection dropped:
-                # those jobs are ours, and only we can start them.
-                mine = await self.store.held_by_me([i for i in missed if i not in self.ledger])
+            # A lease ours that does not run here comes from a claim that committed
+            # though its answer was lost (a try whose connection dropped, or the
+            # whole claim failing after the plain one): only we can start it.
+            lost = [i for i, why in missed.items() if why == HELD_HERE and i not in self.ledger]
+            if lost:
+                mine = await self.store.held_by_me(lost)
+                self.counts["claims_recovered"] += len(mine)
                 claimed = claimed + mine
                 for row in mine:
                     missed.pop(row.job_id, None)

@@ -29,6 +29,9 @@ NO_THREAD = "no_thread"
 # relay's to this queue (anyone with access to the broker may publish one). The job
 # is left as it was, for a consumer of its own queue.
 OTHER_QUEUE = "other_queue"
+# A lease this worker holds already. Unless the job runs here, a claim of it committed
+# and its answer was lost: the worker fetches it (held_by_me) and starts it.
+HELD_HERE = "held_here"
 
 log = logging.getLogger("consumer")
 

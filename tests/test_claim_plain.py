@@ -19,12 +19,17 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from harness.claim import claim_params
-from hybrid_jobs import outbox
+from hybrid_jobs import consumers, outbox
+from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers import store as store_module
 from hybrid_jobs.consumers.store import LOCKED, JobStore
-from hybrid_jobs.plumbing.config import DatabaseUrl
-from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import Native, make_pool
 from hybrid_jobs.schema import queries as q
-from tests.support.jobs import enqueue, job, versions
+from hybrid_jobs.schema.topology import Topology
+from tests.support.broker import publish_raw
+from tests.support.inproc import consumer_running
+from tests.support.jobs import attempts, enqueue, job, versions, wait_for_state
 
 
 @pytest.fixture
@@ -137,3 +142,55 @@ async def test_a_whole_claim_that_fails_leaves_the_plain_jobs_claimed(
     assert found.missed == {keyed: LOCKED}
     assert (job(pg, plain)["state"], job(pg, plain)["lease_owner"]) == ("RUNNING", "w1")
     assert job(pg, keyed)["state"] == "QUEUED"
+
+
+async def test_a_whole_claim_whose_answer_was_lost_still_starts_its_jobs(
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One wake-up names a plain job and a keyed one. The plain claim takes the first;
+    # the whole claim takes the second and commits, and then its connection drops
+    # before the answer arrives. The keyed job is this worker's, and only it can start
+    # it: it must run now, once, not sit RUNNING until its lease lapses (an attempt
+    # spent and the key held for nothing).
+    plain = enqueue(engine, "noop")
+    keyed = enqueue(engine, "noop", key="account:7")
+    lost: list[uuid.UUID] = []
+
+    class AnswerLost(Native):
+        async def execute(self, conn, params):  # type: ignore[no-untyped-def]
+            cur = await super().execute(conn, params)
+            if not lost:
+                await cur.fetchall()
+                await conn.commit()
+                lost.extend(params["job_ids"])
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return cur
+
+    real_native = store_module.native
+    monkeypatch.setattr(
+        store_module,
+        "native",
+        lambda sql: AnswerLost(sql) if sql is q.JOB_CLAIM_MANY else real_native(sql),
+    )
+    registry = Registry()
+    ran: list[uuid.UUID] = []
+
+    @registry.handler("noop")
+    async def noop(j: consumers.Job) -> None:
+        ran.append(j.id)
+
+    async with consumer_running(db_url, amqp_url, topology, registry) as consumer:
+        body = f"{plain}\n{keyed}".encode()
+        await publish_raw(amqp_url.url, topology, "default", body)
+        await wait_for_state(pg, plain, "SUCCEEDED", timeout=20)
+        await wait_for_state(pg, keyed, "SUCCEEDED", timeout=5)
+        assert consumer.claimer.counts["claims_recovered"] == 1
+    assert lost == [keyed]
+    assert sorted(ran) == sorted([plain, keyed])
+    assert [a["outcome"] for a in attempts(pg, keyed)] == ["SUCCEEDED"]
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)

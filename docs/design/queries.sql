@@ -702,6 +702,8 @@ SELECT CASE
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
+           -- this worker's already: a claim of it that committed, whose answer was lost
+           WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.lease_owner = %(worker)s THEN 'held_here'
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') THEN 'running'
            WHEN j.state IN ('CANCELLED', 'FAILED', 'SUCCEEDED') THEN 'finished'
            WHEN j.run_after > now() THEN 'early'

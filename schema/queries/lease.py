@@ -147,7 +147,10 @@ _WANTING_RUNNER: Final = f"'{DelayReason.NO_HANDLER}', '{DelayReason.NO_AUTHORIZ
 #
 # Rows another transaction holds are skipped (status 'locked'): the worker tries
 # them again alone. One row per requested id comes back: 'claimed' with the job, or
-# the reason it was not.
+# the reason it was not. 'held_here' is a lease this worker holds already: either it
+# runs the job, or a claim of it committed and its answer was lost (a dropped
+# connection, or the plain claim's partner failing after it), and only this worker
+# can start it (JOB_HELD_BY).
 #
 # The steps, numbered in the SQL: 1. what may run here (its key's turn, and its
 # rate limits' tokens); 2. the tenants' slots and the keys' leases;
@@ -448,6 +451,8 @@ SELECT CASE
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
+           -- this worker's already: a claim of it that committed, whose answer was lost
+           WHEN j.state IN ({LEASED_SQL}) AND j.lease_owner = %(worker)s THEN 'held_here'
            WHEN j.state IN ({LEASED_SQL}) THEN 'running'
            WHEN j.state IN ({TERMINAL_SQL}) THEN 'finished'
            WHEN j.run_after > now() THEN 'early'
