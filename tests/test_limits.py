@@ -294,7 +294,9 @@ async def test_a_job_without_a_token_waits_for_its_own_token_spending_nothing(
 ) -> None:
     """2 per second, burst 2: of five jobs woken at once two start; the other three
     are RATE_LIMITED with their wake-ups due one token apart (0.5 s, 1 s, 1.5 s),
-    no attempt spent. A prefix limit gives each name its own bucket."""
+    no attempt spent. A prefix limit gives each name its own bucket, made by the
+    first claim that meets the name (its jobs come back 'locked', untouched, for the
+    worker to try again at once)."""
     registry = Registry()
 
     @registry.handler("stamp")
@@ -308,15 +310,27 @@ async def test_a_job_without_a_token_waits_for_its_own_token_spending_nothing(
     sms = [enqueue(engine, "stamp", {}, rate_limit=f"sms:{c}") for c in ("a", "a", "b")]
     pg.execute("UPDATE outbox SET sent_at = now()")  # as the relay does when it wakes them
     async with JobRunner(db_url, registry) as runner:
-        claim = await runner.store.claim(
+        first = await runner.store.claim(
             ids + sms,
             registry.claim_terms(),
             queues=registry.queues(),
             free_threads=8,
             worker_ttl=60,
         )
-    assert len(claim.claimed) == 4, "two of api, one each of sms:a and sms:b"
-    assert sorted(claim.missed.values()) == ["RATE_LIMITED"] * 4
+        assert {first.missed[i] for i in sms} == {"locked"}
+        assert {job(pg, i)["delay_reason"] for i in sms} == {None}
+        again = await runner.store.claim(
+            sms,
+            registry.claim_terms(),
+            queues=registry.queues(),
+            free_threads=8,
+            worker_ttl=60,
+        )
+    claimed = first.claimed + again.claimed
+    assert len(claimed) == 4, "two of api, one each of sms:a and sms:b"
+    missed = {i: why for i, why in first.missed.items() if i not in sms} | again.missed
+    assert sorted(missed.values()) == ["RATE_LIMITED"] * 4
+    claim = first
     limited = [i for i in ids if i in claim.missed]
     (refilled,) = pg.execute("SELECT refilled_at FROM rate_buckets WHERE name = 'api'").fetchone()
     due = [

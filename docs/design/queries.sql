@@ -432,47 +432,36 @@ WITH types AS (
     WHERE r.rate_name IS NOT NULL
       -- one waiting for its key takes no token
       AND r.job_id NOT IN (SELECT job_id FROM key_waiting)
-), rate_taken AS (
-    -- 1e. the tokens taken, in bucket order, each bucket's row written once by this
-    -- upsert (which locks it and reads its latest version, committed or not yet
-    -- seen by this snapshot): refilled at per_second since refilled_at, up to the
-    -- burst, as of now(). A claim whose now() is earlier than the bucket's time (a
-    -- claim that began later wrote it first) finds the level less the refill
-    -- between the two and leaves the bucket's time as it was: the bucket's level at
-    -- its time is the least slack of every window ending then, so the starts stay
-    -- within burst + rate x t in every window of the claims' own clock. A new
-    -- bucket starts full. taken is what this claim took.
-    INSERT INTO rate_buckets AS b (name, tokens, taken, refilled_at)
-    SELECT w.bucket, w.burst - LEAST(w.wanted, floor(w.burst)), LEAST(w.wanted, floor(w.burst)),
-           now()
-    FROM (SELECT bucket, max(burst) AS burst, count(*) AS wanted
-          FROM rate_wanted GROUP BY bucket) AS w
-    ORDER BY w.bucket
-    ON CONFLICT (name) DO UPDATE
-    SET (tokens, taken, refilled_at) = (
-        SELECT a.level - k.n + w.per_second * GREATEST(0, -a.elapsed), k.n,
-               GREATEST(b.refilled_at, now())
-        FROM (SELECT bucket, max(per_second) AS per_second, max(burst) AS burst,
-                     count(*) AS wanted
-              FROM rate_wanted GROUP BY bucket) AS w
-        CROSS JOIN LATERAL (
-            SELECT EXTRACT(EPOCH FROM now() - b.refilled_at)::float8 AS elapsed) AS e
-        CROSS JOIN LATERAL (
-            SELECT e.elapsed, LEAST(w.burst, b.tokens + w.per_second * e.elapsed) AS level
-        ) AS a
-        CROSS JOIN LATERAL (SELECT LEAST(w.wanted, floor(GREATEST(0, a.level)))::int AS n) AS k
-        WHERE w.bucket = b.name)
-    RETURNING b.name, b.taken, b.tokens, b.refilled_at
+), rate_level AS MATERIALIZED (
+    -- 1e. their buckets, locked in bucket order before anything else is (as a claim
+    -- always takes them), at their latest version (committed or not yet seen by this
+    -- snapshot): the level refilled at per_second since refilled_at, up to the burst,
+    -- as of now(), and the whole tokens it holds. Nothing is taken here: a token goes
+    -- only to a job every gate admits (rate_spent). A bucket this snapshot does not
+    -- show has no row here: its jobs wait for the next claim, which finds it
+    -- (rate_created makes it, full).
+    SELECT b.name, w.per_second, w.burst, e.elapsed, a.level,
+           floor(GREATEST(0, a.level))::int AS whole
+    FROM rate_buckets AS b
+    JOIN (SELECT bucket, max(per_second) AS per_second, max(burst) AS burst
+          FROM rate_wanted GROUP BY bucket) AS w ON w.bucket = b.name
+    CROSS JOIN LATERAL (
+        SELECT EXTRACT(EPOCH FROM now() - b.refilled_at)::float8 AS elapsed) AS e
+    CROSS JOIN LATERAL (
+        SELECT LEAST(w.burst, b.tokens + w.per_second * e.elapsed) AS level) AS a
+    ORDER BY b.name
+    FOR UPDATE OF b
 ), rate_refused AS (
-    -- 1f. the jobs without a token: woken when its turn's token is due (the n-th job past the
-    -- bucket's level waits for n more tokens), not before.
-    SELECT w.job_id, w.bucket,
-           t.refilled_at + make_interval(
-               secs => (w.token_rank - t.taken - t.tokens) / w.per_second) AS token_due
-    FROM rate_wanted AS w JOIN rate_taken AS t ON t.name = w.bucket
-    WHERE w.token_rank > t.taken
+    -- 1f. the jobs past their bucket's whole tokens, in their turn: no token for them
+    -- in this claim (a job ahead that another gate turns down leaves its token in the
+    -- bucket, untaken). One whose bucket is unseen is not turned down, only not
+    -- taken: it comes back 'locked', for the worker to try again in a moment.
+    SELECT w.job_id, w.bucket, w.per_second,
+           w.token_rank - COALESCE(l.whole, 0) AS short_by, l.name IS NULL AS unseen
+    FROM rate_wanted AS w LEFT JOIN rate_level AS l ON l.name = w.bucket
+    WHERE w.token_rank > COALESCE(l.whole, 0)
 ), rated AS (
-    -- 1g. the runnable jobs with a token, or under no limit
+    -- 1g. the runnable jobs with a token to have, or under no limit
     SELECT r.* FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM rate_refused)
 ), usage AS MATERIALIZED (
     -- 2a. their tenants' free slots, locked in tenant order (every statement that
@@ -547,6 +536,37 @@ WITH types AS (
     FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
           FROM resource_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
+), rate_spent AS MATERIALIZED (
+    -- 2d. the tokens of the jobs every gate admitted, taken from the buckets locked
+    -- in 1e: tokens spent are starts. A claim whose now() is earlier than the
+    -- bucket's time (a claim that began later wrote it first) finds the level less
+    -- the refill between the two and leaves the bucket's time as it was: the
+    -- bucket's level at its time is the least slack of every window ending then, so
+    -- the starts stay within burst + rate x t in every window of the claims' own
+    -- clock. taken is what this claim took.
+    SELECT l.name, l.per_second, l.level - COALESCE(n.n, 0) AS left_tokens,
+           COALESCE(n.n, 0) AS n, l.elapsed
+    FROM rate_level AS l
+    LEFT JOIN (SELECT w.bucket, count(*)::int AS n
+               FROM rate_wanted AS w JOIN resource_admitted AS a USING (job_id)
+               GROUP BY w.bucket) AS n ON n.bucket = l.name
+), rate_taken AS (
+    UPDATE rate_buckets AS b
+    SET tokens = s.left_tokens + s.per_second * GREATEST(0, -s.elapsed), taken = s.n,
+        refilled_at = GREATEST(b.refilled_at, now())
+    FROM rate_spent AS s
+    WHERE b.name = s.name AND s.n > 0
+), rate_created AS (
+    -- 2e. a bucket first used (a 'prefix:*''s name; RATE_LIMIT_SET makes an exact
+    -- name's): made full, for the next claim, after every other gate's lock, as the
+    -- last thing this claim takes
+    INSERT INTO rate_buckets (name, tokens, taken, refilled_at)
+    SELECT r.bucket, max(w.burst), 0, now()
+    FROM rate_refused AS r JOIN rate_wanted AS w USING (job_id)
+    WHERE r.unseen
+    GROUP BY r.bucket
+    ORDER BY r.bucket
+    ON CONFLICT (name) DO NOTHING
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, tenant's cap)
@@ -575,6 +595,7 @@ WITH types AS (
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
+      AND l.job_id NOT IN (SELECT job_id FROM rate_refused WHERE unseen)
       AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
@@ -659,13 +680,19 @@ WITH types AS (
     -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason = 'RATE_LIMITED' THEN GREATEST(d.token_due, now())
+           CASE WHEN r.reason = 'RATE_LIMITED'
+                -- when its turn's token will be there (the n-th past the tokens the
+                -- bucket has left waits for n more), not before; a bucket first
+                -- seen, now (it was made full)
+                THEN now() + make_interval(secs => GREATEST(
+                         0, d.short_by - COALESCE(t.left_tokens, d.short_by)) / d.per_second)
                 WHEN r.reason NOT IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
                      OR (c.has_room AND NOT r.refused_lately)
                 THEN now()
                 ELSE now() + make_interval(secs => 10) END
     FROM refused AS r LEFT JOIN capable AS c USING (job_id)
     LEFT JOIN rate_refused AS d USING (job_id)
+    LEFT JOIN rate_spent AS t ON t.name = d.bucket
     WHERE r.reason <> 'EXPIRED'
       AND (r.reason NOT IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER') OR c.job_id IS NOT NULL)
       -- a job waiting for its key or its resource gets its wake-up back when that
@@ -701,6 +728,8 @@ SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
+           -- its rate limit's bucket made by this claim, for the next
+           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) THEN 'locked'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -2938,19 +2967,25 @@ SELECT count(*) FROM gone;
 
 -- ======================================================================================
 -- hybrid_jobs/schema/queries/rate.py: Rate limits: the operator's limits and the token
--- buckets the claim takes from (JOB_CLAIM_MANY, steps 1d to 1g), and a tenant's enqueue
--- bucket.
+-- buckets the claim takes from (JOB_CLAIM_MANY: steps 1d to 1g check them, 2d and 2e
+-- take), and a tenant's enqueue bucket.
 -- ======================================================================================
 
 -- name: RATE_LIMIT_SET
 -- Run by outbox.rate_limits:set_rate_limit(_async) to create or change a rate limit (a
 -- name, or a prefix and ':*').
 -- Parameters: burst, name, per_seconds, rate.
-INSERT INTO rate_limits AS r (name, rate, per_seconds, burst)
-VALUES (%(name)s, %(rate)s, %(per_seconds)s, %(burst)s)
-ON CONFLICT (name) DO UPDATE
-SET rate = EXCLUDED.rate, per_seconds = EXCLUDED.per_seconds, burst = EXCLUDED.burst,
-    updated_at = now();
+WITH set AS (
+    INSERT INTO rate_limits AS r (name, rate, per_seconds, burst)
+    VALUES (%(name)s, %(rate)s, %(per_seconds)s, %(burst)s)
+    ON CONFLICT (name) DO UPDATE
+    SET rate = EXCLUDED.rate, per_seconds = EXCLUDED.per_seconds, burst = EXCLUDED.burst,
+        updated_at = now()
+)
+INSERT INTO rate_buckets (name, tokens, taken, refilled_at)
+SELECT %(name)s, %(burst)s, 0, now()
+WHERE right(%(name)s, 2) <> ':*'
+ON CONFLICT (name) DO NOTHING;
 
 -- name: RATE_LIMIT_REMOVE
 -- Run by outbox.rate_limits:remove_rate_limit(_async) to remove a rate limit and the

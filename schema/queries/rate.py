@@ -1,18 +1,27 @@
 """Rate limits: the operator's limits and the token buckets the claim takes from
-(JOB_CLAIM_MANY, steps 1d to 1g), and a tenant's enqueue bucket."""
+(JOB_CLAIM_MANY: steps 1d to 1g check them, 2d and 2e take), and a tenant's enqueue bucket."""
 
 from __future__ import annotations
 
 from typing import Final
 
 # Creates or changes a limit, in the caller's transaction. Its buckets keep their
-# tokens (capped by the new burst at the next claim).
+# tokens (capped by the new burst at the next claim). An exact name's bucket is made
+# here, full: a claim takes tokens only from a bucket its snapshot shows, and one
+# that finds none makes it and turns its jobs down once (a 'prefix:*''s names, each
+# at its first use).
 RATE_LIMIT_SET: Final = """
-INSERT INTO rate_limits AS r (name, rate, per_seconds, burst)
-VALUES (%(name)s, %(rate)s, %(per_seconds)s, %(burst)s)
-ON CONFLICT (name) DO UPDATE
-SET rate = EXCLUDED.rate, per_seconds = EXCLUDED.per_seconds, burst = EXCLUDED.burst,
-    updated_at = now()
+WITH set AS (
+    INSERT INTO rate_limits AS r (name, rate, per_seconds, burst)
+    VALUES (%(name)s, %(rate)s, %(per_seconds)s, %(burst)s)
+    ON CONFLICT (name) DO UPDATE
+    SET rate = EXCLUDED.rate, per_seconds = EXCLUDED.per_seconds, burst = EXCLUDED.burst,
+        updated_at = now()
+)
+INSERT INTO rate_buckets (name, tokens, taken, refilled_at)
+SELECT %(name)s, %(burst)s, 0, now()
+WHERE right(%(name)s, 2) <> ':*'
+ON CONFLICT (name) DO NOTHING
 """
 
 # Removes a limit and the buckets it governed (an exact name's own; a 'prefix:*''s
