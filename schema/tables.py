@@ -46,6 +46,8 @@ LEASED_SQL = _in(LEASED)
 TERMINAL_SQL = _in(TERMINAL)
 # FAILED and CANCELLED: the unsuccessful ends, which an operator may replay.
 REPLAYABLE_SQL = _in(REPLAYABLE)
+# The reasons a job waits for its resource, without a wake-up of its own.
+RESOURCE_REFUSALS_SQL = f"'{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_UNCERTAIN}'"
 
 # Queue and tenant names become RabbitMQ queue names and metric labels, so they keep
 # to a conservative alphabet.
@@ -345,6 +347,17 @@ Index(
     jobs.c.resource,
     jobs.c.job_id,
     postgresql_where=text(f"resource IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
+)
+# The jobs turned down for their resource, oldest first: the one a freed resource
+# wakes is the first entry, however many wait (resource_wake_next).
+Index(
+    "jobs_resource_refused_idx",
+    jobs.c.resource,
+    jobs.c.job_id,
+    postgresql_where=text(
+        f"resource IS NOT NULL AND state IN ({CLAIMABLE_SQL})"
+        f" AND delay_reason IN ({RESOURCE_REFUSALS_SQL})"
+    ),
 )
 # Jobs no live consumer can run wait here until one that knows their type starts.
 Index(

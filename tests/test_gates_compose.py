@@ -4,7 +4,9 @@ Each test names the defect it guards against."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +16,9 @@ from sqlalchemy.orm import Session
 
 from harness.claim import claim_params
 from hybrid_jobs import outbox
+from hybrid_jobs.consumers.outcome import Outcome
+from hybrid_jobs.consumers.store import finish_params
+from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
 from tests.support.jobs import enqueue, job
 
@@ -90,3 +95,104 @@ def test_one_batch_gives_an_untaken_token_to_no_job_past_the_bucket(
         [third],
     ).fetchone()
     assert wait <= 0.01
+
+
+def _finish(pg: psycopg.Connection, job_id: uuid.UUID, outcome: Outcome) -> None:
+    generation = job(pg, job_id)["lease_generation"]
+    params = finish_params("w1", [(job_id, generation, outcome)])
+    assert pg.execute(q.JOB_FINISH_MANY, params).fetchall() == [(job_id, outcome_state(outcome))]
+
+
+def outcome_state(outcome: Outcome) -> str:
+    return {"succeeded": "SUCCEEDED", "failed": "FAILED"}[outcome.kind]
+
+
+def _pending(pg: psycopg.Connection, job_id: uuid.UUID) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM outbox WHERE job_id = %s AND sent_at IS NULL", [job_id]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _sent(pg: psycopg.Connection) -> None:
+    pg.execute("UPDATE outbox SET sent_at = now() WHERE sent_at IS NULL")  # as the relay does
+
+
+def test_an_ordered_head_cancelled_by_its_parents_failure_wakes_the_next_in_order(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # The head of an ordered key waits for its parent; the next of the key waits
+    # behind it (KEY_ORDER, no wake-up of its own). The parent fails, which cancels
+    # the head (PARENT_FAILED): the next must be woken then, not by the orphan walk.
+    parent = enqueue(engine, "noop")
+    assert _claim(pg, [parent]) == {parent: "claimed"}
+    head = enqueue(engine, "noop", key="acct", ordered=True, after=[parent])
+    following = enqueue(engine, "noop", key="acct", ordered=True)
+    _sent(pg)
+    assert _claim(pg, [following]) == {following: "KEY_ORDER"}
+    assert _pending(pg, following) == 0
+    _finish(pg, parent, Outcome.failed("BOOM", "the parent failed"))
+    assert (job(pg, head)["state"], job(pg, head)["last_error_code"]) == (
+        "CANCELLED",
+        "PARENT_FAILED",
+    )
+    assert _pending(pg, following) == 1
+    _sent(pg)
+    assert _claim(pg, [following]) == {following: "claimed"}
+
+
+def test_a_woken_resource_waiter_cancelled_before_it_ran_wakes_the_next(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # The holder's end wakes the oldest waiter of its resource, and only it. That
+    # waiter is cancelled before it runs: the next waiter must be woken then.
+    holder = enqueue(engine, "noop", resource="deploy:prod")
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    first = enqueue(engine, "noop", resource="deploy:prod")
+    second = enqueue(engine, "noop", resource="deploy:prod")
+    _sent(pg)
+    assert _claim(pg, [first, second]) == {first: "RESOURCE_BUSY", second: "RESOURCE_BUSY"}
+    _finish(pg, holder, Outcome.succeeded())
+    assert (_pending(pg, first), _pending(pg, second)) == (1, 0)
+    with Session(engine) as session, session.begin():
+        assert outbox.request_cancel(session, first) == "CANCELLED"
+    assert _pending(pg, second) == 1
+    _sent(pg)
+    assert _claim(pg, [second]) == {second: "claimed"}
+
+
+def test_a_hand_off_reads_the_wake_up_as_it_is_now_not_as_its_snapshot_had_it(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    # The end of the key's lease (E) takes its snapshot while the waiter's wake-up is
+    # unsent, then waits for the holder's row. Meanwhile the relay sends that
+    # wake-up, and a claim turns the waiter down (the key still held) and deletes
+    # it. E then frees the key: it must wake the waiter, whose wake-up its snapshot
+    # still shows pending.
+    holder = enqueue(engine, "noop", key="acct")
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    waiter = enqueue(engine, "noop", key="acct")
+    generation = job(pg, holder)["lease_generation"]
+    params = finish_params("w1", [(holder, generation, Outcome.succeeded())])
+    with psycopg.connect(db_url.conninfo) as blocker, psycopg.connect(db_url.conninfo) as ender:
+        blocker.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR SHARE", [holder])
+        (ender_pid,) = ender.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+        with ThreadPoolExecutor(1) as pool:
+            ended = pool.submit(lambda: ender.execute(q.JOB_FINISH_MANY_IN_TX, params).fetchall())
+            deadline = time.monotonic() + 10
+            while pg.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                [ender_pid],
+            ).fetchone() != (True,):
+                assert time.monotonic() < deadline, "the end of the lease never waited"
+                time.sleep(0.01)
+            _sent(pg)
+            assert _claim(pg, [waiter]) == {waiter: "KEY_BUSY"}
+            assert _pending(pg, waiter) == 0
+            blocker.rollback()
+            assert ended.result(timeout=10) == [(holder, "SUCCEEDED")]
+            ender.commit()
+    assert _pending(pg, waiter) == 1
+    _sent(pg)
+    assert _claim(pg, [waiter]) == {waiter: "claimed"}

@@ -208,7 +208,7 @@ WITH cancelled AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT state FROM cancelled;
 
@@ -323,7 +323,7 @@ WITH due AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, queue FROM expired;
 
@@ -636,7 +636,7 @@ WITH types AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
     DELETE FROM outbox AS o
@@ -977,7 +977,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -1020,15 +1020,24 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM (SELECT DISTINCT resource FROM resource_freed) AS r
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
-                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
-                 w.job_id
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -1219,7 +1228,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -1262,15 +1271,24 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM (SELECT DISTINCT resource FROM resource_freed) AS r
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
-                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
-                 w.job_id
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM finished
 UNION ALL
@@ -1366,7 +1384,7 @@ WITH h AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -1409,15 +1427,24 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM (SELECT DISTINCT resource FROM resource_freed) AS r
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
-                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
-                 w.job_id
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, state FROM returned
 UNION ALL
@@ -1507,7 +1534,7 @@ WITH expired AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
@@ -2680,7 +2707,7 @@ WITH rejected AS (
         ORDER BY w.key_seq, w.job_id
         LIMIT k.n
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT state FROM rejected;
 
@@ -3049,15 +3076,24 @@ WITH freed AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM (SELECT DISTINCT resource FROM freed) AS r
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-        ORDER BY w.delay_reason IN ('RESOURCE_BUSY',
-                                    'RESOURCE_UNCERTAIN') DESC NULLS LAST,
-                 w.job_id
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
         LIMIT 1
     ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0) AS o WHERE o.sent_at IS NULL)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_id, uncertain_since, lease_generation FROM freed;
 

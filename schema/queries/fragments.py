@@ -7,8 +7,12 @@ from __future__ import annotations
 from typing import Final
 
 from hybrid_jobs import defaults
-from hybrid_jobs.schema.states import DelayReason
-from hybrid_jobs.schema.tables import CLAIMABLE_SQL, DEFAULT_MAX_ATTEMPTS, LEASED_SQL
+from hybrid_jobs.schema.tables import (
+    CLAIMABLE_SQL,
+    DEFAULT_MAX_ATTEMPTS,
+    LEASED_SQL,
+    RESOURCE_REFUSALS_SQL,
+)
 
 # The attempt budget in force: the row's, else the default.
 BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"
@@ -77,15 +81,26 @@ KEY_AHEAD: Final = (
 
 
 def no_pending_wakeup(job_id: str) -> str:
-    """True when the job ``job_id`` (a column) has no unsent wake-up. Read through the
-    job's own index (outbox_job_id_idx) alone, fenced by OFFSET 0: left to itself, a
-    generic plan guessed the backlog small and ANDed in the whole unsent index
-    (outbox_due_idx), a scan of every waiting wake-up for each job woken (5 ms a job
-    under a 20,000-job backlog: a keyed outcome of 67 jobs spent 347 of its 440 ms
-    there)."""
+    """True when the job ``job_id`` (a column) has no unsent wake-up, as of now, not as
+    of the statement's snapshot. The hand-offs ask it while they end a lease, and a
+    snapshot can be stale there: the relay may since have sent the wake-up it shows
+    unsent, and a claim turned the job down with the key or resource still held and
+    deleted it; skipping the job then left it with none. So its wake-ups are locked
+    (FOR SHARE), which reads each at its latest version (one sent meanwhile is not
+    pending, one deleted is gone); one the relay is sending right now (SKIP LOCKED)
+    counts as not pending either: the job gets another, and a duplicate wake-up
+    settles harmlessly. One the lock holds stays unsent until this statement
+    commits, and the claim it brings then sees the key or resource free.
+
+    Read through the job's own index (outbox_job_id_idx) alone, fenced by OFFSET 0:
+    left to itself, a generic plan guessed the backlog small and ANDed in the whole
+    unsent index (outbox_due_idx), a scan of every waiting wake-up for each job woken
+    (5 ms a job under a 20,000-job backlog: a keyed outcome of 67 jobs spent 347 of
+    its 440 ms there)."""
     return (
         "NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o"
-        f" WHERE o.job_id = {job_id} OFFSET 0) AS o WHERE o.sent_at IS NULL)"
+        f" WHERE o.job_id = {job_id} OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o"
+        " WHERE o.sent_at IS NULL)"
     )
 
 
@@ -124,22 +139,33 @@ def resource_wake_next(released: str) -> str:
     resource column) that is free again, a wake-up for one due job waiting for it,
     unless one is pending for it already. A job turned down for its resource
     (RESOURCE_BUSY, RESOURCE_UNCERTAIN) got no wake-up back: this is what starts it,
-    so nothing polls a held resource. Those turned down for it go first, then the
-    oldest: a job this statement's snapshot shows with another reason may have met
-    the resource in a claim that has not committed, and its wake-up, in flight, is
-    not pending; a duplicate wake-up settles harmlessly. The one woken, once it
-    ends, wakes the next."""
+    so nothing polls a held resource. The oldest of those turned down for it goes
+    first (jobs_resource_refused_idx), else the oldest waiting (a job this
+    statement's snapshot shows with another reason may have met the resource in a
+    claim that has not committed, and its wake-up, in flight, is not pending; a
+    duplicate wake-up settles harmlessly): two probes of an index in its order,
+    however many wait. The one woken, once it ends, wakes the next, and so does any
+    end of it before it ran (jobs_hand_on)."""
     return f"""resource_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM (SELECT DISTINCT resource FROM {released}) AS r
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
-        ORDER BY w.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
-                                    '{DelayReason.RESOURCE_UNCERTAIN}') DESC NULLS LAST,
-                 w.job_id
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL})
+               AND w.delay_reason IN ({RESOURCE_REFUSALS_SQL}) AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL})
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
         LIMIT 1
     ) AS n
     WHERE {no_pending_wakeup("n.job_id")}
