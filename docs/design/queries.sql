@@ -353,12 +353,6 @@ WITH types AS (
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
         rate_limit text)
-), dedicated AS (
-    -- 1a1. the dedicated tenants (tenant_limits.runners) this worker does not name
-    -- (%(tenants)s, consumer --tenant): their jobs are not its to take. While no
-    -- tenant is dedicated, one probe of an empty partial index.
-    SELECT d.tenant FROM tenant_limits AS d
-    WHERE d.runners = 'dedicated' AND d.tenant <> ALL(%(tenants)s::text[])
 ), locked AS (
     -- 1b. the named jobs of this worker's queues that may be claimed now, locked
     -- (others' rows skipped)
@@ -369,7 +363,12 @@ WITH types AS (
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
-           COALESCE(j.tenant IN (SELECT tenant FROM dedicated), false) AS unauthorized
+           -- a dedicated tenant (tenant_limits.runners) this worker does not name
+           -- (%(tenants)s, consumer --tenant): its jobs are not this worker's to take.
+           -- One probe of the tenant's row per job, however many tenants are dedicated.
+           COALESCE(EXISTS (SELECT 1 FROM tenant_limits AS d
+                            WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
+                              AND d.tenant <> ALL(%(tenants)s::text[])), false) AS unauthorized
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)

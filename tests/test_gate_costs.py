@@ -1,0 +1,96 @@
+"""A gate's cost is its batch's, not its table's: at production shape (50,000
+dedicated tenants, 100,000 jobs waiting for one resource) the claim and the end of a
+lease read a bounded stretch of index, in the custom plan of a first execution and in
+the generic plan a pooled connection settles on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+
+from harness.claim import claim_params
+from hybrid_jobs.schema import queries as q
+from tests.support.jobs import enqueue, job
+from tests.support.plans import plan as explain_plan
+
+BATCH = 50
+
+
+def reads(node: dict[str, Any], relation: str) -> Iterator[tuple[str, int]]:
+    """Each scan of ``relation`` (or of one of its indexes): its node type and the
+    rows it produced or filtered away, all its loops together."""
+    ours = node.get("Relation Name") == relation or node.get("Index Name", "").startswith(
+        f"{relation}_"
+    )
+    if ours and "Scan" in node["Node Type"]:
+        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        yield node["Node Type"], read * node["Actual Loops"]
+    for child in node.get("Plans", []):
+        yield from reads(child, relation)
+
+
+def _analyzed(pg: psycopg.Connection, *tables: str) -> None:
+    pg.commit()
+    pg.autocommit = True
+    for table in tables:
+        pg.execute(f"VACUUM ANALYZE {table}")
+    pg.autocommit = False
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_claim_reads_one_dedicated_tenant_per_job_not_every_one(
+    engine: Engine, pg: psycopg.Connection, generic: bool
+) -> None:
+    pg.execute(
+        "INSERT INTO tenant_limits (tenant, runners)"
+        " SELECT 'd' || i, 'dedicated' FROM generate_series(1, 50000) AS i"
+    )
+    ids = [enqueue(engine, "noop", key=f"k{i}", tenant=f"shared{i % 5}") for i in range(BATCH)]
+    ids.append(enqueue(engine, "noop", key="kd", tenant="d7"))
+    _analyzed(pg, "tenant_limits", "jobs")
+    found = explain_plan(pg, q.JOB_CLAIM_MANY, claim_params(ids, "w1"), generic=generic)
+    read = list(reads(found[0]["Plan"], "tenant_limits"))
+    assert all(node != "Seq Scan" for node, _ in read), read
+    assert sum(rows for _, rows in read) <= 3 * len(ids), read
+    status = {row[1]: row[0] for row in pg.execute(q.JOB_CLAIM_MANY, claim_params(ids, "w1"))}
+    assert status.pop(ids[-1]) == "NO_AUTHORIZED_RUNNER"
+    assert set(status.values()) == {"claimed"}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_a_freed_resource_finds_its_next_waiter_however_many_wait(
+    engine: Engine, pg: psycopg.Connection, generic: bool
+) -> None:
+    holder = enqueue(engine, "noop", resource="deploy:prod")
+    assert pg.execute(q.JOB_CLAIM_MANY, claim_params([holder], "w1")).fetchone()[0] == "claimed"
+    pg.execute("DELETE FROM outbox")  # the holder's wake-up, used
+    # 100,000 waiting for it: the oldest half turned down for it, the rest not tried
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, resource, delay_reason, created_at)"
+        " SELECT gen_random_uuid(), 'noop', 'deploy:prod',"
+        "        CASE WHEN i <= 50000 THEN 'RESOURCE_BUSY' END, now()"
+        " FROM generate_series(1, 100000) AS i"
+    )
+    _analyzed(pg, "jobs")
+    generation = job(pg, holder)["lease_generation"]
+    params = {
+        "outcomes": json.dumps(
+            [{"job_id": str(holder), "generation": generation, "kind": "succeeded"}]
+        ),
+        "worker": "w1",
+    }
+    found = explain_plan(pg, q.JOB_FINISH_MANY, params, generic=generic)
+    read = list(reads(found[0]["Plan"], "jobs"))
+    assert all(node != "Seq Scan" for node, _ in read), read
+    assert sum(rows for _, rows in read) <= 20, read
+    pg.execute(q.JOB_FINISH_MANY, params)
+    (woken,) = pg.execute(
+        "SELECT j.delay_reason FROM outbox AS o JOIN jobs AS j USING (job_id)"
+        " WHERE o.sent_at IS NULL AND j.resource = 'deploy:prod'"
+    ).fetchall()
+    assert woken == ("RESOURCE_BUSY",)
