@@ -1,0 +1,467 @@
+"""A model test of the gates together, against real PostgreSQL.
+
+Hypothesis enqueues jobs through the producer, each with a random set of gates (a
+key with its limit and order, a resource, a rate limit, a capped tenant, a
+deadline), and runs in arbitrary order the statements that move them: claims of
+random batches by two workers (the plain claim first, as the consumer runs them),
+each end of a lease (success, failure, retry, a handler's cancel, a give-back, an
+expiry and the sweep), a cancel request, the deadline passing, an operator's replay,
+the resolution of an uncertain resource, retention, and the relay sending wake-ups.
+It races two claims, and a claim with an end of a lease, on separate connections:
+the first holds its locks in an open transaction while the second arrives.
+
+After every step it checks that:
+- a key's lease count (key_usage) is the number of leases of its jobs, and a key
+  with limit 1 never has two;
+- a resource's hold belongs to the live lease of one of its jobs, or is uncertain,
+  and every lease of a job with a resource holds it;
+- a capped tenant's slots held are its leases holding one, never above the cap;
+- the rate limit's tokens spent are its jobs' starts (no token for a refused claim);
+- no hand-off is lost: a waiting job without a key or resource has a wake-up on its
+  way; a key or resource whose waiting jobs have none is held by a lease (whose end
+  wakes the next) or, a key, waits behind a strict FAILED job (until a replay).
+At the end of each run, ``jobctl check`` finds nothing wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.schema import queries as q
+
+WORKERS = ["w1", "w2"]
+KEYS = ["k1", "k2"]
+# Starts are counted against tokens: one token an hour refills nothing in a run.
+BURST = 1000.0
+
+
+def _terms() -> str:
+    return json.dumps(
+        [
+            {
+                "job_type": "t",
+                "max_attempts": 3,
+                "backoff_base": 1,
+                "backoff_cap": 10,
+                "backoff_jitter": 0,
+                "sync": False,
+                "rate_limit": None,
+            }
+        ]
+    )
+
+
+def _claim_params(job_ids: list[uuid.UUID], worker: str) -> dict[str, Any]:
+    return {
+        "job_ids": job_ids,
+        "types": _terms(),
+        "free_threads": 0,
+        "worker": worker,
+        "lease_seconds": 60,
+        "worker_ttl": 60,
+        "tenants": [],
+        "queues": ["default"],
+    }
+
+
+def _outcome(job_id: uuid.UUID, generation: int, kind: str) -> dict[str, Any]:
+    return {
+        "job_id": str(job_id),
+        "generation": generation,
+        "kind": kind,
+        "error_code": None if kind == "succeeded" else "E",
+        "error_message": "m",
+        "traceback": None,
+        "delay_seconds": 0,
+        "result": None,
+    }
+
+
+class GateMachine(RuleBasedStateMachine):
+    def __init__(self, db: DatabaseUrl) -> None:
+        super().__init__()
+        self.db = db
+        self.conn = psycopg.connect(db.conninfo, autocommit=True)
+        self.other = psycopg.connect(db.conninfo, autocommit=True)
+        self.conn.execute(
+            "TRUNCATE jobs, outbox, key_usage, resource_holds, rate_limits, rate_buckets,"
+            " tenant_limits, tenant_usage CASCADE"
+        )
+        self.engine = create_engine(db.sqlalchemy)
+        with Session(self.engine) as session, session.begin():
+            outbox.set_tenant_limit(session, "capped", max_running=1)
+            outbox.set_rate_limit(session, "api", rate=1, per=timedelta(hours=1), burst=BURST)
+        self.jobs: list[uuid.UUID] = []
+        # (job, worker, generation) of every lease a claim started; some go stale
+        self.handles: list[tuple[uuid.UUID, str, int]] = []
+        self.api_starts = 0
+
+    def teardown(self) -> None:
+        try:
+            found = violations(check(self.db.conninfo))
+            found.pop("lost", None)  # jobs still waiting or running: the run stopped
+            assert found == {}, found
+        finally:
+            self.conn.close()
+            self.other.close()
+            self.engine.dispose()
+
+    # -------------------------------------------------------------- helpers
+
+    def _claimed(self, rows: list[tuple[Any, ...]], worker: str) -> None:
+        for row in rows:
+            if row[0] == "claimed":
+                self.handles.append((row[1], worker, row[8]))
+                rate = self.conn.execute(
+                    "SELECT rate_limit FROM jobs WHERE job_id = %s", [row[1]]
+                ).fetchone()
+                self.api_starts += rate == ("api",)
+
+    def _claim_on(self, conn: psycopg.Connection, ids: list[uuid.UUID], worker: str) -> list[Any]:
+        """As the consumer's store: the plain claim, then the whole one for the rest."""
+        params = _claim_params(ids, worker)
+        rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, params).fetchall()
+        rest = [row[1] for row in rows if row[0] == "full"]
+        taken = [row for row in rows if row[0] == "claimed"]
+        if rest:
+            taken += conn.execute(q.JOB_CLAIM_MANY, params | {"job_ids": rest}).fetchall()
+        return taken
+
+    def _settle(self) -> None:
+        """The system runs: the relay sends every due wake-up, and a consumer claims
+        each job a wake-up was sent for and not yet taken up."""
+        self.the_relay_sends_what_is_due()
+        ids = [
+            row[0]
+            for row in self.conn.execute(
+                f"""SELECT DISTINCT o.job_id FROM outbox AS o JOIN jobs AS j USING (job_id)
+                    WHERE o.sent_at IS NOT NULL AND {q.UNTAKEN}"""
+            )
+        ]
+        if ids:
+            self._claimed(self._claim_on(self.conn, ids, "w1"), "w1")
+
+    def _finish_params(self, handle: tuple[uuid.UUID, str, int], kind: str) -> dict[str, Any]:
+        job_id, worker, generation = handle
+        return {"outcomes": json.dumps([_outcome(job_id, generation, kind)]), "worker": worker}
+
+    # -------------------------------------------------------------- rules
+
+    @rule(
+        settle=st.booleans(),
+        key=st.sampled_from([None, *KEYS]),
+        key_limit=st.sampled_from([1, 1, 2]),
+        ordered=st.sampled_from([False, False, True, "strict"]),
+        resource=st.sampled_from([None, "r1"]),
+        rate=st.sampled_from([None, "api"]),
+        tenant=st.sampled_from([None, "capped"]),
+        deadline=st.booleans(),
+        copies=st.integers(1, 3),
+    )
+    def enqueue(
+        self,
+        settle: bool,
+        key: str | None,
+        key_limit: int,
+        ordered: bool | str,
+        resource: str | None,
+        rate: str | None,
+        tenant: str | None,
+        deadline: bool,
+        copies: int,
+    ) -> None:
+        gates: dict[str, Any] = {"rate_limit": rate, "tenant": tenant}
+        if key is not None:
+            gates |= {"key": key, "key_limit": 1 if ordered else key_limit, "ordered": ordered}
+        elif resource is not None:
+            gates["resource"] = resource
+        if deadline:
+            gates["expires"] = timedelta(hours=1)
+        with Session(self.engine) as session, session.begin():
+            self.jobs += [outbox.enqueue(session, "t", {}, **gates) for _ in range(copies)]
+        if settle:
+            self._settle()
+
+    @rule()
+    def the_relay_sends_what_is_due(self) -> None:
+        self.conn.execute(
+            "UPDATE outbox SET sent_at = now() WHERE sent_at IS NULL AND available_at <= now()"
+        )
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def claim(self, data: st.DataObject, worker: str) -> None:
+        ids = data.draw(st.lists(st.sampled_from(self.jobs), min_size=1, max_size=4, unique=True))
+        self._claimed(self._claim_on(self.conn, ids, worker), worker)
+
+    @precondition(lambda self: self.jobs)
+    @rule(worker=st.sampled_from(WORKERS))
+    def a_consumer_is_woken_for_every_job(self, worker: str) -> None:
+        self._claimed(self._claim_on(self.conn, self.jobs[-20:], worker), worker)
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        settle=st.booleans(),
+        data=st.data(),
+        kind=st.sampled_from(["succeeded", "failed", "retry", "cancelled"]),
+    )
+    def a_lease_ends(self, settle: bool, data: st.DataObject, kind: str) -> None:
+        handle = data.draw(st.sampled_from(self.handles))
+        self.conn.execute(q.JOB_FINISH_MANY, self._finish_params(handle, kind))
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: self.handles)
+    @rule(settle=st.booleans(), data=st.data())
+    def a_graceful_stop_gives_a_lease_back(self, settle: bool, data: st.DataObject) -> None:
+        job_id, worker, generation = data.draw(st.sampled_from(self.handles))
+        fence = json.dumps([{"job_id": str(job_id), "generation": generation}])
+        self.conn.execute(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": worker})
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: self.handles)
+    @rule(settle=st.booleans(), data=st.data())
+    def a_lease_expires_and_is_swept(self, settle: bool, data: st.DataObject) -> None:
+        job_id, _, _ = data.draw(st.sampled_from(self.handles))
+        self.conn.execute(
+            "UPDATE jobs SET lease_expires_at = now() - interval '1 second'"
+            " WHERE job_id = %s AND lease_expires_at IS NOT NULL",
+            [job_id],
+        )
+        self.conn.execute(q.JOB_SWEEP_EXPIRED, {"limit": 100, "default_backoff": 0})
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: self.jobs)
+    @rule(settle=st.booleans(), data=st.data())
+    def a_cancel_is_requested(self, settle: bool, data: st.DataObject) -> None:
+        with Session(self.engine) as session, session.begin():
+            outbox.request_cancel(session, data.draw(st.sampled_from(self.jobs)))
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: self.jobs)
+    @rule(settle=st.booleans(), data=st.data())
+    def a_deadline_passes(self, settle: bool, data: st.DataObject) -> None:
+        self.conn.execute(
+            "UPDATE jobs SET expires_at = now() - interval '1 millisecond'"
+            " WHERE job_id = %s AND expires_at IS NOT NULL",
+            [data.draw(st.sampled_from(self.jobs))],
+        )
+        self.conn.execute(q.JOB_EXPIRE_WAITING, {"limit": 100})
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: self.jobs)
+    @rule()
+    def retries_come_due(self) -> None:
+        self.conn.execute(
+            "UPDATE jobs SET run_after = now() - interval '1 millisecond'"
+            " WHERE state = 'RETRY_WAIT' AND run_after > now()"
+        )
+        self.conn.execute(
+            "UPDATE outbox SET available_at = now() - interval '1 millisecond'"
+            " WHERE sent_at IS NULL AND available_at > now()"
+        )
+
+    @precondition(lambda self: self.jobs)
+    @rule(settle=st.booleans(), data=st.data())
+    def an_operator_replays_a_job(self, settle: bool, data: st.DataObject) -> None:
+        self.conn.execute(
+            q.JOB_REPLAY, {"job_id": data.draw(st.sampled_from(self.jobs)), "by": "model"}
+        )
+        if settle:
+            self._settle()
+
+    @rule(settle=st.booleans())
+    def an_operator_resolves_an_uncertain_resource(self, settle: bool) -> None:
+        self.conn.execute(
+            q.RESOURCE_RESOLVE,
+            {
+                "resource": "r1",
+                "job_id": None,
+                "lease_generation": None,
+                "by": "model",
+                "outcome": None,
+            },
+        )
+        if settle:
+            self._settle()
+
+    @rule(settle=st.booleans())
+    def retention_runs(self, settle: bool) -> None:
+        self.conn.execute(q.JOB_RETENTION_DELETE, {"keep_seconds": 0, "limit": 100})
+        left = {row[0] for row in self.conn.execute("SELECT job_id FROM jobs")}
+        self.jobs = [j for j in self.jobs if j in left]
+        self.handles = [h for h in self.handles if h[0] in left]
+        if settle:
+            self._settle()
+
+    @precondition(lambda self: len(self.jobs) >= 2)
+    @rule(data=st.data())
+    def race_two_claims(self, data: st.DataObject) -> None:
+        first = data.draw(st.lists(st.sampled_from(self.jobs), min_size=1, max_size=3, unique=True))
+        second = data.draw(
+            st.lists(st.sampled_from(self.jobs), min_size=1, max_size=3, unique=True)
+        )
+        self._race(
+            lambda conn: self._claimed(self._claim_on(conn, first, "w1"), "w1"),
+            lambda conn: self._claimed(self._claim_on(conn, second, "w2"), "w2"),
+        )
+
+    @precondition(lambda self: self.handles and self.jobs)
+    @rule(data=st.data(), end_first=st.booleans())
+    def race_an_end_and_a_claim(self, data: st.DataObject, end_first: bool) -> None:
+        params = self._finish_params(data.draw(st.sampled_from(self.handles)), "succeeded")
+        ids = data.draw(st.lists(st.sampled_from(self.jobs), min_size=1, max_size=3, unique=True))
+
+        def end(conn: psycopg.Connection) -> None:
+            conn.execute(q.JOB_FINISH_MANY_IN_TX, params)
+
+        def claim(conn: psycopg.Connection) -> None:
+            self._claimed(self._claim_on(conn, ids, "w2"), "w2")
+
+        self._race(*((end, claim) if end_first else (claim, end)))
+
+    def _race(self, first: Any, second: Any) -> None:
+        """``first`` runs in an open transaction holding its locks; ``second`` arrives
+        meanwhile on another connection; then ``first`` commits."""
+        failure: list[BaseException] = []
+
+        def run_second() -> None:
+            try:
+                second(self.other)
+            except BaseException as exc:
+                failure.append(exc)
+
+        racer = threading.Thread(target=run_second)
+        with self.conn.transaction():
+            first(self.conn)
+            racer.start()
+            racer.join(0.2)
+        racer.join(10)
+        assert not racer.is_alive(), "the second statement never finished"
+        # a claim the other one's locks make wait past its own locks may deadlock:
+        # PostgreSQL then cancels one, which changes nothing
+        assert all(isinstance(e, psycopg.errors.DeadlockDetected) for e in failure), failure
+
+    # -------------------------------------------------------------- invariants
+
+    def _all(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql).fetchall()  # type: ignore[arg-type]
+
+    @invariant()
+    def a_keys_leases_are_counted_once_and_kept_to_its_limit(self) -> None:
+        counted = dict(self._all("SELECT key, running FROM key_usage"))
+        leased = dict(
+            self._all(
+                "SELECT key, count(*) FROM jobs"
+                " WHERE key IS NOT NULL AND state IN ('RUNNING', 'CANCEL_REQUESTED') GROUP BY key"
+            )
+        )
+        assert counted == leased, "a key's lease leaked or was released twice"
+        over = self._all(
+            "SELECT key FROM jobs"
+            " WHERE state IN ('RUNNING', 'CANCEL_REQUESTED') AND key IS NOT NULL"
+            " GROUP BY key HAVING count(*) > min(key_limit)"
+        )
+        assert over == [], "a key ran past its limit"
+
+    @invariant()
+    def a_resource_is_held_exactly_by_its_live_lease(self) -> None:
+        holds = {
+            row[0]: row[1:]
+            for row in self._all(
+                "SELECT resource, job_id, lease_generation, uncertain_since IS NOT NULL"
+                " FROM resource_holds"
+            )
+        }
+        leases = self._all(
+            "SELECT resource, job_id, lease_generation FROM jobs"
+            " WHERE resource IS NOT NULL AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        for resource, job_id, generation in leases:
+            assert holds.get(resource) == (job_id, generation, False), "a lease without its hold"
+        leased = {(r, j, g) for r, j, g in leases}
+        for resource, (job_id, generation, uncertain) in holds.items():
+            assert uncertain or (resource, job_id, generation) in leased, "a hold without a lease"
+
+    @invariant()
+    def a_capped_tenants_slots_are_its_leases(self) -> None:
+        ((recorded,),) = self._all(
+            "SELECT COALESCE(sum(running), 0) FROM tenant_usage WHERE tenant = 'capped'"
+        )
+        ((held,),) = self._all("SELECT count(*) FROM jobs WHERE tenant = 'capped' AND holds_slot")
+        assert recorded == held, "a slot leaked or was released twice"
+        assert held <= 1, "the cap of one was exceeded"
+
+    @invariant()
+    def tokens_spent_are_starts(self) -> None:
+        ((tokens,),) = self._all("SELECT tokens FROM rate_buckets WHERE name = 'api'")
+        assert abs(BURST - tokens - self.api_starts) < 0.5, (BURST - tokens, self.api_starts)
+
+    @invariant()
+    def no_hand_off_is_lost(self) -> None:
+        woken = f"""EXISTS (SELECT 1 FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+                           WHERE o.job_id = w.job_id AND (o.sent_at IS NULL OR ({q.UNTAKEN})))"""
+        stranded = self._all(
+            f"""SELECT w.job_id FROM jobs AS w
+                WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NULL
+                  AND w.resource IS NULL AND NOT {woken}"""
+        )
+        assert stranded == [], "a job without a key or resource waits with no wake-up"
+        keys = self._all(
+            f"""SELECT w.key FROM jobs AS w
+                WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NOT NULL
+                GROUP BY w.key
+                HAVING NOT bool_or({woken})
+                   AND NOT EXISTS (SELECT 1 FROM jobs AS x
+                                   WHERE x.key = w.key
+                                     AND (x.state IN ('RUNNING', 'CANCEL_REQUESTED')
+                                          OR (x.state = 'FAILED' AND x.key_order = 'strict')))"""
+        )
+        assert keys == [], "a key's waiting jobs wait with no wake-up and nothing to wake them"
+        resources = self._all(
+            f"""SELECT w.resource FROM jobs AS w
+                WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.resource IS NOT NULL
+                GROUP BY w.resource
+                HAVING NOT bool_or({woken})
+                   AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
+                                   WHERE h.resource = w.resource)"""
+        )
+        assert resources == [], "a free resource's waiting jobs wait with no wake-up"
+
+
+def test_the_gates_hold_together_under_arbitrary_interleavings_and_races(
+    db_url: DatabaseUrl,
+) -> None:
+    run_state_machine_as_test(
+        lambda: GateMachine(db_url),
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
