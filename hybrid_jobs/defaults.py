@@ -48,6 +48,11 @@ AMQP_QUEUE_TYPE: Final = "classic"
 LOG_LEVEL: Final = "INFO"
 """``$LOG_LEVEL`` / ``--log-level`` of the daemons' JSON lines."""
 
+POOL_CLOSE_SECONDS: Final = 1.0
+"""How long a daemon on its way out waits for its connection pool's workers. An idle
+pool closes at once; a worker caught opening a connection by a stop-now signal held
+the exit for psycopg_pool's own default, 5 s."""
+
 # ------------------------------------------------------------------ jobs
 
 MAX_ATTEMPTS: Final = 5

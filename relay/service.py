@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from hybrid_jobs.plumbing.stopping import cancel_and_wait
 from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
@@ -185,7 +186,7 @@ class Relay:
         await self.pool.open(wait=False)
         if not await unless_stopped(stop, self._connect()):
             await self.publisher.close()
-            await self.pool.close()
+            await self.pool.close(timeout=defaults.POOL_CLOSE_SECONDS)
             log.info("relay.stopped", extra={"published": 0})
             return
         drainers = [asyncio.create_task(self._drainer(ev)) for ev in self.wakes]
@@ -233,7 +234,7 @@ class Relay:
         except Exception as exc:  # the row expires on its own
             log.warning("relay.forget_failed", extra={"error": str(exc)})
         await self.publisher.close()
-        await self.pool.close()
+        await self.pool.close(timeout=defaults.POOL_CLOSE_SECONDS)
         log.info("relay.stopped", extra={"published": self.published})
 
     # ------------------------------------------------------------------ draining
