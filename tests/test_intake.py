@@ -44,7 +44,7 @@ def test_a_backlog_of_slow_jobs_costs_a_waiting_consumer_no_cpu(
     """Every slot busy and job ids waiting: the consumer sleeps until a slot frees
     up (it used to spin on a zero-second wait, a whole core)."""
     with fleet(env, [*APP, "--concurrency", "2"]) as (_, (consumer,)):
-        enqueue_many(engine, [NewJob("sleep", {"seconds": 20}) for _ in range(20)])
+        enqueue_many(engine, [NewJob("sleep", {"seconds": 8}) for _ in range(20)])
         asyncio.run(
             until(
                 lambda: (
