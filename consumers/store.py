@@ -18,6 +18,7 @@ from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.plumbing.db import native
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.gates import GATES
 from hybrid_jobs.schema.states import JobState
 
 # What a claim says of a wake-up it did not turn into a running job. The reasons a
@@ -34,6 +35,8 @@ OTHER_QUEUE = "other_queue"
 HELD_HERE = "held_here"
 
 log = logging.getLogger("consumer")
+
+ALL_GATES = frozenset(GATES)
 
 
 @dataclass(frozen=True)
@@ -156,15 +159,18 @@ class JobStore:
         # decided, and any refusal recorded, by the whole claim.
         async with self.pool.connection() as conn:
             cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(conn, params)
-            rows = await cur.fetchall()
-            taken = [row for row in rows if row[0] == "claimed"]
-            rest = [row[1] for row in rows if row[0] == "full"]
+            plain = await cur.fetchall()
+            rows = taken = [row[:-1] for row in plain if row[0] == "claimed"]
+            rest = [row[1] for row in plain if row[0] == "full"]
+            # the whole claim, composed of the gates these jobs use, and no other's
+            used = frozenset(gate for row in plain if row[0] == "full" for gate in row[-1])
+            whole = q.JOB_CLAIM_MANY if used == ALL_GATES else q.job_claim_many(used)
             if rest:
                 # the threads the plain functions just claimed hold are not free
                 sync = {t["job_type"] for t in terms if t["sync"]}
                 threads_left = free_threads - sum(1 for row in taken if row[2] in sync)
                 try:
-                    cur = await native(q.JOB_CLAIM_MANY).execute(
+                    cur = await native(whole).execute(
                         conn,
                         {
                             **params,

@@ -4,6 +4,8 @@ Each test names the defect it guards against."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -11,16 +13,22 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from harness.claim import claim_params
 from hybrid_jobs import outbox
+from hybrid_jobs.consumers import store as store_module
 from hybrid_jobs.consumers.outcome import Outcome
-from hybrid_jobs.consumers.store import finish_params
+from hybrid_jobs.consumers.store import JobStore, finish_params
 from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import Native
 from hybrid_jobs.schema import queries as q
-from tests.support.jobs import enqueue, job
+from hybrid_jobs.schema.gates import GATES
+from tests.support.jobs import enqueue, job, versions
 
 
 def _claim(pg: psycopg.Connection, ids: list[uuid.UUID], worker: str = "w1") -> dict[Any, str]:
@@ -196,3 +204,77 @@ def test_a_hand_off_reads_the_wake_up_as_it_is_now_not_as_its_snapshot_had_it(
     assert _pending(pg, waiter) == 1
     _sent(pg)
     assert _claim(pg, [waiter]) == {waiter: "claimed"}
+
+
+# What each gate's steps touch that no other gate's do.
+_OWN = {
+    "key": ("key_usage", "key_behind AS (\n    --"),
+    "rate": ("rate_buckets", "rate_limits"),
+    "resource": ("resource_holds",),
+    "deadline": ("expired_ended", "expires_at <= now()"),
+}
+
+
+@pytest.mark.parametrize(
+    "used", [c for n in range(len(GATES) + 1) for c in itertools.combinations(GATES, n)]
+)
+def test_a_claim_composed_of_some_gates_has_no_other_gates_sql_and_runs(
+    pg: psycopg.Connection, used: tuple[str, ...]
+) -> None:
+    statement = q.job_claim_many(used)
+    for gate, marks in _OWN.items():
+        for mark in marks:
+            assert (mark in statement) == (gate in used), (gate, mark)
+    rows = pg.execute(statement, claim_params([uuid.uuid4()], "w1")).fetchall()
+    assert [row[0] for row in rows] == ["missing"]
+
+
+def test_a_job_using_a_gate_its_claim_leaves_out_is_left_as_it_was(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # Its gates were read before the claim; whatever changed since, a claim composed
+    # without one of them must neither start the job nor turn it down.
+    _limit(engine, "api", rate=1, per=timedelta(hours=1), burst=5)
+    jobs = {
+        "key": enqueue(engine, "noop", key="account:1"),
+        "rate": enqueue(engine, "noop", rate_limit="api"),
+        "resource": enqueue(engine, "noop", resource="deploy:prod"),
+        "deadline": enqueue(engine, "noop", expires=timedelta(hours=1)),
+    }
+    before = versions(pg, list(jobs.values()))
+    for gate, job_id in jobs.items():
+        others = [g for g in GATES if g != gate]
+        rows = pg.execute(q.job_claim_many(others), claim_params([job_id], "w1")).fetchall()
+        assert [row[0] for row in rows] == ["locked"], gate
+    assert versions(pg, list(jobs.values())) == before
+
+
+async def test_the_store_runs_the_claim_of_the_gates_its_jobs_use(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+    real_native = store_module.native
+
+    def recording(sql: str) -> Native:
+        ran.append(sql)
+        return real_native(sql)
+
+    monkeypatch.setattr(store_module, "native", recording)
+    store = JobStore(pool, "w1", lease_seconds=30)
+    terms = json.loads(claim_params([], "w1")["types"])
+    plain = enqueue(engine, "noop")
+    keyed = enqueue(engine, "noop", key="account:1")
+    found = await store.claim(
+        [plain, keyed], terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
+    assert {c.job_id for c in found.claimed} == {plain, keyed}
+    assert ran == [q.JOB_CLAIM_PLAIN_MANY, q.job_claim_many(["key"])]
+    ran.clear()
+    found = await store.claim(
+        [enqueue(engine, "noop")], terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
+    assert len(found.claimed) == 1
+    assert ran == [q.JOB_CLAIM_PLAIN_MANY], "a plain job runs no gate's statement"

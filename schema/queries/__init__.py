@@ -98,6 +98,7 @@ from hybrid_jobs.schema.queries.lease import (
     JOB_HEARTBEAT_MANY,
     JOB_HELD_BY,
     JOB_SWEEP_EXPIRED,
+    job_claim_many,
 )
 from hybrid_jobs.schema.queries.outbox import (
     JOB_WAKE_ORPHANS,
@@ -257,4 +258,5 @@ __all__ = [
     "WORKER_PACK_LIMIT",
     "WORKER_SEEN",
     "WORKER_TTL_SECONDS",
+    "job_claim_many",
 ]
