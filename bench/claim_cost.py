@@ -5,6 +5,8 @@ limit) take for a batch of 1 and of 50 due jobs, with a backlog of waiting jobs 
 place; and then one JOB_FINISH_MANY (the whole outcome) and one
 JOB_FINISH_PLAIN_MANY (the shorter outcome of leases that hold no key and no
 resource), each recording the success of a batch of 1 and of 50 of those jobs.
+Keyed jobs, one key each, are claimed by the whole claim and by the claim composed
+of the key's gate alone (what the consumer runs for them).
 
     python -m bench.claim_cost [--jobs 40000] [--repeat 100]
 
@@ -114,6 +116,26 @@ def main() -> None:
                     report[f"{claim}_{mode}_batch_{n}"] = measure(
                         db.conninfo, options, chosen, n, statement
                     )
+        # keyed jobs (a key each, so every one may run): by the whole claim, and by
+        # the claim composed of the key's gate alone, which the consumer runs for them
+        with committing(db) as session:
+            keyed = outbox.enqueue_many(
+                session,
+                [outbox.NewJob("noop", {"i": i}, key=f"k{i}") for i in range(args.jobs // 4)],
+            )
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute("ANALYZE jobs")
+        parts = iter(range(0, len(keyed), len(keyed) // 4))
+        for claim, statement in (
+            ("keyed_whole", q.JOB_CLAIM_MANY),
+            ("keyed_key_gate", q.job_claim_many(["key"])),
+        ):
+            for n in (1, 50):
+                first = next(parts)
+                chosen = keyed[first : first + min(args.repeat * n, len(keyed) // 4)]
+                report[f"{claim}_consumer_batch_{n}"] = measure(
+                    db.conninfo, CONTROL_OPTIONS, chosen, n, statement
+                )
         # the outcomes of the jobs the plain claim took, by each outcome statement
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
             rows = conn.execute(
