@@ -131,6 +131,8 @@ class Relay:
         # keeps them backed off; every other queue carries on.
         self.backoff = QueueBackoff(s.queue_backoff, s.queue_backoff_cap)
         self.stopping = False
+        # the drainers and chores, cancelled on the way out however the relay stops
+        self.tasks: list[asyncio.Task[None]] = []
         self.published = 0
         self.turn = 0
         # The orphan backstop's place in its walk of the jobs table.
@@ -159,6 +161,23 @@ class Relay:
             event.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            # Also when a second signal cancels the relay mid-way: its tasks are
+            # cancelled before the pool closes (else they retry against a closed
+            # pool), and the pool is closed here, since a psycopg_pool worker
+            # cancelled while it opens a connection swallows the cancel and waits
+            # on its queue for ever: the event loop could not close.
+            stuck = await cancel_and_wait(self.tasks, within=defaults.POOL_CLOSE_SECONDS)
+            if stuck:
+                log.error(
+                    "relay.task_ignored_cancel", extra={"tasks": [t.get_name() for t in stuck]}
+                )
+            if not self.pool.closed:
+                await self.pool.close(timeout=defaults.POOL_CLOSE_SECONDS)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         s = self.settings
         log.info(
             "relay.starting",
@@ -204,6 +223,7 @@ class Relay:
             asyncio.create_task(self._every("retention", s.retention_interval, self._retention)),
             asyncio.create_task(self._report()),
         ]
+        self.tasks = [*drainers, *chores]
         log.info("relay.started")
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([stopped, *drainers], return_when=asyncio.FIRST_COMPLETED)
