@@ -19,15 +19,21 @@ On SIGTERM (see ``Consumer._shutdown``): stop consuming (unclaimed wake-ups go b
 to the queue), let running jobs finish for ``drain_seconds``, give back the claims of
 async handlers still running (RUNNING to QUEUED, attempt refunded), wait for plain
 functions on their threads (which cannot be stopped), record every outcome, leave.
+A second signal means "stop now" (see ``Consumer._stop_now``): async handlers still
+running are cancelled and their claims given back all the same, within a few seconds
+at most; plain functions still on their threads are left to their leases.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
+import time
+import uuid
 from collections import Counter
 
 from hybrid_jobs.consumers.claimer import Claimer
@@ -43,10 +49,12 @@ from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.reporter import Reporter
 from hybrid_jobs.consumers.settings import ConsumerSettings
 from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.defaults import POOL_CLOSE_SECONDS
 from hybrid_jobs.plumbing.db import make_pool
 from hybrid_jobs.plumbing.logfmt import describe_error
-from hybrid_jobs.plumbing.stopping import cancel_and_wait
+from hybrid_jobs.plumbing.stopping import FORCE_EXIT_SECONDS, cancel_and_wait
 from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
+from hybrid_jobs.schema.states import JobState
 
 log = logging.getLogger("consumer")
 
@@ -62,6 +70,38 @@ GIVE_BACK_BATCH = 500
 # for the whole stop. Then it is left to lapse, and the sweeper retries its job.
 GIVE_BACK_LOCKED_RETRIES = 5
 GIVE_BACK_LOCKED_PAUSE = 0.05
+# How long one give-back statement may take.
+GIVE_BACK_STATEMENT_SECONDS = 10.0
+# After a second signal ("stop now"), how long giving back claims and recording
+# outcomes may take in all: the process exits FORCE_EXIT_SECONDS after that signal
+# whatever still runs, and closing the event loop needs a moment of that too.
+STOP_NOW_SECONDS = FORCE_EXIT_SECONDS - 2.0
+# ... of which a cancelled async handler gets this long to end.
+STOP_NOW_CANCEL_SECONDS = 1.0
+
+# What became of a claim the stop did not give back (a given-back claim's entry is
+# its new state: QUEUED, or CANCELLED if a cancel was requested).
+LEFT_STALE = "no longer this worker's"
+LEFT_LOCKED = "left to lapse: another transaction kept holding its row"
+LEFT_FAILED = "left to lapse: the give-back failed or ran out of time"
+LEFT_STUCK = "left to lapse: its handler ignored cancellation"
+LEFT_THREAD = (
+    "left to lapse: a plain function still runs on its thread, and another worker "
+    "must not run the job while it does"
+)
+LEFT_WRITING = "left to its own ending write, which was in flight"
+
+
+# The states a given-back claim's job is left in.
+GIVEN_BACK = frozenset({str(JobState.QUEUED), str(JobState.CANCELLED)})
+
+
+def _seconds_left(deadline: float | None, most: float = float("inf")) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()``; None: none), at most
+    ``most``, never below zero."""
+    if deadline is None:
+        return most
+    return max(0.0, min(most, deadline - time.monotonic()))
 
 
 def make_worker_id() -> str:
@@ -113,6 +153,8 @@ class Consumer:
         self.lease_keeper = LeaseKeeper(
             settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
         )
+        # The side tasks (claimer, reporter, ...), once started.
+        self.background: dict[str, asyncio.Task[None]] = {}
 
     @property
     def counts(self) -> Counter[str]:
@@ -122,6 +164,31 @@ class Consumer:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then stop gracefully (:meth:`_shutdown`); a
+        cancel (the daemon's "stop now", at a second signal) ends it sooner, giving
+        back what can be given back in a moment on the way (:meth:`_stop_now`)."""
+        try:
+            await self._run(stop)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # Withdrawn while the give-back runs (Python 3.11's asyncio.timeout turns
+            # its expiry into TimeoutError only in a task with no cancel pending),
+            # and re-raised after it.
+            while task is not None and task.uncancel():
+                pass
+            await self._stop_now()
+            raise
+        finally:
+            # However it stops: its side tasks end before the pools close (else they
+            # retry against a closed pool), and the pools close here, since a
+            # psycopg_pool worker cancelled while it opens a connection swallows the
+            # cancel and waits on its queue for ever, keeping the event loop open.
+            await cancel_and_wait(list(self.background.values()), within=POOL_CLOSE_SECONDS)
+            for pool in (self.pool, self.handlers.pool):
+                if not pool.closed:
+                    await pool.close(timeout=POOL_CLOSE_SECONDS)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         s = self.settings
         log.info(
             "consumer.starting",
@@ -150,7 +217,7 @@ class Consumer:
             await self._close()
             log.info("consumer.stopped", extra={"worker": self.worker})
             return
-        background = {
+        self.background = background = {
             name: asyncio.create_task(work, name=name)
             for name, work in [
                 ("claimer", self.claimer.run()),
@@ -249,12 +316,20 @@ class Consumer:
         self.journal.tell_untold()
         log.info("consumer.stopped", extra={"worker": self.worker, **self.counts})
 
-    async def _give_back_async(self, running: list[Held]) -> None:
+    async def _give_back_async(
+        self,
+        running: list[Held],
+        grace: float = CANCEL_GRACE_SECONDS,
+        deadline: float | None = None,
+    ) -> dict[uuid.UUID, str]:
         """Cancel these async handlers; give back the claims of those that did not
-        end meanwhile with an outcome of their own."""
+        end meanwhile with an outcome of their own. What became of each of those
+        claims: its new state if given back, else why not (``LEFT_*``).
+        ``deadline`` (a ``time.monotonic()``) bounds the give-back."""
+        fates: dict[uuid.UUID, str] = {}
         tasks = [h.task for h in running if h.task]
         if tasks:
-            stuck = await cancel_and_wait(tasks, within=CANCEL_GRACE_SECONDS)
+            stuck = await cancel_and_wait(tasks, within=grace)
             if stuck:
                 # Still running: never give such a claim back. Its lease lapses once
                 # the process is gone, and the sweeper retries the job.
@@ -266,12 +341,64 @@ class Consumer:
                 for held in running:
                     if held.task in stuck:
                         self.ledger.forget(held.job)
+                        fates[held.job.id] = LEFT_STUCK
         unfinished = [
             h.job
             for h in running
             if self.ledger.held.get(h.job.id) is h and h.phase is Phase.RUNNING and not h.writing
         ]
-        await self._give_back(unfinished)
+        fates.update(await self._give_back(unfinished, deadline))
+        return fates
+
+    async def _stop_now(self) -> None:
+        """A second signal: the process exits within seconds. First, for at most
+        STOP_NOW_SECONDS: cancel the async handlers still running and give their
+        claims back (QUEUED, attempt refunded, a fresh wake-up), as the end of a
+        drain does, rather than leave them RUNNING until their leases run out and
+        the sweeper spends an attempt; and give the reporter what time is left for
+        the outcomes waiting. A plain function on its thread cannot be stopped, so
+        its claim is left to its lease (giving it back would let another worker run
+        the job while the thread still does), as is a claim whose handler ignored
+        its cancellation. ``consumer.stopped_now`` says which went which way."""
+        deadline = time.monotonic() + STOP_NOW_SECONDS
+        self.claimer.stopping = self.lease_keeper.stopping = self.threads.stopping = True
+        if not len(self.ledger):
+            return
+        # a claim in flight finishes, and its jobs join the ones below
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_seconds_left(deadline, STOP_NOW_CANCEL_SECONDS)):
+                async with self.claimer.lock:
+                    pass
+        running = [h for h in self.ledger.leases() if h.phase is Phase.RUNNING and h.task]
+        left = {h.job.id: LEFT_THREAD for h in running if h.thread is not None and h.thread.taken}
+        left.update((h.job.id, LEFT_WRITING) for h in running if h.writing and h.job.id not in left)
+        fates: dict[uuid.UUID, str] = {}
+        try:
+            fates = await self._give_back_async(
+                [h for h in running if h.job.id not in left],
+                _seconds_left(deadline, STOP_NOW_CANCEL_SECONDS),
+                deadline,
+            )
+            reporter = self.background.get("reporter")
+            if reporter is not None and self.ledger.pending_outcomes():
+                self.reporter.close()
+                await asyncio.wait([reporter], timeout=_seconds_left(deadline))
+        except Exception as exc:  # the process is leaving: say so, and leave
+            log.error("consumer.stop_now_failed", extra={"error": describe_error(exc)})
+        given = {str(i): fate for i, fate in fates.items() if fate in GIVEN_BACK}
+        left.update((i, fate) for i, fate in fates.items() if fate not in GIVEN_BACK)
+        said: dict[str, object] = {
+            "given_back": given,
+            "left": {str(i): why for i, why in left.items()},
+            "outcomes_unrecorded": self.ledger.pending_outcomes(),
+            "why": "a second signal asked to stop now",
+        }
+        if said["outcomes_unrecorded"] or any(why != LEFT_STALE for why in left.values()):
+            said["action"] = (
+                "what was left lapses with its lease, and the sweeper retries those "
+                "jobs (spending an attempt)"
+            )
+        log.warning("consumer.stopped_now", extra=said)
 
     async def _wait_for(self, waited: list[Held]) -> None:
         """Wait for handlers the stop cannot interrupt: their leases stay alive
@@ -304,21 +431,26 @@ class Consumer:
         self.handlers.close_sync()
         self.threads.shutdown()
 
-    async def _give_back(self, jobs: list[Job]) -> None:
+    async def _give_back(
+        self, jobs: list[Job], deadline: float | None = None
+    ) -> dict[uuid.UUID, str]:
         """Give back claims, in bounded statements: a failure costs only its batch
         (whose leases lapse: the sweeper retries those jobs, spending an attempt).
+        What became of each: its new state if given back, else why not (``LEFT_*``).
 
         A claim whose row another transaction holds is skipped by the statement,
         not waited for: those few are tried again, briefly (GIVE_BACK_LOCKED_*), and
-        only then left to lapse, named in ``consumer.give_back_left``."""
-        locked = await self._give_back_once(jobs)
+        only then left to lapse, named in ``consumer.give_back_left``. With a
+        ``deadline`` (a ``time.monotonic()``), no statement or retry runs past it."""
+        fates: dict[uuid.UUID, str] = {}
+        locked = await self._give_back_once(jobs, fates, deadline)
         pause = GIVE_BACK_LOCKED_PAUSE
         for _ in range(GIVE_BACK_LOCKED_RETRIES):
-            if not locked:
-                return
+            if not locked or _seconds_left(deadline, pause) < pause:
+                break
             await asyncio.sleep(pause)
             pause *= 2
-            locked = await self._give_back_once(locked)
+            locked = await self._give_back_once(locked, fates, deadline)
         if locked:
             log.warning(
                 "consumer.give_back_left",
@@ -330,27 +462,39 @@ class Consumer:
             )
             for job in locked:
                 self.ledger.forget(job)
+                fates[job.id] = LEFT_LOCKED
+        return fates
 
-    async def _give_back_once(self, jobs: list[Job]) -> list[Job]:
-        """One try at giving back these claims; returns the ones whose row another
-        transaction held (still ours and still held here, to be tried again)."""
+    async def _give_back_once(
+        self, jobs: list[Job], fates: dict[uuid.UUID, str], deadline: float | None
+    ) -> list[Job]:
+        """One try at giving back these claims, noting in ``fates`` what became of
+        each; returns the ones whose row another transaction held (still ours and
+        still held here, to be tried again)."""
         locked: list[Job] = []
         for start in range(0, len(jobs), GIVE_BACK_BATCH):
             batch = jobs[start : start + GIVE_BACK_BATCH]
             try:
-                async with asyncio.timeout(10):
+                seconds = _seconds_left(deadline, GIVE_BACK_STATEMENT_SECONDS)
+                if seconds <= 0:
+                    raise TimeoutError("no time left to give them back")
+                async with asyncio.timeout(seconds):
                     given = await self.store.give_back([j.fence for j in batch])
             except Exception as exc:
                 log.error(
                     "consumer.give_back_failed",
                     extra={"jobs": len(batch), "error": describe_error(exc)},
                 )
+                fates.update((job.id, LEFT_FAILED) for job in batch)
                 continue
             for job in batch:
                 if job.id in given.locked:
                     locked.append(job)
-                else:  # given back, or no longer ours
-                    self.ledger.forget(job)
+                    continue
+                # given back, or no longer ours
+                self.ledger.forget(job)
+                state = given.returned.get(job.id)
+                fates[job.id] = LEFT_STALE if state is None else str(state)
             states = Counter(str(state) for state in given.returned.values())
             log.info(
                 "consumer.gave_back",

@@ -26,7 +26,13 @@ from sqlalchemy.orm import Session
 
 from hybrid_jobs.outbox import backpressure
 from hybrid_jobs.outbox.twin import async_twin
-from hybrid_jobs.outbox.validation import NewJob, max_payload_bytes, parent_ids, to_row
+from hybrid_jobs.outbox.validation import (
+    JsonDefault,
+    NewJob,
+    max_payload_bytes,
+    parent_ids,
+    to_row,
+)
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.schema.queries import (
     JOB_DEBOUNCE_MANY,
@@ -255,12 +261,18 @@ def enqueue(
     after: Sequence[uuid.UUID | str] = (),
     on_parent_failure: str = "cancel",
     resource: str | None = None,
+    json_default: JsonDefault | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
     ``payload`` is any JSON value: ``None`` is stored as JSON null (the handler gets
     None), and a dict key that is not a string is refused (``TypeError``), where
-    ``json.dumps`` would turn it into text.
+    ``json.dumps`` would turn it into text. A value JSON cannot hold (a datetime, a
+    UUID, a Decimal) is refused (``TypeError``, naming where it is), unless
+    ``json_default`` makes JSON of it: a function as ``json.dumps``'s ``default``,
+    called with each such value, returning one JSON can hold (or raising
+    ``TypeError``). It runs before the size and depth checks, so what is checked
+    and stored is plain JSON, and that is what the handler reads.
 
     Returns the new job's id, or with a ``dedup_key`` already used for ``job_type``,
     the existing job's id (and inserts nothing). ``run_after`` is an aware datetime
@@ -329,6 +341,7 @@ def enqueue(
         after=after,
         on_parent_failure=on_parent_failure,
         resource=resource,
+        json_default=json_default,
     )
     return enqueue_many(session, [job])[0]
 

@@ -13,7 +13,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,6 +33,14 @@ MAX_ATTEMPTS_LIMIT = defaults.MAX_ATTEMPTS_LIMIT
 
 # An escaped NUL in JSON text: \u0000 preceded by an even number of backslashes.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+# What enqueue's ``json_default`` is: ``json.dumps``'s ``default``, called with a
+# value JSON cannot hold, returning one it can (or raising TypeError).
+JsonDefault = Callable[[Any], Any]
+# How many times in a row json_default may return a value it must be called on
+# again (an object turned into another object, then into JSON): a function that
+# never reaches JSON is refused instead of looping.
+MAX_JSON_DEFAULT_CHAIN = 10
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class NewJob:
     after: Sequence[uuid.UUID | str] = ()
     on_parent_failure: str = "cancel"
     resource: str | None = None
+    json_default: JsonDefault | None = None
 
 
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
@@ -218,10 +227,14 @@ def nesting_depth(value: Any, stop: int = MAX_PAYLOAD_DEPTH) -> int:
 def check_depth(name: str, value: Any) -> None:
     """ValueError naming ``name`` when ``value`` nests deeper than MAX_PAYLOAD_DEPTH."""
     if nesting_depth(value) > MAX_PAYLOAD_DEPTH:
-        raise ValueError(
-            f"{name} nests objects and arrays more than {MAX_PAYLOAD_DEPTH} levels deep"
-            " (MAX_PAYLOAD_DEPTH)"
-        )
+        raise _too_deep(name)
+
+
+def _too_deep(name: str) -> ValueError:
+    return ValueError(
+        f"{name} nests objects and arrays more than {MAX_PAYLOAD_DEPTH} levels deep"
+        " (MAX_PAYLOAD_DEPTH)"
+    )
 
 
 def read_json(text: str | None) -> tuple[Any, bool]:
@@ -282,15 +295,82 @@ def _first_non_string_key(value: Any) -> tuple[tuple[str | int, ...], Any]:
     raise AssertionError("no key that is not a string")
 
 
-def encode_payload(payload: Any, limit: int) -> str:
+# The values json.dumps writes as JSON itself; anything else needs a json_default.
+_JSON_SCALARS = (str, int, float, type(None))  # bool is an int
+
+
+def plain_json(name: str, value: Any, default: JsonDefault) -> Any:
+    """``value`` with every value JSON cannot hold replaced by what ``default`` made
+    of it (and so on, into what it returned), as ``json.dumps(value,
+    default=default)`` would encode it; tuples become lists. Dict keys are kept as
+    they are: ``default`` is for values, and :func:`check_payload` refuses a key
+    that is not a string. A value ``default`` refuses (TypeError or ValueError)
+    raises the same, naming where it is; nesting is bounded as it is for a payload,
+    so a self-referencing value costs no more than one just past the limit."""
+    if not callable(default):
+        raise TypeError(
+            f"json_default must be a function taking one value, not {type(default).__name__}"
+        )
+
+    def plain(item: Any, path: tuple[str | int, ...], depth: int, made: int) -> Any:
+        if isinstance(item, _JSON_SCALARS):
+            return item
+        if isinstance(item, dict | list | tuple):
+            if depth >= MAX_PAYLOAD_DEPTH:  # this one would be a level too many
+                raise _too_deep(name)
+            if isinstance(item, dict):
+                return {k: plain(v, (*path, k), depth + 1, 0) for k, v in item.items()}
+            return [plain(v, (*path, i), depth + 1, 0) for i, v in enumerate(item)]
+        what = f"{_where(path, name)} is of type {type(item).__name__}"
+        if made >= MAX_JSON_DEFAULT_CHAIN:
+            raise TypeError(
+                f"{name} is not JSON-serialisable: {what}, and json_default did not"
+                f" make JSON of it in {MAX_JSON_DEFAULT_CHAIN} calls"
+            )
+        try:
+            made_of_it = default(item)
+        except (TypeError, ValueError) as exc:
+            error = TypeError if isinstance(exc, TypeError) else ValueError
+            raise error(
+                f"{name} is not JSON-serialisable: {what}, which json_default refused ({exc})"
+            ) from exc
+        return plain(made_of_it, path, depth, made + 1)
+
+    return plain(value, (), 0, 0)
+
+
+def _unencodable(value: Any, name: str) -> str | None:
+    """Where the first value JSON cannot hold is in ``value`` (dict keys aside), and
+    what it is; None if there is none. Only walked to say so, after ``json.dumps``
+    refused the payload: the depth is bounded already."""
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while pending:
+        item, path = pending.pop()
+        # children pushed last first, so they are met in the document's order
+        if isinstance(item, dict):
+            pending.extend((child, (*path, key)) for key, child in reversed(item.items()))
+        elif isinstance(item, list | tuple):
+            pending.extend((item[i], (*path, i)) for i in reversed(range(len(item))))
+        elif not isinstance(item, _JSON_SCALARS):
+            return f"{_where(path, name)} is of type {type(item).__name__}"
+    return None
+
+
+def encode_payload(payload: Any, limit: int, json_default: JsonDefault | None = None) -> str:
     """The payload as compact JSON text, checked the way PostgreSQL's jsonb will.
     ``None`` is JSON ``null``, stored and handed to the handler as such; a dict key
-    that is not a string is refused (:func:`check_payload`)."""
+    that is not a string is refused (:func:`check_payload`). A value JSON cannot
+    hold (a datetime, a UUID, a Decimal) is refused, naming where it is, unless
+    ``json_default`` makes JSON of it (:func:`plain_json`), before every check:
+    what is checked and stored is what the handler will read."""
+    if json_default is not None:
+        payload = plain_json("payload", payload, json_default)
     check_payload("payload", payload)
     try:
         encoded = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except TypeError as exc:
-        raise TypeError(f"payload is not JSON-serialisable: {exc}") from None
+        what = _unencodable(payload, "payload") or str(exc)
+        raise TypeError(f"payload is not JSON-serialisable: {what}") from None
     except ValueError as exc:  # NaN / Infinity, circular references
         raise ValueError(f"payload is not valid JSON: {exc}") from None
     try:
@@ -427,7 +507,7 @@ def to_row(
     if resource is not None and job.debounce is not None:
         # The debounced insert keeps no resource: the job would run beside its holder.
         raise ValueError("a debounced job takes no resource")
-    payload = encode_payload(job.payload, limit)
+    payload = encode_payload(job.payload, limit, job.json_default)
     job_id = new_job_id()
     fields: dict[str, Any] = {
         "job_id": str(job_id),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -375,3 +376,126 @@ async def test_a_none_payload_is_json_null_from_every_producer_to_the_handler(
             await wait_for_state(pg, job_id, "SUCCEEDED")
     # (The hourly schedule may fire meanwhile, near the hour: null as well.)
     assert len(seen) >= 2 and all(payload is None for payload in seen), seen
+
+
+def _encode(value: object) -> object:
+    """A json_default for dates, ids and decimals, as a user would write one."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | Decimal):
+        return str(value)
+    raise TypeError(f"cannot encode a {type(value).__name__}")
+
+
+WHEN = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+ORDER = uuid.UUID("0191e2a4-7c1d-7000-8000-000000000001")
+
+
+async def test_a_json_default_encodes_values_json_cannot_hold_and_the_handler_reads_them(
+    engine: Engine, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
+) -> None:
+    """datetime, UUID and Decimal are refused by default; with json_default they are
+    stored as what it made of them (plain JSON), through enqueue and enqueue_many
+    alike, and that is what the handler reads."""
+    payload = {"when": WHEN, "order": ORDER, "total": Decimal("10.50"), "lines": [(1, WHEN)]}
+    with Session(engine) as session, session.begin():
+        one = outbox.enqueue(session, "read", payload, json_default=_encode)
+        (many,) = outbox.enqueue_many(session, [NewJob("read", payload, json_default=_encode)])
+    plain = {
+        "when": "2030-01-02T03:04:05+00:00",
+        "order": str(ORDER),
+        "total": "10.50",
+        "lines": [[1, "2030-01-02T03:04:05+00:00"]],
+    }
+    stored = pg.execute("SELECT payload FROM jobs ORDER BY job_id").fetchall()
+    assert stored == [(plain,), (plain,)]
+    registry = Registry()
+    seen: dict[uuid.UUID, object] = {}
+
+    @registry.handler("read")
+    async def read(job: consumers.Job) -> None:
+        seen[job.id] = job.payload
+
+    async with both_running(db_url, amqp_url, topology, registry):
+        for job_id in (one, many):
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+    assert seen == {one: plain, many: plain}
+
+
+def test_without_a_json_default_a_value_json_cannot_hold_is_refused_with_its_path(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    with Session(engine) as session, session.begin():
+        with pytest.raises(
+            TypeError,
+            match=r"not JSON-serialisable: payload\['rows'\]\[1\]\['at'\] is of type datetime",
+        ):
+            outbox.enqueue(session, "t", {"rows": [{"at": 1}, {"at": WHEN}]})
+        with pytest.raises(TypeError, match=r"not JSON-serialisable: payload is of type set"):
+            outbox.enqueue(session, "t", {1, 2})
+    assert _rows(pg, "jobs") == 0
+
+
+REFUSED_WITH_DEFAULT = [
+    pytest.param(
+        {"x": [object()]},
+        TypeError,
+        r"payload\['x'\]\[0\] is of type object, which json_default refused \(cannot encode",
+        id="default-refuses",
+    ),
+    pytest.param(
+        {"when": WHEN, 7: "x"}, TypeError, "key that is not a string: 7", id="non-string-key"
+    ),
+    pytest.param({"total": Decimal("NaN")}, ValueError, "not valid JSON", id="default-made-nan"),
+    pytest.param(
+        {"big": uuid.UUID(int=0)}, ValueError, "the limit is 100", id="size-after-default"
+    ),
+    pytest.param({"deep": WHEN}, ValueError, "more than 100 levels deep", id="depth-after-default"),
+]
+
+
+@pytest.mark.parametrize(("payload", "error", "message"), REFUSED_WITH_DEFAULT)
+def test_a_json_default_keeps_every_payload_check(
+    engine: Engine,
+    pg: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    payload: object,
+    error: type,
+    message: str,
+) -> None:
+    """What json_default makes is checked as any payload is (keys, NaN, size,
+    depth), and a value it refuses is named by its path."""
+    monkeypatch.setenv(outbox.MAX_PAYLOAD_BYTES_ENV, "100")
+
+    def encode(value: object) -> object:
+        if isinstance(value, Decimal):
+            return float(value)
+        if isinstance(value, uuid.UUID):
+            return "x" * 100
+        if isinstance(value, datetime) and "deep" in payload:  # type: ignore[operator]
+            deep: object = 1
+            for _ in range(100):
+                deep = [deep]
+            return deep
+        return _encode(value)
+
+    with Session(engine) as session, session.begin():
+        with pytest.raises(error, match=message):
+            outbox.enqueue(session, "t", payload, json_default=encode)
+        with pytest.raises(error, match=message):
+            outbox.enqueue_many(session, [NewJob("t", payload, json_default=encode)])
+        with pytest.raises(TypeError, match="json_default must be a function"):
+            outbox.enqueue(session, "t", {}, json_default="iso")  # type: ignore[arg-type]
+    assert _rows(pg, "jobs") == 0
+
+
+def test_a_json_default_that_never_reaches_json_is_refused(engine: Engine) -> None:
+    """A json_default that keeps returning what JSON cannot hold, or a payload that
+    holds itself, is refused rather than looped over."""
+    looped: list[object] = []
+    looped.append(looped)
+    with Session(engine) as session, session.begin():
+        with pytest.raises(TypeError, match=r"payload\['x'\] is of type object.* in 10 calls"):
+            outbox.enqueue(session, "t", {"x": object()}, json_default=lambda value: object())
+        with pytest.raises(ValueError, match="more than 100 levels deep"):
+            outbox.enqueue(session, "t", looped, json_default=_encode)

@@ -204,6 +204,11 @@ def test_a_second_signal_ends_a_consumer_whose_handler_ignores_cancellation(
                 consumer.kill()
     (forced,) = [e for e in consumer.events() if e["event"] == "consumer.exit_forced"]
     assert f"job {job_id}" in forced["still_running"]
+    # Its claim is left to lapse (never given back while its handler runs), and the
+    # log says so.
+    (now,) = [e for e in consumer.events() if e["event"] == "consumer.stopped_now"]
+    assert now["given_back"] == {}, now
+    assert "ignored cancellation" in now["left"][str(job_id)], now
 
 
 def test_a_stop_gives_thousands_of_claims_back_in_bounded_statements(
@@ -279,3 +284,110 @@ def test_a_give_back_that_meets_a_locked_row_gives_it_back_once_free(
     history = [(a["outcome"], a["error_code"]) for a in attempts(pg, job_id)]
     assert history == [("QUEUED", "SHUTDOWN")], history
     assert not consumer.has_event("consumer.give_back_left")
+
+
+def test_a_second_signal_gives_back_the_claim_of_an_async_job_that_honours_cancellation(
+    engine: Engine,
+    pg: psycopg.Connection,
+    env: dict[str, str],
+) -> None:
+    """Stop, then stop now, while an async handler runs: the handler is cancelled and
+    its claim given back on the way out (QUEUED, attempt refunded, a fresh wake-up),
+    not left RUNNING until its lease runs out and the sweeper spends the attempt."""
+    args = [*APP, "--drain-seconds", "30", "--lease-seconds", "60"]
+    with running("relay", [], env, "relay.started"):
+        consumer = Daemon("consumer", args, env)
+        try:
+            consumer.wait_for_event("consumer.started")
+            job_id = enqueue(engine, "sleep", {"seconds": 600})
+            asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+            consumer.signal(signal.SIGTERM)
+            consumer.wait_for_event("consumer.draining")
+            consumer.signal(signal.SIGTERM)
+            assert consumer.proc.wait(30) in (0, 1), consumer.text()[-3000:]
+        finally:
+            if consumer.proc.poll() is None:
+                consumer.kill()
+        row = job(pg, job_id)
+        assert (row["state"], row["attempt_count"], row["lease_owner"]) == ("QUEUED", 0, None), (
+            row,
+            consumer.text()[-3000:],
+        )
+        history = [(a["outcome"], a["error_code"]) for a in attempts(pg, job_id)]
+        assert history == [("QUEUED", "SHUTDOWN")], history
+        wake = pg.execute("SELECT count(*) FROM outbox WHERE job_id = %s", [job_id]).fetchone()
+        assert wake == (1,), "given back with a fresh wake-up"
+    (now,) = [e for e in consumer.events() if e["event"] == "consumer.stopped_now"]
+    assert now["given_back"] == {str(job_id): "QUEUED"} and now["left"] == {}, now
+    assert not consumer.has_event("consumer.exit_forced"), consumer.text()[-3000:]
+
+
+def test_a_second_signal_leaves_a_plain_function_job_to_its_lease(
+    engine: Engine,
+    pg: psycopg.Connection,
+    env: dict[str, str],
+) -> None:
+    """Stop now while a plain function runs on its thread beside an async handler:
+    the async job's claim is given back, but not the plain one's (its thread cannot
+    be stopped, and would run on beside another worker's attempt until the process
+    is gone): that job stays RUNNING until its lease lapses, and the log says so."""
+    args = [*APP, "--drain-seconds", "30", "--lease-seconds", "60"]
+    with running("relay", [], env, "relay.started"):
+        consumer = Daemon("consumer", args, env)
+        try:
+            consumer.wait_for_event("consumer.started")
+            plain = enqueue(engine, "sync_sleep", {"seconds": 600}, queue="sync")
+            other = enqueue(engine, "sleep", {"seconds": 600})
+            for job_id in (plain, other):
+                asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+            consumer.signal(signal.SIGTERM)
+            consumer.wait_for_event("consumer.draining")
+            consumer.signal(signal.SIGTERM)
+            assert consumer.proc.wait(30) in (0, 1), consumer.text()[-3000:]
+        finally:
+            if consumer.proc.poll() is None:
+                consumer.kill()
+        kept = job(pg, plain)
+        assert (kept["state"], kept["attempt_count"]) == ("RUNNING", 1), kept
+        assert kept["lease_owner"] is not None
+        assert attempts(pg, plain) == []
+        assert job(pg, other)["state"] == "QUEUED"
+    (now,) = [e for e in consumer.events() if e["event"] == "consumer.stopped_now"]
+    assert now["given_back"] == {str(other): "QUEUED"}, now
+    assert "plain function" in now["left"][str(plain)], now
+
+
+def test_a_second_signal_does_not_wait_long_for_a_database_that_does_not_answer(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    env: dict[str, str],
+) -> None:
+    """Stop now while the give-back cannot get through (another transaction holds
+    the jobs table): the consumer tries only briefly, since stop now was asked, exits
+    within seconds, and names the claim it could not give back (left to lapse)."""
+    args = [*APP, "--drain-seconds", "30", "--lease-seconds", "60"]
+    with running("relay", [], env, "relay.started"):
+        consumer = Daemon("consumer", args, env)
+        try:
+            consumer.wait_for_event("consumer.started")
+            job_id = enqueue(engine, "sleep", {"seconds": 600})
+            asyncio.run(wait_for_state(pg, job_id, "RUNNING"))
+            consumer.signal(signal.SIGTERM)
+            consumer.wait_for_event("consumer.draining")
+            with psycopg.connect(db_url.conninfo) as other:
+                other.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+                consumer.signal(signal.SIGTERM)
+                began = time.monotonic()
+                assert consumer.proc.wait(30) in (0, 1), consumer.text()[-3000:]
+                took = time.monotonic() - began
+                other.rollback()
+        finally:
+            if consumer.proc.poll() is None:
+                consumer.kill()
+    assert took < 7, (took, consumer.text()[-3000:])
+    assert job(pg, job_id)["state"] == "RUNNING"
+    (now,) = [e for e in consumer.events() if e["event"] == "consumer.stopped_now"]
+    assert now["given_back"] == {}, now
+    assert "give-back failed" in now["left"][str(job_id)], now
+    assert consumer.has_event("consumer.give_back_failed")
