@@ -70,24 +70,21 @@ WITH input AS (
 SELECT job_id FROM inserted
 """
 
-# Before a batch with after= is inserted: its parents, locked in id order (two
-# producers never wait for each other in a circle) and marked has_dependants, with
-# their state. The lock makes the end of a parent that is still running wait for
-# the producer's commit, so the trigger that settles its edges sees the new ones;
-# a parent that ended already is settled here, from the state returned. A parent
-# that is not returned does not exist (or is not visible to this transaction).
+# Before a batch with after= is inserted: its parents' states, the parents locked
+# FOR KEY SHARE in id order, which keeps retention from deleting them until the
+# producer commits and leaves their leases alone (a heartbeat, an outcome and the
+# sweeper take a weaker lock than it conflicts with). A parent that ended already
+# is settled from the state returned. One that is running may end before the
+# producer commits, its end blind to the new edge: the edge's own check at commit
+# (trigger job_dependencies_check) marks the parent has_dependants, under its row
+# lock for that instant, and settles the edge if the parent ended meanwhile. A
+# parent that is not returned does not exist (or is not visible to this
+# transaction).
 JOB_PARENTS_LOCK: Final = """
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY(%(ids)s::uuid[])
-    ORDER BY job_id
-    FOR NO KEY UPDATE
-)
-UPDATE jobs AS j
-SET has_dependants = true
-FROM locked AS l
-WHERE j.job_id = l.job_id
-RETURNING j.job_id, j.state
+SELECT job_id, state FROM jobs
+WHERE job_id = ANY(%(ids)s::uuid[])
+ORDER BY job_id
+FOR KEY SHARE
 """
 
 # job.parent_results(): the results of the job's parents, in the order of after=,
