@@ -18,5 +18,9 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY . .
 RUN pip install --no-deps .
 
+# Where compose.yaml keeps the API token it makes: owned by app, so that a new
+# volume mounted here is too (Docker copies the directory's owner and mode into it).
+RUN install -d -o app -g app -m 700 /var/lib/hybrid-jobs
+
 USER app
 CMD ["relay"]

@@ -18,6 +18,10 @@ from typing import Any, Final
 
 import click
 
+from hybrid_jobs.jobctl.service.models import JobSummary, JobView
+from hybrid_jobs.schema.states import DelayReason, JobState
+from hybrid_jobs.schema.tables import APPROVAL_HOLD
+
 _JSON = "jobctl.json"
 
 
@@ -147,3 +151,45 @@ def report_error(ctx: click.Context, command: str, message: str) -> None:
         click.echo(json.dumps({"command": command, "error": message}))
     else:
         click.echo(f"{command}: {printable(message)}", err=True)
+
+
+# What a job's row means for people, worded the same by the CLI and the dashboard.
+
+# run_after of a job held for its approval or its parents (the SQL literal's
+# timestamp): never due until released, so no "in 2912103d03h".
+HOLD: Final = datetime.fromisoformat(APPROVAL_HOLD.split("'")[1])
+# The states whose last error is the job's own now: it failed, waits to retry after
+# it, or was cancelled (EXPIRED, REJECTED, a parent's failure say why). In any other
+# state the job has moved past it (succeeded after a retry or a replay, runs again):
+# it is an earlier attempt's error, history.
+ERROR_IS_CURRENT: Final = frozenset({JobState.FAILED, JobState.RETRY_WAIT, JobState.CANCELLED})
+
+
+def held_for(job: JobSummary) -> str | None:
+    """What a held job waits for ("approval", "its parents"), or None when it is
+    not held. A list's summary does not say whether approval is needed too."""
+    if job.done or job.run_after < HOLD:
+        return None
+    parents = job.delay_reason == DelayReason.DEPENDENCY
+    approval = (
+        isinstance(job, JobView) and job.approval is not None and job.approval.status == "REQUIRED"
+    )
+    if parents and approval:
+        return "its parents, then approval"
+    return "its parents" if parents else "approval"
+
+
+def attempts(job: JobSummary) -> str:
+    """Attempts made of the budget, for a list: "2/5"; a job never claimed has no
+    budget yet (the handler's applies at its first claim), so just "0", not "0/?"."""
+    return str(job.attempt) if job.max_attempts is None else f"{job.attempt}/{job.max_attempts}"
+
+
+def budget(job: JobSummary) -> str:
+    """The attempt budget in words, for a job's own page."""
+    return "the handler's budget" if job.max_attempts is None else str(job.max_attempts)
+
+
+def error_is_current(job: JobSummary) -> bool:
+    """Whether the job's last error is what it is about now (see ERROR_IS_CURRENT)."""
+    return job.state in ERROR_IS_CURRENT

@@ -70,7 +70,7 @@ NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_KEYS_LOCK": "lock the keys of a batch's ordered jobs: their numbers follow commits",
-    "JOB_PARENTS_LOCK": "lock and mark the parents an enqueue's after= names, with their state",
+    "JOB_PARENTS_LOCK": "keep the parents an enqueue's after= names from deletion; their state",
     "JOB_PARENTS_PENDING": "read the parents a job still waits for, for outbox.explain",
     "JOB_PARENT_RESULTS": "read a job's parents' results, for job.parent_results()",
     "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
@@ -153,7 +153,9 @@ NOTES: Final[dict[str, str]] = {
     "DASHBOARD_SESSION_CREATE": "open a dashboard session at sign-in (its secret's hash only)",
     "DASHBOARD_SESSION_VALID": "check a session is live and was opened with the current token",
     "DASHBOARD_SESSION_END": "revoke a dashboard session at sign-out",
-    "DASHBOARD_SESSION_EXPIRE": "delete a bounded batch of expired dashboard sessions",
+    "DASHBOARD_SESSION_EXPIRE": (
+        "delete a bounded batch of expired dashboard sessions, and those opened with another token"
+    ),
 }
 
 

@@ -96,6 +96,66 @@ def test_jobs_show_the_row_and_attempts(cli, engine: Engine, pg) -> None:
     assert "attempts:" in text and "w1" in text
 
 
+def columns(text: str) -> list[dict[str, str]]:
+    """A table the CLI printed, as one dict per row, cut where each header starts."""
+    head, *rows = text.splitlines()
+    names = head.split("  ")
+    names = [n.strip() for n in names if n.strip()]
+    starts = [head.index(n) for n in names]
+    ends = [*starts[1:], None]
+    return [
+        {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+        for row in rows
+        if row and not row.startswith(("next page", "relays", "as of"))
+    ]
+
+
+def test_jobs_say_what_is_true_of_held_new_and_replayed_jobs(cli, engine: Engine, pg) -> None:
+    """A job held for approval says so, not "run after 9999-12-31 (in 2912103d03h)";
+    one never claimed has made 0 attempts of no budget yet, not "0/?"; one that
+    succeeded after a replay shows its old error as an earlier attempt's, not as its
+    last error; a queue with nothing runnable has no oldest runnable job, not 0.0s."""
+    held = enqueue(engine, "deploy", {}, queue="ops", needs_approval=True)
+    fresh = enqueue(engine, "greet", {}, queue="mail")
+    replayed = enqueue(engine, "resize", {}, queue="images", max_attempts=1)
+    pg.execute(
+        "UPDATE jobs SET state = 'FAILED', attempt_count = 1, started_at = now(),"
+        " finished_at = clock_timestamp(), last_error_code = 'ValueError',"
+        " last_error_message = 'image too large' WHERE job_id = %s",
+        (replayed,),
+    )
+    cli("jobs", "retry", str(replayed))
+    # As a consumer's finish leaves it: the old error stays on the row.
+    pg.execute(
+        "UPDATE jobs SET state = 'SUCCEEDED', attempt_count = 2, started_at = now(),"
+        " finished_at = clock_timestamp() WHERE job_id = %s",
+        (replayed,),
+    )
+
+    shown = cli("jobs", "show", str(held)).stdout.splitlines()
+    (run_after,) = [line for line in shown if line.startswith("run after")]
+    assert run_after.split(None, 2)[2] == "held: waits for approval"
+    assert "of the handler's budget" in next(ln for ln in shown if ln.startswith("state"))
+
+    rows = {r["ID"]: r for r in columns(cli("jobs", "list").stdout)}
+    assert rows[str(held)]["ATTEMPT"] == "0"
+    assert rows[str(fresh)]["ATTEMPT"] == "0"
+    assert (rows[str(replayed)]["ATTEMPT"], rows[str(replayed)]["ERROR"]) == (
+        "2/2",
+        "earlier: ValueError",
+    )
+    text = cli("jobs", "show", str(replayed)).stdout
+    assert "earlier error  ValueError: image too large" in text
+    assert "last error" not in text
+    # The JSON document is the API's, unchanged: the row's last error, as stored.
+    document = cli.json("jobs", "show", str(replayed))
+    assert document["last_error"] == {"code": "ValueError", "message": "image too large"}
+
+    queues = {r["QUEUE"]: r for r in columns(cli("stats").stdout)}
+    assert (queues["ops"]["OLDEST"], queues["ops"]["LAG"]) == ("-", "-")
+    assert queues["mail"]["OLDEST"].endswith("s")  # due now: it has waited
+
+
 def test_jobs_cancel(cli, engine: Engine, pg) -> None:
     waiting = enqueue(engine, "greet", {})
     finished = enqueue(engine, "greet", {})

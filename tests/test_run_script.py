@@ -37,12 +37,18 @@ def free_port() -> int:
 
 
 class Terminal:
-    """A program on a pseudo-terminal of its own, as if typed into a shell."""
+    """A program on a pseudo-terminal of its own, as if typed into a shell: SIGINT
+    at its default, whatever these tests were started with (a run started in the
+    background, `pytest &`, or by some CI wrappers, has it ignored, and a program
+    inherits that). ``sigint=signal.SIG_IGN`` starts it that way on purpose."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], sigint: signal.Handlers = signal.SIG_DFL
+    ) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: a session leader on the terminal
             os.chdir(ROOT)
+            signal.signal(signal.SIGINT, sigint)
             os.execve(argv[0], argv, env)
         self.output = ""
         self.status: int | None = None
@@ -115,8 +121,10 @@ class Terminal:
 
 
 @contextmanager
-def scripts_run(env: dict[str, str]) -> Iterator[Terminal]:
-    terminal = Terminal([str(ROOT / "scripts" / "run")], env)
+def scripts_run(
+    env: dict[str, str], sigint: signal.Handlers = signal.SIG_DFL
+) -> Iterator[Terminal]:
+    terminal = Terminal([str(ROOT / "scripts" / "run")], env, sigint)
     try:
         yield terminal
     finally:
@@ -149,10 +157,13 @@ def run_env(db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology) -> dict[
     }
 
 
+@pytest.mark.parametrize(
+    "sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["from_a_shell", "started_with_sigint_ignored"]
+)
 def test_scripts_run_serves_the_dashboard_and_one_ctrl_c_stops_everything_gracefully(
-    run_env: dict[str, str], engine: Engine, pg: psycopg.Connection
+    run_env: dict[str, str], engine: Engine, pg: psycopg.Connection, sigint: signal.Handlers
 ) -> None:
-    with scripts_run(run_env) as terminal:
+    with scripts_run(run_env, sigint) as terminal:
         terminal.expect("hybrid-jobs is running")
         port = run_env["JOBCTL_PORT"]
         assert f"http://127.0.0.1:{port}/" in terminal.output

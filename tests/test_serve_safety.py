@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 from tests.support.api import BEARER, TOKEN, free_port, served
 from tests.support.jobs import enqueue, job
-from tests.support.processes import BIN, jobctl, jobctl_env, service_env
+from tests.support.processes import BIN, Daemon, jobctl, jobctl_env, service_env
 from tests.support.proxy import TcpProxy
 from tests.support.reverse_proxy import reverse_proxy
 from tests.support.services import AMQP_URL
@@ -294,6 +296,83 @@ def test_a_token_file_is_read_again_when_it_changes(db_url: DatabaseUrl, tmp_pat
         path.write_text(new)
         assert httpx.get(f"{base}/v1/jobs", headers=fresh, timeout=10).status_code == 200
     assert TOKEN not in daemon.text() and new not in daemon.text()
+
+
+@contextmanager
+def signed_in(base: str, token: str = TOKEN) -> Iterator[httpx.Client]:
+    """A client holding a dashboard session opened with ``token``."""
+    with httpx.Client(base_url=base, timeout=10) as client:
+        answer = client.post("/login", data={"token": token}, headers={"Origin": base})
+        assert answer.status_code == 303, answer.text[:500]
+        assert client.get("/jobs").status_code == 200
+        yield client
+
+
+def sent_to_sign_in(client: httpx.Client) -> bool:
+    answer = client.get("/jobs")
+    return answer.status_code == 303 and "/login" in answer.headers["location"]
+
+
+def events(daemon: Daemon, name: str) -> list[dict[str, Any]]:
+    return [e for e in daemon.events() if e.get("event") == name]
+
+
+def session_count(pg: psycopg.Connection) -> int:
+    row = pg.execute("SELECT count(*) FROM dashboard_sessions").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_changed_token_ends_the_old_ones_sessions_for_good(
+    db_url: DatabaseUrl, tmp_path: Path, pg: psycopg.Connection
+) -> None:
+    """A -> B -> A: the sessions opened while A was the token stay ended, whether a
+    request came while B was the token or not."""
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    # A is written with a newline, B without: each rewrite changes the file's size,
+    # so the server sees it even within one tick of the file system's clock.
+    other = "n3w-" + TOKEN[4:]
+    with served(db_url, token=None, JOBCTL_API_TOKEN_FILE=str(path)) as (base, daemon):
+        # A request while B is the token.
+        with signed_in(base) as client:
+            path.write_text(other)
+            assert sent_to_sign_in(client)
+            path.write_text(TOKEN + "\n")
+            assert sent_to_sign_in(client), "the old token's session came back"
+        # No request while B is the token: the server notices the change by itself.
+        with signed_in(base) as client, signed_in(base) as twin:
+            path.write_text(other)
+            deadline = time.monotonic() + 20
+            while len(ended := events(daemon, "dashboard.sessions_ended")) < 2:
+                assert time.monotonic() < deadline, daemon.text()[-4000:]
+                time.sleep(0.05)
+            assert [e["sessions"] for e in ended] == [1, 2]
+            path.write_text(TOKEN + "\n")
+            assert sent_to_sign_in(client) and sent_to_sign_in(twin)
+        # Sessions of the current token are left alone.
+        with signed_in(base) as client:
+            assert not sent_to_sign_in(client)
+            digests = [r[0] for r in pg.execute("SELECT token_digest FROM dashboard_sessions")]
+            assert len(digests) == 1 and TOKEN not in digests[0]
+    assert TOKEN not in daemon.text() and other not in daemon.text()
+
+
+def test_a_restart_with_another_token_ends_the_sessions_of_the_old_one(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    other = "n3w-" + TOKEN[4:]
+    with served(db_url) as (base, _), signed_in(base) as client:
+        cookies = httpx.Cookies(client.cookies)
+    assert session_count(pg) == 1
+    # Nobody signs in nor looks while the other token is the server's.
+    with served(db_url, token=other):
+        deadline = time.monotonic() + 20
+        while session_count(pg):
+            assert time.monotonic() < deadline, "the old token's session is still there"
+            time.sleep(0.05)
+    with served(db_url) as (base, _), httpx.Client(base_url=base, cookies=cookies) as client:
+        assert sent_to_sign_in(client)
 
 
 def test_wrong_tokens_are_limited_per_client(db_url: DatabaseUrl) -> None:

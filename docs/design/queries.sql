@@ -78,20 +78,13 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- name: JOB_PARENTS_LOCK
--- Run by outbox.enqueue:_lock_parents to lock and mark the parents an enqueue's after=
--- names, with their state.
+-- Run by outbox.enqueue:_lock_parents to keep the parents an enqueue's after= names from
+-- deletion; their state.
 -- Parameters: ids.
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY(%(ids)s::uuid[])
-    ORDER BY job_id
-    FOR NO KEY UPDATE
-)
-UPDATE jobs AS j
-SET has_dependants = true
-FROM locked AS l
-WHERE j.job_id = l.job_id
-RETURNING j.job_id, j.state;
+SELECT job_id, state FROM jobs
+WHERE job_id = ANY(%(ids)s::uuid[])
+ORDER BY job_id
+FOR KEY SHARE;
 
 -- name: JOB_PARENT_RESULTS
 -- Run by consumers.job:ParentResults._load, consumers.job:ParentResults.load_sync to
@@ -343,7 +336,7 @@ SELECT job_id, queue FROM expired;
 -- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
--- Built with WAITING_BY_ID, LIVE_WORKER, no_pending_wakeup, key_wake_next.
+-- Built with WAITING_BY_ID, LIVE_WORKER.
 -- Parameters: free_threads, job_ids, lease_seconds, queues, tenants, types, worker,
 -- worker_ttl.
 WITH types AS (
@@ -368,7 +361,9 @@ WITH types AS (
            -- One probe of the tenant's row per job, however many tenants are dedicated.
            COALESCE(EXISTS (SELECT 1 FROM tenant_limits AS d
                             WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
-                              AND d.tenant <> ALL(%(tenants)s::text[])), false) AS unauthorized
+                              AND d.tenant <> ALL(%(tenants)s::text[])), false) AS unauthorized,
+           -- it uses a gate this statement leaves out: not this statement's to decide
+           (false) AS unfit
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
@@ -386,7 +381,8 @@ WITH types AS (
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
                  AS thread_rank
           FROM locked AS l
-          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized) AS r
+          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
+            AND NOT l.unfit) AS r
     WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
 ), key_behind AS (
     -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
@@ -568,7 +564,7 @@ WITH types AS (
     ON CONFLICT (name) DO NOTHING
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
-    -- no token, key, tenant's cap)
+    -- no token, key, resource, tenant's cap)
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
@@ -618,24 +614,6 @@ WITH types AS (
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason = 'EXPIRED'
     RETURNING j.job_id
-), key_left AS (
-    SELECT j.key, count(*)::int AS n
-    FROM expired_ended AS s JOIN jobs AS j ON j.job_id = s.job_id
-    WHERE j.key IS NOT NULL
-    GROUP BY j.key
-), key_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM key_left AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM expired_ended)
-        ORDER BY w.key_seq, w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), expired_unwoken AS (
     -- 3h. its pending wake-ups deleted
     DELETE FROM outbox AS o
@@ -727,8 +705,10 @@ SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
-           -- its rate limit's bucket made by this claim, for the next
-           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) THEN 'locked'
+           -- its rate limit's bucket made by this claim, for the next; or a gate
+           -- this statement leaves out
+           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
+           THEN 'locked'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -835,11 +815,16 @@ WITH types AS (
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
               j.trace_context
 )
--- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide
-SELECT 'claimed' AS status, c.* FROM claimed AS c
+-- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide,
+-- with the gates its job uses (read without a lock: the whole claim is composed of
+-- them, and turns back a job whose gates changed meanwhile)
+SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
-SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
+LEFT JOIN jobs AS j ON j.job_id = ids.job_id
+LEFT JOIN types AS t ON t.job_type = j.job_type
 WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 
 -- name: JOB_HELD_BY
@@ -2980,12 +2965,15 @@ WHERE session_hash = %(hash)s AND token_digest = %(digest)s AND expires_at > now
 DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true;
 
 -- name: DASHBOARD_SESSION_EXPIRE
--- Run by jobctl.dashboard.auth:open_session to delete a bounded batch of expired
--- dashboard sessions.
+-- Run by jobctl.dashboard.auth:_end_other_sessions, jobctl.dashboard.auth:open_session
+-- to delete a bounded batch of expired dashboard sessions, and those opened with another
+-- token.
+-- Parameters: digest.
 WITH gone AS (
     DELETE FROM dashboard_sessions
     WHERE session_hash IN (SELECT session_hash FROM dashboard_sessions
-                           WHERE expires_at < now() LIMIT 1000)
+                           WHERE expires_at < now() OR token_digest <> %(digest)s
+                           LIMIT 1000)
     RETURNING 1
 )
 SELECT count(*) FROM gone;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ from hybrid_jobs.jobctl.api.proxies import ForwardedHeaders
 from hybrid_jobs.jobctl.api.routes import health, jobs, operate
 from hybrid_jobs.jobctl.api.settings import ApiSettings
 from hybrid_jobs.jobctl.api.waiters import Waiters
+from hybrid_jobs.jobctl.dashboard import auth
 from hybrid_jobs.jobctl.metrics import Collector
 from hybrid_jobs.jobctl.service import Database
 from hybrid_jobs.jobctl.service.health import ReadinessCache
@@ -54,9 +57,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
             log.warning("api.read_only", extra={"detail": READ_ONLY})
         if settings.metrics:
             await collector.start()
+        sessions = asyncio.create_task(auth.follow_token(app.state), name="dashboard-sessions")
         try:
             yield
         finally:
+            sessions.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sessions
             await collector.stop()
             await database.dispose()
 
@@ -71,6 +78,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     # Known before the lifespan runs: a request may come first (in tests).
     app.state.tokens = settings.tokens
+    # The token whose digest the dashboard's sessions were last held to: None until
+    # the sessions of other tokens are ended (jobctl.dashboard.auth.current_digest).
+    app.state.sessions_digest = None
     app.state.failures = FailureLimiter(
         settings.failures_allowed,
         settings.failure_window_seconds,

@@ -18,7 +18,19 @@ from hybrid_jobs.jobctl.commands.common import (
     read,
     write,
 )
-from hybrid_jobs.jobctl.output import Failure, duration, emit, json_option, printable, table, when
+from hybrid_jobs.jobctl.output import (
+    Failure,
+    attempts,
+    budget,
+    duration,
+    emit,
+    error_is_current,
+    held_for,
+    json_option,
+    printable,
+    table,
+    when,
+)
 from hybrid_jobs.jobctl.service import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -94,17 +106,19 @@ def _page_text(page: JobPage) -> str:
 
 
 def _row(job: JobSummary) -> list[object]:
-    budget = "?" if job.max_attempts is None else job.max_attempts
+    error = job.last_error_code or ""
+    if error and not error_is_current(job):
+        error = f"earlier: {error}"  # an earlier attempt's, not what the job is about now
     return [
         job.id,
         job.state,
         job.queue,
         job.job_type,
         job.tenant or "-",
-        f"{job.attempt}/{budget}",
+        attempts(job),
         when(job.created_at),
         when(job.finished_at),
-        job.last_error_code or "",
+        error,
     ]
 
 
@@ -133,13 +147,17 @@ def _compact(value: Any, limit: int = 400, *, raw: bool = False) -> str:
 
 
 def _job_text(job: JobView) -> str:
-    budget = "handler's" if job.max_attempts is None else str(job.max_attempts)
     due = (job.run_after - job.checked_at).total_seconds()
+    held = held_for(job)
+    run_after = when(job.run_after) + (f" (in {duration(due)})" if due > 0 else "")
     fields: list[tuple[str, object]] = [
         ("job", f"{job.id}  {job.job_type} on {job.queue}"),
         ("tenant", job.tenant or "-"),
-        ("state", f"{job.state} (attempt {job.attempt} of {budget}, priority {job.priority})"),
-        ("run after", when(job.run_after) + (f" (in {duration(due)})" if due > 0 else "")),
+        (
+            "state",
+            f"{job.state} (attempt {job.attempt} of {budget(job)}, priority {job.priority})",
+        ),
+        ("run after", run_after if held is None else f"held: waits for {held}"),
         ("created", when(job.created_at)),
         ("started", when(job.started_at)),
         ("finished", when(job.finished_at)),
@@ -156,7 +174,9 @@ def _job_text(job: JobView) -> str:
         fields.append(("cancel asked", when(job.cancel_requested_at)))
     if job.last_error is not None:
         error = job.last_error
-        fields.append(("last error", error_line(error.code, error.message)))
+        # Kept on the row after a success or a replay: then an earlier attempt's.
+        name = "last error" if error_is_current(job) else "earlier error"
+        fields.append((name, error_line(error.code, error.message)))
     if job.delay_reason is not None:
         fields.append(("turned down", f"{job.delay_reason} since {when(job.delay_since)}"))
     if job.approval is not None:

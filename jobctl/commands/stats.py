@@ -35,9 +35,10 @@ def stats(database_url: str | None) -> None:
             q.rate_limited,
             q.running,
             q.cancel_requested,
-            duration(q.oldest_runnable_age_seconds),
+            # 0 means none (nothing runnable, nothing unsent), as on the dashboard
+            duration(q.oldest_runnable_age_seconds or None),
             q.outbox_pending,
-            duration(q.outbox_lag_seconds),
+            duration(q.outbox_lag_seconds or None),
             q.outbox_in_flight,
             f"{q.succeeded}/{q.failed}/{q.cancelled}",
             q.expired,

@@ -79,11 +79,11 @@ def _by(request: Request) -> str:
     return "dashboard" if client == UNKNOWN else f"dashboard ({client})"
 
 
-def _done(request: Request, back: str, flash: Flash, default: str = "/") -> Response:
+def _done(request: Request, actor: Viewer, back: str, flash: Flash, default: str = "/") -> Response:
     response = RedirectResponse(
         local_path(back, root(request) + default, root(request)), status_code=303
     )
-    flash.set(response, root(request))
+    flash.set(response, actor.flash_key, root(request))
     return response
 
 
@@ -94,7 +94,11 @@ async def _write(request: Request, change: Callable[[AsyncSession], Awaitable[T]
 
 
 async def _act(
-    request: Request, back: str, default: str, action: Callable[[], Awaitable[Flash]]
+    request: Request,
+    actor: Viewer,
+    back: str,
+    default: str,
+    action: Callable[[], Awaitable[Flash]],
 ) -> Response:
     """Run ``action`` and go back with its message; a refusal of the service
     layer (or of a tenant's backpressure) becomes the message."""
@@ -102,7 +106,7 @@ async def _act(
         flash = await action()
     except (ServiceError, outbox.Backpressure) as exc:
         flash = Flash("error", str(exc))
-    return _done(request, back, flash, default)
+    return _done(request, actor, back, flash, default)
 
 
 # ------------------------------------------------------------------ signing in
@@ -181,7 +185,7 @@ def _job_id(text: str) -> uuid.UUID:
 
 
 @router.post("/jobs/{job_id}/retry")
-async def retry_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def retry_one(job_id: str, request: Request, actor: Actor, back: Back = "") -> Response:
     ident = _job_id(job_id)
 
     async def action() -> Flash:
@@ -196,11 +200,11 @@ async def retry_one(job_id: str, request: Request, _actor: Actor, back: Back = "
             )
         return Flash("ok", "Retried: the job is QUEUED again, due now.")
 
-    return await _act(request, back, f"/jobs/{ident}", action)
+    return await _act(request, actor, back, f"/jobs/{ident}", action)
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def cancel_one(job_id: str, request: Request, actor: Actor, back: Back = "") -> Response:
     ident = _job_id(job_id)
 
     async def action() -> Flash:
@@ -213,22 +217,22 @@ async def cancel_one(job_id: str, request: Request, _actor: Actor, back: Back = 
             return Flash("ok", "Cancel requested: its handler sees it at its next heartbeat.")
         return Flash("ok", "Cancelled.")
 
-    return await _act(request, back, f"/jobs/{ident}", action)
+    return await _act(request, actor, back, f"/jobs/{ident}", action)
 
 
 @router.post("/jobs/{job_id}/approve")
-async def approve_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def approve_one(job_id: str, request: Request, actor: Actor, back: Back = "") -> Response:
     ident = _job_id(job_id)
 
     async def action() -> Flash:
         await _write(request, lambda session: approve_job(session, ident, by=_by(request)))
         return Flash("ok", "Approved: the job is due now.")
 
-    return await _act(request, back, f"/jobs/{ident}", action)
+    return await _act(request, actor, back, f"/jobs/{ident}", action)
 
 
 @router.post("/jobs/{job_id}/reject")
-async def reject_one(job_id: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def reject_one(job_id: str, request: Request, actor: Actor, back: Back = "") -> Response:
     ident = _job_id(job_id)
 
     async def action() -> Flash:
@@ -240,11 +244,11 @@ async def reject_one(job_id: str, request: Request, _actor: Actor, back: Back = 
         )
         return Flash("ok", "Rejected: the job is CANCELLED and will not run.")
 
-    return await _act(request, back, f"/jobs/{ident}", action)
+    return await _act(request, actor, back, f"/jobs/{ident}", action)
 
 
 @router.post("/failed/retry")
-async def retry_selected(request: Request, _actor: Actor, back: Back = "") -> Response:
+async def retry_selected(request: Request, actor: Actor, back: Back = "") -> Response:
     form = await request.form()
     chosen = [parse_job_id(str(v)) for v in form.getlist("job")][: MAX_SELECTED + 1]
     ids = [i for i in chosen if i is not None]
@@ -262,7 +266,7 @@ async def retry_selected(request: Request, _actor: Actor, back: Back = "") -> Re
             text += f" {skipped} had changed state meanwhile and were left alone."
         return Flash("ok" if moved else "error", text)
 
-    return await _act(request, back, "/failed", action)
+    return await _act(request, actor, back, "/failed", action)
 
 
 @router.post("/failed/retry-matching")
@@ -304,7 +308,7 @@ async def retry_all_matching(
         try:
             matched = await run(True)
         except ServiceError as exc:
-            return _done(request, back, Flash("error", str(exc)), "/failed")
+            return _done(request, viewer, back, Flash("error", str(exc)), "/failed")
         return render.page(
             request,
             "confirm_retry.html",
@@ -334,45 +338,45 @@ async def retry_all_matching(
             f"Retried {matched} {kinds} jobs{more if matched >= BULK_RETRY_LIMIT else ''}.",
         )
 
-    return await _act(request, back, "/failed", action)
+    return await _act(request, viewer, back, "/failed", action)
 
 
 # ------------------------------------------------------------------ queues
 
 
 @router.post("/queues/{queue}/pause")
-async def pause(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def pause(queue: str, request: Request, actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         await _write(request, lambda session: pause_queue(session, queue, by=_by(request)))
         return Flash("ok", f"Queue {queue} paused: none of its jobs starts until resumed.")
 
-    return await _act(request, back, "/", action)
+    return await _act(request, actor, back, "/", action)
 
 
 @router.post("/queues/{queue}/resume")
-async def resume(queue: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def resume(queue: str, request: Request, actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         was = await _write(request, lambda session: resume_queue(session, queue, by=_by(request)))
         text = f"Queue {queue} resumed." if was.changed else f"Queue {queue} was not paused."
         return Flash("ok", text)
 
-    return await _act(request, back, "/", action)
+    return await _act(request, actor, back, "/", action)
 
 
 # ------------------------------------------------------------------ schedules
 
 
 @router.post("/schedules/{name:path}/pause")
-async def schedule_pause(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def schedule_pause(name: str, request: Request, actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         await _write(request, lambda session: pause_schedule(session, name))
         return Flash("ok", f"Schedule {name} paused.")
 
-    return await _act(request, back, "/schedules", action)
+    return await _act(request, actor, back, "/schedules", action)
 
 
 @router.post("/schedules/{name:path}/resume")
-async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def schedule_resume(name: str, request: Request, actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         async with _database(request).writing() as session:
             found = await resume_schedule(session, name)
@@ -383,13 +387,13 @@ async def schedule_resume(name: str, request: Request, _actor: Actor, back: Back
             f"Schedule {name} resumed; next fire {render.relative(found.next_fire_at, now[0])}.",
         )
 
-    return await _act(request, back, "/schedules", action)
+    return await _act(request, actor, back, "/schedules", action)
 
 
 @router.post("/schedules/{name:path}/trigger")
-async def schedule_trigger(name: str, request: Request, _actor: Actor, back: Back = "") -> Response:
+async def schedule_trigger(name: str, request: Request, actor: Actor, back: Back = "") -> Response:
     async def action() -> Flash:
         job = await _write(request, lambda session: trigger_schedule(session, name))
         return Flash("ok", f"Schedule {name} triggered.", f"/jobs/{job.id}", "See the job")
 
-    return await _act(request, back, "/schedules", action)
+    return await _act(request, actor, back, "/schedules", action)

@@ -8,18 +8,27 @@ the token once, on the sign-in form, and gets a session cookie:
 - ``jobctl_session`` holds a random secret (256 bits). The database keeps only its
   hash, with the session's expiry and a digest of the token it was opened with
   (``dashboard_sessions``): signing out deletes the row, so a copied cookie stops
-  working at once; changing the token (its file is read again when it changes)
-  ends every session; several ``jobctl serve`` processes share the sessions, and a
+  working at once; several ``jobctl serve`` processes share the sessions, and a
   restart keeps them. Nothing in the cookie is derived from the token, so a stolen
   cookie gives no way to guess the token offline. HttpOnly (scripts cannot read
   it), SameSite=Strict (a request started by another site does not carry it),
   Secure over https (or when the public URL is https), and good for
   ``SESSION_SECONDS``.
+- Changing the token (its file is read again when it changes, or a restart with
+  another one) ends every session opened with another token: their rows are
+  deleted, so putting an old token back does not bring its sessions back. Each
+  process does it when it starts, within ``WATCH_SECONDS`` of its token file
+  changing (requests or not), before it checks a session against a token it has
+  not done it for, and at every sign-in.
 - Every POST carries a CSRF token, an HMAC of the session's secret, in a hidden form
   field; and its Origin (or, without one, its Referer) must be this server's own:
   the origin the request reached, or the public URL's (behind a proxy). Either check
   failing refuses the request before anything is read from the database or
   written to it.
+- The one-time message an action leaves for the page it redirects to (its
+  ``jobctl_flash`` cookie) is signed with a key derived from the session's secret
+  (:func:`flash_key`): nobody without the session can plant one, and several
+  processes sharing the sessions read each other's.
 - Wrong tokens on the sign-in form count against the client, as on the API: past
   the limit, the client is refused for a while whatever it sends.
 
@@ -29,21 +38,25 @@ the path and the status only.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
 from fastapi import Request
+from starlette.datastructures import State
 from starlette.responses import Response
 
 from hybrid_jobs.jobctl.api.settings import PublicUrl
 from hybrid_jobs.jobctl.api.tokens import Tokens
 from hybrid_jobs.jobctl.service import Database
 from hybrid_jobs.jobctl.service.sql import fetch_one
+from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.schema.queries import (
     DASHBOARD_SESSION_CREATE,
     DASHBOARD_SESSION_END,
@@ -55,6 +68,12 @@ COOKIE: Final = "jobctl_session"
 SESSION_SECONDS: Final = 12 * 3600
 CSRF_FIELD: Final = "csrf"
 _DIGEST_CONTEXT: Final = b"hybrid-jobs dashboard session v2\x00"
+# How often a token file is looked at for a change when no request comes: a stat.
+WATCH_SECONDS: Final = 1.0
+# DASHBOARD_SESSION_EXPIRE deletes at most this many rows a statement.
+_EXPIRE_BATCH: Final = 1000
+
+log = logging.getLogger("jobctl")
 
 
 class SignInRequired(Exception):
@@ -79,6 +98,8 @@ class Viewer:
     signed_in: bool
     csrf: str | None
     """The token every form of this session carries; None when it cannot act."""
+    flash_key: bytes | None = field(default=None, repr=False)
+    """What signs and checks this session's one-time messages; None without one."""
 
     @property
     def may_act(self) -> bool:
@@ -103,6 +124,12 @@ def csrf_for(secret: str) -> str:
     return _b64(hmac.new(secret.encode(), b"csrf", hashlib.sha256).digest())
 
 
+def flash_key(secret: str) -> bytes:
+    """The key of the session's flash messages: derived from its secret, like the
+    CSRF token, but another one (the CSRF token is on every page)."""
+    return hmac.new(secret.encode(), b"flash", hashlib.sha256).digest()
+
+
 def _tokens(request: Request) -> Tokens | None:
     tokens: Tokens | None = request.app.state.tokens
     return tokens
@@ -119,15 +146,79 @@ def root(request: Request) -> str:
     return found.rstrip("/")
 
 
+async def _end_other_sessions(database: Database, digest: str) -> int:
+    """Delete every session not opened with the token of ``digest`` (and every
+    expired one), in bounded batches; how many went."""
+    ended = 0
+    while True:
+        async with database.writing() as session:
+            found = await fetch_one(session, DASHBOARD_SESSION_EXPIRE, {"digest": digest})
+        batch = 0 if found is None else int(found[0])
+        ended += batch
+        if batch < _EXPIRE_BATCH:
+            return ended
+
+
+async def current_digest(state: State) -> str | None:
+    """The digest of the token to compare with now; None while there is none. The
+    first time this process sees a token (at start, after each change), every
+    session opened with another one ends first: a session of an old token must be
+    gone, not merely refused, or putting that token back would revive it."""
+    tokens: Tokens | None = state.tokens
+    token = None if tokens is None else tokens.current()
+    if token is None:
+        return None
+    digest = token_digest(token)
+    if state.sessions_digest != digest:
+        ended = await _end_other_sessions(state.database, digest)
+        # Not when this process first looks: that is a start, not a change.
+        if ended and state.sessions_digest is not None:
+            log.info(
+                "dashboard.sessions_ended",
+                extra={"sessions": ended, "reason": "the API token changed"},
+            )
+        state.sessions_digest = digest
+    return digest
+
+
+async def follow_token(state: State, every: float = WATCH_SECONDS) -> None:
+    """Run by ``jobctl serve`` while it serves: end the sessions of other tokens at
+    start, then within ``every`` seconds of a change to the token file, whether a
+    request comes or not (a token changed and changed back between two requests
+    would otherwise leave the old sessions in place). A fixed token is done once."""
+    tokens: Tokens | None = state.tokens
+    if tokens is None:
+        return
+    failing = False
+    while True:
+        try:
+            await current_digest(state)
+        except Exception as exc:
+            # Logged when it starts failing, not every round; a request that needs
+            # a session checks again before it is let in.
+            if not failing:
+                log.warning(
+                    "dashboard.sessions_unchecked",
+                    extra={"error": describe_error(exc), "action": "retrying"},
+                )
+            failing = True
+        else:
+            failing = False
+            if tokens.path is None and state.sessions_digest is not None:
+                return
+        await asyncio.sleep(every)
+
+
 async def _session(request: Request) -> str | None:
     """The cookie's secret when it names a live session opened with the current
     token, else None."""
-    tokens = _tokens(request)
-    token = None if tokens is None else tokens.current()
     secret = request.cookies.get(COOKIE)
-    if token is None or not secret or len(secret) > 100:
+    if not secret or len(secret) > 100:
         return None
-    params = {"hash": _hash(secret), "digest": token_digest(token)}
+    digest = await current_digest(request.app.state)
+    if digest is None:
+        return None
+    params = {"hash": _hash(secret), "digest": digest}
     async with _database(request).reading() as session:
         found = await fetch_one(session, DASHBOARD_SESSION_VALID, params)
     return secret if found is not None else None
@@ -140,7 +231,9 @@ async def viewer(request: Request) -> Viewer:
     secret = await _session(request)
     if secret is None:
         raise SignInRequired
-    return Viewer(read_only=False, signed_in=True, csrf=csrf_for(secret))
+    return Viewer(
+        read_only=False, signed_in=True, csrf=csrf_for(secret), flash_key=flash_key(secret)
+    )
 
 
 def own_origins(request: Request) -> set[str]:
@@ -186,7 +279,7 @@ async def may_act(request: Request) -> Viewer:
     expected = csrf_for(secret)
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected.encode()):
         raise Refused("refused: the form's CSRF token is missing or wrong; reload the page")
-    return Viewer(read_only=False, signed_in=True, csrf=expected)
+    return Viewer(read_only=False, signed_in=True, csrf=expected, flash_key=flash_key(secret))
 
 
 def _secure(request: Request) -> bool:
@@ -196,15 +289,13 @@ def _secure(request: Request) -> bool:
 
 async def open_session(request: Request, response: Response, token: str) -> None:
     """A new session for the token just shown, its cookie on ``response``; sessions
-    that expired go at the same time (no other chore needed)."""
+    that expired, or were opened with another token, go at the same time (no other
+    chore needed)."""
     secret = secrets.token_urlsafe(32)
-    params = {
-        "hash": _hash(secret),
-        "digest": token_digest(token),
-        "session_seconds": SESSION_SECONDS,
-    }
+    digest = token_digest(token)
+    params = {"hash": _hash(secret), "digest": digest, "session_seconds": SESSION_SECONDS}
     async with _database(request).writing() as session:
-        await fetch_one(session, DASHBOARD_SESSION_EXPIRE)
+        await fetch_one(session, DASHBOARD_SESSION_EXPIRE, {"digest": digest})
         await fetch_one(session, DASHBOARD_SESSION_CREATE, params)
     response.set_cookie(
         COOKIE,

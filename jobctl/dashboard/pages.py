@@ -19,6 +19,7 @@ from hybrid_jobs.jobctl.dashboard.charts import Charts, build
 from hybrid_jobs.jobctl.dashboard.figures import Recent, figures
 from hybrid_jobs.jobctl.metrics import Collector
 from hybrid_jobs.jobctl.metrics.history import EMPTY, HistoryView
+from hybrid_jobs.jobctl.output import held_for
 from hybrid_jobs.jobctl.service import (
     Database,
     Invalid,
@@ -207,7 +208,7 @@ def _story(job: JobView) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = [{"kind": "created", "at": job.created_at}]
     # A job held for its approval or its parents is never due (run_after at the
     # hold, year 9999) until released: no "due in 2,912,106 days".
-    held = job.run_after.year == 9999 and not job.done
+    held = held_for(job) is not None
     if (job.run_after - job.created_at).total_seconds() > 1 and not job.attempts and not held:
         events.append({"kind": "scheduled", "at": job.run_after})
     for attempt in job.attempts:

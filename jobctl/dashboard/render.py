@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from hybrid_jobs.jobctl.api.headers import HTML_POLICY
 from hybrid_jobs.jobctl.dashboard.auth import Viewer, root
+from hybrid_jobs.jobctl.dashboard.flash import COOKIE as FLASH_COOKIE
 from hybrid_jobs.jobctl.dashboard.flash import Flash, take_flash
+from hybrid_jobs.jobctl.output import budget, error_is_current, held_for
 
 # Everything the pages need comes from this server (no inline script or style
 # either), pages cannot be framed (clickjacking), forms post only here. (Every
@@ -123,13 +127,71 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
+# The explicit directional formatting characters (embeddings, overrides, isolates
+# and their ends): they reorder the text after them, and an isolate's end (U+2069)
+# ends the isolate Chromium makes of a <bdi> too, so isolating a value does not
+# keep them in; shown as escapes, \u202e, as the CLI does. (The marks and the
+# joiners only take part in their own run's order: free text keeps them, right to
+# left text and emoji need them.)
+_EXPLICIT: Final = re.compile("[\u202a-\u202e\u2066-\u2069]")
+# In a name, what cannot be seen at all is shown as well (the marks, the zero-width
+# characters): two names that look the same are different names.
+_INVISIBLE: Final = re.compile("[\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]")
+
+
+def _code(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def visible(value: object) -> str:
+    """Plain text (a page's title, a flash message, a sentence that quotes names)
+    with every invisible character written as its escape: no element can isolate a
+    part of a title, or a name inside a sentence."""
+    return _INVISIBLE.sub(_code, str(value))
+
+
+def _isolated(value: object, shown: re.Pattern[str]) -> Markup:
+    """``value`` escaped, in a <bdi> (so that right-to-left text in it does not move
+    the page's text beside it), the characters ``shown`` matches as escapes in a
+    span of their own."""
+    text = "" if value is None else str(value)
+    pieces: list[Markup] = []
+    at = 0
+    for found in shown.finditer(text):
+        pieces.append(escape(text[at : found.start()]))
+        pieces.append(Markup('<span class="invisible">{}</span>').format(_code(found)))
+        at = found.end()
+    pieces.append(escape(text[at:]))
+    return Markup("<bdi>{}</bdi>").format(Markup().join(pieces))
+
+
+def user(value: object) -> Markup:
+    """Free text someone else wrote (an error message, a progress stage), isolated:
+    it cannot reorder the page's own text around it."""
+    return _isolated(value, _EXPLICIT)
+
+
+def name(value: object) -> Markup:
+    """A name (job type, queue, key, resource, schedule, worker, error code),
+    isolated, with every invisible character shown."""
+    return _isolated(value, _INVISIBLE)
+
+
+def names(values: Any) -> Markup:
+    """Several names, each isolated on its own (:func:`name`), comma-separated."""
+    return Markup(", ").join(name(v) for v in values)
+
+
 def pretty(value: Any, raw: bool = False) -> str:
     """A JSON value, indented; ``raw``: a value served as its JSON text already (one
-    nested past what can be decoded, JobView.as_text), shown as it is."""
+    nested past what can be decoded, JobView.as_text), shown as it is. Directional
+    controls are written as JSON's own escapes (the same value): raw, one would
+    reorder the rest of its line."""
     if raw and isinstance(value, str):
         text = value
     else:
         text = json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+    text = _EXPLICIT.sub(_code, text)
     if len(text) > SHOWN_JSON:
         return text[:SHOWN_JSON] + f"\n… ({len(text) - SHOWN_JSON:,} more characters)"
     return text
@@ -142,8 +204,19 @@ env.filters.update(
     short_id=short_id,
     pretty=pretty,
     segment=segment,
+    visible=visible,
+    user=user,
+    name=name,
+    names=names,
+    budget=budget,
 )
-env.globals.update(relative=relative, span=span, progress=progress)
+env.globals.update(
+    relative=relative,
+    span=span,
+    progress=progress,
+    held_for=held_for,
+    error_is_current=error_is_current,
+)
 
 
 def page(
@@ -156,7 +229,7 @@ def page(
 ) -> Response:
     """A whole page. Its flash message (set by the action that led here) is shown
     once; the auto-refresh replaces only the page's #content, so it stays put."""
-    flash: Flash | None = take_flash(request)
+    flash: Flash | None = take_flash(request, None if viewer is None else viewer.flash_key)
     mount = root(request)
     html = env.get_template(template).render(
         request=request,
@@ -169,8 +242,9 @@ def page(
         **context,
     )
     response = HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
-    if flash is not None:
-        flash.clear(response, mount)
+    if FLASH_COOKIE in request.cookies:
+        # Shown once; one that was not shown (unsigned, unreadable) goes too.
+        Flash.clear(response, mount)
     return response
 
 

@@ -21,13 +21,17 @@ DASHBOARD_SESSION_END: Final = """
 DELETE FROM dashboard_sessions WHERE session_hash = %(hash)s RETURNING true
 """
 
-# Run at each sign-in (dashboard_sessions_expires_at_idx), a bounded batch: the
-# table holds about as many rows as people signed in over the last 12 hours.
+# The sessions that ended on their own: expired, or opened with another token than
+# the current one (its digest), deleted so that putting that token back does not
+# revive them. Run at each sign-in and when jobctl serve sees a new token, a
+# bounded batch (the caller repeats a full one). A scan: the table holds about as
+# many rows as people signed in over the last 12 hours.
 DASHBOARD_SESSION_EXPIRE: Final = """
 WITH gone AS (
     DELETE FROM dashboard_sessions
     WHERE session_hash IN (SELECT session_hash FROM dashboard_sessions
-                           WHERE expires_at < now() LIMIT 1000)
+                           WHERE expires_at < now() OR token_digest <> %(digest)s
+                           LIMIT 1000)
     RETURNING 1
 )
 SELECT count(*) FROM gone

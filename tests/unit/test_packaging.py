@@ -4,19 +4,61 @@ scripts. Docker cannot run here, so compose.yaml is checked by reading it (and b
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+import sys
 import tomllib
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import yaml
 
+from hybrid_jobs.jobctl.api.tokens import checked
+
 ROOT = Path(__file__).resolve().parents[2]
+# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, ${VAR?message}; $$ is a $.
+_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_]\w*)(?:(:?[-?])([^}]*))?\}")
 
 
 def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def interpolated(value: str, environment: Mapping[str, str]) -> str:
+    """A value of compose.yaml as `docker compose` reads it in ``environment``; a
+    required variable that is missing raises ValueError, as it stops compose."""
+
+    def one(found: re.Match[str]) -> str:
+        if found.group(0) == "$$":
+            return "$"
+        name, operator, argument = found.groups()
+        value = environment.get(name)
+        if operator is None:
+            return value or ""
+        missing = not value if operator.startswith(":") else value is None
+        if not missing:
+            assert value is not None
+            return value
+        if operator.endswith("?"):
+            raise ValueError(f"{name}: {argument}")
+        return argument
+
+    return _VARIABLE.sub(one, value)
+
+
+def strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
 
 
 def test_compose_services_wait_for_what_they_need() -> None:
@@ -31,7 +73,7 @@ def test_compose_services_wait_for_what_they_need() -> None:
     assert services["migrate"]["command"] == ["jobctl", "migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name, service in services.items():
-        if name in ("postgres", "rabbitmq", "migrate") or "profiles" in service:
+        if name in ("postgres", "rabbitmq", "migrate", "api-token") or "profiles" in service:
             continue
         assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
@@ -72,8 +114,62 @@ def test_compose_serves_the_api_with_its_port_published() -> None:
     host, port = command[command.index("--host") + 1], command[command.index("--port") + 1]
     assert host == "0.0.0.0"
     assert f"127.0.0.1:{port}:{port}" in [str(p) for p in api["ports"]]
-    assert api["environment"]["JOBCTL_API_TOKEN"], "without a token it would be read-only"
+    assert api["environment"]["JOBCTL_API_TOKEN_FILE"], "without a token it would be read-only"
     assert "/readyz" in " ".join(api["healthcheck"]["test"])
+
+
+def test_compose_ships_no_token_and_makes_one_for_each_installation(tmp_path: Path) -> None:
+    """`docker compose up` alone works, with a token of this installation's: none is
+    written in the file, none has to be set first."""
+    raw = (ROOT / "compose.yaml").read_text()
+    services = compose()["services"]
+    # Nothing is required before the first `docker compose up`...
+    for value in strings(services):
+        interpolated(value, {})
+    # ...and no service gets a token from the file itself.
+    for name, service in services.items():
+        environment = service.get("environment") or {}
+        assert not interpolated(str(environment.get("JOBCTL_API_TOKEN", "")), {}), name
+    assert "demo-5Pq9Zr2Wn7Lx4Tk8Hc3Vb6Jm1Fs0Gd" not in raw
+    # A token of one's own still wins (jobctl serve prefers JOBCTL_API_TOKEN).
+    api, maker = services["api"], services["api-token"]
+    mine = {"JOBCTL_API_TOKEN": "mine"}
+    assert interpolated(api["environment"]["JOBCTL_API_TOKEN"], mine) == "mine"
+    # jobctl serve reads the file api-token makes, from the volume both mount, once
+    # it is made.
+    path = PurePosixPath(interpolated(api["environment"]["JOBCTL_API_TOKEN_FILE"], {}))
+    assert interpolated(maker["environment"]["JOBCTL_API_TOKEN_FILE"], {}) == str(path)
+    mounts = {m.split(":")[0] for m in api["volumes"] if m.split(":")[1] == str(path.parent)}
+    assert mounts and mounts == {
+        m.split(":")[0] for m in maker["volumes"] if m.split(":")[1] == str(path.parent)
+    }
+    assert mounts <= set(compose()["volumes"]), "a named volume: it outlives the containers"
+    assert api["depends_on"]["api-token"]["condition"] == "service_completed_successfully"
+    # The image lets its user write there (a new volume takes the directory's owner).
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(rf"install -d -o app .*{re.escape(str(path.parent))}", dockerfile)
+    # The command makes a strong token, private to its owner, once; and says where it
+    # is, not what it is.
+    assert maker["command"][:2] == ["python", "-c"]
+    target = tmp_path / "api-token"
+
+    def make() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", maker["command"][2]],
+            env={**os.environ, "JOBCTL_API_TOKEN_FILE": str(target)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    said = make()
+    token = target.read_text().strip()
+    assert checked(token, "JOBCTL_API_TOKEN_FILE") == token
+    assert target.stat().st_mode & 0o077 == 0
+    assert token not in said and f"docker compose exec api cat {target}" in said
+    assert token not in make() and target.read_text().strip() == token
+    assert [p.name for p in tmp_path.iterdir()] == ["api-token"]
 
 
 def test_compose_commands_are_console_scripts_we_ship() -> None:
