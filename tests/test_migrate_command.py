@@ -258,3 +258,26 @@ def test_check_reports_the_promises_and_fails_on_a_violation(
     broken = jobctl("check", url=db_url, cwd=tmp_path)
     assert broken.returncode == 1
     assert broken.stderr.strip() == "jobctl check: 1 promise(s) broken: lost"
+
+
+def test_a_postgres_older_than_the_sql_needs_is_refused_in_one_line(
+    empty_db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This server is new enough: the check passes it. Asked for a version no server
+    # has yet, the same check (the real server's answer) refuses it, naming both.
+    from sqlalchemy import create_engine
+
+    from hybrid_jobs.jobctl.commands import migrate as command
+    from hybrid_jobs.jobctl.output import Failure
+
+    engine = create_engine(empty_db_url.sqlalchemy)
+    try:
+        with command._connect(engine, empty_db_url) as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+        monkeypatch.setattr(command, "OLDEST_POSTGRES", 990000)
+        with pytest.raises(Failure) as refused, command._connect(engine, empty_db_url):
+            pass
+    finally:
+        engine.dispose()
+    (line,) = str(refused.value).splitlines()
+    assert "is too old: hybrid-jobs needs 99 or newer (15 or newer is tested)" in line

@@ -152,6 +152,12 @@ def _resolve(script: ScriptDirectory, target: str) -> str:
     return found.revision
 
 
+# The oldest PostgreSQL the SQL runs on (WITH ... AS MATERIALIZED came in 12), and
+# the oldest this project is tested on.
+OLDEST_POSTGRES = 120000
+SUPPORTED_POSTGRES = 15
+
+
 @contextmanager
 def _connect(engine: Engine, url: DatabaseUrl) -> Iterator[Connection]:
     """``engine.connect()``, a failure said in one line: a setting to fix (exit 2),
@@ -169,6 +175,17 @@ def _connect(engine: Engine, url: DatabaseUrl) -> Iterator[Connection]:
         hint = f"; {found.hint}" if found.hint else ""
         raise Failure(f"cannot reach PostgreSQL at {url.address}: {found.reason}{hint}") from None
     with conn:
+        # (as the driver read it at connect: a query here would begin a transaction)
+        info = conn.dialect.server_version_info or ()
+        parts = [part for part in info if isinstance(part, int)]
+        major, minor = (*parts, 0, 0)[:2]
+        version = major * 10000 + minor
+        if version < OLDEST_POSTGRES:
+            raise Failure(
+                f"PostgreSQL {major}.{minor} at {url.address} is too old:"
+                f" hybrid-jobs needs {OLDEST_POSTGRES // 10000} or newer"
+                f" ({SUPPORTED_POSTGRES} or newer is tested)"
+            )
         yield conn
 
 

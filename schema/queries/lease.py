@@ -581,7 +581,7 @@ WITH h AS (
               g.lease_generation, g.worker, g.ready_at, g.started_at, g.held_slot,
               'SHUTDOWN'::text AS error_code,
               CASE WHEN g.state = 'QUEUED'
-                   THEN 'given back at a graceful stop; the attempt was refunded'
+                   THEN 'given back as its worker stopped; the attempt was refunded'
                    ELSE 'the worker stopped while a cancel was requested' END AS error_message,
               NULL::text AS traceback
 ), {lease_ended("returned")}
