@@ -18,9 +18,11 @@ it either (a plain handler's, abandoned at its time limit): it names them and ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -53,6 +55,7 @@ class Stopper:
         self.requests = 0
         self.early: list[int] = []
         self._watchdog: threading.Timer | None = None
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
         self._deadline = 0.0
 
     def catch_early(self) -> None:
@@ -66,23 +69,50 @@ class Stopper:
         self.early.append(signum)
 
     def install(self, stop: asyncio.Event) -> None:
-        """In the main task: signals from now on go through the event loop."""
+        """In the main task: signals from now on go through the event loop.
+
+        Not by the loop's add_signal_handler: its removal (at the end, or when the
+        loop closes) puts the default action back before anything else can replace
+        it, and a signal in that instant (a second Ctrl-C just as a quick stop
+        ends) killed the process with SIGTERM's status. So the handlers are Python's
+        own from start to exit, and a wake-up descriptor the loop reads brings the
+        loop round to run them at once, as the loop's own would."""
         self.stop = stop
         self.task = asyncio.current_task()
         self.loop = asyncio.get_running_loop()
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        self._wakeup = (reader, writer)
+        self.loop.add_reader(reader.fileno(), self._woken)
+        signal.set_wakeup_fd(writer.fileno())
         for signum in SIGNALS:
-            self.loop.add_signal_handler(signum, self.on_signal, signum)
+            signal.signal(signum, self._in_loop)
         for early in self.early:
             self.on_signal(early)
 
+    def _in_loop(self, signum: int, _frame: FrameType | None) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.on_signal, signum)
+
+    def _woken(self) -> None:
+        """The descriptor's bytes say only that a signal came; its handler has run."""
+        with contextlib.suppress(OSError):
+            while self._wakeup is not None and self._wakeup[0].recv(512):
+                pass
+
     def uninstall(self) -> None:
         """The main coroutine is ending: from here to the exit, a signal changes
-        nothing (the close is bounded by :meth:`arm`), and must not kill the
-        process with the default handler the event loop would put back."""
-        if self.loop is not None:
-            for signum in SIGNALS:
-                self.loop.remove_signal_handler(signum)
+        nothing (the close is bounded by :meth:`arm`); it is noted, never left to
+        the default action."""
         self.catch_early()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            if self.loop is not None:
+                self.loop.remove_reader(self._wakeup[0].fileno())
+            for end in self._wakeup:
+                end.close()
+            self._wakeup = None
 
     def on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name

@@ -717,7 +717,7 @@ def test_the_state_machine_holds_under_arbitrary_interleavings_and_races(
     run_state_machine_as_test(
         lambda: JobMachine(db_url),
         settings=settings(
-            max_examples=60,
+            max_examples=40,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
