@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 from hybrid_jobs.outbox.enqueue import insert_jobs, psycopg_connection
 from hybrid_jobs.outbox.recurrence import Recurrence, check_catchup, recurrence
 from hybrid_jobs.outbox.twin import async_twin
-from hybrid_jobs.outbox.validation import NewJob, encode_payload, max_payload_bytes, to_row
+from hybrid_jobs.outbox.validation import (
+    JsonDefault,
+    NewJob,
+    encode_payload,
+    max_payload_bytes,
+    plain_json,
+    to_row,
+)
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import (
     SCHEDULE_CLOCK,
@@ -97,9 +104,13 @@ def _prepare(
     priority: int,
     max_attempts: int | None,
     catchup: str,
+    json_default: JsonDefault | None = None,
 ) -> _Schedule:
     rule = recurrence(cron, every, timezone)
     limit = max_payload_bytes()
+    if json_default is not None:
+        # stored as plain JSON: every occurrence enqueues what the handler will read
+        payload = plain_json("payload", payload, json_default)
     # The job each occurrence enqueues must be acceptable now, not fail at every fire.
     to_row(NewJob(job_type, payload, queue, None, None, max_attempts, priority), limit)
     return _Schedule(
@@ -134,6 +145,7 @@ def schedule(
     priority: int = 0,
     max_attempts: int | None = None,
     catchup: str = "latest",
+    json_default: JsonDefault | None = None,
 ) -> datetime:
     """Create or update the schedule ``name``; returns its next fire instant (UTC).
 
@@ -146,6 +158,8 @@ def schedule(
     ``"skip"`` (only the newest runs, and only if it is at most a minute late),
     ``"latest"`` (the newest one runs, however late) or ``"all"`` (each runs, up to
     the relay's bound); the others are recorded as skipped. ``tenant`` is stored with the schedule.
+    ``json_default`` encodes what JSON cannot hold, as for :func:`outbox.enqueue`,
+    once, when the schedule is written.
 
     A new rule (cron, every or timezone) starts from the first occurrence after the
     database's clock; an update that keeps the rule keeps the schedule's place.
@@ -164,6 +178,7 @@ def schedule(
         priority=priority,
         max_attempts=max_attempts,
         catchup=catchup,
+        json_default=json_default,
     )
     conn = psycopg_connection(session)
     clock = conn.exec_driver_sql(SCHEDULE_CLOCK).scalar_one()

@@ -678,3 +678,24 @@ async def test_schedules_that_keep_failing_hold_back_none_of_the_others(
     assert (mended["failures"], mended["retry_at"]) == (0, None)
     assert mended["last_error"] == again["last_error"]
     assert [f["outcome"] for f in ledger(pg, "bad-1")][-1] == "enqueued"
+
+
+def test_a_schedule_takes_a_json_default_and_stores_plain_json(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    at = datetime(2026, 12, 6, 9, 30, tzinfo=UTC)
+    with Session(engine) as session, session.begin():
+        with pytest.raises(TypeError, match=r"payload\['since'\] is of type datetime"):
+            outbox.schedule(session, "report", "stamp", {"since": at}, every=SECOND)
+        outbox.schedule(
+            session,
+            "report",
+            "stamp",
+            {"since": at},
+            every=SECOND,
+            json_default=lambda value: value.isoformat(),
+        )
+    (payload,) = pg.execute("SELECT payload FROM schedules WHERE name = 'report'").fetchone() or (
+        None,
+    )
+    assert payload == {"since": "2026-12-06T09:30:00+00:00"}
