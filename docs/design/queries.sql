@@ -166,7 +166,6 @@ JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key;
 -- Makes RETRY_WAIT -> CANCELLED: a cancel request while it waits for a retry.
 -- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a
 -- heartbeat.
--- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: job_id.
 WITH cancelled AS (
     UPDATE jobs
@@ -181,28 +180,9 @@ WITH cancelled AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
     WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
-), left_key AS (
-    -- a waiting job cancelled: the next of its key (in order) need not wait for it
-    SELECT job_id FROM cancelled WHERE state = 'CANCELLED'
-), key_left AS (
-    SELECT j.key, count(*)::int AS n
-    FROM left_key AS s JOIN jobs AS j ON j.job_id = s.job_id
-    WHERE j.key IS NOT NULL
-    GROUP BY j.key
-), key_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM key_left AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM left_key)
-        ORDER BY w.key_seq, w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
+-- (a waiting job cancelled: the next of its key or resource is woken by the
+-- trigger jobs_hand_on, as for every end of a waiting job)
 SELECT state FROM cancelled;
 
 -- name: JOB_STATE
@@ -275,7 +255,6 @@ UPDATE jobs SET run_after = now() WHERE state = 'RETRY_WAIT' AND run_after > now
 -- Run by relay.maintenance:expire_waiting.
 -- Makes QUEUED -> CANCELLED: past its deadline while nobody wakes it: code EXPIRED.
 -- Makes RETRY_WAIT -> CANCELLED: past its deadline while it waits for a retry: EXPIRED.
--- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: limit.
 WITH due AS (
     SELECT j.job_id
@@ -299,25 +278,8 @@ WITH due AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING expired AS e
     WHERE o.job_id = e.job_id AND o.sent_at IS NULL
-), key_left AS (
-    SELECT j.key, count(*)::int AS n
-    FROM expired AS s JOIN jobs AS j ON j.job_id = s.job_id
-    WHERE j.key IS NOT NULL
-    GROUP BY j.key
-), key_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM key_left AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM expired)
-        ORDER BY w.key_seq, w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
+-- (the next of an expired job's key or resource: the trigger jobs_hand_on)
 SELECT job_id, queue FROM expired;
 
 
@@ -2660,7 +2622,6 @@ SELECT job_id FROM approved;
 -- name: JOB_REJECT
 -- Run by outbox.approval:reject.
 -- Makes QUEUED -> CANCELLED: an operator rejects it while it waits for approval.
--- Built with no_pending_wakeup, key_wake_next.
 -- Parameters: by, job_id, reason.
 WITH rejected AS (
     UPDATE jobs
@@ -2674,24 +2635,6 @@ WITH rejected AS (
         updated_at = now()
     WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
     RETURNING job_id, state
-), key_left AS (
-    SELECT j.key, count(*)::int AS n
-    FROM rejected AS s JOIN jobs AS j ON j.job_id = s.job_id
-    WHERE j.key IS NOT NULL
-    GROUP BY j.key
-), key_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM key_left AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM rejected)
-        ORDER BY w.key_seq, w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT state FROM rejected;
 

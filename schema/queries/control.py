@@ -12,7 +12,6 @@ from hybrid_jobs.schema.queries.fragments import (
     LIVE_WORKER,
     PENDING_TENANTS,
     UNTAKEN,
-    key_wake_next,
 )
 from hybrid_jobs.schema.queries.worker import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.states import DelayReason
@@ -171,7 +170,8 @@ SELECT job_id FROM approved
 
 # An operator rejects a job that waits for approval: CANCELLED, with last_error_code
 # REJECTED and the reason, who and when; guarded like JOB_APPROVE. It never had a
-# wake-up to take back; the next job of its key (in order) need not wait for it.
+# wake-up to take back; the next job of its key (in order) is woken by the trigger
+# jobs_hand_on, as at every end of a waiting job.
 JOB_REJECT: Final = f"""
 WITH rejected AS (
     UPDATE jobs
@@ -185,7 +185,7 @@ WITH rejected AS (
         updated_at = now()
     WHERE job_id = %(job_id)s AND state = 'QUEUED' AND approval = 'REQUIRED'
     RETURNING job_id, state
-), {key_wake_next("rejected")}
+)
 SELECT state FROM rejected
 """
 

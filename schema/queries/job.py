@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 from hybrid_jobs.schema.locks import KEY_LOCK_PREFIX
-from hybrid_jobs.schema.queries.fragments import FENCE, key_wake_next
+from hybrid_jobs.schema.queries.fragments import FENCE
 from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
 
@@ -192,10 +192,9 @@ WITH cancelled AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
     WHERE o.job_id = c.job_id AND c.state = 'CANCELLED' AND o.sent_at IS NULL
-), left_key AS (
-    -- a waiting job cancelled: the next of its key (in order) need not wait for it
-    SELECT job_id FROM cancelled WHERE state = 'CANCELLED'
-), {key_wake_next("left_key")}
+)
+-- (a waiting job cancelled: the next of its key or resource is woken by the
+-- trigger jobs_hand_on, as for every end of a waiting job)
 SELECT state FROM cancelled
 """
 
@@ -292,6 +291,7 @@ WITH due AS (
 ), unwoken AS (
     DELETE FROM outbox AS o USING expired AS e
     WHERE o.job_id = e.job_id AND o.sent_at IS NULL
-), {key_wake_next("expired")}
+)
+-- (the next of an expired job's key or resource: the trigger jobs_hand_on)
 SELECT job_id, queue FROM expired
 """
