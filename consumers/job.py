@@ -111,6 +111,9 @@ class Job:
     cancel_requested: bool = False
     # The stored trace context of the enqueuing code (plumbing.tracing), if any.
     trace_context: Any = field(default=None, repr=False)
+    # The gates it was claimed through (None: not known), which its end of a lease
+    # is composed of.
+    gates: frozenset[str] | None = field(default=None, repr=False)
     # Monotonic time by which the lease surely ends unless a heartbeat extends it.
     lease_deadline: float = 0.0
     # Set while the job's own transaction commits its completion, and once it has.
@@ -141,6 +144,7 @@ class Job:
             worker=resources.worker,
             scheduled_for=c.scheduled_for,
             trace_context=c.trace_context,
+            gates=c.gates,
             lease_deadline=claim_sent_at + lease,
             _resources=resources,
         )
@@ -388,8 +392,13 @@ async def _transaction_async(job: Job, resources: Resources) -> AsyncIterator[As
             async with conn.transaction():
                 tx = AsyncTx(conn, job)
                 yield tx
-                cur = await conn.execute(q.JOB_FINISH_MANY_IN_TX, _completion(job, tx))
-                _check_completed(job, await cur.fetchall())
+                params = _completion(job, tx)
+                cur = await conn.execute(_completing(job), params)
+                rows = await cur.fetchall()
+                if _held_more(rows):
+                    cur = await conn.execute(q.JOB_FINISH_MANY_IN_TX, params)
+                    rows = await cur.fetchall()
+                _check_completed(job, rows)
             job.recorded = True
         finally:
             # However the completion or its commit failed, the job is not "writing"
@@ -404,8 +413,11 @@ def _transaction_sync(job: Job, resources: Resources) -> Iterator[SyncTx]:
             with conn.transaction():
                 tx = SyncTx(conn, job)
                 yield tx
-                cur = conn.execute(q.JOB_FINISH_MANY_IN_TX, _completion(job, tx))
-                _check_completed(job, cur.fetchall())
+                params = _completion(job, tx)
+                rows = conn.execute(_completing(job), params).fetchall()
+                if _held_more(rows):
+                    rows = conn.execute(q.JOB_FINISH_MANY_IN_TX, params).fetchall()
+                _check_completed(job, rows)
             job.recorded = True
         finally:
             job.committing = False
@@ -420,6 +432,20 @@ def _completion(job: Job, tx: _Result) -> dict[str, str]:
     job.committing = True
     done = Outcome("succeeded", result=tx.encoded_result, progress=job.unwritten_progress())
     return finish_params(job.worker, [(job.id, job.generation, done)])
+
+
+def _completing(job: Job) -> str:
+    """The job's completion, composed of the gates it was claimed through (all of
+    them, if that is not known)."""
+    if job.gates is None:
+        return q.JOB_FINISH_MANY_IN_TX
+    return q.job_finish_many(job.gates, in_tx=True)
+
+
+def _held_more(rows: list[Any]) -> bool:
+    """Whether the composed completion left the job for the whole one: its lease
+    holds a gate it was not claimed through (nothing was written)."""
+    return any(row[1] == "full" for row in rows)
 
 
 def _check_completed(job: Job, rows: list[Any]) -> None:

@@ -75,9 +75,12 @@ class Reporter:
     async def _finish(self, batch: list[Held]) -> Finished:
         """Record the batch, through any outage; what the database refuses raises."""
         triples = [(h.job.id, h.job.generation, h.outcome) for h in batch if h.outcome]
+        held = [h.job.gates for h in batch if h.outcome]
+        # what the batch's leases hold, all together (None: some lease's is not known)
+        gates = None if None in held else frozenset().union(*(g for g in held if g is not None))
         async for attempt in retry_forever(log, "consumer.report_failed", only_transient=True):
             with attempt:
-                return await self.store.finish(triples)
+                return await self.store.finish(triples, gates)
         raise AssertionError("retry_forever ends by returning or raising")  # pragma: no cover
 
     async def _record_replaced(self, held: Held, exc: Exception) -> None:

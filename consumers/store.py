@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, LiteralString
 
@@ -18,7 +18,7 @@ from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.plumbing.db import native
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.schema import queries as q
-from hybrid_jobs.schema.gates import GATES
+from hybrid_jobs.schema.gates import GATES, HELD_GATES
 from hybrid_jobs.schema.states import JobState
 
 # What a claim says of a wake-up it did not turn into a running job. The reasons a
@@ -37,6 +37,7 @@ HELD_HERE = "held_here"
 log = logging.getLogger("consumer")
 
 ALL_GATES = frozenset(GATES)
+NO_GATES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class Claimed:
     scheduled_for: datetime | None = None
     # The W3C trace context of the code that enqueued it (the otel extra), as stored.
     trace_context: Any = None
+    # The gates it was claimed through (schema/gates), so that its outcome runs the
+    # end of a lease composed of what it holds; None: not known (a lease recovered
+    # by held_by_me), and its outcome finds out.
+    gates: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,12 @@ class JobStore:
                         extra={"jobs": len(rest), "error": describe_error(exc)},
                     )
                     rows = taken + [(LOCKED, job_id) for job_id in rest]
-        claimed = [Claimed(*row[1:]) for row in rows if row[0] == "claimed"]
+        gates = {row[1]: frozenset(row[-1]) for row in plain if row[0] == "full"}
+        claimed = [
+            replace(Claimed(*row[1:]), gates=gates.get(row[1], NO_GATES))
+            for row in rows
+            if row[0] == "claimed"
+        ]
         missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
         return ClaimResult(claimed, missed)
 
@@ -242,19 +252,34 @@ class JobStore:
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
 
-    async def finish(self, batch: Sequence[tuple[uuid.UUID, int, Outcome]]) -> Finished:
-        """Record outcomes.
+    async def finish(
+        self,
+        batch: Sequence[tuple[uuid.UUID, int, Outcome]],
+        gates: frozenset[str] | None = NO_GATES,
+    ) -> Finished:
+        """Record outcomes. ``gates``: the gates the batch's jobs were claimed
+        through, all together (None: not known), which the end of their leases is
+        composed of.
 
         Safe to call again after a failure: an outcome that did commit makes its
         repeat match nothing, and is then recognised by its attempt row, not
         reported as stale.
         """
         async with self.pool.connection() as conn:
-            # Plain leases first, by the shorter statement; the outcomes of leases
-            # holding a key or a resource ('full') by the whole one. Each commits on
-            # its own: if the second fails, the caller's retry finds the first's
-            # outcomes recorded (below), not stale.
-            result = await finish_on(conn, self.worker, batch, q.JOB_FINISH_PLAIN_MANY)
+            # By the statement composed of what the leases hold (the plain one, for
+            # most); the outcomes of leases holding more ('full': their gates were
+            # not known) by the whole one. Each commits on its own: if the second
+            # fails, the caller's retry finds the first's outcomes recorded
+            # (below), not stale.
+            held = (gates or NO_GATES) & HELD_GATES
+            first = (
+                q.JOB_FINISH_PLAIN_MANY
+                if not held
+                else q.JOB_FINISH_MANY
+                if held == HELD_GATES
+                else q.job_finish_many(held)
+            )
+            result = await finish_on(conn, self.worker, batch, first)
             rest = [row for row in batch if result.get(row[0]) == "full"]
             if rest:
                 # (one the whole outcome then finds stale is missing, as below)

@@ -27,7 +27,7 @@ from hybrid_jobs.consumers.store import JobStore, finish_params
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import Native
 from hybrid_jobs.schema import queries as q
-from hybrid_jobs.schema.gates import GATES
+from hybrid_jobs.schema.gates import GATES, HELD_GATES
 from tests.support.jobs import enqueue, job, versions
 
 
@@ -276,3 +276,81 @@ async def test_the_store_runs_the_claim_of_the_gates_its_jobs_use(
     )
     assert len(found.claimed) == 1
     assert ran == [q.JOB_CLAIM_PLAIN_MANY], "a plain job runs no gate's statement"
+
+
+_HELD_OWN = {"key": ("key_usage", "key_woken"), "resource": ("resource_holds", "resource_woken")}
+
+
+def test_an_end_of_a_lease_composed_of_some_gates_has_no_other_gates_sql(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # A job pays at its end only for what its lease holds: a keyed lease's outcome
+    # runs no resource's step, a plain one's neither. A lease holding a gate its
+    # statement leaves out is not ended by it ('full': nothing written).
+    for used in [c for n in range(3) for c in itertools.combinations(sorted(HELD_GATES), n)]:
+        statement = q.job_finish_many(used)
+        for gate, marks in _HELD_OWN.items():
+            for mark in marks:
+                assert (mark in statement) == (gate in used), (used, gate, mark)
+    assert q.job_finish_many(()) == q.JOB_FINISH_PLAIN_MANY
+    assert q.job_finish_many(HELD_GATES) == q.JOB_FINISH_MANY
+    assert q.job_finish_many(HELD_GATES, in_tx=True) == q.JOB_FINISH_MANY_IN_TX
+    held = {
+        "key": enqueue(engine, "noop", key="account:1"),
+        "resource": enqueue(engine, "noop", resource="deploy:prod"),
+    }
+    for job_id in held.values():
+        assert _claim(pg, [job_id]) == {job_id: "claimed"}
+    before = versions(pg, list(held.values()))
+    for gate, job_id in held.items():
+        others = [g for g in HELD_GATES if g != gate]
+        rows = pg.execute(
+            q.job_finish_many(others), finish_params("w1", [(job_id, 1, Outcome.succeeded())])
+        ).fetchall()
+        assert rows == [(job_id, "full")], gate
+    assert versions(pg, list(held.values())) == before
+
+
+async def test_the_store_ends_each_lease_by_the_statement_of_what_it_holds(
+    engine: Engine,
+    pg: psycopg.Connection,
+    pool: AsyncConnectionPool[AsyncConnection],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+    real_finish_on = store_module.finish_on
+
+    async def recording(conn: AsyncConnection, worker: str, batch: Any, statement: str) -> Any:
+        ran.append(statement)
+        return await real_finish_on(conn, worker, batch, statement)
+
+    monkeypatch.setattr(store_module, "finish_on", recording)
+    store = JobStore(pool, "w1", lease_seconds=30)
+    terms = json.loads(claim_params([], "w1")["types"])
+    keyed, next_keyed = (enqueue(engine, "noop", key="account:1") for _ in range(2))
+    held, next_held = (enqueue(engine, "noop", resource="deploy:prod") for _ in range(2))
+    plain = enqueue(engine, "noop")
+    found = await store.claim(
+        [keyed, held, plain], terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
+    gates = {c.job_id: c.gates for c in found.claimed}
+    assert gates == {keyed: {"key"}, held: {"resource"}, plain: frozenset()}
+    for job_id in (keyed, held, plain):
+        ran.clear()
+        done = await store.finish([(job_id, 1, Outcome.succeeded())], gates[job_id])
+        assert done.applied == {job_id: "SUCCEEDED"}
+        assert ran == [q.job_finish_many(gates[job_id])], "one statement, of what it holds"
+    # and what each held was released, its next woken
+    assert pg.execute("SELECT count(*) FROM key_usage").fetchone() == (0,)
+    assert pg.execute("SELECT count(*) FROM resource_holds").fetchone() == (0,)
+    woken = {r[0] for r in pg.execute("SELECT job_id FROM outbox WHERE sent_at IS NULL")}
+    assert {next_keyed, next_held} <= woken
+    # A lease whose gates are not known (recovered by held_by_me) finds out: the
+    # plain statement leaves it, the whole one ends it.
+    found = await store.claim([next_held], terms, queues=["default"], free_threads=0, worker_ttl=60)
+    assert [c.job_id for c in found.claimed] == [next_held]
+    ran.clear()
+    done = await store.finish([(next_held, 1, Outcome.succeeded())], None)
+    assert done.applied == {next_held: "SUCCEEDED"}
+    assert ran == [q.JOB_FINISH_PLAIN_MANY, q.JOB_FINISH_MANY]
+    assert pg.execute("SELECT count(*) FROM resource_holds").fetchone() == (0,)

@@ -1023,7 +1023,7 @@ WITH h AS (
                ELSE 'RETRY_WAIT'
            END AS state
     FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-    WHERE j.key IS NULL AND j.resource IS NULL
+    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), finished AS (
@@ -1077,7 +1077,7 @@ WITH h AS (
 )
 SELECT job_id, state FROM finished
 UNION ALL
-SELECT h.job_id, CASE WHEN j.key IS NULL AND j.resource IS NULL THEN 'LOCKED' ELSE 'full' END
+SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL THEN 'full' ELSE 'LOCKED' END
 FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 

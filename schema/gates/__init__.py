@@ -11,6 +11,9 @@ A gate declares, in its module:
   reads in the gate's rank and takes nothing;
 - ``CLAIM_TAKE``: what it takes, once every gate has admitted the job;
 - ``REFUSED``: the lines of the claim's CASE that name its reason;
+- ``HOLDS`` (a gate whose lease keeps something until it ends: keys, resources):
+  which leases hold it, so that an end of a lease composed without the gate's
+  release (:func:`~hybrid_jobs.schema.queries.job_finish_many`) leaves theirs alone;
 - and, for a statement composed without it, ``CLAIM_ADMIT_ABSENT`` and
   ``CLAIM_TAKE_ABSENT``: the same names, empty, for the steps after it to read.
 
@@ -23,7 +26,8 @@ down takes nothing from another (no token, no slot, no key).
 The tenant cap and the dedicated runners are in every claim (the plain one too): they
 are a probe of the job's own tenant. What a lease releases at its end, and who is
 woken then, is :func:`~hybrid_jobs.schema.queries.fragments.lease_ended` (keys and
-resources) with :func:`~hybrid_jobs.schema.queries.fragments.key_wake_next` and
+resources, each composed in only for the leases that hold it) with
+:func:`~hybrid_jobs.schema.queries.fragments.key_wake_next` and
 :func:`~hybrid_jobs.schema.queries.fragments.resource_wake_next`; any end of a
 waiting job passes its turn on too (trigger ``jobs_hand_on``).
 """
@@ -36,3 +40,7 @@ from typing import Final
 # key's usage row, then a rate limit's bucket, then a resource's hold), after the
 # tenants' slots. A new gate adds its module and its name here.
 GATES: Final = ("key", "rate", "resource", "deadline")
+
+# The gates whose lease holds something until it ends (a key's lease, a resource's
+# hold): the ones the end of a lease releases, and is composed of.
+HELD_GATES: Final = frozenset({"key", "resource"})

@@ -12,6 +12,10 @@ from hybrid_jobs.schema.states import DelayReason
 
 USES: Final = "(j.key IS NOT NULL OR j.key_seq IS NOT NULL)"
 
+# The leases that hold one of the key's leases until they end (every lease of a job
+# with a key: the claim takes a lease only with its key).
+HOLDS: Final = "j.key IS NOT NULL"
+
 REASONS: Final = (DelayReason.KEY_BUSY, DelayReason.KEY_ORDER)
 
 CLAIM_ADMIT: Final = f"""key_behind AS (

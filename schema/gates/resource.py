@@ -12,6 +12,9 @@ from hybrid_jobs.schema.states import DelayReason
 
 USES: Final = "j.resource IS NOT NULL"
 
+# The leases that hold the resource until they end (or, expired, until resolved).
+HOLDS: Final = "j.resource IS NOT NULL"
+
 REASONS: Final = (DelayReason.RESOURCE_BUSY, DelayReason.RESOURCE_UNCERTAIN)
 
 CLAIM_TAKE: Final = """resource_ranked AS (

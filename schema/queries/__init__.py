@@ -99,6 +99,7 @@ from hybrid_jobs.schema.queries.lease import (
     JOB_HELD_BY,
     JOB_SWEEP_EXPIRED,
     job_claim_many,
+    job_finish_many,
 )
 from hybrid_jobs.schema.queries.outbox import (
     JOB_WAKE_ORPHANS,
@@ -259,4 +260,5 @@ __all__ = [
     "WORKER_SEEN",
     "WORKER_TTL_SECONDS",
     "job_claim_many",
+    "job_finish_many",
 ]

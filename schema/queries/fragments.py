@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 from hybrid_jobs import defaults
+from hybrid_jobs.schema.gates import HELD_GATES
 from hybrid_jobs.schema.tables import (
     CLAIMABLE_SQL,
     DEFAULT_MAX_ATTEMPTS,
@@ -172,7 +173,7 @@ def resource_wake_next(released: str) -> str:
 )"""
 
 
-def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> str:
+def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = HELD_GATES) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
     release of the tenant slot the lease held and of its key (key_usage, whose row
@@ -193,8 +194,9 @@ def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> s
     lease_generation, worker, ready_at, started_at, held_slot, error_code,
     error_message and traceback.
 
-    ``plain``: the leases of ``source`` held no key and no resource (the caller's
-    statement made sure), so the tail stops after the tenant slots.
+    ``gates``: what the leases of ``source`` may hold (of :data:`HELD_GATES`; the
+    caller's statement made sure they hold nothing else): the steps of the others
+    are left out, so a lease that held nothing ends with the tenant slots.
     """
     ended = f"""history AS (
     INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
@@ -222,9 +224,16 @@ def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> s
     FROM releasing AS r
     WHERE u.tenant = r.tenant
 )"""
-    if plain:
-        return ended
-    return f"""{ended}, {key_wake_next(source)}, key_releasing AS MATERIALIZED (
+    if "key" in gates:
+        ended = f"""{ended}, {_key_end(source)}"""
+    if "resource" in gates:
+        after = "key_releasing" if "key" in gates else "releasing"
+        ended = f"""{ended}, {_resource_end(source, after, expired)}"""
+    return ended
+
+
+def _key_end(source: str) -> str:
+    return f"""{key_wake_next(source)}, key_releasing AS MATERIALIZED (
     -- after the tenants (the scalar subquery makes them go first), in key order,
     -- as the claim takes them
     SELECT u.key, u.running, k.n
@@ -240,7 +249,11 @@ def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> s
     -- the last lease of the key: no row kept for an idle key
     DELETE FROM key_usage AS u USING key_releasing AS r
     WHERE u.key = r.key AND r.running <= r.n
-), resource_left AS (
+)"""
+
+
+def _resource_end(source: str, after: str, expired: bool) -> str:
+    return f"""resource_left AS (
     -- the leases that ended with a resource (none: one probe per job, of rows
     -- already read for the keys)
     SELECT j.resource, s.job_id, s.lease_generation
@@ -254,13 +267,13 @@ def lease_ended(source: str, *, expired: bool = False, plain: bool = False) -> s
     JOIN resource_left AS l
       ON l.resource = h.resource AND l.job_id = h.job_id
      AND l.lease_generation = h.lease_generation
-    WHERE (SELECT count(*) FROM key_releasing) >= 0 AND h.uncertain_since IS NULL
+    WHERE (SELECT count(*) FROM {after}) >= 0 AND h.uncertain_since IS NULL
     ORDER BY h.resource
     FOR UPDATE OF h
-), {_resource_end(expired)}"""
+), {_resource_freed(expired)}"""
 
 
-def _resource_end(expired: bool) -> str:
+def _resource_freed(expired: bool) -> str:
     if expired:
         return """resource_uncertain AS (
     -- the holder vanished: the hold stays, and says since when

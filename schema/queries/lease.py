@@ -8,7 +8,16 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Final
 
-from hybrid_jobs.schema.gates import GATES, deadline, dedicated, key, rate, resource, tenant
+from hybrid_jobs.schema.gates import (
+    GATES,
+    HELD_GATES,
+    deadline,
+    dedicated,
+    key,
+    rate,
+    resource,
+    tenant,
+)
 from hybrid_jobs.schema.queries.fragments import (
     BUDGET,
     FENCE,
@@ -462,13 +471,25 @@ LEFT JOIN jobs AS j ON {FENCE}
 # Returns the applied ones' new states, and 'LOCKED' for outcomes whose row another
 # transaction holds (still ours: try again alone). A stale outcome (generation or
 # owner no longer match) matches no row, changes nothing and is absent.
-def _finish(lock: str, *, plain: bool = False) -> str:
-    # The plain outcome takes only leases that hold no key and no resource (the
-    # rest come back 'full', for the whole statement), and ends them without the
-    # steps that would find nothing to release.
-    holds_nothing = "j.key IS NULL AND j.resource IS NULL"
-    only_plain = f"\n    WHERE {holds_nothing}" if plain else ""
-    left = f"CASE WHEN {holds_nothing} THEN 'LOCKED' ELSE 'full' END" if plain else "'LOCKED'"
+def job_finish_many(gates: Iterable[str] = HELD_GATES, *, in_tx: bool = False) -> str:
+    """JOB_FINISH_MANY composed from the ``gates`` its batch's leases hold something
+    of (key, resource; the others hold nothing past the claim and are ignored): the
+    others' steps are left out. An outcome of a lease that holds a gate left out is
+    not applied: it comes back 'full', untouched, for JOB_FINISH_MANY. ``in_tx``:
+    from inside the job's own transaction, which waits for a row lock rather than
+    skip it (it cannot be retried alone later)."""
+    return _finish("" if in_tx else "SKIP LOCKED", frozenset(gates) & HELD_GATES)
+
+
+@cache
+def _finish(lock: str, held: frozenset[str]) -> str:
+    # A lease holding what this statement leaves out is not taken, and comes back
+    # 'full'; the steps that would find nothing to release are not there.
+    unfit = " OR ".join(
+        g.HOLDS for name, g in (("key", key), ("resource", resource)) if name not in held
+    )
+    only_fit = f"\n    WHERE NOT ({unfit})" if unfit else ""
+    left = f"CASE WHEN {unfit} THEN 'full' ELSE 'LOCKED' END" if unfit else "'LOCKED'"
     return f"""
 WITH h AS (
     SELECT *
@@ -488,7 +509,7 @@ WITH h AS (
                WHEN j.attempt_count >= {BUDGET} THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
-    FROM h JOIN jobs AS j ON {FENCE}{only_plain}
+    FROM h JOIN jobs AS j ON {FENCE}{only_fit}
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j {lock}
 ), finished AS (
@@ -514,7 +535,7 @@ WITH h AS (
     RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
               d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
               d.error_code, d.error_message, d.traceback
-), {lease_ended("finished", plain=plain)}
+), {lease_ended("finished", gates=held)}
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, {left}
@@ -523,15 +544,15 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 """
 
 
-JOB_FINISH_MANY: Final = _finish("SKIP LOCKED")
+JOB_FINISH_MANY: Final = job_finish_many()
 
 # The same for the outcomes of leases that hold no key and no resource (most): the
-# others come back 'full', untouched, for JOB_FINISH_MANY.
-JOB_FINISH_PLAIN_MANY: Final = _finish("SKIP LOCKED", plain=True)
+# others come back 'full', untouched, for a statement composed of what they hold.
+JOB_FINISH_PLAIN_MANY: Final = job_finish_many(())
 
 # The same, from inside the job's own transaction (job.transaction()), which waits
 # for a row lock rather than skip it: it cannot be retried alone later.
-JOB_FINISH_MANY_IN_TX: Final = _finish("")
+JOB_FINISH_MANY_IN_TX: Final = job_finish_many(in_tx=True)
 
 # Whether this worker's outcomes were recorded after all: used when a commit failed
 # ambiguously (the connection dropped during COMMIT) and the retried statement then
