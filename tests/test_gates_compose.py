@@ -354,3 +354,92 @@ async def test_the_store_ends_each_lease_by_the_statement_of_what_it_holds(
     assert done.applied == {next_held: "SUCCEEDED"}
     assert ran == [q.JOB_FINISH_PLAIN_MANY, q.JOB_FINISH_MANY]
     assert pg.execute("SELECT count(*) FROM resource_holds").fetchone() == (0,)
+
+
+def _claim_in(pg: psycopg.Connection, ids: list[uuid.UUID], queues: list[str]) -> dict[Any, str]:
+    params = {**claim_params(ids, "w1"), "queues": queues}
+    return {row[1]: row[0] for row in pg.execute(q.JOB_CLAIM_MANY, params).fetchall()}
+
+
+def _pause(engine: Engine, queue: str, paused: bool) -> None:
+    with Session(engine) as session, session.begin():
+        if paused:
+            outbox.pause_queue(session, queue)
+        else:
+            outbox.resume_queue(session, queue)
+
+
+@pytest.mark.parametrize("gate", ["key", "resource"])
+def test_a_freed_gate_passes_over_a_waiter_of_a_paused_queue_to_one_that_can_run(
+    engine: Engine, pg: psycopg.Connection, gate: str
+) -> None:
+    # Two waiters of one key (or resource), the older in a queue that is paused
+    # meanwhile. The holder's end must wake the one that can run, not the paused
+    # one, whose wake-up the relay holds back until the queue resumes: the other
+    # waited for the orphan walk. Once none but the paused one is left, it is woken
+    # (and its wake-up waits for the resume).
+    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
+    busy = "KEY_BUSY" if gate == "key" else "RESOURCE_BUSY"
+    holder = enqueue(engine, "noop", **use)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    paused = enqueue(engine, "noop", queue="reports", **use)
+    runnable = enqueue(engine, "noop", **use)
+    _sent(pg)
+    both = ["default", "reports"]
+    assert _claim_in(pg, [paused, runnable], both) == {paused: busy, runnable: busy}
+    _pause(engine, "reports", True)
+    _finish(pg, holder, Outcome.succeeded())
+    assert (_pending(pg, paused), _pending(pg, runnable)) == (0, 1)
+    _sent(pg)
+    assert _claim_in(pg, [runnable], both) == {runnable: "claimed"}
+    _finish(pg, runnable, Outcome.succeeded())
+    assert _pending(pg, paused) == 1, "the last waiter is woken, paused or not"
+    _pause(engine, "reports", False)
+    _sent(pg)
+    assert _claim_in(pg, [paused], both) == {paused: "claimed"}
+
+
+def test_an_ordered_key_keeps_its_order_across_a_paused_queue(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # In order, the next is the next whatever its queue: a paused head holds the key's
+    # later jobs back (they could not run before it), and is woken for its resume.
+    holder = enqueue(engine, "noop", key="acct", ordered=True)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    head = enqueue(engine, "noop", queue="reports", key="acct", ordered=True)
+    later = enqueue(engine, "noop", key="acct", ordered=True)
+    _sent(pg)
+    both = ["default", "reports"]
+    assert _claim_in(pg, [head, later], both) == {head: "KEY_ORDER", later: "KEY_ORDER"}
+    _pause(engine, "reports", True)
+    _finish(pg, holder, Outcome.succeeded())
+    assert (_pending(pg, head), _pending(pg, later)) == (1, 0)
+    _pause(engine, "reports", False)
+    _sent(pg)
+    assert _claim_in(pg, [head, later], both) == {head: "claimed", later: "KEY_ORDER"}
+
+
+@pytest.mark.parametrize("gate", ["key", "resource"])
+def test_a_woken_waiter_that_ends_before_it_ran_passes_over_a_paused_queue(
+    engine: Engine, pg: psycopg.Connection, gate: str
+) -> None:
+    # The freed key or resource woke a job of a running queue; it is cancelled before
+    # it runs. The turn passes (jobs_hand_on) to the next job that can run, not to the
+    # older one of a paused queue.
+    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
+    holder = enqueue(engine, "noop", **use)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    paused = enqueue(engine, "noop", queue="reports", **use)
+    woken, runnable = (enqueue(engine, "noop", **use) for _ in range(2))
+    _sent(pg)
+    both = ["default", "reports"]
+    assert set(_claim_in(pg, [paused, woken, runnable], both).values()) <= {
+        "KEY_BUSY",
+        "RESOURCE_BUSY",
+    }
+    _pause(engine, "reports", True)
+    _finish(pg, holder, Outcome.succeeded())
+    assert [_pending(pg, j) for j in (paused, woken, runnable)] == [0, 1, 0]
+    with Session(engine) as session, session.begin():
+        assert outbox.request_cancel(session, woken) == "CANCELLED"
+    assert [_pending(pg, j) for j in (paused, runnable)] == [0, 1]

@@ -835,7 +835,8 @@ LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id 
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, or any retryable
 -- error.
--- Built with BUDGET, FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
+-- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
+-- resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -916,11 +917,28 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM key_left AS k
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM finished)
-        ORDER BY w.key_seq, w.job_id
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                   AND (w.key_seq IS NOT NULL OR NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused))
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
         LIMIT k.n
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
@@ -971,6 +989,14 @@ WITH h AS (
              FROM jobs AS w
              WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
                AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+               AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now() AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
              ORDER BY w.job_id
              LIMIT 1)
             UNION ALL
@@ -1086,7 +1112,8 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
--- Built with BUDGET, FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
+-- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
+-- resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1167,11 +1194,28 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM key_left AS k
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM finished)
-        ORDER BY w.key_seq, w.job_id
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                   AND (w.key_seq IS NOT NULL OR NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused))
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
         LIMIT k.n
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
@@ -1222,6 +1266,14 @@ WITH h AS (
              FROM jobs AS w
              WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
                AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+               AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now() AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
              ORDER BY w.job_id
              LIMIT 1)
             UNION ALL
@@ -1256,7 +1308,7 @@ WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED';
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, no_pending_wakeup, key_wake_next, resource_wake_next.
+-- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1323,11 +1375,28 @@ WITH h AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM key_left AS k
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM returned)
-        ORDER BY w.key_seq, w.job_id
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM returned)
+                   AND (w.key_seq IS NOT NULL OR NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused))
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM returned)
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
         LIMIT k.n
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
@@ -1378,6 +1447,14 @@ WITH h AS (
              FROM jobs AS w
              WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
                AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+               AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now() AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
              ORDER BY w.job_id
              LIMIT 1)
             UNION ALL
@@ -1403,7 +1480,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM returned);
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, no_pending_wakeup, key_wake_next.
+-- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -1473,11 +1550,28 @@ WITH expired AS (
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM key_left AS k
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM swept)
-        ORDER BY w.key_seq, w.job_id
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM swept)
+                   AND (w.key_seq IS NOT NULL OR NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused))
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM swept)
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
         LIMIT k.n
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
@@ -2989,7 +3083,7 @@ ORDER BY r.name;
 -- Run by consumers.store:JobStore.resolve_resource,
 -- outbox.resources:resolve_resource(_async) to free the uncertain hold one holder's
 -- lease left, and wake the next job.
--- Built with no_pending_wakeup, resource_wake_next.
+-- Built with no_pending_wakeup, QUEUE_RUNS, resource_wake_next.
 -- Parameters: by, job_id, lease_generation, outcome, resource.
 WITH freed AS (
     DELETE FROM resource_holds AS h
@@ -3011,6 +3105,14 @@ WITH freed AS (
              FROM jobs AS w
              WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
                AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+               AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now() AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
              ORDER BY w.job_id
              LIMIT 1)
             UNION ALL

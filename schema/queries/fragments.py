@@ -105,15 +105,23 @@ def no_pending_wakeup(job_id: str) -> str:
     )
 
 
+# A waiting job ``w`` whose queue is not paused: the relay sends its wake-up now.
+QUEUE_RUNS: Final = "NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)"
+
+
 def key_wake_next(source: str) -> str:
     """A CTE ``key_woken``: for the jobs of ``source`` (a CTE with job_id) that no
     longer hold or wait for their key, a wake-up for the first due waiting jobs of
     each key, as many as left it, unless one is pending for them already. A job
     turned down for its key (KEY_BUSY, KEY_ORDER) got no wake-up back: this is
     what starts it, the next in key order first, so nothing polls a busy key. One
-    probe of jobs_key_waiting_idx per key. A job whose refusal races with this
-    statement still gets its wake-up: it had one in flight, so none pending, and
-    is woken; a duplicate wake-up settles harmlessly."""
+    probe of jobs_key_waiting_idx per key, and a second for the waiters of paused
+    queues: an unordered key's turn goes to a job whose queue runs, before one of
+    a paused queue (whose wake-up the relay holds until the resume: the key would
+    idle while the others wait); an ordered key's goes to the next in order,
+    whatever its queue (none after it could run before it). A job whose refusal
+    races with this statement still gets its wake-up: it had one in flight, so
+    none pending, and is woken; a duplicate wake-up settles harmlessly."""
     return f"""key_left AS (
     SELECT j.key, count(*)::int AS n
     FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
@@ -124,11 +132,28 @@ def key_wake_next(source: str) -> str:
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM key_left AS k
     CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority
-        FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
-          AND w.job_id NOT IN (SELECT job_id FROM {source})
-        ORDER BY w.key_seq, w.job_id
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM {source})
+                   AND (w.key_seq IS NOT NULL OR {QUEUE_RUNS})
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM {source})
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
         LIMIT k.n
     ) AS n
     WHERE {no_pending_wakeup("n.job_id")}
@@ -144,8 +169,10 @@ def resource_wake_next(released: str) -> str:
     first (jobs_resource_refused_idx), else the oldest waiting (a job this
     statement's snapshot shows with another reason may have met the resource in a
     claim that has not committed, and its wake-up, in flight, is not pending; a
-    duplicate wake-up settles harmlessly): two probes of an index in its order,
-    however many wait. The one woken, once it ends, wakes the next, and so does any
+    duplicate wake-up settles harmlessly); either of a queue that runs, else the
+    oldest of a paused one, whose wake-up waits for the resume. At most three probes
+    of an index in its order, however many wait (past those of paused queues, while
+    one is paused). The one woken, once it ends, wakes the next, and so does any
     end of it before it ran (jobs_hand_on)."""
     return f"""resource_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
@@ -157,6 +184,14 @@ def resource_wake_next(released: str) -> str:
              FROM jobs AS w
              WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL})
                AND w.delay_reason IN ({RESOURCE_REFUSALS_SQL}) AND w.run_after <= now()
+               AND {QUEUE_RUNS}
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL})
+               AND w.run_after <= now() AND {QUEUE_RUNS}
              ORDER BY w.job_id
              LIMIT 1)
             UNION ALL
