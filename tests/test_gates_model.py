@@ -3,10 +3,12 @@
 Hypothesis enqueues jobs through the producer, each with a random set of gates (a
 key with its limit and order, a resource, a rate limit, a capped tenant, a
 deadline), and runs in arbitrary order the statements that move them: claims of
-random batches by two workers (the plain claim first, as the consumer runs them),
-each end of a lease (success, failure, retry, a handler's cancel, a give-back, an
+random batches by two workers (the plain claim first, then the whole claim composed
+of the gates the rest use, as the consumer runs them), each end of a lease (composed
+of what the lease holds) (success, failure, retry, a handler's cancel, a give-back, an
 expiry and the sweep), a cancel request, the deadline passing, an operator's replay,
-the resolution of an uncertain resource, retention, and the relay sending wake-ups.
+the resolution of an uncertain resource, retention, pausing and resuming a queue,
+and the relay sending wake-ups (none of a paused queue).
 It races two claims, and a claim with an end of a lease, on separate connections:
 the first holds its locks in an open transaction while the second arrives.
 
@@ -19,7 +21,9 @@ After every step it checks that:
 - the rate limit's tokens spent are its jobs' starts (no token for a refused claim);
 - no hand-off is lost: a waiting job without a key or resource has a wake-up on its
   way; a key or resource whose waiting jobs have none is held by a lease (whose end
-  wakes the next) or, a key, waits behind a strict FAILED job (until a replay).
+  wakes the next) or, a key, waits behind a strict FAILED job (until a replay); and
+  a free resource or unordered key with a waiting job of a queue that runs has a
+  wake-up on its way for one of those (not only for one of a paused queue).
 At the end of each run, ``jobctl check`` finds nothing wrong.
 """
 
@@ -50,6 +54,7 @@ from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
 
 WORKERS = ["w1", "w2"]
+QUEUES = ["default", "reports"]
 KEYS = ["k1", "k2"]
 # Starts are counted against tokens: one token an hour refills nothing in a run.
 BURST = 1000.0
@@ -80,7 +85,7 @@ def _claim_params(job_ids: list[uuid.UUID], worker: str) -> dict[str, Any]:
         "lease_seconds": 60,
         "worker_ttl": 60,
         "tenants": [],
-        "queues": ["default"],
+        "queues": QUEUES,
     }
 
 
@@ -114,6 +119,8 @@ class GateMachine(RuleBasedStateMachine):
         self.jobs: list[uuid.UUID] = []
         # (job, worker, generation) of every lease a claim started; some go stale
         self.handles: list[tuple[uuid.UUID, str, int]] = []
+        # the gates each lease was claimed through, as the consumer keeps them
+        self.gates: dict[tuple[uuid.UUID, int], frozenset[str]] = {}
         self.api_starts = 0
 
     def teardown(self) -> None:
@@ -129,23 +136,41 @@ class GateMachine(RuleBasedStateMachine):
     # -------------------------------------------------------------- helpers
 
     def _claimed(self, rows: list[tuple[Any, ...]], worker: str) -> None:
-        for row in rows:
+        for row, gates in rows:
             if row[0] == "claimed":
                 self.handles.append((row[1], worker, row[8]))
+                self.gates[(row[1], row[8])] = gates
                 rate = self.conn.execute(
                     "SELECT rate_limit FROM jobs WHERE job_id = %s", [row[1]]
                 ).fetchone()
                 self.api_starts += rate == ("api",)
 
     def _claim_on(self, conn: psycopg.Connection, ids: list[uuid.UUID], worker: str) -> list[Any]:
-        """As the consumer's store: the plain claim, then the whole one for the rest."""
+        """As the consumer's store: the plain claim, then the whole one, composed of
+        the gates the rest use, for the rest. Each row with the gates of its job."""
         params = _claim_params(ids, worker)
         rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, params).fetchall()
-        rest = [row[1] for row in rows if row[0] == "full"]
-        taken = [row for row in rows if row[0] == "claimed"]
-        if rest:
-            taken += conn.execute(q.JOB_CLAIM_MANY, params | {"job_ids": rest}).fetchall()
+        gates = {row[1]: frozenset(row[-1]) for row in rows if row[0] == "full"}
+        taken = [(row[:-1], frozenset[str]()) for row in rows if row[0] == "claimed"]
+        if gates:
+            whole = q.job_claim_many(frozenset().union(*gates.values()))
+            taken += [
+                (row, gates.get(row[1], frozenset()))
+                for row in conn.execute(whole, params | {"job_ids": list(gates)}).fetchall()
+            ]
         return taken
+
+    def _end(
+        self, conn: psycopg.Connection, handle: tuple[uuid.UUID, str, int], kind: str, in_tx: bool
+    ) -> None:
+        """As the consumer ends a lease: by the statement of what it holds, else (a
+        lease holding more: 'full') the whole one."""
+        params = self._finish_params(handle, kind)
+        held = self.gates.get((handle[0], handle[2]), frozenset())
+        rows = conn.execute(q.job_finish_many(held, in_tx=in_tx), params).fetchall()
+        if any(row[1] == "full" for row in rows):
+            whole = q.JOB_FINISH_MANY_IN_TX if in_tx else q.JOB_FINISH_MANY
+            conn.execute(whole, params)
 
     def _settle(self) -> None:
         """The system runs: the relay sends every due wake-up, and a consumer claims
@@ -169,6 +194,7 @@ class GateMachine(RuleBasedStateMachine):
 
     @rule(
         settle=st.booleans(),
+        queue=st.sampled_from(["default", "default", "reports"]),
         key=st.sampled_from([None, *KEYS]),
         key_limit=st.sampled_from([1, 1, 2]),
         ordered=st.sampled_from([False, False, True, "strict"]),
@@ -181,6 +207,7 @@ class GateMachine(RuleBasedStateMachine):
     def enqueue(
         self,
         settle: bool,
+        queue: str,
         key: str | None,
         key_limit: int,
         ordered: bool | str,
@@ -190,7 +217,7 @@ class GateMachine(RuleBasedStateMachine):
         deadline: bool,
         copies: int,
     ) -> None:
-        gates: dict[str, Any] = {"rate_limit": rate, "tenant": tenant}
+        gates: dict[str, Any] = {"queue": queue, "rate_limit": rate, "tenant": tenant}
         if key is not None:
             gates |= {"key": key, "key_limit": 1 if ordered else key_limit, "ordered": ordered}
         elif resource is not None:
@@ -205,8 +232,19 @@ class GateMachine(RuleBasedStateMachine):
     @rule()
     def the_relay_sends_what_is_due(self) -> None:
         self.conn.execute(
-            "UPDATE outbox SET sent_at = now() WHERE sent_at IS NULL AND available_at <= now()"
+            "UPDATE outbox AS o SET sent_at = now() WHERE sent_at IS NULL AND available_at <= now()"
+            " AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = o.queue AND p.paused)"
         )
+
+    @rule(settle=st.booleans(), paused=st.booleans())
+    def an_operator_pauses_or_resumes_a_queue(self, settle: bool, paused: bool) -> None:
+        with Session(self.engine) as session, session.begin():
+            if paused:
+                outbox.pause_queue(session, "reports")
+            else:
+                outbox.resume_queue(session, "reports")
+        if settle:
+            self._settle()
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data(), worker=st.sampled_from(WORKERS))
@@ -226,8 +264,7 @@ class GateMachine(RuleBasedStateMachine):
         kind=st.sampled_from(["succeeded", "failed", "retry", "cancelled"]),
     )
     def a_lease_ends(self, settle: bool, data: st.DataObject, kind: str) -> None:
-        handle = data.draw(st.sampled_from(self.handles))
-        self.conn.execute(q.JOB_FINISH_MANY, self._finish_params(handle, kind))
+        self._end(self.conn, data.draw(st.sampled_from(self.handles)), kind, in_tx=False)
         if settle:
             self._settle()
 
@@ -333,11 +370,11 @@ class GateMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.handles and self.jobs)
     @rule(data=st.data(), end_first=st.booleans())
     def race_an_end_and_a_claim(self, data: st.DataObject, end_first: bool) -> None:
-        params = self._finish_params(data.draw(st.sampled_from(self.handles)), "succeeded")
+        handle = data.draw(st.sampled_from(self.handles))
         ids = data.draw(st.lists(st.sampled_from(self.jobs), min_size=1, max_size=3, unique=True))
 
         def end(conn: psycopg.Connection) -> None:
-            conn.execute(q.JOB_FINISH_MANY_IN_TX, params)
+            self._end(conn, handle, "succeeded", in_tx=True)
 
         def claim(conn: psycopg.Connection) -> None:
             self._claimed(self._claim_on(conn, ids, "w2"), "w2")
@@ -451,6 +488,25 @@ class GateMachine(RuleBasedStateMachine):
                                    WHERE h.resource = w.resource)"""
         )
         assert resources == [], "a free resource's waiting jobs wait with no wake-up"
+        runs = "NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)"
+        passed_over = self._all(
+            f"""SELECT w.key FROM jobs AS w
+                WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NOT NULL
+                GROUP BY w.key
+                HAVING bool_and(w.key_seq IS NULL) AND bool_or({runs})
+                   AND NOT bool_or({woken} AND {runs})
+                   AND NOT EXISTS (SELECT 1 FROM jobs AS x
+                                   WHERE x.key = w.key
+                                     AND x.state IN ('RUNNING', 'CANCEL_REQUESTED'))
+                UNION ALL
+                SELECT w.resource FROM jobs AS w
+                WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.resource IS NOT NULL
+                GROUP BY w.resource
+                HAVING bool_or({runs}) AND NOT bool_or({woken} AND {runs})
+                   AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
+                                   WHERE h.resource = w.resource)"""
+        )
+        assert passed_over == [], "a free key or resource woke only a job of a paused queue"
 
 
 def test_the_gates_hold_together_under_arbitrary_interleavings_and_races(
