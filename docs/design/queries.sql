@@ -1977,11 +1977,13 @@ WITH RECURSIVE gate AS (
 ), reasons AS (
     -- 4e. per tenant, why wake-ups were held back
     SELECT s.tenant, s.weight, s.held_reason, m.last_vstart,
-           -- WINDOW: the window had no room, or this tenant got what room there
-           -- was and wanted more; FAIR_SHARE: others went first (by priority or
-           -- share) and left it none. One that did not contend wanted its first.
-           CASE WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
-                WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
+           -- QUEUE_PAUSED: any wake-up waiting, due or not (one that comes due
+           -- later in the pause finds no pass with room to note it); WINDOW: the
+           -- window had no room, or this tenant got what room there was and
+           -- wanted more; FAIR_SHARE: others went first (by priority or share) and
+           -- left it none. One that did not contend wanted its first.
+           CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
+                WHEN COALESCE(t.got, 0) >= COALESCE(t.wanted, (s.id IS NOT NULL)::int) THEN NULL
                 WHEN s.cap_room IS NOT NULL AND COALESCE(t.got, 0) >= s.cap_room
                      THEN 'TENANT_CAP'
                 WHEN (SELECT n FROM room) = 0 OR t.got > 0 THEN 'WINDOW'
