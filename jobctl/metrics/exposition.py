@@ -124,6 +124,15 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         s.resource_waits,
     )
     yield _gauge(
+        "jobs_waiting_for_tenant_slot",
+        "Waiting jobs a consumer last turned down for their tenant's cap (TENANT_CAP:"
+        " max_running of the tenant's jobs hold leases), per queue. Each starts when a"
+        " slot of its tenant frees; the count is of the last refusals, not a live test"
+        " of the tenants.",
+        ["queue"],
+        _by_queue(s.tenant_cap),
+    )
+    yield _gauge(
         "queue_oldest_runnable_age_seconds",
         "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
         " run_after in the past): now - run_after; 0 when none is due.",

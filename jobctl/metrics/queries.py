@@ -15,8 +15,8 @@ the plans at a million finished jobs):
   index-only scan that also gives the oldest due ``run_after``;
 - jobs leased: ``jobs_leased_idx`` (queue, state) WHERE leased; a separate statement,
   since one ``state IN (...)`` spanning both partial indexes scans the whole table;
-- jobs held for their parents, and waiting for their key or resource: the same
-  index, its rows of the backlog only;
+- jobs held for their parents, and waiting for their key, resource or tenant's
+  slot: the same index, its rows of the backlog only;
 - jobs rate-limited, without an authorized runner, and expired:
   ``jobs_rate_limited_idx``, ``jobs_no_runner_idx`` and ``jobs_expired_idx``;
 - the outbox backlog: ``outbox_due_idx`` (available_at, queue) WHERE sent_at IS NULL;
@@ -92,6 +92,16 @@ METRICS_JOBS_WAITING_FOR_PARENTS: Final = f"""
 SELECT queue, count(*)
 FROM jobs
 WHERE state IN ({CLAIMABLE_SQL}) AND parents_pending > 0
+GROUP BY queue
+"""
+
+# Per queue: the waiting jobs a consumer last turned down for their tenant's cap
+# (TENANT_CAP: max_running of its jobs held leases), from the same waiting jobs. A
+# slot that frees wakes them at once (or the relay sends them when it has room).
+METRICS_TENANT_CAP_WAITS: Final = f"""
+SELECT queue, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.TENANT_CAP}'
 GROUP BY queue
 """
 

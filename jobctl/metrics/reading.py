@@ -91,6 +91,8 @@ class Reading:
     waiting_for_parents: list[tuple[str, int]] = field(default_factory=list)
     # (queue, RESOURCE_BUSY or RESOURCE_UNCERTAIN, waiting jobs turned down for it)
     resource_waits: list[tuple[str, str, int]] = field(default_factory=list)
+    # (queue, waiting jobs turned down for their tenant's cap: TENANT_CAP)
+    tenant_cap: list[tuple[str, int]] = field(default_factory=list)
 
 
 async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
@@ -164,6 +166,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             (queue, reason, int(n))
             for queue, reason, n in await _rows(conn, q.METRICS_RESOURCE_WAITS)
         ]
+        tenant_cap = [(queue, int(n)) for queue, n in await _rows(conn, q.METRICS_TENANT_CAP_WAITS)]
         ((uncertain,),) = await _rows(conn, q.METRICS_RESOURCES_UNCERTAIN)
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
@@ -200,6 +203,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         key_waits=key_waits,
         waiting_for_parents=parents,
         resource_waits=resource_waits,
+        tenant_cap=tenant_cap,
         leased=leased,
         outbox_due=int(due),
         outbox_oldest_age=oldest,

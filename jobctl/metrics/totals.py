@@ -97,6 +97,7 @@ class Snapshot:
     resources_uncertain: int = 0
     waiting_for_parents: Mapping[str, int] = field(default_factory=dict)
     resource_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    tenant_cap: Mapping[str, int] = field(default_factory=dict)
 
 
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
@@ -300,6 +301,7 @@ class Totals:
             ("expired", reading.expired),
             ("no_authorized_runner", reading.no_authorized_runner),
             ("waiting_for_parents", reading.waiting_for_parents),
+            ("tenant_cap", reading.tenant_cap),
         ):
             counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
             for name, count in rows:
@@ -310,6 +312,7 @@ class Totals:
             expired=MappingProxyType(waits["expired"]),
             no_authorized_runner=MappingProxyType(waits["no_authorized_runner"]),
             waiting_for_parents=MappingProxyType(waits["waiting_for_parents"]),
+            tenant_cap=MappingProxyType(waits["tenant_cap"]),
             resource_waits=MappingProxyType(resource_waits),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
