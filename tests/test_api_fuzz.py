@@ -1,10 +1,13 @@
 """A property-based run against the OpenAPI document that `jobctl serve` serves:
 every operation, with generated input (valid and invalid), on a real server and
 database. No answer may be a 5xx, and every answer must match the document
-(status, content type, headers, body)."""
+(status, content type, headers, body). Every run makes a few examples of each
+operation and mode; the soak run (``-m soak``) makes more, to reach every field's
+edges."""
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -26,12 +29,22 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
 ]
-# Examples per operation and mode: enough to reach every field's edges, little
-# enough for the whole run to take seconds.
-EXAMPLES = {schemathesis.GenerationMode.POSITIVE: 25, schemathesis.GenerationMode.NEGATIVE: 15}
+POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
 
 
-def test_every_operation_answers_as_documented(db_url: DatabaseUrl) -> None:
+# Examples per operation and mode: in every run, enough for every operation to be
+# called with valid and invalid input and to answer each kind of status; in the soak
+# run, enough to reach every field's edges.
+@pytest.mark.parametrize(
+    "examples",
+    [
+        pytest.param({POSITIVE: 10, NEGATIVE: 6}, id="quick"),
+        pytest.param({POSITIVE: 25, NEGATIVE: 15}, id="full", marks=pytest.mark.soak),
+    ],
+)
+def test_every_operation_answers_as_documented(
+    db_url: DatabaseUrl, examples: dict[schemathesis.GenerationMode, int]
+) -> None:
     # schemathesis's own pytest loader does not run under pytest 9; its
     # strategies do, one hypothesis run per operation and mode.
     with served(db_url) as (base, daemon):
@@ -39,11 +52,11 @@ def test_every_operation_answers_as_documented(db_url: DatabaseUrl) -> None:
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 14
         for operation in operations:
-            for mode, examples in EXAMPLES.items():
+            for mode, count in examples.items():
 
                 @given(case=operation.as_strategy(generation_mode=mode))
                 @settings(
-                    max_examples=examples,
+                    max_examples=count,
                     deadline=None,
                     derandomize=True,
                     database=None,
