@@ -16,6 +16,10 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
 """
 
+# The modules here take the caller's SQLAlchemy sessions, and import SQLAlchemy for
+# their types only (under TYPE_CHECKING): the relay, which fires schedules with
+# outbox.schedules and outbox.recurrence, uses none of it, and importing it would
+# take every relay a fifth of a second more to start.
 from hybrid_jobs.outbox.approval import (
     NotAwaitingApproval,
     approve,

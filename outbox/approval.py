@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.explain import JobNotFound
@@ -36,6 +34,9 @@ from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import JOB_APPROVAL, JOB_APPROVE, JOB_REJECT
 from hybrid_jobs.schema.states import JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 MAX_REASON_LENGTH = 2000
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import uuid
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema.queries import JOB_REQUEST_CANCEL, JOB_STATE
 from hybrid_jobs.schema.states import JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:

@@ -18,11 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs.outbox import backpressure
 from hybrid_jobs.outbox.twin import async_twin
@@ -42,6 +38,11 @@ from hybrid_jobs.schema.queries import (
     JOB_PARENTS_LOCK,
 )
 from hybrid_jobs.schema.states import JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection
+    from sqlalchemy.orm import Session
 
 # A parent in one of these counts as done for a child, whatever it asked for.
 _SETTLED_FOR = {

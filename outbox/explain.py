@@ -89,9 +89,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Final
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Final
 
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.ids import job_id_arg
@@ -104,6 +102,9 @@ from hybrid_jobs.schema.queries import (
     WORKER_TTL_SECONDS,
 )
 from hybrid_jobs.schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # Wake-ups ahead are counted up to this many; beyond, "at least".
 AHEAD_CAP: Final = 10_000

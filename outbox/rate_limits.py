@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, Final
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Final
 
 from hybrid_jobs import defaults
 from hybrid_jobs.outbox.enqueue import psycopg_connection
@@ -49,6 +47,9 @@ from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
 from hybrid_jobs.schema.states import REPLAYABLE, JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 MAX_REPLAY_BATCH = defaults.MAX_REPLAY_BATCH
 MAX_ERROR_CODE_LENGTH = 200

@@ -24,9 +24,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.ids import actor, job_id_arg
@@ -34,6 +32,10 @@ from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import RESOURCE_HOLD_LIST, RESOURCE_RESOLVE
 from hybrid_jobs.schema.states import JobState
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session
 
 MAX_OUTCOME_LENGTH = 2000
 

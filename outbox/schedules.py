@@ -18,9 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Final
 
 from hybrid_jobs.outbox.enqueue import insert_jobs, psycopg_connection
 from hybrid_jobs.outbox.recurrence import Recurrence, check_catchup, recurrence
@@ -44,6 +42,9 @@ from hybrid_jobs.schema.queries import (
     SCHEDULE_UPSERT,
 )
 from hybrid_jobs.schema.tables import MAX_SCHEDULE_NAME_LENGTH
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 # A schedule's payload passed the producer's size limit when the schedule was
 # written; a process with a smaller limit must not make the schedule unfireable.

@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs import defaults
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import TENANT_LIMIT_LIST, TENANT_LIMIT_SET
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 MAX_WEIGHT = defaults.MAX_TENANT_WEIGHT
 RUNNERS = ("shared", "dedicated")

@@ -35,11 +35,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
-from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from hybrid_jobs.outbox.explain import JobNotFound
 from hybrid_jobs.plumbing.config import DatabaseUrl
@@ -47,6 +45,10 @@ from hybrid_jobs.plumbing.db import connection_kwargs
 from hybrid_jobs.schema.queries import JOB_OUTCOME
 from hybrid_jobs.schema.states import TERMINAL, JobState
 from hybrid_jobs.schema.tables import JOB_FINISHED_CHANNEL
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outbox.waiting")
 

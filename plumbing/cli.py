@@ -9,7 +9,7 @@ import logging
 import sys
 import typing
 from collections.abc import Callable, Coroutine
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
@@ -23,9 +23,14 @@ from hybrid_jobs.plumbing.config import (
     password_in_flag,
 )
 from hybrid_jobs.plumbing.logfmt import setup_logging
-from hybrid_jobs.plumbing.preflight import preflight
 from hybrid_jobs.plumbing.stopping import CLOSE_SECONDS, Stopper
-from hybrid_jobs.schema.topology import QueueType, Topology
+
+if TYPE_CHECKING:
+    from hybrid_jobs.schema.topology import Topology
+
+# jobctl's commands use this module too (its event loop), and need neither the broker's
+# topology nor the start-up check, which bring RabbitMQ's client (aio-pika) and
+# tenacity: the functions of the daemons import those themselves.
 
 F = Callable[..., Any]
 T = typing.TypeVar("T")
@@ -100,6 +105,8 @@ def settings_from(settings: type[T], flags: dict[str, Any], **given: Any) -> T:
 
 def connection_options(fn: F) -> F:
     """--database-url, --amqp-url, --amqp-prefix, --queue-type, --log-level."""
+    from hybrid_jobs.schema.topology import QueueType, Topology
+
     options = [
         click.option(
             "--database-url",
@@ -145,6 +152,8 @@ def connection_options(fn: F) -> F:
 
 
 def topology(prefix: str, queue_type: str) -> Topology:
+    from hybrid_jobs.schema.topology import QueueType, Topology
+
     if not prefix or len(prefix) > 100:
         raise ConfigError("AMQP_PREFIX must be 1-100 characters")
     return Topology(prefix=prefix, queue_type=QueueType(queue_type))
@@ -160,6 +169,8 @@ def run_daemon(name: str, log_level: str, build: Callable[[], Daemon]) -> None:
     a second one cancels everything at once, and the process exits within seconds
     whatever still runs (``plumbing.stopping``).
     """
+    from hybrid_jobs.plumbing.preflight import preflight
+
     log = logging.getLogger(name)
     stopper = Stopper(name, log)
     stopper.catch_early()

@@ -185,11 +185,10 @@ class _Postgres(_Service[DatabaseUrl]):
         # A database made without alembic (no revision) is the operator's business.
         if revision is None:
             return
-        script = revisions.scripts()
-        if revisions.behind(revision, script):
+        if revisions.behind(revision):
             raise ConfigError(
                 f"{where} is at migration {revision}, this version needs "
-                f"{script.get_current_head()}: run `jobctl migrate`"
+                f"{revisions.head()}: run `jobctl migrate`"
             )
 
 

@@ -1,22 +1,34 @@
 """The migrations as the installed package ships them, and what the code needs.
 
 ``alembic upgrade head`` from a checkout reads ``alembic.ini``; an installed package
-has no ini file and no checkout, so ``jobctl migrate`` and the daemons' start-up
-check build alembic's configuration here, pointing at the migrations inside the
-package (``schema/migrations``, shipped as package data).
+has no ini file and no checkout, so ``jobctl migrate`` builds alembic's configuration
+here, pointing at the migrations inside the package (``schema/migrations``, shipped as
+package data).
+
+The daemons' start-up check (is the database at this code's revision?) needs only the
+revision ids: :func:`graph` reads them from the migration files' ``revision`` and
+``down_revision`` lines, without importing alembic or running the migrations (which
+would add about a quarter of a second to every daemon's start).
+``tests/unit/test_lazy_imports.py`` checks that it agrees with alembic's
+``ScriptDirectory``.
 """
 
 from __future__ import annotations
 
+import ast
+import re
+from functools import cache
 from pathlib import Path
-from typing import Final
-
-from alembic.config import Config
-from alembic.script import ScriptDirectory
+from typing import TYPE_CHECKING, Final
 
 from hybrid_jobs.schema.locks import LockKey
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
+VERSIONS: Final = MIGRATIONS / "versions"
 
 # Is the schema there, and at which revision? to_regclass finds the tables through
 # the connection's search_path, as the daemons' statements will.
@@ -28,9 +40,19 @@ SCHEMA_REVISION: Final = "SELECT version_num FROM alembic_version"
 # take turns (schema.locks).
 MIGRATION_LOCK: Final = f"SELECT pg_advisory_xact_lock({int(LockKey.MIGRATION)})"
 
+# The files alembic reads as migrations (alembic.script.base._only_source_rev_file):
+# every *.py of the versions folder but __init__.py (and editors' .# lock files).
+_MIGRATION_FILE: Final = re.compile(r"(?!\.\#|__init__)(.*\.py)$")
+# A module-level `revision = "..."` or `down_revision: str | None = ...` line.
+_ASSIGNED: Final = re.compile(
+    r"^(revision|down_revision)[ \t]*(?::[^=\n]*)?=[ \t]*(.+?)[ \t]*(?:#[^\"'\n]*)?$", re.MULTILINE
+)
+
 
 def alembic_config() -> Config:
     """Alembic's configuration without an ini file: works from any directory."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("path_separator", "os")
@@ -38,21 +60,63 @@ def alembic_config() -> Config:
 
 
 def scripts() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
-def head() -> str:
-    found = scripts().get_current_head()
-    assert found is not None, "the package ships at least one migration"
+def read_graph(versions: Path) -> dict[str, tuple[str, ...]]:
+    """Each migration's revision id and the ids it follows (``down_revision``), as
+    written in the files of ``versions``; the files are read, not run."""
+    found: dict[str, tuple[str, ...]] = {}
+    for path in sorted(versions.iterdir()):
+        if not path.is_file() or not _MIGRATION_FILE.match(path.name):
+            continue
+        values: dict[str, object] = {}
+        for match in _ASSIGNED.finditer(path.read_text(encoding="utf-8")):
+            if match[1] not in values:
+                values[match[1]] = _literal(path, match[2])
+        revision, down = values.get("revision"), values.get("down_revision")
+        if not isinstance(revision, str):
+            raise ValueError(f"{path}: no `revision = '...'` line")
+        follows = [down] if isinstance(down, str) else down or []
+        if not isinstance(follows, tuple | list) or not all(isinstance(d, str) for d in follows):
+            raise ValueError(f"{path}: down_revision is neither None, an id nor a tuple of ids")
+        found[revision] = tuple(str(d) for d in follows)
     return found
 
 
-def behind(revision: str, script: ScriptDirectory) -> bool:
+def _literal(path: Path, text: str) -> object:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ValueError(f"{path}: not a literal revision id: {text}") from None
+
+
+@cache
+def graph() -> dict[str, tuple[str, ...]]:
+    """The shipped migrations: each revision id and the ids it follows."""
+    return read_graph(VERSIONS)
+
+
+def heads_of(revisions: dict[str, tuple[str, ...]]) -> list[str]:
+    """The revisions no other revision follows."""
+    followed = {d for downs in revisions.values() for d in downs}
+    return sorted(r for r in revisions if r not in followed)
+
+
+def head() -> str:
+    """The revision this code needs: the newest migration it ships."""
+    found = heads_of(graph())
+    assert len(found) == 1, f"the package ships one head revision, not {found}"
+    return found[0]
+
+
+def behind(revision: str) -> bool:
     """A known revision short of head: this code needs migrations not yet run.
 
     A revision this code does not know is newer (a later release migrated the
     database first, as a rolling upgrade does); its tables are a superset of what
     this code uses, so that is no reason to refuse to start.
     """
-    known = {r.revision for r in script.walk_revisions()}
-    return revision in known and revision != script.get_current_head()
+    return revision in graph() and revision != head()

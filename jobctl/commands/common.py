@@ -17,7 +17,6 @@ from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.output import Failure, warn
 from hybrid_jobs.jobctl.service import Database, Invalid, ServiceError, parse_job_id
 from hybrid_jobs.jobctl.service.database import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
-from hybrid_jobs.plumbing import diagnose
 from hybrid_jobs.plumbing.cli import event_loop_runner
 from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
 
@@ -125,6 +124,9 @@ def database_failure(
     (ConfigError), or a Failure that names what happened. A statement that ran past
     its time, or waited too long for a lock, reached the database: it is said as such,
     not as an outage."""
+    # Imported on a failure only: it brings RabbitMQ's client, which no command needs.
+    from hybrid_jobs.plumbing import diagnose
+
     if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return ConfigError(
             f'{url.setting}: database "{url.dbname}" is not migrated to this release: '

@@ -14,8 +14,36 @@ the prometheus-client collector), ``collector`` (the loop, the lock, the cache).
 The metrics are listed in docs/guides/metrics.md.
 """
 
-from hybrid_jobs.jobctl.metrics.collector import Collector, CollectorSettings
-from hybrid_jobs.jobctl.metrics.exposition import Status
-from hybrid_jobs.jobctl.metrics.totals import Snapshot
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybrid_jobs.jobctl.metrics.collector import Collector, CollectorSettings
+    from hybrid_jobs.jobctl.metrics.exposition import Status
+    from hybrid_jobs.jobctl.metrics.totals import Snapshot
+
+# The module of each name below, imported on first use (PEP 562): ``jobctl stats``
+# reads some of ``queries`` and needs none of prometheus-client, which these bring.
+_MODULES: dict[str, str] = {
+    "Collector": "collector",
+    "CollectorSettings": "collector",
+    "Status": "exposition",
+    "Snapshot": "totals",
+}
 
 __all__ = ["Collector", "CollectorSettings", "Snapshot", "Status"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -33,48 +33,97 @@ What a dashboard needs, and where it is:
 - workers: :func:`list_workers`; health: :func:`readiness`.
 """
 
-from hybrid_jobs.jobctl.service.database import Database
-from hybrid_jobs.jobctl.service.errors import (
-    IdempotencyMismatch,
-    Invalid,
-    NotFound,
-    ServiceError,
-    WrongState,
-)
-from hybrid_jobs.jobctl.service.health import readiness
-from hybrid_jobs.jobctl.service.jobs import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    JobFilter,
-    NewJobRequest,
-    approve_job,
-    cancel_jobs,
-    enqueue_job,
-    get_job,
-    list_jobs,
-    parse_job_id,
-    reject_job,
-    retry_jobs,
-    retry_matching,
-)
-from hybrid_jobs.jobctl.service.keys import list_keys
-from hybrid_jobs.jobctl.service.models import jsonable
-from hybrid_jobs.jobctl.service.queues import pause_queue, resume_queue, stats
-from hybrid_jobs.jobctl.service.schedules import (
-    get_schedule,
-    list_schedules,
-    pause_schedule,
-    resume_schedule,
-    trigger_schedule,
-)
-from hybrid_jobs.jobctl.service.tenants import (
-    KEEP,
-    get_tenant,
-    has_limits,
-    list_tenants,
-    set_tenant,
-)
-from hybrid_jobs.jobctl.service.workers import list_workers
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybrid_jobs.jobctl.service.database import Database
+    from hybrid_jobs.jobctl.service.errors import (
+        IdempotencyMismatch,
+        Invalid,
+        NotFound,
+        ServiceError,
+        WrongState,
+    )
+    from hybrid_jobs.jobctl.service.health import readiness
+    from hybrid_jobs.jobctl.service.jobs import (
+        DEFAULT_LIMIT,
+        MAX_LIMIT,
+        JobFilter,
+        NewJobRequest,
+        approve_job,
+        cancel_jobs,
+        enqueue_job,
+        get_job,
+        list_jobs,
+        parse_job_id,
+        reject_job,
+        retry_jobs,
+        retry_matching,
+    )
+    from hybrid_jobs.jobctl.service.keys import list_keys
+    from hybrid_jobs.jobctl.service.models import jsonable
+    from hybrid_jobs.jobctl.service.queues import pause_queue, resume_queue, stats
+    from hybrid_jobs.jobctl.service.schedules import (
+        get_schedule,
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+        trigger_schedule,
+    )
+    from hybrid_jobs.jobctl.service.tenants import (
+        KEEP,
+        get_tenant,
+        has_limits,
+        list_tenants,
+        set_tenant,
+    )
+    from hybrid_jobs.jobctl.service.workers import list_workers
+
+# The module of each name below. Each is imported on first use (PEP 562): a caller
+# that needs one part of the layer (``jobctl.output`` the models, ``jobctl workers``
+# its one read) does not import all of it (the jobs' and schedules' actions, the
+# readiness check's RabbitMQ client, the metrics' statements).
+_MODULES: dict[str, str] = {
+    "Database": "database",
+    "IdempotencyMismatch": "errors",
+    "Invalid": "errors",
+    "NotFound": "errors",
+    "ServiceError": "errors",
+    "WrongState": "errors",
+    "readiness": "health",
+    "DEFAULT_LIMIT": "jobs",
+    "MAX_LIMIT": "jobs",
+    "JobFilter": "jobs",
+    "NewJobRequest": "jobs",
+    "approve_job": "jobs",
+    "cancel_jobs": "jobs",
+    "enqueue_job": "jobs",
+    "get_job": "jobs",
+    "list_jobs": "jobs",
+    "parse_job_id": "jobs",
+    "reject_job": "jobs",
+    "retry_jobs": "jobs",
+    "retry_matching": "jobs",
+    "list_keys": "keys",
+    "jsonable": "models",
+    "pause_queue": "queues",
+    "resume_queue": "queues",
+    "stats": "queues",
+    "get_schedule": "schedules",
+    "list_schedules": "schedules",
+    "pause_schedule": "schedules",
+    "resume_schedule": "schedules",
+    "trigger_schedule": "schedules",
+    "KEEP": "tenants",
+    "get_tenant": "tenants",
+    "has_limits": "tenants",
+    "list_tenants": "tenants",
+    "set_tenant": "tenants",
+    "list_workers": "workers",
+}
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -114,3 +163,16 @@ __all__ = [
     "stats",
     "trigger_schedule",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -12,14 +12,20 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
-
-from pydantic import ConfigDict, TypeAdapter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hybrid_jobs.schema.states import JobState
 
+# pydantic is imported by what serializes the models (the API, ``jsonable``), not by
+# every ``jobctl`` command that imports them. Its ConfigDict is a TypedDict, a plain
+# dict at run time: so it is named here, for the annotations below to resolve.
+if TYPE_CHECKING:
+    from pydantic import ConfigDict
+else:
+    ConfigDict = dict
+
 # Attribute docstrings become field descriptions in the OpenAPI document.
-_DOCUMENTED = ConfigDict(use_attribute_docstrings=True)
+_DOCUMENTED: ConfigDict = {"use_attribute_docstrings": True}
 
 
 @dataclass(frozen=True)
@@ -547,4 +553,6 @@ class Readiness:
 
 def jsonable(value: Any) -> Any:
     """The JSON form of a service result (or a list of them), as the API sends it."""
+    from pydantic import TypeAdapter
+
     return TypeAdapter(type(value)).dump_python(value, mode="json")
