@@ -16,8 +16,9 @@ The metrics are listed in docs/guides/metrics.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hybrid_jobs.jobctl.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from hybrid_jobs.jobctl.metrics.collector import Collector, CollectorSettings
@@ -36,14 +37,4 @@ _MODULES: dict[str, str] = {
 __all__ = ["Collector", "CollectorSettings", "Snapshot", "Status"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, __all__)
