@@ -10,27 +10,39 @@
             if await tx.once(f"receipt:{job.payload['order_id']}"):
                 await tx.execute("INSERT INTO sent_emails ...", {...})
 
-Raise :class:`Retry` to try again later, :class:`Permanent` to fail at once,
-:class:`Cancel` to acknowledge ``job.cancel_requested``; any other exception retries
-with backoff until the job's attempts are spent.
+The decorated function enqueues jobs of its type on its queue
+(``send_receipt.enqueue(session, order_id=42)``); declared as
+``def send_receipt(job, *, order_id: int)``, it takes the payload's fields as keyword
+arguments, checked at that enqueue and before each call.
+
+Raise :class:`Retry` to try again later, :class:`Snooze` to look again later without
+spending an attempt, :class:`Permanent` to fail at once, :class:`Cancel` to
+acknowledge ``job.cancel_requested``; any other exception retries with backoff until
+the job's attempts are spent.
 """
 
 from hybrid_jobs.consumers.backoff import Backoff
-from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry
+from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import AsyncTx, Job, SyncTx
+from hybrid_jobs.consumers.payload import BAD_PAYLOAD
+from hybrid_jobs.consumers.producer import Enqueuer, HandlerFunction
 from hybrid_jobs.consumers.reconcile import Uncertain
 from hybrid_jobs.consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
 
 __all__ = [
+    "BAD_PAYLOAD",
     "NO_TIMEOUT",
     "AsyncTx",
     "Backoff",
     "Cancel",
+    "Enqueuer",
+    "HandlerFunction",
     "Job",
     "LeaseLost",
     "Permanent",
     "Registry",
     "Retry",
+    "Snooze",
     "SyncTx",
     "Uncertain",
     "default_registry",

@@ -108,6 +108,13 @@ def _where(exc: Exception) -> str:
     "back (QUEUED, attempt refunded). A plain-function handler cannot be stopped: the stop waits "
     "for it, up to its time limit, keeping its lease. A second signal stops at once.",
 )
+@setting_option(
+    ConsumerSettings,
+    "force_cancel_grace",
+    "With --processes: seconds a plain-function handler whose job was cancelled with force "
+    "may take to return before its worker process is replaced. Its lease ends CANCELLED; "
+    "async handlers are interrupted at once, whatever this says.",
+)
 @click.option(
     "--processes",
     type=int,
@@ -194,11 +201,25 @@ def recycle_limits(kwargs: dict[str, Any]) -> RecycleLimits:
 def supervised(
     consumer: Consumer, link: SupervisorLink, limits: RecycleLimits
 ) -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
-    """A worker under ``consumer --processes``: stops when its supervisor goes, and
-    recycles itself at its limits."""
+    """A worker under ``consumer --processes``: stops when its supervisor goes,
+    recycles itself at its limits, and has itself replaced at once when a plain
+    function ignores a forced cancel (consumers/forced_cancel.py)."""
 
     async def run(stop: asyncio.Event) -> None:
         link.stop_when_asked(stop)
+        work = asyncio.create_task(consumer.run(stop), name="consumer")
+        replaced = False
+
+        def replace_process() -> None:
+            nonlocal replaced
+            replaced = True
+            consumer.stop_now_why = (
+                "a plain function ignored a forced cancel: replacing the process"
+            )
+            link.announce_recycling()
+            work.cancel()  # the consumer's "stop now", as a second signal
+
+        consumer.forced.replace_process = replace_process
         watcher = None
         if limits:
             watcher = asyncio.create_task(
@@ -212,7 +233,12 @@ def supervised(
                 name="recycler",
             )
         try:
-            await consumer.run(stop)
+            await work
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not replaced or (task is not None and task.cancelling()):
+                raise
+            # stopped for its replacement, which the supervisor has started: a clean exit
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -22,6 +22,27 @@ class Retry(Exception):
         self.delay = delay
 
 
+class Snooze(Exception):
+    """Not yet: look at the job again in ``seconds`` (a number or a timedelta, from 0
+    up to a year). The attempt is refunded, so a job may snooze any number of times
+    without spending its budget; each snooze is recorded in the job's history
+    (``SNOOZED``), where a handler that never stops snoozing shows. Its lease ends as
+    any other outcome ends it: a key, a resource and a tenant slot it held go to the
+    next job. A job asked to cancel ends CANCELLED instead."""
+
+    code = "SNOOZED"
+
+    def __init__(self, seconds: float | timedelta) -> None:
+        if isinstance(seconds, timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"Snooze takes seconds or a timedelta, not {type(seconds).__name__}")
+        if not 0 <= seconds <= MAX_RETRY_DELAY:
+            raise ValueError("Snooze seconds must be between 0 and a year")
+        super().__init__(f"snoozed for {seconds:.10g} s")
+        self.seconds = float(seconds)
+
+
 class Permanent(Exception):
     """Fail the job now, whatever attempts are left: retrying cannot help (bad input,
     a declined card). ``code`` becomes the job's ``last_error_code``."""

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs import defaults
-from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry
+from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import Job, Resources
 from hybrid_jobs.consumers.outcome import TIMEOUT, Outcome, encode_result
 from hybrid_jobs.consumers.registry import Handler, Registry
@@ -45,6 +45,9 @@ log = logging.getLogger("consumer")
 
 # The claim takes only known types, so only a registry changed under it meets one.
 UNKNOWN_TYPE_RETRY_SECONDS = defaults.UNKNOWN_TYPE_RETRY_SECONDS
+# The messages of an attempt ended by a forced cancel (its history row's).
+INTERRUPTED = "cancelled with force: the handler was interrupted"
+FORCED_DISCARDED = "cancelled with force: what the handler did next was discarded"
 
 
 class Executor:
@@ -141,7 +144,7 @@ class Threads:
         def call() -> Any:
             reservation.started = True
             try:
-                return handler.fn(job)
+                return handler.call(job)
             finally:
                 # the loop may be gone: the process is exiting
                 with contextlib.suppress(RuntimeError):
@@ -230,6 +233,9 @@ async def execute(
     ) as span:
         try:
             outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+            if outcome is not None and job.cancel_forced and outcome.kind != "cancelled":
+                # whatever the handler did after the worker learned of the force
+                outcome = Outcome.cancelled(FORCED_DISCARDED)
         except asyncio.CancelledError:
             span.outcome("interrupted", ("interrupted", "the consumer stopped the attempt"))
             raise
@@ -260,8 +266,8 @@ def _traced_outcome(span: tracing.Running, job: Job, outcome: Outcome | None) ->
     if outcome is None:
         # nothing to report: its own transaction recorded it, or the lease is gone
         span.outcome("succeeded" if job.recorded else "lease_lost")
-    elif outcome.kind == "succeeded":
-        span.outcome("succeeded")
+    elif outcome.kind in ("succeeded", "snoozed"):
+        span.outcome(outcome.kind)  # neither is an error
     else:
         error = (outcome.error_code or outcome.kind, outcome.error_message or "")
         kind: str = outcome.kind
@@ -282,7 +288,7 @@ async def _attempt(
     limit = handler.time_limit(default_timeout)
     try:
         if reservation is None:
-            value = await _bounded(handler.fn(job), limit)
+            value = await _bounded(handler.call(job), limit)
         else:
             value = await threads.run(reservation, handler, job, limit)
     # 3. normalise: however it ended, one Outcome, or None for nothing to report
@@ -315,7 +321,11 @@ async def _attempt(
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            raise  # the consumer cancelled it: lease lost, or shutting down
+            # The consumer cancelled it: for a forced cancel (its cancel withdrawn,
+            # none other left), or because the lease was lost or the worker stops.
+            if not (job.interrupted and task.uncancel() == 0):
+                raise
+            return Outcome.cancelled(INTERRUPTED)
         # A cancellation from inside the handler (it awaited something that was
         # cancelled): a failed attempt like any other error.
         return _failure(job, handler, exc)
@@ -367,6 +377,8 @@ def _failure(job: Job, handler: Handler, exc: BaseException) -> Outcome | None:
             extra={"job_id": str(job.id), "error": describe_error(exc)},
         )
         return None
+    if isinstance(exc, Snooze):
+        return Outcome.snoozed(exc.seconds)
     if isinstance(exc, Retry):
         delay = exc.delay if exc.delay is not None else handler.backoff.delay(job.attempt)
         return Outcome.retry(exc.code, str(exc), delay)

@@ -94,7 +94,10 @@ class Job:
     of the schedule occurrence that fired the job (an aware datetime; None for a
     job no schedule fired). ``cancel_requested`` turns true (at a
     heartbeat) when someone asked to cancel the job: stop at a safe point and
-    ``raise consumers.Cancel()``.
+    ``raise consumers.Cancel()``. ``cancel_forced`` turns true with it when the
+    cancel was forced: an async handler is then interrupted (``CancelledError`` at
+    its current ``await``), and whatever a handler does next, its lease ends
+    CANCELLED.
     """
 
     id: uuid.UUID
@@ -109,6 +112,7 @@ class Job:
     worker: str
     scheduled_for: datetime | None = None
     cancel_requested: bool = False
+    cancel_forced: bool = False
     # The stored trace context of the enqueuing code (plumbing.tracing), if any.
     trace_context: Any = field(default=None, repr=False)
     # The gates it was claimed through (None: not known), which its end of a lease
@@ -116,6 +120,9 @@ class Job:
     gates: frozenset[str] | None = field(default=None, repr=False)
     # Monotonic time by which the lease surely ends unless a heartbeat extends it.
     lease_deadline: float = 0.0
+    # Set when the worker cancelled the handler's task for a forced cancel: that
+    # CancelledError ends the attempt CANCELLED, and is not the consumer stopping.
+    interrupted: bool = field(default=False, repr=False)
     # Set while the job's own transaction commits its completion, and once it has.
     committing: bool = field(default=False, repr=False)
     recorded: bool = field(default=False, repr=False)

@@ -3,7 +3,8 @@
 Every heartbeat interval one fenced statement extends every lease the worker holds
 (running jobs and outcomes not yet recorded). What comes back per job:
 
-- its state: the lease was extended; CANCEL_REQUESTED is passed on to the handler;
+- its state: the lease was extended; CANCEL_REQUESTED is passed on to the handler,
+  and a forced one to ``on_forced`` (consumers/forced_cancel.py), which interrupts it;
 - LOCKED: the lease is still ours but another transaction holds the row (a
   producer's open cancel request, say): renewed alone, every half second, until it
   goes through or the lease surely ran out;
@@ -30,9 +31,10 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
+from hybrid_jobs.consumers.job import Job
 from hybrid_jobs.consumers.ledger import Ledger
 from hybrid_jobs.consumers.settings import ConsumerSettings
-from hybrid_jobs.consumers.store import JobStore
+from hybrid_jobs.consumers.store import Beat, JobStore
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.schema.states import JobState
 
@@ -49,12 +51,14 @@ class LeaseKeeper:
         ledger: Ledger,
         job_types: list[str],
         counts: Callable[[], Mapping[str, int]],
+        on_forced: Callable[[Job], None] = lambda job: None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.ledger = ledger
         self.job_types = job_types
         self.counts = counts
+        self.on_forced = on_forced
         self.locked: set[uuid.UUID] = set()
         self.stopping = False
 
@@ -117,7 +121,7 @@ class LeaseKeeper:
             return
         sent_at = time.monotonic()
         try:
-            states = await self.store.heartbeat(fences)
+            beats = await self.store.heartbeat(fences)
         except Exception as exc:
             log.warning("consumer.heartbeat_failed", extra={"error": describe_error(exc)})
             for lease in self.ledger.leases():
@@ -129,7 +133,7 @@ class LeaseKeeper:
             if held is None or held.job.generation != generation:
                 continue
             job = held.job
-            state = states.get(job_id)
+            state, forced = beats.get(job_id, Beat(None))
             if state == "LOCKED":
                 if job.lease_surely_expired():
                     self.locked.discard(job_id)
@@ -151,6 +155,8 @@ class LeaseKeeper:
             if state == JobState.CANCEL_REQUESTED and not job.cancel_requested:
                 job.cancel_requested = True
                 log.info("consumer.cancel_requested", extra={"job_id": str(job_id)})
+            if forced:
+                self.on_forced(job)
 
 
 def _json_counts(counts: Mapping[str, int]) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from hybrid_jobs import defaults
 
-Kind = Literal["succeeded", "retry", "failed", "cancelled"]
+Kind = Literal["succeeded", "retry", "failed", "cancelled", "snoozed"]
 
 # Long enough for a useful message, short enough to keep the hot row small.
 MAX_ERROR_MESSAGE = 2000
@@ -21,6 +21,9 @@ MAX_TRACEBACK = 8000
 MAX_RETRY_DELAY = 365 * 24 * 3600.0
 
 TIMEOUT = "TIMEOUT"
+# The error code of a snoozed attempt's history row (never the job's last error: a
+# snooze is not one).
+SNOOZED = "SNOOZED"
 # A handler's return value is kept as the job's result up to this size, as JSON,
 # nested at most this deep (every surface that shows a result must be able to).
 MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
@@ -67,6 +70,14 @@ class Outcome:
             _clean(message, MAX_ERROR_MESSAGE),
             traceback=_tail(traceback),
         )
+
+    @classmethod
+    def snoozed(cls, seconds: float) -> Outcome:
+        """Back to waiting for ``seconds`` (bounded as a retry's delay), the attempt
+        refunded."""
+        delay = seconds if math.isfinite(seconds) else MAX_RETRY_DELAY
+        delay = min(max(delay, 0.0), MAX_RETRY_DELAY)
+        return cls("snoozed", SNOOZED, f"snoozed for {delay:.10g} s", delay)
 
     @classmethod
     def cancelled(cls, message: str) -> Outcome:

@@ -6,9 +6,13 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from hybrid_jobs.consumers.backoff import DEFAULT_BACKOFF, Backoff
+from hybrid_jobs.consumers.errors import Permanent
+from hybrid_jobs.consumers.payload import BAD_PAYLOAD, PayloadSpec
+from hybrid_jobs.consumers.producer import HandlerFunction
+from hybrid_jobs.outbox import known_types
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS
 
@@ -16,7 +20,8 @@ if TYPE_CHECKING:
     from hybrid_jobs.consumers.job import Job
     from hybrid_jobs.consumers.reconcile import Uncertain
 
-HandlerFn = Callable[["Job"], Any]
+P = ParamSpec("P")
+R = TypeVar("R")
 # A handler's reconcile hook: given what an expired lease left uncertain, it looks at
 # the target and returns what happened (text, recorded as the resolution's outcome),
 # or None when it cannot tell (the resource stays uncertain). Sync or async.
@@ -30,17 +35,32 @@ NO_TIMEOUT: Final = math.inf
 @dataclass(frozen=True)
 class Handler:
     job_type: str
-    fn: HandlerFn
+    # The function as written: fn(job), or fn(job, **fields) when it declares its
+    # payload (``payload``); call() calls it either way.
+    fn: Callable[..., Any]
     queue: str
     max_attempts: int | None
     timeout: float | None
     backoff: Backoff
     rate_limit: str | None = None
     reconcile: ReconcileFn | None = None
+    payload: PayloadSpec | None = None
 
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    def call(self, job: Job) -> Any:
+        """Call the function on the job (an async one returns its coroutine). A
+        payload that does not fit the fields it declares fails the job at once: no
+        retry can change the payload."""
+        if self.payload is None:
+            return self.fn(job)
+        try:
+            fields = self.payload.check(job.payload)
+        except TypeError as exc:
+            raise Permanent(str(exc), code=BAD_PAYLOAD) from None
+        return self.fn(job, **fields)
 
     def time_limit(self, default: float | None) -> float | None:
         """Seconds one attempt may take: the handler's own, else the consumer's
@@ -63,8 +83,17 @@ class Registry:
         backoff: Backoff | None = None,
         rate_limit: str | None = None,
         reconcile: ReconcileFn | None = None,
-    ) -> Callable[[HandlerFn], HandlerFn]:
+    ) -> Callable[[Callable[P, R]], HandlerFunction[P, R]]:
         """Register the decorated function as the handler of ``job_type``.
+
+        It returns a :class:`~hybrid_jobs.consumers.producer.HandlerFunction`: the
+        function, still callable as before, that also enqueues jobs of this type on
+        this queue (``fn.enqueue(session, ...)``, ``fn.with_options(...)``). The
+        function takes the job; it may declare its payload as keyword-only
+        parameters after it (``def send_receipt(job, *, order_id: int)``): it is then
+        called with the payload's fields, checked at ``fn.enqueue`` (``TypeError``)
+        and before each call (a payload that does not fit fails the job, code
+        BAD_PAYLOAD).
 
         ``max_attempts`` applies to jobs enqueued without their own; ``timeout`` (in
         seconds) bounds one attempt, which then fails with code TIMEOUT (default: the
@@ -94,15 +123,25 @@ class Registry:
         if reconcile is not None and not callable(reconcile):
             raise TypeError("reconcile must be a function of the uncertain hold")
 
-        def register(fn: HandlerFn) -> HandlerFn:
+        def register(fn: Callable[P, R]) -> HandlerFunction[P, R]:
+            # Registered again (in another registry, say): the function it wraps.
+            fn = fn.__wrapped__ if isinstance(fn, HandlerFunction) else fn
+            signature = inspect.signature(fn)
+            required = {
+                p.name: None
+                for p in signature.parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+            }
             try:
-                inspect.signature(fn).bind(object())
+                signature.bind(object(), **required)
             except TypeError:
                 raise TypeError(
                     f"handler for {job_type!r} must take exactly one argument, the job"
+                    " (its payload's fields may follow as keyword-only parameters)"
                 ) from None
             if job_type in self._handlers:
                 raise ValueError(f"a handler for {job_type!r} is registered already")
+            wrapper = HandlerFunction(fn, job_type, queue)
             self._handlers[job_type] = Handler(
                 job_type,
                 fn,
@@ -112,8 +151,9 @@ class Registry:
                 backoff or DEFAULT_BACKOFF,
                 rate_limit,
                 reconcile,
+                wrapper.payload,
             )
-            return fn
+            return wrapper
 
         return register
 
@@ -154,3 +194,5 @@ class Registry:
 # The registry `@consumers.handler` adds to and `consumer --app MODULE` runs.
 default_registry = Registry()
 handler = default_registry.handler
+# What $STRICT_JOB_TYPES checks a producer's job types against.
+known_types.use_handlers_registry(default_registry)

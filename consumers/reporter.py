@@ -163,6 +163,10 @@ class Reporter:
         if state == JobState.RETRY_WAIT:
             fields["retry_in_s"] = round(outcome.delay_seconds or 0, 1)
             log.info("consumer.attempt_failed", extra=fields)
+        elif state == JobState.QUEUED:
+            del fields["error_code"], fields["error"]
+            fields["snoozed_for_s"] = round(outcome.delay_seconds or 0, 1)
+            log.info("consumer.job_snoozed", extra=fields)
         elif state == JobState.FAILED:
             log.warning("consumer.job_failed", extra=fields)
         else:

@@ -26,6 +26,7 @@ class ConsumerSettings:
     heartbeat_seconds: float = defaults.CONSUMER_HEARTBEAT_SECONDS
     drain_seconds: float = defaults.CONSUMER_DRAIN_SECONDS
     default_timeout: float | None = defaults.CONSUMER_DEFAULT_TIMEOUT
+    force_cancel_grace: float = defaults.CONSUMER_FORCE_CANCEL_GRACE
     claim_batch: int = defaults.CONSUMER_CLAIM_BATCH
     report_batch: int = defaults.CONSUMER_REPORT_BATCH
     stats_interval: float = defaults.CONSUMER_STATS_INTERVAL
@@ -47,6 +48,8 @@ class ConsumerSettings:
             raise ConfigError("drain seconds must not be negative")
         if self.default_timeout is not None and not self.default_timeout > 0:
             raise ConfigError("default timeout must be positive (0 on the command line: none)")
+        if self.force_cancel_grace < 0:
+            raise ConfigError("the force cancel grace must not be negative")
         if self.worker_ttl <= 0:
             raise ConfigError("the worker TTL must be positive")
         if self.claim_batch < 1 or self.report_batch < 1 or self.stats_interval <= 0:

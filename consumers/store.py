@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, NamedTuple
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -107,6 +107,14 @@ async def finish_on(
     new state, or 'LOCKED'. An outcome missing from the result was stale."""
     cur = await conn.execute(statement, finish_params(worker, batch))
     return {row[0]: row[1] for row in await cur.fetchall()}
+
+
+class Beat(NamedTuple):
+    """What a heartbeat says of one lease (see JOB_HEARTBEAT_MANY)."""
+
+    state: str | None
+    # the cancel was requested with force: interrupt the handler
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,16 +249,16 @@ class JobStore:
             )
             return [Claimed(*row[1:]) for row in await cur.fetchall()]
 
-    async def heartbeat(self, held: Sequence[Fence]) -> dict[uuid.UUID, str | None]:
+    async def heartbeat(self, held: Sequence[Fence]) -> dict[uuid.UUID, Beat]:
         """Extend the leases still ours: each one's state (CANCEL_REQUESTED shows
-        here), 'LOCKED' for one whose row another transaction holds, None for one
-        that is gone."""
+        here, with whether it was forced), 'LOCKED' for one whose row another
+        transaction holds, None for one that is gone."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 q.JOB_HEARTBEAT_MANY,
                 {"jobs": _fences(held), "worker": self.worker, "lease_seconds": self.lease_seconds},
             )
-            return {row[0]: row[1] for row in await cur.fetchall()}
+            return {row[0]: Beat(row[1], row[2]) for row in await cur.fetchall()}
 
     async def finish(
         self,

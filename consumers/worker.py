@@ -9,6 +9,8 @@
   (intake.py);
 - the lease keeper extends every held lease, passes cancel requests on, gives up
   leases that are gone, and keeps the worker's row fresh (lease_keeper.py);
+- a forced cancel interrupts an async handler, or has a plain function's process
+  replaced under a supervisor (forced_cancel.py);
 - the held wake-ups' marks are kept fresh, so the re-waker leaves them alone
   (held_wakeups.py);
 - the ledger is the one record of which jobs this worker holds and what each is
@@ -38,6 +40,7 @@ from collections import Counter
 
 from hybrid_jobs.consumers.claimer import Claimer
 from hybrid_jobs.consumers.executor import Executor, Threads
+from hybrid_jobs.consumers.forced_cancel import ForcedCancels
 from hybrid_jobs.consumers.held_wakeups import REFRESH_SECONDS, HeldWakeups
 from hybrid_jobs.consumers.inbox import Delivery, Inbox
 from hybrid_jobs.consumers.intake import Intake
@@ -150,11 +153,19 @@ class Consumer:
             self.store, self.claimer.held_ids, min(REFRESH_SECONDS, settings.effective_heartbeat)
         )
         self.reporter = Reporter(settings, self.store, self.ledger, self.journal)
+        self.forced = ForcedCancels(self.ledger, settings.force_cancel_grace)
         self.lease_keeper = LeaseKeeper(
-            settings, self.store, self.ledger, registry.job_types(), lambda: self.counts
+            settings,
+            self.store,
+            self.ledger,
+            registry.job_types(),
+            lambda: self.counts,
+            self.forced.force,
         )
         # The side tasks (claimer, reporter, ...), once started.
         self.background: dict[str, asyncio.Task[None]] = {}
+        # What a cancel of run() means, for consumer.stopped_now.
+        self.stop_now_why = "a second signal asked to stop now"
 
     @property
     def counts(self) -> Counter[str]:
@@ -183,7 +194,9 @@ class Consumer:
             # retry against a closed pool), and the pools close here, since a
             # psycopg_pool worker cancelled while it opens a connection swallows the
             # cancel and waits on its queue for ever, keeping the event loop open.
-            await cancel_and_wait(list(self.background.values()), within=POOL_CLOSE_SECONDS)
+            await cancel_and_wait(
+                [*self.background.values(), *self.forced.waiting], within=POOL_CLOSE_SECONDS
+            )
             for pool in (self.pool, self.handlers.pool):
                 if not pool.closed:
                     await pool.close(timeout=POOL_CLOSE_SECONDS)
@@ -391,7 +404,7 @@ class Consumer:
             "given_back": given,
             "left": {str(i): why for i, why in left.items()},
             "outcomes_unrecorded": self.ledger.pending_outcomes(),
-            "why": "a second signal asked to stop now",
+            "why": self.stop_now_why,
         }
         if said["outcomes_unrecorded"] or any(why != LEFT_STALE for why in left.values()):
             said["action"] = (

@@ -64,6 +64,7 @@ ARGUMENTS: dict[str, str] = {
 ENVIRONMENT: dict[str, str] = {
     "DATABASE_POOLER": "$DATABASE_POOLER",
     "MAX_PAYLOAD_BYTES": "$MAX_PAYLOAD_BYTES",
+    "STRICT_JOB_TYPES": "$STRICT_JOB_TYPES",
 }
 
 

@@ -72,6 +72,12 @@ MAX_PAYLOAD_DEPTH: Final = 100
 Every reader of the table (Python's json, pydantic, PostgreSQL) must be able to read
 a job back, so it is fixed, not a setting."""
 
+STRICT_JOB_TYPES: Final = False
+"""``$STRICT_JOB_TYPES=1``: enqueue refuses a job type that no handler registered in
+the producer's process knows (``ValueError`` naming the nearest known ones), as
+``outbox.require_known_job_types(consumers.default_registry)`` does. Set it only
+where the producer imports its handlers."""
+
 KEY_LIMIT: Final = 1
 """Jobs of one ``key`` that may hold a lease at once, when enqueue gives no
 ``key_limit``: one at a time."""
@@ -97,6 +103,17 @@ MAX_DEDUP_KEY_LENGTH: Final = 500
 
 MAX_SCHEDULE_NAME_LENGTH: Final = 200
 """Characters in a recurring schedule's name."""
+
+MAX_TAGS: Final = 16
+"""Tags one job may carry (``tags=``)."""
+
+MAX_TAG_LENGTH: Final = 64
+"""Characters in a tag (letters, digits and ``_.:/=-``, starting with a letter or
+digit)."""
+
+MAX_META_BYTES: Final = 4096
+"""A job's ``meta`` object, as compact JSON, at most this many bytes: it is shown in
+every list and read by every search, so it stays small (the payload is for data)."""
 
 MAX_TENANT_WEIGHT: Final = 1000.0
 """The largest fair-share weight of a tenant (the smallest is above 0)."""
@@ -278,6 +295,13 @@ handlers are given back (their attempt refunded); plain functions are waited for
 CONSUMER_DEFAULT_TIMEOUT: Final[float | None] = 900.0
 """The time limit (seconds) of an attempt whose handler sets none; None (``0`` on the
 command line): no limit."""
+
+CONSUMER_FORCE_CANCEL_GRACE: Final = 10.0
+"""Under ``consumer --processes``: seconds a plain-function handler whose job was
+cancelled with force may take to return before its worker process is replaced (its
+lease ends CANCELLED, the process exits and a fresh one takes its place). A thread
+cannot be interrupted, so a single process leaves it to run, and ends the lease
+CANCELLED when it returns."""
 
 CONSUMER_CLAIM_BATCH: Final = 100
 """Jobs one claim statement takes at most."""

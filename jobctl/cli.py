@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "jobs": (
         "hybrid_jobs.jobctl.commands.jobs:jobs",
-        "List, show, cancel, retry, approve and reject jobs.",
+        "List, show, edit, cancel, retry, approve and reject jobs.",
     ),
     "keys": (
         "hybrid_jobs.jobctl.commands.keys:keys",

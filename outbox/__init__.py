@@ -13,6 +13,7 @@ cancelled jobs), ``pause_queue``/``resume_queue``, ``explain`` (why is my job
 waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
 ``approve``/``reject`` for jobs enqueued with ``needs_approval``;
+``update_job`` (change a job that has not started yet);
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
 """
 
@@ -29,6 +30,7 @@ from hybrid_jobs.outbox.approval import (
 )
 from hybrid_jobs.outbox.backpressure import Backpressure
 from hybrid_jobs.outbox.cancel import request_cancel, request_cancel_async
+from hybrid_jobs.outbox.edit import JobNotEditable, update_job, update_job_async
 from hybrid_jobs.outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from hybrid_jobs.outbox.explain import (
     Blocker,
@@ -39,6 +41,7 @@ from hybrid_jobs.outbox.explain import (
     explain,
     explain_async,
 )
+from hybrid_jobs.outbox.known_types import require_known_job_types
 from hybrid_jobs.outbox.queues import (
     PausedQueue,
     pause_queue,
@@ -100,6 +103,7 @@ __all__ = [
     "Explanation",
     "Finished",
     "HeldByAnother",
+    "JobNotEditable",
     "JobNotFound",
     "LastError",
     "NewJob",
@@ -135,6 +139,7 @@ __all__ = [
     "remove_rate_limit_async",
     "request_cancel",
     "request_cancel_async",
+    "require_known_job_types",
     "resolve_resource",
     "resolve_resource_async",
     "resource_holds",
@@ -159,6 +164,8 @@ __all__ = [
     "trigger_schedule_async",
     "unschedule",
     "unschedule_async",
+    "update_job",
+    "update_job_async",
     "wait_for",
     "wait_for_async",
 ]

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 
-def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:
+def request_cancel(session: Session, job_id: uuid.UUID, *, force: bool = False) -> JobState | None:
     """Cancel a job that is waiting; ask a running one to stop.
 
     Returns the job's state afterwards: CANCELLED (it had not started, or was
@@ -22,9 +22,21 @@ def request_cancel(session: Session, job_id: uuid.UUID) -> JobState | None:
     ``job.cancel_requested`` at the next heartbeat and may stop, or finish anyway),
     the final state of a job that had already finished, or None for an unknown id.
     Like enqueue, it writes through the session's transaction and never commits.
+
+    ``force=True`` does not leave a running job to its handler's good will: at the
+    next heartbeat of the worker holding it (within the consumer's heartbeat
+    interval, a third of the lease by default) an async handler is interrupted
+    (``CancelledError`` at its current ``await``; its ``finally`` blocks run), and
+    the lease ends CANCELLED through the fence. A plain function cannot be
+    interrupted in its thread: its lease ends CANCELLED when it returns (its result
+    discarded), and under ``consumer --processes`` its process is replaced if it has
+    not returned within ``--force-cancel-grace``. A job whose cancel was requested
+    already is made forced. A waiting job is cancelled at once, force or not. An
+    attempt whose outcome was reached before its worker learned of the force keeps
+    that outcome.
     """
     conn = psycopg_connection(session)
-    row = conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id}).first()
+    row = conn.exec_driver_sql(JOB_REQUEST_CANCEL, {"job_id": job_id, "force": force}).first()
     if row is None:
         row = conn.exec_driver_sql(JOB_STATE, {"job_id": job_id}).first()
     return None if row is None else JobState(row[0])

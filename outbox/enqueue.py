@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from hybrid_jobs.outbox import backpressure
+from hybrid_jobs.outbox import backpressure, known_types
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
     JsonDefault,
@@ -34,6 +34,7 @@ from hybrid_jobs.schema.queries import (
     JOB_DEBOUNCE_MANY,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
+    JOB_INSERT_PLAIN_MANY,
     JOB_KEYS_LOCK,
     JOB_PARENTS_LOCK,
 )
@@ -60,6 +61,8 @@ class _Plan:
     # Debounced jobs, by (job_type, dedup_key): the last of a batch wins.
     debounced: dict[tuple[str, str], str]
     ordered_keys: list[str]  # keys of ordered jobs, to lock before numbering them
+    # Whether a job of the batch has tags or parents: else the shorter insert does.
+    tagged_or_after: bool = False
 
     @property
     def document(self) -> str:
@@ -91,12 +94,15 @@ def _plan(
     tenants: list[str | None] = []
     debounced: dict[tuple[str, str], str] = {}
     ordered_keys: set[str] = set()
+    tagged_or_after = False
     # The enqueuing code's span, once for the batch: every job of it was made there.
     trace_context = tracing.capture()
     for job in jobs:
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
-        job_id, row = to_row(job, limit, trace_context, _edges(job, parents or {}))
+        edges = _edges(job, parents or {})
+        job_id, row = to_row(job, limit, trace_context, edges)
+        tagged_or_after = tagged_or_after or bool(edges) or bool(job.tags)
         if job.debounce is not None and job.dedup_key is not None:
             debounced.pop((job.job_type, job.dedup_key), None)
             debounced[(job.job_type, job.dedup_key)] = row
@@ -107,7 +113,14 @@ def _plan(
         tenants.append(job.tenant)
         if job.ordered and job.key is not None:
             ordered_keys.add(job.key)
-    plan = _Plan(rows, keys, backpressure.tenants_of(tenants), debounced, sorted(ordered_keys))
+    plan = _Plan(
+        rows,
+        keys,
+        backpressure.tenants_of(tenants),
+        debounced,
+        sorted(ordered_keys),
+        tagged_or_after,
+    )
     return plan, ids
 
 
@@ -197,9 +210,15 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     """Enqueue several jobs in one statement; returns their ids in the given order.
 
     A job whose ``dedup_key`` is already taken for its job type is not inserted; its
-    place in the result holds the existing job's id.
+    place in the result holds the existing job's id. In strict mode
+    (:func:`outbox.require_known_job_types`) a job type no handler of this process
+    knows is refused (``ValueError``) before anything is written.
     """
-    return insert_jobs(session, jobs, max_payload_bytes())
+    batch = list(jobs)
+    # Here and not in insert_jobs: the relay fires schedules through that, and it
+    # imports no handlers.
+    known_types.refuse_unknown(getattr(job, "job_type", None) for job in batch)
+    return insert_jobs(session, batch, max_payload_bytes())
 
 
 def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) -> list[uuid.UUID]:
@@ -228,7 +247,8 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
         backpressure.refuse_over_rate(rates.all())
     if plan.ordered_keys:
         conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
-    inserted = set(conn.exec_driver_sql(JOB_INSERT_MANY, {"jobs": plan.document}).scalars())
+    insert = JOB_INSERT_MANY if plan.tagged_or_after else JOB_INSERT_PLAIN_MANY
+    inserted = set(conn.exec_driver_sql(insert, {"jobs": plan.document}).scalars())
     debounced: Sequence[Any] = []
     if plan.debounce_document:
         debounced = conn.exec_driver_sql(JOB_DEBOUNCE_MANY, {"jobs": plan.debounce_document}).all()
@@ -263,6 +283,8 @@ def enqueue(
     on_parent_failure: str = "cancel",
     resource: str | None = None,
     json_default: JsonDefault | None = None,
+    tags: Collection[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -318,6 +340,13 @@ def enqueue(
     wait (RESOURCE_BUSY). A clean end of the holder's lease frees it; a lease that
     expires leaves it uncertain (RESOURCE_UNCERTAIN), and no job of it starts until
     :func:`outbox.resolve_resource`. A job takes a key or a resource, not both.
+
+    ``tags``: a few labels (at most 16, each 1-64 letters, digits and ``_.:/=-``,
+    starting with a letter or digit; a repeat counts once), and ``meta``: a small
+    JSON object (at most 4 KiB as JSON, ``json_default`` applied as for the
+    payload). Neither changes how the job runs: every operator surface shows them,
+    and the operator's job lists (``jobctl jobs list --tag``, ``GET /v1/jobs?tag=``,
+    ``jobctl.service.list_jobs``) find jobs by them. A debounced repeat replaces them.
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -343,6 +372,8 @@ def enqueue(
         on_parent_failure=on_parent_failure,
         resource=resource,
         json_default=json_default,
+        tags=tags,
+        meta=meta,
     )
     return enqueue_many(session, [job])[0]
 

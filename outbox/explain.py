@@ -22,6 +22,9 @@ DEPENDENCY            pending (parents not settled yet), waiting_for (those pare
                       with after=, it is woken when the last parent succeeds
 NOT_DUE               run_after, in_seconds (a QUEUED job enqueued for later)
 RETRY_BACKOFF         until, in_seconds, last_error_code, last_error_message, attempt
+SNOOZED               until, in_seconds, snoozed_at, snoozes (how many times its
+                      handler snoozed it, counted up to 10000): its handler raised
+                      consumers.Snooze; it is woken at until, its attempt refunded
 WAKEUP_PENDING        sent (false), due_since, outbox_lag_seconds (the age of its queue's
                       oldest due wake-up the relay has not sent), missing (no wake-up at
                       all: the relay's re-waker gives it one)
@@ -62,7 +65,8 @@ RATE_LIMITED          rate_limit, next_token_at (when its wake-up is due: its to
                       a claim found no token for it
 EXPIRED               expires_at: its deadline passed before it started, so it never
                       will (the next claim or the relay's sweep ends it CANCELLED)
-CANCEL_REQUESTED      requested_at: it runs, and was asked to stop
+CANCEL_REQUESTED      requested_at, forced: it runs, and was asked to stop (forced: its
+                      worker interrupts the handler at its next heartbeat)
 LEASE_EXPIRED         worker, expired_at, expired_seconds_ago, last_heartbeat_at,
                       sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
                       that ran out, so its worker is gone or stalled; the relay's sweeper
@@ -99,6 +103,7 @@ from hybrid_jobs.schema.queries import (
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
     JOB_PARENTS_PENDING,
+    JOB_SNOOZES,
     WORKER_TTL_SECONDS,
 )
 from hybrid_jobs.schema.states import CLAIMABLE, LEASED, TERMINAL, DelayReason, HeldReason, JobState
@@ -119,6 +124,7 @@ class Why(StrEnum):
     DEPENDENCY = "DEPENDENCY"
     NOT_DUE = "NOT_DUE"
     RETRY_BACKOFF = "RETRY_BACKOFF"
+    SNOOZED = "SNOOZED"
     WAKEUP_PENDING = "WAKEUP_PENDING"
     QUEUE_PAUSED = "QUEUE_PAUSED"
     TENANT_CAP = "TENANT_CAP"
@@ -282,6 +288,10 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
     if job.get("parents_pending") and job["state"] == JobState.QUEUED:
         parents = conn.exec_driver_sql(JOB_PARENTS_PENDING, {"job_id": key}).all()
         job["waiting_for"] = [{"job_id": p[0], "state": p[1]} for p in parents]
+    if _snoozed(job):
+        job["snoozes"] = conn.exec_driver_sql(
+            JOB_SNOOZES, {"job_id": key, "limit": AHEAD_CAP}
+        ).scalar()
     backlog = None
     if (more := _backlog_params(job)) is not None:
         backlog = conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more).one()._asdict()
@@ -301,9 +311,11 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
     if state in LEASED:
         found = []
         if state == JobState.CANCEL_REQUESTED:
-            found.append(
-                Blocker(Why.CANCEL_REQUESTED, {"requested_at": job["cancel_requested_at"]})
-            )
+            facts = {
+                "requested_at": job["cancel_requested_at"],
+                "forced": job.get("cancel_forced_at") is not None,
+            }
+            found.append(Blocker(Why.CANCEL_REQUESTED, facts))
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
@@ -385,11 +397,29 @@ def _relays(job: Mapping[str, Any]) -> list[Blocker]:
     return []
 
 
+def _snoozed(job: Mapping[str, Any]) -> bool:
+    """Not due because its handler snoozed it (the reason stays until a claim)."""
+    return bool(
+        job["state"] == JobState.QUEUED
+        and job["delay_reason"] == DelayReason.SNOOZED
+        and job["run_after"] > job["db_now"]
+    )
+
+
 def _not_yet(job: Mapping[str, Any]) -> list[Blocker]:
-    """Not due: enqueued for later, or backing off after a failed attempt."""
+    """Not due: enqueued for later, snoozed by its handler, or backing off after a
+    failed attempt."""
     now, run_after = job["db_now"], job["run_after"]
     if run_after <= now:
         return []
+    if _snoozed(job):
+        facts = {
+            "until": run_after,
+            "in_seconds": _seconds(run_after, now),
+            "snoozed_at": job["delay_since"],
+            "snoozes": job.get("snoozes"),
+        }
+        return [Blocker(Why.SNOOZED, facts)]
     if job["state"] == JobState.RETRY_WAIT:
         facts = {
             "until": run_after,
@@ -586,6 +616,11 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         f"retrying in {f['in_seconds']:.0f} s after attempt {f['attempt']} failed"
         f" ({f['last_error_code']})"
     ),
+    Why.SNOOZED: lambda f: (
+        f"snoozed by its handler until {f['until']:%Y-%m-%d %H:%M:%S}"
+        f" (in {f['in_seconds']:.0f} s)"
+        + (f"; snoozed {f['snoozes']} time(s) so far" if f["snoozes"] is not None else "")
+    ),
     Why.WAKEUP_PENDING: lambda f: (
         "no wake-up yet (the re-waker will send one)"
         if f["missing"]
@@ -652,7 +687,12 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.EXPIRED: lambda f: (
         f"its deadline passed at {f['expires_at']:%Y-%m-%d %H:%M:%S}: it will not start"
     ),
-    Why.CANCEL_REQUESTED: lambda f: f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}",
+    Why.CANCEL_REQUESTED: lambda f: (
+        f"cancel requested (forced): asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S},"
+        " its worker interrupts the handler at its next heartbeat"
+        if f.get("forced")
+        else f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}"
+    ),
     Why.LEASE_EXPIRED: lambda f: (
         f"its lease expired {f['expired_seconds_ago']:.0f} s ago (worker {f['worker']}"
         f" is gone or stalled); the relay's sweeper will move it to {f['sweeper_moves_to']}"

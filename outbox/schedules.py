@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -26,6 +26,8 @@ from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
     JsonDefault,
     NewJob,
+    check_tags,
+    encode_meta,
     encode_payload,
     max_payload_bytes,
     plain_json,
@@ -62,6 +64,8 @@ class JobTemplate:
     tenant: str | None
     priority: int
     max_attempts: int | None
+    tags: Collection[str] = ()
+    meta: Mapping[str, Any] | None = None
 
     def job(self, dedup_key: str | None = None) -> NewJob:
         return NewJob(
@@ -72,6 +76,8 @@ class JobTemplate:
             max_attempts=self.max_attempts,
             priority=self.priority,
             tenant=self.tenant,
+            tags=self.tags,
+            meta=self.meta,
         )
 
 
@@ -106,6 +112,8 @@ def _prepare(
     max_attempts: int | None,
     catchup: str,
     json_default: JsonDefault | None = None,
+    tags: Collection[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> _Schedule:
     rule = recurrence(cron, every, timezone)
     limit = max_payload_bytes()
@@ -113,7 +121,19 @@ def _prepare(
         # stored as plain JSON: every occurrence enqueues what the handler will read
         payload = plain_json("payload", payload, json_default)
     # The job each occurrence enqueues must be acceptable now, not fail at every fire.
-    to_row(NewJob(job_type, payload, queue, None, None, max_attempts, priority), limit)
+    job = NewJob(
+        job_type,
+        payload,
+        queue,
+        None,
+        None,
+        max_attempts,
+        priority,
+        tags=tags,
+        meta=meta,
+        json_default=json_default,
+    )
+    to_row(job, limit)
     return _Schedule(
         rule,
         {
@@ -128,6 +148,8 @@ def _prepare(
             "priority": priority,
             "max_attempts": max_attempts,
             "catchup": check_catchup(catchup),
+            "tags": check_tags(tags),
+            "meta": encode_meta(meta, json_default),
         },
     )
 
@@ -147,6 +169,8 @@ def schedule(
     max_attempts: int | None = None,
     catchup: str = "latest",
     json_default: JsonDefault | None = None,
+    tags: Collection[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> datetime:
     """Create or update the schedule ``name``; returns its next fire instant (UTC).
 
@@ -160,7 +184,8 @@ def schedule(
     ``"latest"`` (the newest one runs, however late) or ``"all"`` (each runs, up to
     the relay's bound); the others are recorded as skipped. ``tenant`` is stored with the schedule.
     ``json_default`` encodes what JSON cannot hold, as for :func:`outbox.enqueue`,
-    once, when the schedule is written.
+    once, when the schedule is written. ``tags`` and ``meta`` are given to each
+    occurrence's job, as :func:`outbox.enqueue`'s.
 
     A new rule (cron, every or timezone) starts from the first occurrence after the
     database's clock; an update that keeps the rule keeps the schedule's place.
@@ -180,6 +205,8 @@ def schedule(
         max_attempts=max_attempts,
         catchup=catchup,
         json_default=json_default,
+        tags=tags,
+        meta=meta,
     )
     conn = psycopg_connection(session)
     clock = conn.exec_driver_sql(SCHEDULE_CLOCK).scalar_one()

@@ -211,7 +211,7 @@ class Running:
         self._span = span
 
     def outcome(self, outcome: str, error: tuple[str, str] | None = None) -> None:
-        """How the run ended: succeeded, retry, failed, cancelled, lease_lost,
+        """How the run ended: succeeded, retry, snoozed, failed, cancelled, lease_lost,
         abandoned; ``error`` (error.type, description) when it did not succeed."""
         trace = _otel()
         if self._span is None or trace is None:

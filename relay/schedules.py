@@ -56,6 +56,7 @@ from hybrid_jobs.plumbing.transient import is_transient_db_error
 from hybrid_jobs.schema.queries import (
     JOB_FIND_BY_DEDUP_MANY,
     JOB_INSERT_MANY,
+    JOB_INSERT_PLAIN_MANY,
     SCHEDULE_ADVANCE,
     SCHEDULE_CLAIM_DUE,
     SCHEDULE_FAILED,
@@ -174,8 +175,10 @@ class _Due:
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> _Due:
         name, job_type, payload, cron, every_seconds, timezone, queue, tenant = row[:8]
-        priority, max_attempts, catchup, next_fire_at, db_now = row[8:]
-        template = JobTemplate(job_type, payload, queue, tenant, priority, max_attempts)
+        priority, max_attempts, catchup, next_fire_at, db_now, tags, meta = row[8:]
+        template = JobTemplate(
+            job_type, payload, queue, tenant, priority, max_attempts, tuple(tags), meta
+        )
         return cls(name, template, cron, every_seconds, timezone, catchup, next_fire_at, db_now)
 
     def dedup_key(self, at: datetime) -> str:
@@ -334,7 +337,8 @@ async def _record(
 async def _enqueue(conn: AsyncConnection, due: _Due, jobs: list[tuple[datetime, Any, str]]) -> None:
     """Insert the recorded occurrences' jobs and wake-ups, as outbox.enqueue does."""
     document = "[" + ",".join(row for _, _, row in jobs) + "]"
-    cur = await conn.execute(JOB_INSERT_MANY, {"jobs": document})
+    insert = JOB_INSERT_MANY if due.template.tags else JOB_INSERT_PLAIN_MANY
+    cur = await conn.execute(insert, {"jobs": document})
     inserted = {row[0] for row in await cur.fetchall()}
     taken = [(at, job_id) for at, job_id, _ in jobs if job_id not in inserted]
     if not taken:

@@ -85,6 +85,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_HELD_BY": "find the named jobs this worker holds, after an ambiguous claim commit",
     "JOB_HEARTBEAT_MANY": "extend the leases a worker holds, through the fence, while unexpired",
     "JOB_ATTEMPT_RECORDED_MANY": "tell applied outcomes from stale ones, after an ambiguous commit",
+    "JOB_SNOOZES": "count the times a job was snoozed, for outbox.explain",
     # outbox
     "JOB_WAKE_PARKED": "wake the jobs that waited for a consumer that knows their type",
     "OUTBOX_DUE_QUEUES": "list the queues with wake-ups due",
@@ -142,6 +143,8 @@ NOTES: Final[dict[str, str]] = {
     # control
     "JOB_APPROVE": "approve a job that waits for approval: due now, with its wake-up",
     "JOB_APPROVAL": "read why an approval or rejection changed nothing",
+    "JOB_EDIT": "edit a job that has not started; a new start or priority moves its wake-up",
+    "JOB_EDIT_REFUSAL": "read why an edit changed nothing",
     "QUEUE_PAUSE": "pause a queue",
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",

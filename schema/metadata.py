@@ -46,11 +46,14 @@ from hybrid_jobs.schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
     MAX_KEY_LENGTH,
+    MAX_META_STORED_BYTES,
     MAX_SCHEDULE_NAME_LENGTH,
+    MAX_TAGS,
     QUEUE_NAME_PATTERN,
     RATE_LIMIT_NAME_PATTERN,
     REPLAYABLE_SQL,
     RESOURCE_REFUSALS_SQL,
+    TAGS_PATTERN,
     TERMINAL_SQL,
 )
 
@@ -103,6 +106,9 @@ jobs = Table(
     Column("delay_reason", Text),
     _ts("delay_since"),
     _ts("cancel_requested_at"),
+    # Set when the cancel was asked with force: the lease holder learns it at its
+    # next heartbeat and interrupts the handler (outbox.request_cancel(force=True)).
+    _ts("cancel_forced_at"),
     # What the handler reported while running (job.progress) and returned.
     Column("progress", JSONB),
     _ts("progress_at"),
@@ -154,6 +160,12 @@ jobs = Table(
     # The exclusive resource the job acts on (resource_holds): at most one lease of
     # any job with it at once, and none while it is uncertain. NULL: none.
     Column("resource", Text),
+    # What the producer labelled the job with (enqueue's tags= and meta=): shown by
+    # every surface, searched by the operator's lists. A few short names, and a small
+    # JSON object, NULL when none was given so that a plain job's row stays narrow.
+    # The search by tag reads job_tags, which holds the same tags one row each.
+    Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("meta", JSONB),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -216,6 +228,19 @@ jobs = Table(
     # one and then be refused the other, and neither can be given back in the statement
     # that took it.
     CheckConstraint("key IS NULL OR resource IS NULL", name="jobs_key_or_resource"),
+    # The comma-joined list against the pattern (a CHECK takes no subquery to test
+    # each element): no NULL element, which array_to_string would skip, one dimension.
+    CheckConstraint(
+        f"cardinality(tags) = 0 OR (cardinality(tags) <= {MAX_TAGS} AND array_ndims(tags) = 1"
+        " AND array_position(tags, NULL) IS NULL"
+        f" AND array_to_string(tags, ',') ~ '{TAGS_PATTERN}')",
+        name="jobs_tags_valid",
+    ),
+    CheckConstraint(
+        "meta IS NULL OR (jsonb_typeof(meta) = 'object'"
+        f" AND pg_column_size(meta) <= {MAX_META_STORED_BYTES})",
+        name="jobs_meta_valid",
+    ),
 )
 
 # The numbers of ordered jobs, in the commit order of their enqueues per key.
@@ -501,6 +526,30 @@ Index(
     job_dependencies.c.child_id,
     postgresql_where=text("done AND NOT counted"),
 )
+
+# A job's tags, one row each, for the search by tag (jobs.tags holds the same list,
+# for showing it): "the newest jobs with tag X" is a walk of the primary key
+# backwards from (X, the page's start), bounded by the page however common or rare
+# the tag, where a GIN index on jobs.tags would hand over every job with the tag
+# unordered. Written by the statement that inserts the job (none for a job without
+# tags); deleted with it.
+job_tags = Table(
+    "job_tags",
+    metadata,
+    Column("tag", Text, nullable=False),
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_tags_job_id_fkey"),
+        nullable=False,
+    ),
+    PrimaryKeyConstraint("tag", "job_id", name="job_tags_pkey"),
+)
+# The cascade when retention deletes a job. A hash index, which has no order: one on
+# job_id in order would offer the search a walk of every job newest first, filtered
+# on the tag, which the planner takes for a common tag and which for a rare one
+# reads the whole table.
+Index("job_tags_job_id_idx", job_tags.c.job_id, postgresql_using="hash")
 
 # ------------------------------------------------------------------ operator state
 
@@ -797,6 +846,10 @@ schedules = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     # A definition's changes only; firing moves next_fire_at and last_fire_at alone.
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # The tags and meta of each occurrence's job (checked as a job's when the
+    # schedule is written; the job's own CHECKs hold at every fire).
+    Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("meta", JSONB),
     CheckConstraint(
         f"char_length(name) BETWEEN 1 AND {MAX_SCHEDULE_NAME_LENGTH}", name="schedules_name_length"
     ),

@@ -11,17 +11,21 @@ PostgreSQL's text cannot hold is refused there.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema.tables import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_JOB_TYPE_LENGTH,
     MAX_KEY_LENGTH,
+    MAX_TAG_LENGTH,
     QUEUE_NAME_PATTERN,
+    TAG_PATTERN,
 )
 
 MAX_QUEUE_NAME_LENGTH = defaults.MAX_QUEUE_NAME_LENGTH
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+_TAG = re.compile(TAG_PATTERN)
 # What a JSON schema (the HTTP API's document) can say of text(): no control
 # character (C0, DEL, C1), at least one character.
 NO_CONTROLS_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
@@ -55,6 +59,14 @@ def text(name: str, value: object, max_length: int, *, controls: bool = False) -
 
 
 def job_type(value: object) -> str:
+    return _job_type(value) if type(value) is str else text("job_type", value, 0)
+
+
+# A batch names the same few job types, queues and tenants thousands of times: each
+# is checked once. Only a str is remembered (hashable, and what passes); a refused
+# one raises every time, and lru_cache keeps no exception.
+@lru_cache(maxsize=4096)
+def _job_type(value: str) -> str:
     return text("job_type", value, MAX_JOB_TYPE_LENGTH)
 
 
@@ -69,11 +81,21 @@ def _alphabet(name: str, value: object) -> str:
 
 
 def queue(value: object) -> str:
-    return _alphabet("queue", value)
+    return _queue(value) if type(value) is str else _alphabet("queue", value)
 
 
 def tenant(value: object) -> str:
     """Tenant names follow queue names: they become metric labels and log fields."""
+    return _tenant(value) if type(value) is str else _alphabet("tenant", value)
+
+
+@lru_cache(maxsize=4096)
+def _queue(value: str) -> str:
+    return _alphabet("queue", value)
+
+
+@lru_cache(maxsize=4096)
+def _tenant(value: str) -> str:
     return _alphabet("tenant", value)
 
 
@@ -95,3 +117,15 @@ def key(value: object) -> str:
 
 def resource(value: object) -> str:
     return text("resource", value, MAX_KEY_LENGTH, controls=True)
+
+
+def tag(value: object) -> str:
+    """A tag: it goes in URLs and command lines and is matched whole by the search,
+    so a short name without spaces or commas."""
+    found = text("tag", value, MAX_TAG_LENGTH)
+    if not _TAG.fullmatch(found):
+        raise ValueError(
+            f"tag {found!r} must be 1-{MAX_TAG_LENGTH} characters of letters, digits and"
+            " _ . : / = - and start with a letter or digit"
+        )
+    return found

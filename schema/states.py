@@ -41,7 +41,8 @@ REPLAYABLE = frozenset({JobState.FAILED, JobState.CANCELLED})
 class DelayReason(StrEnum):
     """``jobs.delay_reason``: why a consumer last turned a due job down
     (``JOB_CLAIM_MANY``); the claim that takes it clears it. DEPENDENCY alone is
-    written at enqueue, for a job held until its parents are done."""
+    written at enqueue, for a job held until its parents are done, and SNOOZED by the
+    outcome of an attempt whose handler raised ``Snooze``."""
 
     QUEUE_PAUSED = "QUEUE_PAUSED"
     NO_HANDLER = "NO_HANDLER"  # no handler for its type in the consumer it met
@@ -57,6 +58,7 @@ class DelayReason(StrEnum):
     NO_AUTHORIZED_RUNNER = "NO_AUTHORIZED_RUNNER"
     RESOURCE_BUSY = "RESOURCE_BUSY"  # another job's lease held its resource
     RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"  # its resource's holder vanished: unresolved
+    SNOOZED = "SNOOZED"  # its handler said "not yet": it waits for run_after, attempt refunded
 
 
 class HeldReason(StrEnum):
@@ -98,6 +100,12 @@ WAITS: Final[tuple[Wait, ...]] = (
         "the end of its last parent (trigger `jobs_release_dependants`): due, woken;"
         " a parent FAILED or CANCELLED under `on_parent_failure='cancel'`:"
         " QUEUED → CANCELLED, `PARENT_FAILED`",
+    ),
+    Wait(
+        DelayReason.SNOOZED,
+        "`delay_reason`, since `delay_since`; not due until `run_after`, its wake-up due then",
+        "`JOB_FINISH_MANY`, for an attempt whose handler raised `Snooze` (attempt refunded)",
+        "`run_after` passing: its wake-up brings a claim, which clears it",
     ),
     Wait(
         DelayReason.RESOURCE_BUSY,
@@ -196,6 +204,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {(_NEW, _QUEUED): "enqueued, with its wake-up, in the producer's or scheduler's commit"},
     ),
     Operation(
+        "JOB_INSERT_PLAIN_MANY",
+        ("outbox.enqueue:enqueue_many", "relay.schedules:_enqueue"),
+        {(_NEW, _QUEUED): "a batch with no tags and no after= enqueued, by the shorter insert"},
+    ),
+    Operation(
         "JOB_DEBOUNCE_MANY",
         ("outbox.enqueue:enqueue_many",),
         {(_NEW, _QUEUED): "a debounced enqueue whose key no unstarted job holds"},
@@ -234,11 +247,13 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {
             (_RUNNING, _SUCCEEDED): "the holder's handler returned",
             (_RUNNING, _RETRY_WAIT): "the holder's attempt failed with attempts left",
+            (_RUNNING, _QUEUED): "the handler raised Snooze: due later, the attempt refunded",
             (_RUNNING, _FAILED): "Permanent, or a failed last attempt",
             (_RUNNING, _CANCELLED): "the handler raised Cancel",
             (_CANCEL_REQUESTED, _SUCCEEDED): "the handler finished anyway",
             (_CANCEL_REQUESTED, _FAILED): "the handler raised Permanent",
-            (_CANCEL_REQUESTED, _CANCELLED): "the handler stopped: Cancel, or any retryable error",
+            (_CANCEL_REQUESTED, _CANCELLED): "the handler stopped: Cancel, Snooze, or any "
+            "retryable error",
         },
     ),
     Operation(
@@ -251,6 +266,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
             (_RUNNING, _SUCCEEDED): "a plain lease's (no key, no resource) handler returned, "
             "recorded by the shorter outcome",
             (_RUNNING, _RETRY_WAIT): "a plain lease's attempt failed with attempts left",
+            (_RUNNING, _QUEUED): "a plain lease's handler raised Snooze",
             (_RUNNING, _FAILED): "a plain lease's Permanent, or its failed last attempt",
             (_RUNNING, _CANCELLED): "a plain lease's handler raised Cancel",
             (_CANCEL_REQUESTED, _SUCCEEDED): "a plain lease's handler finished anyway",
@@ -297,7 +313,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {
             (_QUEUED, _CANCELLED): "a cancel request: nobody holds it, its wake-ups go",
             (_RETRY_WAIT, _CANCELLED): "a cancel request while it waits for a retry",
-            (_RUNNING, _CANCEL_REQUESTED): "a cancel request: its worker sees it at a heartbeat",
+            (_RUNNING, _CANCEL_REQUESTED): "a cancel request: its worker sees it at a heartbeat"
+            " (forced: and interrupts the handler)",
         },
     ),
     Operation(

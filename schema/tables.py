@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         job_effects,
         job_replays,
         job_requests,
+        job_tags,
         jobs,
         jobs_key_seq,
         key_usage,
@@ -106,6 +107,20 @@ RATE_LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}(:\*)?$"
 # The recurring schedules' names, and what schedule_fires records of each occurrence.
 MAX_SCHEDULE_NAME_LENGTH = defaults.MAX_SCHEDULE_NAME_LENGTH
 CATCHUP_MODES_SQL = "'all', 'latest', 'skip'"
+
+# A job's tags: a few short names (in URLs, on the command line and as chips on the
+# dashboard), so a conservative alphabet without commas or spaces; the CHECK on
+# jobs.tags matches the comma-joined list against TAGS_PATTERN.
+MAX_TAGS = defaults.MAX_TAGS
+MAX_TAG_LENGTH = defaults.MAX_TAG_LENGTH
+_TAG = rf"[A-Za-z0-9][A-Za-z0-9_.:/=-]{{0,{defaults.MAX_TAG_LENGTH - 1}}}"
+TAG_PATTERN = rf"^{_TAG}$"
+TAGS_PATTERN = rf"^{_TAG}(,{_TAG})*$"
+# The CHECK's bound on jobs.meta as stored (pg_column_size of the jsonb): a backstop
+# for rows written by hand. The producer bounds the compact JSON text at
+# MAX_META_BYTES, which stores in at most about six times that (an array of zeros),
+# so nothing the producer accepts meets this one.
+MAX_META_STORED_BYTES = 16 * defaults.MAX_META_BYTES
 FIRE_OUTCOMES_SQL = "'enqueued', 'skipped'"
 
 __all__ = [
@@ -123,7 +138,10 @@ __all__ = [
     "MAX_DEDUP_KEY_LENGTH",
     "MAX_JOB_TYPE_LENGTH",
     "MAX_KEY_LENGTH",
+    "MAX_META_STORED_BYTES",
     "MAX_SCHEDULE_NAME_LENGTH",
+    "MAX_TAGS",
+    "MAX_TAG_LENGTH",
     "NOW",
     "NO_TENANT",
     "OUTBOX_CHANNEL",
@@ -131,6 +149,8 @@ __all__ = [
     "RATE_LIMIT_NAME_PATTERN",
     "REPLAYABLE_SQL",
     "RESOURCE_REFUSALS_SQL",
+    "TAGS_PATTERN",
+    "TAG_PATTERN",
     "TERMINAL_SQL",
     "dashboard_sessions",
     "fair_shares",
@@ -139,6 +159,7 @@ __all__ = [
     "job_effects",
     "job_replays",
     "job_requests",
+    "job_tags",
     "jobs",
     "jobs_key_seq",
     "key_usage",

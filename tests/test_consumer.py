@@ -526,7 +526,7 @@ async def test_stale_completion_is_rejected_by_the_fence(
         (claim_b,) = (await b.claim([job_id], terms.claim_terms(), **claim)).claimed
         assert (claim_a.generation, claim_b.generation) == (1, 2)
 
-        assert await a.heartbeat([(job_id, 1)]) == {job_id: None}
+        assert await a.heartbeat([(job_id, 1)]) == {job_id: (None, False)}
         late = await a.finish([(job_id, 1, Outcome.succeeded())])
         assert (late.applied, late.locked, late.stale) == ({}, set(), {job_id})
         resources = Resources(

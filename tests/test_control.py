@@ -425,7 +425,7 @@ async def test_explain_running_capped_backing_off_and_cancel_requested_jobs(
         why = explain(engine, holder)
         assert (why.state, why.codes) == ("CANCEL_REQUESTED", ["CANCEL_REQUESTED"]), why
         requested = job(pg, holder)["cancel_requested_at"]
-        assert why.blockers[0].facts == {"requested_at": requested}
+        assert why.blockers[0].facts == {"requested_at": requested, "forced": False}
         assert why.lease is not None and "asked to stop" in why.summary
         let_go.set()
         await wait_for_state(pg, holder, "CANCELLED")

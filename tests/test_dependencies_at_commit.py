@@ -48,7 +48,7 @@ def test_a_long_producer_transaction_leaves_a_running_parents_lease_alone(
         beat = pg.execute(
             q.JOB_HEARTBEAT_MANY, {"jobs": fence, "worker": "w1", "lease_seconds": 60}
         ).fetchall()
-        assert beat == [(parent, "RUNNING")], "the heartbeat waited for the producer"
+        assert beat == [(parent, "RUNNING", False)], "the heartbeat waited for the producer"
         outcome = Outcome.succeeded() if ends == "succeeded" else Outcome.failed("E", "m")
         ended = pg.execute(
             q.JOB_FINISH_MANY, finish_params("w1", [(parent, generation, outcome)])

@@ -2,7 +2,7 @@
 
 Hypothesis drives every transition statement of schema/queries/ but retention
 (enqueue, claim, heartbeat, complete, the completion of job.transaction(), fail,
-retry, cancel, give-back, sweep, cancel request, the relay's wake-up, an operator's
+retry, snooze, cancel, give-back, sweep, cancel request, the relay's wake-up, an operator's
 replay) in arbitrary orders, by several workers holding current and stale fencing
 tokens, with leases expiring at will; and it races pairs of them on separate
 connections: one statement holds its row locks in an open transaction while the
@@ -342,7 +342,8 @@ class JobMachine(RuleBasedStateMachine):
         the wake-up sent for it, which then no longer counts as untaken)."""
         self.conn.execute(
             "UPDATE jobs SET run_after = now() - interval '1 millisecond'"
-            " WHERE job_id = %s AND state = 'RETRY_WAIT' AND run_after > now()",
+            " WHERE job_id = %s AND run_after > now()"
+            " AND (state = 'RETRY_WAIT' OR (state = 'QUEUED' AND delay_reason = 'SNOOZED'))",
             [job_id],
         )
         self.conn.execute(
@@ -430,6 +431,12 @@ class JobMachine(RuleBasedStateMachine):
         self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "retry", delay))
 
     @precondition(lambda self: self.handles)
+    @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
+    def snooze(self, data: st.DataObject, delay: float) -> None:
+        """Not yet: back to waiting, the attempt refunded."""
+        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "snoozed", delay))
+
+    @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def fail_permanently(self, data: st.DataObject) -> None:
         self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "failed"))
@@ -463,7 +470,8 @@ class JobMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def request_cancel(self, data: st.DataObject) -> None:
-        self.step(Step(q.JOB_REQUEST_CANCEL, {"job_id": data.draw(st.sampled_from(self.jobs))}))
+        job_id, force = data.draw(st.sampled_from(self.jobs)), data.draw(st.booleans())
+        self.step(Step(q.JOB_REQUEST_CANCEL, {"job_id": job_id, "force": force}))
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
@@ -575,7 +583,7 @@ class JobMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         sweeper_first=st.booleans(),
-        kind=st.sampled_from(["succeeded", "retry", "failed", "cancelled", "in_tx"]),
+        kind=st.sampled_from(["succeeded", "retry", "snoozed", "failed", "cancelled", "in_tx"]),
     )
     def race_the_sweeper_and_an_outcome(
         self, data: st.DataObject, sweeper_first: bool, kind: str
@@ -605,13 +613,15 @@ class JobMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         cancel_first=st.booleans(),
-        kind=st.sampled_from(["succeeded", "retry", "failed"]),
+        kind=st.sampled_from(["succeeded", "retry", "snoozed", "failed"]),
     )
     def race_a_cancel_request_and_an_outcome(
         self, data: st.DataObject, cancel_first: bool, kind: str
     ) -> None:
         h = data.draw(st.sampled_from(self.handles))
-        pair = (Step(q.JOB_REQUEST_CANCEL, {"job_id": h.job_id}), self.finish_step(h, kind))
+        force = data.draw(st.booleans())
+        cancel = Step(q.JOB_REQUEST_CANCEL, {"job_id": h.job_id, "force": force})
+        pair = (cancel, self.finish_step(h, kind))
         self.race(*(pair if cancel_first else pair[::-1]))
 
     @precondition(lambda self: self.jobs)
@@ -725,7 +735,7 @@ def test_the_state_machine_holds_under_arbitrary_interleavings_and_races(
     )
 
 
-@pytest.mark.parametrize("way_back", ["retry", "give_back", "lease_expired", "replay"])
+@pytest.mark.parametrize("way_back", ["retry", "snooze", "give_back", "lease_expired", "replay"])
 def test_each_way_back_to_waiting_sends_a_new_wakeup(db_url: DatabaseUrl, way_back: str) -> None:
     """The liveness invariant on the path random runs reach only some of the time:
     the job's first wake-up was sent and taken up, so only a new one can wake it."""
@@ -738,6 +748,8 @@ def test_each_way_back_to_waiting_sends_a_new_wakeup(db_url: DatabaseUrl, way_ba
         h = Handle(job_id, "w1", 1)
         if way_back == "retry":
             m.step(m.finish_step(h, "retry"))
+        elif way_back == "snooze":
+            m.step(m.finish_step(h, "snoozed"))
         elif way_back == "give_back":
             fence = json.dumps([{"job_id": str(job_id), "generation": 1}])
             m.step(Step(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": "w1"}, h))

@@ -33,13 +33,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text)
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
          key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since)
+         delay_since, tags, meta)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -53,11 +54,15 @@ WITH input AS (
            resource,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
-           CASE WHEN parents_pending > 0 THEN now() END
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{}'), meta
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
-              j.parents_pending
+              j.parents_pending, j.tags
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, n.job_id FROM inserted AS n CROSS JOIN LATERAL unnest(n.tags) AS t(tag)
 ), edges AS (
     -- only for jobs inserted: a dedup_key taken already means no new job to wait
     -- an edge to a parent that ended already is settled and counted here
@@ -68,6 +73,56 @@ WITH input AS (
     JOIN inserted AS n ON n.job_id = i.job_id
     CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
         AS e(parent_id uuid, position integer, done boolean)
+), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL AND parents_pending = 0
+)
+SELECT job_id FROM inserted;
+
+-- name: JOB_INSERT_PLAIN_MANY
+-- Run by outbox.enqueue:enqueue_many (through outbox.enqueue:insert_jobs),
+-- relay.schedules:_enqueue.
+-- Makes (new) -> QUEUED: a batch with no tags and no after= enqueued, by the shorter
+-- insert.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, run_after timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb)
+), inserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since, tags, meta)
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{}'), meta
+    FROM input
+    ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending, j.tags
 ), woken AS (
     -- one that waits for approval gets its wake-up from outbox.approve, one that
     -- waits for parents from the end of the last (jobs_release_dependants)
@@ -124,25 +179,37 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision, trace_context jsonb)
+        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit, trace_context)
+         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
-           trace_context
+           trace_context, COALESCE(tags, '{}'), meta
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
     DO UPDATE
     SET payload = EXCLUDED.payload,
         run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        tags = EXCLUDED.tags,
+        meta = EXCLUDED.meta,
         updated_at = now()
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,
+              j.tags
+), untagged AS (
+    -- a replaced job's tags are the latest enqueue's: the ones it no longer has go,
+    -- the new ones come (the two touch different rows)
+    DELETE FROM job_tags AS t USING upserted AS u
+    WHERE t.job_id = u.job_id AND t.tag <> ALL(u.tags)
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, u.job_id FROM upserted AS u CROSS JOIN LATERAL unnest(u.tags) AS t(tag)
+    ON CONFLICT DO NOTHING
 ), unwoken AS (
     DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
 ), woken AS (
@@ -164,18 +231,25 @@ JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key;
 -- Run by outbox.cancel:request_cancel.
 -- Makes QUEUED -> CANCELLED: a cancel request: nobody holds it, its wake-ups go.
 -- Makes RETRY_WAIT -> CANCELLED: a cancel request while it waits for a retry.
--- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a
--- heartbeat.
--- Parameters: job_id.
+-- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a heartbeat
+-- (forced: and interrupts the handler).
+-- Parameters: force, job_id.
 WITH cancelled AS (
     UPDATE jobs
-    SET state = CASE state WHEN 'RUNNING' THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
-        finished_at = CASE state WHEN 'RUNNING' THEN finished_at ELSE statement_timestamp() END,
-        cancel_requested_at = now(),
+    SET state = CASE WHEN state IN ('CANCEL_REQUESTED', 'RUNNING') THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
+        finished_at = CASE WHEN state IN ('CANCEL_REQUESTED', 'RUNNING') THEN finished_at
+                           ELSE statement_timestamp() END,
+        -- a request made forced keeps the time of the first (the cancel's latency)
+        cancel_requested_at = CASE state WHEN 'CANCEL_REQUESTED' THEN cancel_requested_at
+                                         ELSE now() END,
+        cancel_forced_at = CASE WHEN %(force)s AND state IN ('CANCEL_REQUESTED', 'RUNNING') THEN now() END,
         delay_reason = NULL,
         delay_since = NULL,
         updated_at = now()
-    WHERE job_id = %(job_id)s AND state IN ('QUEUED', 'RETRY_WAIT', 'RUNNING')
+    -- a second request changes nothing, unless it adds the force the first lacked
+    WHERE job_id = %(job_id)s
+      AND (state IN ('QUEUED', 'RETRY_WAIT', 'RUNNING')
+           OR (state = 'CANCEL_REQUESTED' AND %(force)s AND cancel_forced_at IS NULL))
     RETURNING job_id, state
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
@@ -816,10 +890,11 @@ WITH h AS (
     SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
     FROM held
     WHERE j.job_id = held.job_id
-    RETURNING j.job_id, j.state
+    RETURNING j.job_id, j.state, j.cancel_forced_at IS NOT NULL AS forced
 )
 SELECT h.job_id,
-       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END)
+       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END),
+       COALESCE(r.forced AND r.state = 'CANCEL_REQUESTED', false)
 FROM h
 LEFT JOIN renewed AS r ON r.job_id = h.job_id
 LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
@@ -829,12 +904,13 @@ LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id 
 -- consumers.testing:JobRunner._record (through consumers.store:JobStore.finish).
 -- Makes RUNNING -> SUCCEEDED: the holder's handler returned.
 -- Makes RUNNING -> RETRY_WAIT: the holder's attempt failed with attempts left.
+-- Makes RUNNING -> QUEUED: the handler raised Snooze: due later, the attempt refunded.
 -- Makes RUNNING -> FAILED: Permanent, or a failed last attempt.
 -- Makes RUNNING -> CANCELLED: the handler raised Cancel.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: the handler finished anyway.
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
--- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, or any retryable
--- error.
+-- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, Snooze, or any
+-- retryable error.
 -- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
 -- resource_wake_next.
 -- Parameters: outcomes, worker.
@@ -853,6 +929,7 @@ WITH h AS (
                WHEN h.kind = 'cancelled' THEN 'CANCELLED'
                WHEN h.kind = 'failed' THEN 'FAILED'
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN h.kind = 'snoozed' THEN 'QUEUED'
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
@@ -862,20 +939,30 @@ WITH h AS (
 ), finished AS (
     UPDATE jobs AS j
     SET state = d.state,
-        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+        -- a snooze gives back the attempt its claim counted, as a give-back does
+        attempt_count = CASE WHEN d.state = 'QUEUED' THEN j.attempt_count - 1
+                             ELSE j.attempt_count END,
+        run_after = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT')
                          THEN now() + make_interval(secs => d.delay_seconds)
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
-        last_error_code = COALESCE(d.error_code, j.last_error_code),
-        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
-                                  ELSE d.error_message END,
+        -- a snooze is no error: the job's last error stays (its history row says it)
+        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+                               ELSE COALESCE(d.error_code, j.last_error_code) END,
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+                                  THEN j.last_error_message ELSE d.error_message END,
+        -- why it waits, for explain, until a claim takes it or turns it down
+        delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
+                            ELSE j.delay_reason END,
+        delay_since = CASE WHEN d.state = 'QUEUED' THEN now() ELSE j.delay_since END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
         progress = COALESCE(d.progress, j.progress),
         progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
                            ELSE statement_timestamp() END,
-        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT') THEN NULL
+                           ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
     WHERE j.job_id = d.job_id
@@ -1023,6 +1110,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes RUNNING -> SUCCEEDED: a plain lease's (no key, no resource) handler returned,
 -- recorded by the shorter outcome.
 -- Makes RUNNING -> RETRY_WAIT: a plain lease's attempt failed with attempts left.
+-- Makes RUNNING -> QUEUED: a plain lease's handler raised Snooze.
 -- Makes RUNNING -> FAILED: a plain lease's Permanent, or its failed last attempt.
 -- Makes RUNNING -> CANCELLED: a plain lease's handler raised Cancel.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: a plain lease's handler finished anyway.
@@ -1045,6 +1133,7 @@ WITH h AS (
                WHEN h.kind = 'cancelled' THEN 'CANCELLED'
                WHEN h.kind = 'failed' THEN 'FAILED'
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN h.kind = 'snoozed' THEN 'QUEUED'
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
@@ -1055,20 +1144,30 @@ WITH h AS (
 ), finished AS (
     UPDATE jobs AS j
     SET state = d.state,
-        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+        -- a snooze gives back the attempt its claim counted, as a give-back does
+        attempt_count = CASE WHEN d.state = 'QUEUED' THEN j.attempt_count - 1
+                             ELSE j.attempt_count END,
+        run_after = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT')
                          THEN now() + make_interval(secs => d.delay_seconds)
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
-        last_error_code = COALESCE(d.error_code, j.last_error_code),
-        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
-                                  ELSE d.error_message END,
+        -- a snooze is no error: the job's last error stays (its history row says it)
+        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+                               ELSE COALESCE(d.error_code, j.last_error_code) END,
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+                                  THEN j.last_error_message ELSE d.error_message END,
+        -- why it waits, for explain, until a claim takes it or turns it down
+        delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
+                            ELSE j.delay_reason END,
+        delay_since = CASE WHEN d.state = 'QUEUED' THEN now() ELSE j.delay_since END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
         progress = COALESCE(d.progress, j.progress),
         progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
                            ELSE statement_timestamp() END,
-        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT') THEN NULL
+                           ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
     WHERE j.job_id = d.job_id
@@ -1130,6 +1229,7 @@ WITH h AS (
                WHEN h.kind = 'cancelled' THEN 'CANCELLED'
                WHEN h.kind = 'failed' THEN 'FAILED'
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN h.kind = 'snoozed' THEN 'QUEUED'
                WHEN j.attempt_count >= COALESCE(j.max_attempts, 5) THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
@@ -1139,20 +1239,30 @@ WITH h AS (
 ), finished AS (
     UPDATE jobs AS j
     SET state = d.state,
-        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+        -- a snooze gives back the attempt its claim counted, as a give-back does
+        attempt_count = CASE WHEN d.state = 'QUEUED' THEN j.attempt_count - 1
+                             ELSE j.attempt_count END,
+        run_after = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT')
                          THEN now() + make_interval(secs => d.delay_seconds)
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
-        last_error_code = COALESCE(d.error_code, j.last_error_code),
-        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
-                                  ELSE d.error_message END,
+        -- a snooze is no error: the job's last error stays (its history row says it)
+        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+                               ELSE COALESCE(d.error_code, j.last_error_code) END,
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+                                  THEN j.last_error_message ELSE d.error_message END,
+        -- why it waits, for explain, until a claim takes it or turns it down
+        delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
+                            ELSE j.delay_reason END,
+        delay_since = CASE WHEN d.state = 'QUEUED' THEN now() ELSE j.delay_since END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
         progress = COALESCE(d.progress, j.progress),
         progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
                            ELSE statement_timestamp() END,
-        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state IN ('QUEUED', 'RETRY_WAIT') THEN NULL
+                           ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
     WHERE j.job_id = d.job_id
@@ -1302,6 +1412,15 @@ SELECT a.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation
 WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED';
+
+-- name: JOB_SNOOZES
+-- Run by outbox.explain:explain(_async) to count the times a job was snoozed, for
+-- outbox.explain.
+-- Parameters: job_id, limit.
+SELECT count(*)::int
+FROM (SELECT 1 FROM job_attempts
+      WHERE job_id = %(job_id)s AND outcome = 'QUEUED' AND error_code = 'SNOOZED'
+      LIMIT %(limit)s) AS s;
 
 -- name: JOB_GIVE_BACK_MANY
 -- Run by consumers.worker:Consumer._give_back (through
@@ -2409,17 +2528,20 @@ SELECT statement_timestamp();
 
 -- name: SCHEDULE_UPSERT
 -- Run by outbox.schedules:schedule(_async) to create or update a schedule by name.
--- Parameters: catchup, cron, every_seconds, job_type, max_attempts, name, next_fire_at,
--- payload, priority, queue, tenant, timezone.
+-- Parameters: catchup, cron, every_seconds, job_type, max_attempts, meta, name,
+-- next_fire_at, payload, priority, queue, tags, tenant, timezone.
 INSERT INTO schedules AS s
     (name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
-     max_attempts, catchup, next_fire_at)
+     max_attempts, catchup, next_fire_at, tags, meta)
 VALUES
     (%(name)s, %(job_type)s, %(payload)s::jsonb, %(cron)s, %(every_seconds)s, %(timezone)s,
-     %(queue)s, %(tenant)s, %(priority)s, %(max_attempts)s, %(catchup)s, %(next_fire_at)s)
+     %(queue)s, %(tenant)s, %(priority)s, %(max_attempts)s, %(catchup)s, %(next_fire_at)s,
+     %(tags)s::text[], %(meta)s::jsonb)
 ON CONFLICT (name) DO UPDATE
 SET job_type = EXCLUDED.job_type,
     payload = EXCLUDED.payload,
+    tags = EXCLUDED.tags,
+    meta = EXCLUDED.meta,
     cron = EXCLUDED.cron,
     every_seconds = EXCLUDED.every_seconds,
     timezone = EXCLUDED.timezone,
@@ -2473,7 +2595,7 @@ RETURNING next_fire_at;
 -- Run by relay.schedules:fire_due to lock the due schedules this relay fires.
 -- Parameters: failed, limit.
 SELECT name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
-       max_attempts, catchup, next_fire_at, now() AS db_now
+       max_attempts, catchup, next_fire_at, now() AS db_now, tags, meta
 FROM schedules
 WHERE NOT paused AND next_fire_at <= now() AND (retry_at IS NULL OR retry_at <= now())
   AND name <> ALL(%(failed)s::text[])
@@ -2552,7 +2674,7 @@ WHERE f.schedule_name = s.name AND f.scheduled_for = old.scheduled_for;
 -- Run by outbox.schedules:trigger_schedule(_async) to read a schedule's job template,
 -- for a manual trigger.
 -- Parameters: name.
-SELECT job_type, payload, queue, tenant, priority, max_attempts
+SELECT job_type, payload, queue, tenant, priority, max_attempts, tags, meta
 FROM schedules
 WHERE name = %(name)s;
 
@@ -2596,6 +2718,7 @@ WITH RECURSIVE target AS (
         delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        cancel_forced_at = NULL,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -2674,6 +2797,7 @@ WITH RECURSIVE found AS (
         delay_reason = CASE WHEN j.parents_pending > 0 THEN 'DEPENDENCY' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        cancel_forced_at = NULL,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -2740,6 +2864,48 @@ SELECT state FROM rejected;
 -- Parameters: job_id.
 SELECT state, approval, approval_by, approval_at FROM jobs WHERE job_id = %(job_id)s;
 
+-- name: JOB_EDIT
+-- Run by outbox.edit:update_job(_async) to edit a job that has not started; a new start
+-- or priority moves its wake-up.
+-- Parameters: delay_seconds, job_id, max_attempts, payload, priority, run_after.
+WITH given AS (
+    SELECT COALESCE(%(run_after)s::timestamptz,
+                    now() + make_interval(secs => %(delay_seconds)s::double precision))
+           AS run_after
+), edited AS (
+    UPDATE jobs AS j
+    SET payload = COALESCE(%(payload)s::jsonb, j.payload),
+        priority = COALESCE(%(priority)s::smallint, j.priority),
+        max_attempts = COALESCE(%(max_attempts)s::integer, j.max_attempts),
+        run_after = COALESCE(g.run_after, j.run_after),
+        updated_at = now()
+    FROM given AS g
+    WHERE j.job_id = %(job_id)s AND j.state IN ('QUEUED', 'RETRY_WAIT')
+      AND (g.run_after IS NULL
+           OR (j.approval IS DISTINCT FROM 'REQUIRED' AND j.parents_pending = 0
+               AND (j.expires_at IS NULL OR g.run_after < j.expires_at)))
+      AND (%(max_attempts)s::integer IS NULL OR j.attempt_count < %(max_attempts)s::integer)
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
+              g.run_after IS NOT NULL AS moved
+), unwoken AS (
+    DELETE FROM outbox AS o USING edited AS e WHERE o.job_id = e.job_id AND e.moved
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM edited WHERE moved
+), reordered AS (
+    UPDATE outbox AS o SET priority = e.priority
+    FROM edited AS e
+    WHERE o.job_id = e.job_id AND NOT e.moved AND o.sent_at IS NULL
+      AND o.priority <> e.priority
+)
+SELECT job_id, run_after FROM edited;
+
+-- name: JOB_EDIT_REFUSAL
+-- Run by outbox.edit:update_job(_async) to read why an edit changed nothing.
+-- Parameters: job_id.
+SELECT state, approval, parents_pending, attempt_count, expires_at FROM jobs
+WHERE job_id = %(job_id)s;
+
 -- name: QUEUE_PAUSE
 -- Run by outbox.queues:pause_queue(_async) to pause a queue.
 -- Parameters: by, queue.
@@ -2793,7 +2959,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
-       j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       j.progress_at, j.cancel_requested_at, j.cancel_forced_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
        j.on_parent_failure,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,

@@ -22,7 +22,10 @@ from hybrid_jobs.schema.tables import (
     MAX_JOB_TYPE_LENGTH,
     MAX_KEY_LENGTH,
     MAX_SCHEDULE_NAME_LENGTH,
+    MAX_TAG_LENGTH,
+    MAX_TAGS,
     QUEUE_NAME_PATTERN,
+    TAG_PATTERN,
 )
 
 
@@ -78,6 +81,9 @@ ScheduleName = Annotated[
     str,
     Field(min_length=1, max_length=MAX_SCHEDULE_NAME_LENGTH, pattern=names.NO_CONTROLS_PATTERN),
     AfterValidator(_name),
+]
+Tag = Annotated[
+    str, Field(pattern=TAG_PATTERN, max_length=MAX_TAG_LENGTH, examples=["customer:42"])
 ]
 Limit = Annotated[int, Field(ge=0, le=2**31 - 1)]
 # A span as a JSON number of seconds (outbox takes a timedelta), under ten years as
@@ -156,6 +162,23 @@ class EnqueueBody(BaseModel):
     """An exclusive target the job acts on ("deploy:prod"): at most one job with it
     holds a lease at once; a lease that expires leaves it UNCERTAIN until resolved
     (jobctl resources resolve). Takes no key."""
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    """Labels to find the job by (GET /v1/jobs?tag=...): at most 16, each 1-64
+    letters, digits and _ . : / = -, starting with a letter or digit."""
+    meta: dict[str, Any] | None = None
+    """A small JSON object shown with the job and searchable by key and value
+    (GET /v1/jobs?meta.customer=42): at most 4096 bytes as JSON."""
+
+
+class CancelBody(BaseModel):
+    """How to cancel a job (optional)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    force: bool = False
+    """Do not leave a running job to its handler: at its worker's next heartbeat an
+    async handler is interrupted, and the job ends CANCELLED whatever the handler does
+    next. A job whose cancel was requested already is made forced."""
 
 
 class RejectBody(BaseModel):
@@ -167,6 +190,31 @@ class RejectBody(BaseModel):
         None
     )
     """Kept as the job's last_error_message (default: "rejected")."""
+
+
+class EditBody(BaseModel):
+    """What to change of a job that has not started yet: only the fields present
+    change (at least one). Every value is absolute, so repeating the request is
+    harmless: it sets the same values, or is refused (409) once the job has started."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    payload: Annotated[Any, AfterValidator(_payload)] = None
+    """Its new payload, checked as at enqueue; null stores JSON null."""
+    priority: int = Field(default=0, ge=-32768, le=32767)
+    """Higher runs first; its wake-up moves up or down the queue with it."""
+    run_after: Annotated[AwareDatetime, AfterValidator(_instant)] = EARLIEST
+    """Not before this instant (with its UTC offset): its wake-up is due then.
+    Refused (409) for a job that waits for approval or for its parents, and (422) at
+    or past its deadline (expires)."""
+    max_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS_LIMIT)
+    """The whole attempt budget, counting the attempts made: it must leave one."""
+
+    @model_validator(mode="after")
+    def _something(self) -> EditBody:
+        if not self.model_fields_set:
+            raise ValueError("nothing to edit: give payload, priority, run_after or max_attempts")
+        return self
 
 
 class TenantLimits(BaseModel):

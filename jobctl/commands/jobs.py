@@ -1,4 +1,4 @@
-"""``jobctl jobs``: list, show, cancel, retry, approve and reject jobs."""
+"""``jobctl jobs``: list, show, edit, cancel, retry, approve and reject jobs."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from hybrid_jobs.jobctl.service import (
     JobFilter,
     approve_job,
     cancel_jobs,
+    edit_job,
     get_job,
     jsonable,
     list_jobs,
@@ -55,7 +56,7 @@ TRACEBACK_LINES: Final = 40
 
 @click.group()
 def jobs() -> None:
-    """List, show, cancel, retry, approve and reject jobs."""
+    """List, show, edit, cancel, retry, approve and reject jobs."""
 
 
 @jobs.command("list")
@@ -63,6 +64,19 @@ def jobs() -> None:
 @click.option("--queue", metavar="NAME", help="Only this queue.")
 @click.option("--type", "job_type", metavar="TYPE", help="Only this job type.")
 @click.option("--tenant", metavar="NAME", help="Only this tenant's jobs.")
+@click.option(
+    "--tag",
+    "tags",
+    metavar="TAG",
+    multiple=True,
+    help="Only jobs with this tag (repeat: all of them).",
+)
+@click.option(
+    "--meta",
+    metavar="KEY=VALUE",
+    multiple=True,
+    help="Only jobs whose meta has KEY with this VALUE, compared as text (repeatable).",
+)
 @limit_option(DEFAULT_LIMIT, MAX_LIMIT, "Jobs per page.")
 @click.option("--after", metavar="TOKEN", help="Start after the page that printed this token.")
 @database_option
@@ -72,6 +86,8 @@ def list_(
     queue: str | None,
     job_type: str | None,
     tenant: str | None,
+    tags: tuple[str, ...],
+    meta: tuple[str, ...],
     limit: int,
     after: str | None,
     database_url: str | None,
@@ -81,9 +97,20 @@ def list_(
 
     A page ends with the token for the next one. Filtered lists over finished
     jobs read a bounded number of them per page, so a page may come back short
-    (even empty) with a token to read further back.
+    (even empty) with a token to read further back. A list by tag is in creation
+    order whatever the state, and reads a bounded number of the tag's jobs per page.
     """
-    where = JobFilter(None if state is None else JobState(state), queue, job_type, tenant)
+    pairs = [pair.partition("=") for pair in meta]
+    if any(not sep or not key for key, sep, _ in pairs):
+        raise click.BadParameter("give KEY=VALUE", param_hint="--meta")
+    where = JobFilter(
+        None if state is None else JobState(state),
+        queue,
+        job_type,
+        tenant,
+        tags,
+        {key: value for key, _, value in pairs} or None,
+    )
 
     page = read(database_url, lambda session: list_jobs(session, where, limit=limit, after=after))
     emit(jsonable(page), _page_text(page))
@@ -93,7 +120,18 @@ def _page_text(page: JobPage) -> str:
     rows = [_row(job) for job in page.jobs]
     lines = [
         table(
-            ["ID", "STATE", "QUEUE", "TYPE", "TENANT", "ATTEMPT", "CREATED", "FINISHED", "ERROR"],
+            [
+                "ID",
+                "STATE",
+                "QUEUE",
+                "TYPE",
+                "TENANT",
+                "ATTEMPT",
+                "CREATED",
+                "FINISHED",
+                "ERROR",
+                "TAGS",
+            ],
             rows,
         )
     ]
@@ -119,6 +157,7 @@ def _row(job: JobSummary) -> list[object]:
         when(job.created_at),
         when(job.finished_at),
         error,
+        ",".join(job.tags) or "-",
     ]
 
 
@@ -171,7 +210,11 @@ def _job_text(job: JobView) -> str:
             )
         )
     if job.cancel_requested_at is not None:
-        fields.append(("cancel asked", when(job.cancel_requested_at)))
+        forced = job.cancel_forced_at
+        asked = when(job.cancel_requested_at)
+        if forced is not None and job.state == JobState.CANCEL_REQUESTED:
+            asked += f"; cancel requested (forced) at {when(forced)}"
+        fields.append(("cancel asked", asked))
     if job.last_error is not None:
         error = job.last_error
         # Kept on the row after a success or a replay: then an earlier attempt's.
@@ -200,6 +243,8 @@ def _job_text(job: JobView) -> str:
             + (f", {job.key_order})" if job.key_order else ")"),
         ),
         ("resource", job.resource or "-"),
+        ("tags", ", ".join(job.tags) or "-"),
+        ("meta", "-" if job.meta is None else _compact(job.meta)),
         ("payload", _compact(job.payload, raw="payload" in deep)),
     ]
     if deep:
@@ -235,19 +280,29 @@ def _job_text(job: JobView) -> str:
 
 @jobs.command()
 @click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Do not leave a running job to its handler: at its worker's next heartbeat an "
+    "async handler is interrupted (CancelledError), and the job ends CANCELLED whatever "
+    "the handler does next. Also makes an earlier cancel request forced.",
+)
 @database_option
 @json_option
-def cancel(job_ids: tuple[str, ...], database_url: str | None) -> None:
+def cancel(job_ids: tuple[str, ...], force: bool, database_url: str | None) -> None:
     """Cancel jobs that wait; ask running ones to stop (their handler sees it at its
     next heartbeat). Exits 1 if any job was unknown or had already finished
     otherwise."""
     ids = parse_ids(job_ids)
 
-    results = write(database_url, lambda session: cancel_jobs(session, ids))
+    results = write(database_url, lambda session: cancel_jobs(session, ids, force=force))
     _say_changes(
         results,
-        lambda r: f"{r.state}",
+        lambda r: (
+            f"{r.state}" + (" (forced)" if force and r.state == JobState.CANCEL_REQUESTED else "")
+        ),
         lambda r: f"{r.state} already, not cancelled",
+        forced=force,
     )
 
 
@@ -303,6 +358,97 @@ def reject(job_id: str, reason: str | None, by: str, database_url: str | None) -
 
     result = write(database_url, lambda session: reject_job(session, ident, by=by, reason=reason))
     emit({"job": jsonable(result)}, f"{result.id}: rejected, {result.state}")
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--priority", type=int, metavar="N", help="Its priority: higher runs first.")
+@click.option(
+    "--run-after",
+    metavar="WHEN",
+    help="Not before then: an ISO 8601 time with its offset (2026-01-31T12:00:00Z), a"
+    " span from now (30s, 10m, 2h, 1d), or now.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    metavar="N",
+    help="Its whole attempt budget, counting the attempts made (it must leave one).",
+)
+@click.option(
+    "--payload",
+    metavar="JSON|@FILE",
+    help="Its new payload: JSON text, or @ and a file that holds it.",
+)
+@database_option
+@json_option
+def edit(
+    job_id: str,
+    priority: int | None,
+    run_after: str | None,
+    max_attempts: int | None,
+    payload: str | None,
+    database_url: str | None,
+) -> None:
+    """Change a job that has not started yet (QUEUED, held for approval or for its
+    parents, or RETRY_WAIT): only the options given. A new --run-after or
+    --priority moves its wake-up with it. Exits 1, changing nothing, once the job
+    has started or ended."""
+    (ident,) = parse_ids((job_id,))
+    given: dict[str, Any] = {}
+    if payload is not None:
+        given["payload"] = _payload(payload)
+    if priority is not None:
+        given["priority"] = priority
+    if run_after is not None:
+        given["run_after"] = _start(run_after)
+    if max_attempts is not None:
+        given["max_attempts"] = max_attempts
+    if not given:
+        raise Failure("say what to change: --priority, --run-after, --max-attempts or --payload", 2)
+
+    job = write(database_url, lambda session: edit_job(session, ident, **given))
+    due = "held" if held_for(job) is not None else when(job.run_after)
+    text = f"{job.id}: edited, {job.state}, priority {job.priority}, run after {due}"
+    emit({"job": jsonable(job)}, text)
+
+
+def _payload(value: str) -> Any:
+    """--payload: JSON text, or @FILE for a file holding it."""
+    where = "--payload"
+    if value.startswith("@"):
+        where = f"--payload {value}"
+        try:
+            with open(value[1:], encoding="utf-8") as file:
+                value = file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise Failure(f"{where}: cannot read it ({exc})", 2) from None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise Failure(f"{where}: not JSON ({exc})", 2) from None
+    except RecursionError:
+        raise Failure(f"{where}: nested too deep", 2) from None
+
+
+def _start(value: str) -> datetime | timedelta:
+    """--run-after: now, a span from now (to the database's clock), or an instant."""
+    if value == "now":
+        return timedelta(0)
+    span = _SPAN.fullmatch(value)
+    if span is not None:
+        return timedelta(seconds=float(span[1]) * _UNITS[span[2]])
+    try:
+        found = datetime.fromisoformat(value)
+    except ValueError:
+        raise Failure(
+            f"--run-after {value}: not an ISO 8601 time (2026-01-31T12:00:00Z), a span"
+            " (30s, 10m, 2h, 1d) nor now",
+            2,
+        ) from None
+    if found.tzinfo is None:
+        raise Failure(f"--run-after {value}: give the time's offset (Z, +02:00)", 2)
+    return found
 
 
 def _filters(pairs: tuple[str, ...]) -> dict[str, Any]:

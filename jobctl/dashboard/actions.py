@@ -1,5 +1,5 @@
-"""The dashboard's buttons: sign in and out, retry, cancel, approve and reject
-jobs, bulk retry,
+"""The dashboard's buttons: sign in and out, retry, cancel, approve, reject and
+edit jobs, bulk retry,
 pause and resume queues and schedules, trigger a schedule.
 
 Every change passes :func:`jobctl.dashboard.auth.may_act` (token configured,
@@ -10,11 +10,13 @@ came from carrying a one-time message (post/redirect/get).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Final, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, TypeVar
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import RedirectResponse, Response
 
@@ -39,6 +41,8 @@ from hybrid_jobs.jobctl.service import (
     ServiceError,
     approve_job,
     cancel_jobs,
+    edit_job,
+    get_job,
     parse_job_id,
     pause_queue,
     pause_schedule,
@@ -50,6 +54,7 @@ from hybrid_jobs.jobctl.service import (
     retry_matching,
     trigger_schedule,
 )
+from hybrid_jobs.jobctl.service.models import JobView
 from hybrid_jobs.jobctl.service.sql import fetch_one
 from hybrid_jobs.schema.states import JobState
 
@@ -204,15 +209,29 @@ async def retry_one(job_id: str, request: Request, actor: Actor, back: Back = ""
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel_one(job_id: str, request: Request, actor: Actor, back: Back = "") -> Response:
+async def cancel_one(
+    job_id: str,
+    request: Request,
+    actor: Actor,
+    back: Back = "",
+    force: Annotated[bool, Query()] = False,
+) -> Response:
     ident = _job_id(job_id)
 
     async def action() -> Flash:
-        (change,) = await _write(request, lambda session: cancel_jobs(session, [ident]))
+        (change,) = await _write(
+            request, lambda session: cancel_jobs(session, [ident], force=force)
+        )
         if change.state is None:
             return Flash("error", f"no job {ident}")
         if not change.applied:
             return Flash("error", f"not cancelled: the job is {change.state} already")
+        if change.state == JobState.CANCEL_REQUESTED and force:
+            return Flash(
+                "ok",
+                "Cancel requested (forced): its worker interrupts the handler at its next "
+                "heartbeat, and the job ends CANCELLED.",
+            )
         if change.state == JobState.CANCEL_REQUESTED:
             return Flash("ok", "Cancel requested: its handler sees it at its next heartbeat.")
         return Flash("ok", "Cancelled.")
@@ -245,6 +264,71 @@ async def reject_one(job_id: str, request: Request, actor: Actor, back: Back = "
         return Flash("ok", "Rejected: the job is CANCELLED and will not run.")
 
     return await _act(request, actor, back, f"/jobs/{ident}", action)
+
+
+@router.post("/jobs/{job_id}/edit")
+async def edit_one(
+    job_id: str,
+    request: Request,
+    actor: Actor,
+    priority: Annotated[str, Form(max_length=20)] = "",
+    run_after: Annotated[str, Form(max_length=40)] = "",
+    max_attempts: Annotated[str, Form(max_length=20)] = "",
+    payload: Annotated[str | None, Form(max_length=1_000_000)] = None,
+    back: Back = "",
+) -> Response:
+    """The form shows the job's values: only those changed are edited, so a start
+    left as it was does not move its wake-up. ``run_after`` is UTC, to the second
+    (an ``<input type=datetime-local>``)."""
+    ident = _job_id(job_id)
+
+    async def action() -> Flash:
+        try:
+            wanted = _edits(priority, run_after, max_attempts, payload)
+        except ValueError as exc:
+            return Flash("error", f"not edited: {exc}")
+        async with _database(request).writing() as session:
+            job = await get_job(session, ident)
+            if job is None:
+                return Flash("error", f"no job {ident}")
+            changed = {k: v for k, v in wanted.items() if not _same(job, k, v)}
+            if not changed:
+                return Flash("ok", "Nothing changed.")
+            await edit_job(session, ident, **changed)
+        return Flash("ok", f"Edited: {', '.join(sorted(changed))}.")
+
+    return await _act(request, actor, back, f"/jobs/{ident}", action)
+
+
+def _edits(priority: str, run_after: str, max_attempts: str, payload: str | None) -> dict[str, Any]:
+    """The edit form's fields, parsed (a blank one: not given)."""
+    found: dict[str, Any] = {}
+    for name, text in (("priority", priority), ("max_attempts", max_attempts)):
+        if text.strip():
+            try:
+                found[name] = int(text.strip())
+            except ValueError:
+                raise ValueError(f"{name} must be a whole number") from None
+    if run_after.strip():
+        try:
+            when = datetime.fromisoformat(run_after.strip())
+        except ValueError:
+            raise ValueError("run_after is not a date and time") from None
+        found["run_after"] = when if when.tzinfo else when.replace(tzinfo=UTC)
+    if payload is not None:
+        try:
+            found["payload"] = json.loads(payload)
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError("the payload is not JSON") from None
+    return found
+
+
+def _same(job: JobView, name: str, value: Any) -> bool:
+    """Whether the form's ``value`` is what the job has (its start to the second)."""
+    if name == "run_after":
+        return bool(job.run_after.replace(microsecond=0) == value)
+    current: Any = getattr(job, name)
+    return bool(current == value and type(current) is type(value))
 
 
 @router.post("/failed/retry")

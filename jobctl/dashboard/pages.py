@@ -4,7 +4,7 @@ collector's cache), in one read-only snapshot, and renders a template."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -37,7 +37,7 @@ from hybrid_jobs.jobctl.service import (
 from hybrid_jobs.jobctl.service.jobs import ATTEMPTS_SHOWN
 from hybrid_jobs.jobctl.service.models import JobPage, JobView
 from hybrid_jobs.jobctl.service.sql import fetch_one
-from hybrid_jobs.schema.states import LEASED, REPLAYABLE, TERMINAL, JobState
+from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, JobState
 
 router = APIRouter(include_in_schema=False)
 
@@ -61,14 +61,16 @@ def _recent(request: Request) -> Recent:
 
 
 def _filter(
-    state: Text = "", queue: Text = "", job_type: Text = "", tenant: Text = ""
+    state: Text = "", queue: Text = "", job_type: Text = "", tenant: Text = "", tag: Text = ""
 ) -> JobFilter:
-    """The list's filter, from the page's query string."""
+    """The list's filter, from the page's query string (one tag: a chip's link, or
+    the form's field)."""
     return JobFilter(
         JobState(state) if state in JobState.__members__ else None,
         queue.strip() or None,
         job_type.strip() or None,
         tenant.strip() or None,
+        (tag.strip(),) if tag.strip() else (),
     )
 
 
@@ -195,9 +197,16 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         attempts_shown=ATTEMPTS_SHOWN,
         may_retry=found.state in REPLAYABLE,
         may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
+        may_force_cancel=found.state in LEASED and found.cancel_forced_at is None,
         may_approve=found.state == JobState.QUEUED
         and found.approval is not None
         and found.approval.status == "REQUIRED",
+        may_edit=found.state in CLAIMABLE,
+        # a payload shown cut short, or as text, is not one to send back
+        payload_editable="payload" not in found.as_text
+        and len(render.pretty(found.payload)) <= render.SHOWN_JSON,
+        # what an <input type=datetime-local> shows: UTC, to the second
+        run_after_input=found.run_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
         leased=found.state in LEASED,
     )
 

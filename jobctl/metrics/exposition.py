@@ -207,7 +207,8 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
     yield _counter(
         "attempts_finished",
         "Attempts that ended, by what they left the job in: succeeded, retry_scheduled,"
-        " failed, cancelled, given_back (a graceful stop refunded the attempt).",
+        " failed, cancelled, given_back (a graceful stop refunded the attempt), snoozed"
+        " (the handler raised Snooze: the attempt refunded, the job due later).",
         ["queue", "job_type", "outcome"],
         s.attempts_finished,
     )

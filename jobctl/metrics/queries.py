@@ -209,7 +209,11 @@ WHERE finished_at >= %(low)s AND finished_at <= %(cursor)s
 """
 
 _ATTEMPT = """
-SELECT a.job_id::text, a.lease_generation, a.finished_at, j.queue, j.job_type, a.outcome, a.attempt,
+SELECT a.job_id::text, a.lease_generation, a.finished_at, j.queue, j.job_type,
+       -- a snooze, told from a give-back (both left the job QUEUED, attempt refunded)
+       CASE WHEN a.outcome = 'QUEUED' AND a.error_code = 'SNOOZED' THEN 'SNOOZED'
+            ELSE a.outcome END,
+       a.attempt,
        EXTRACT(EPOCH FROM a.finished_at - a.started_at)::float8,
        EXTRACT(EPOCH FROM a.started_at - a.ready_at)::float8,
        a.error_code IS NOT DISTINCT FROM 'LEASE_EXPIRED'

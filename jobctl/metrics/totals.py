@@ -45,6 +45,7 @@ OUTCOMES: Final[Mapping[str, str]] = MappingProxyType(
         JobState.FAILED: "failed",
         JobState.CANCELLED: "cancelled",
         JobState.QUEUED: "given_back",  # a graceful stop refunded the attempt
+        "SNOOZED": "snoozed",  # the handler raised Snooze: refunded, due later
     }
 )
 

@@ -24,7 +24,8 @@ What a dashboard needs, and where it is:
 - a job page: :func:`get_job` (row, attempts, progress, result, why it waits);
 - failed jobs: ``list_jobs(JobFilter(state=JobState.FAILED))``, and bulk retry:
   :func:`retry_matching` (``dry_run`` counts first), :func:`retry_jobs` by id;
-- cancel: :func:`cancel_jobs`; approvals: :func:`approve_job`, :func:`reject_job`;
+- cancel: :func:`cancel_jobs`; edit a waiting job: :func:`edit_job`; approvals:
+  :func:`approve_job`, :func:`reject_job`;
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
 - tenants: :func:`list_tenants`, :func:`set_tenant`;
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         NewJobRequest,
         approve_job,
         cancel_jobs,
+        edit_job,
         enqueue_job,
         get_job,
         list_jobs,
@@ -101,6 +103,7 @@ _MODULES: dict[str, str] = {
     "NewJobRequest": "jobs",
     "approve_job": "jobs",
     "cancel_jobs": "jobs",
+    "edit_job": "jobs",
     "enqueue_job": "jobs",
     "get_job": "jobs",
     "list_jobs": "jobs",
@@ -140,6 +143,7 @@ __all__ = [
     "WrongState",
     "approve_job",
     "cancel_jobs",
+    "edit_job",
     "enqueue_job",
     "get_job",
     "get_schedule",

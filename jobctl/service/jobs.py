@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -41,6 +41,8 @@ from hybrid_jobs.jobctl.service.models import (
     Why,
 )
 from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
+from hybrid_jobs.outbox.edit import UNSET, Unset
+from hybrid_jobs.outbox.validation import check_tags
 from hybrid_jobs.outbox.validation import read_json as readable
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.queries import (
@@ -63,16 +65,25 @@ ATTEMPTS_SHOWN: Final = 100
 # Parents and children shown of a job (a fan-in may wait for 1,000).
 DEPENDENCIES_SHOWN: Final = 100
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
+# A meta filter's key and value: meta is at most MAX_META_BYTES whole.
+MAX_META_KEY_LENGTH: Final = 200
+MAX_META_VALUE_LENGTH: Final = defaults.MAX_META_BYTES
 
 
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a list shows; None: any."""
+    """Which jobs a list shows; None (or empty): any.
+
+    ``tags``: jobs that carry every one of them. ``meta``: jobs whose meta has each
+    key with that value, compared as text (``{"customer": 42}`` is found by 42 and
+    by "42"; true and false as JSON writes them)."""
 
     state: JobState | None = None
     queue: str | None = None
     job_type: str | None = None
     tenant: str | None = None
+    tags: Collection[str] = ()
+    meta: Mapping[str, str | int | float | bool] | None = None
 
     def checked(self) -> JobFilter:
         try:
@@ -81,9 +92,40 @@ class JobFilter:
                 None if self.queue is None else names.queue(self.queue),
                 None if self.job_type is None else names.job_type(self.job_type),
                 None if self.tenant is None else names.tenant(self.tenant),
+                tuple(check_tags(self.tags)),
+                _meta_filter(self.meta),
             )
         except (ValueError, TypeError) as exc:
-            raise invalid_argument(exc) from None
+            raise invalid_argument(exc, _filter_named(exc)) from None
+
+
+def _filter_named(exc: ValueError | TypeError) -> str | None:
+    """The filter a refusal is about: a tag (the ``tag`` parameter and option) or
+    the meta."""
+    text = str(exc)
+    return "meta" if text.startswith("meta") else "tag" if text.startswith("tag") else None
+
+
+def _meta_filter(
+    meta: Mapping[str, str | int | float | bool] | None,
+) -> dict[str, str] | None:
+    """The meta filter as texts, as ``->>`` reads the stored values."""
+    if not meta:
+        return None
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a dict of key to value, not {type(meta).__name__}")
+    found: dict[str, str] = {}
+    for key, value in meta.items():
+        names.text("meta key", key, MAX_META_KEY_LENGTH)
+        if isinstance(value, str):
+            found[key] = names.text(f"meta value of {key!r}", value, MAX_META_VALUE_LENGTH)
+        elif isinstance(value, bool | int | float):
+            found[key] = json.dumps(value)
+        else:
+            raise TypeError(
+                f"meta value of {key!r} must be a str, number or bool, not {type(value).__name__}"
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -111,6 +153,8 @@ class NewJobRequest:
     after: tuple[uuid.UUID, ...] = ()
     on_parent_failure: str = "cancel"
     resource: str | None = None
+    tags: tuple[str, ...] = ()
+    meta: dict[str, Any] | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -148,6 +192,10 @@ class NewJobRequest:
             }
         if self.resource is not None:
             document["resource"] = self.resource
+        if self.tags:
+            document["tags"] = list(self.tags)
+        if self.meta:
+            document["meta"] = self.meta
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -166,7 +214,7 @@ def parse_job_id(text: str) -> uuid.UUID | None:
 def _summary(row: Sequence[Any]) -> JobSummary:
     # queries.SUMMARY_COLUMNS, with `done` after the state.
     (job_id, job_type, queue, tenant, state, priority, attempt, max_attempts, run_after) = row[:9]
-    created_at, started_at, finished_at, last_error_code, delay_reason = row[9:14]
+    created_at, started_at, finished_at, last_error_code, delay_reason, tags, meta = row[9:16]
     state = JobState(state)
     return JobSummary(
         job_id,
@@ -184,6 +232,8 @@ def _summary(row: Sequence[Any]) -> JobSummary:
         finished_at,
         last_error_code,
         delay_reason,
+        tuple(tags),
+        readable(meta)[0],
     )
 
 
@@ -196,8 +246,11 @@ async def list_jobs(
     scan: int = SCAN_LIMIT,
 ) -> JobPage:
     """A page of jobs, newest first (waiting and running ones by creation, finished
-    ones by when they finished), at most ``limit`` (1-500); ``after`` is the
-    ``next`` of the previous page. Reads only."""
+    ones by when they finished; every list by tag by creation), at most ``limit``
+    (1-500); ``after`` is the ``next`` of the previous page. A filtered list reads
+    at most ``scan`` candidates per page (by tag: jobs with its first tag), so a
+    page may come back short, and ``scan_limited``, with a ``next`` to read on.
+    Reads only."""
     where = (where or JobFilter()).checked()
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise Invalid(f"limit must be between 1 and {MAX_LIMIT}", "limit")
@@ -207,12 +260,17 @@ async def list_jobs(
         job_type=where.job_type is not None,
         tenant=where.tenant is not None,
         after=after is not None,
+        tags=bool(where.tags),
+        meta=where.meta is not None,
     )
     start = None if after is None else Cursor.decode(after, statement.order)
     params = {
         "queue": where.queue,
         "job_type": where.job_type,
         "tenant": where.tenant,
+        "tag": next(iter(where.tags), None),
+        "tags": list(where.tags),
+        "meta": None if where.meta is None else json.dumps(where.meta, ensure_ascii=False),
         "after_id": None if start is None else start.job_id,
         "after_finished": None if start is None else start.finished_at,
         "limit": limit + 1,  # one more: is there a next page?
@@ -254,6 +312,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         dedup_key,
         updated_at,
         cancel_requested_at,
+        cancel_forced_at,
         last_error_message,
         progress_text,
         progress_at,
@@ -267,7 +326,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         key_limit,
         key_order,
         resource,
-    ) = row[14:]
+    ) = row[16:]
     summary = _summary(row)
     as_text: list[str] = []
     payload = _read("payload", payload_text, as_text)
@@ -300,6 +359,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         dedup_key=dedup_key,
         updated_at=updated_at,
         cancel_requested_at=cancel_requested_at,
+        cancel_forced_at=cancel_forced_at,
         last_error=last_error,
         progress=progress,
         progress_at=progress_at,
@@ -407,6 +467,8 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             after=request.after,
             on_parent_failure=request.on_parent_failure,
             resource=request.resource,
+            tags=request.tags,
+            meta=request.meta,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc, _argument_named(exc)) from None
@@ -477,14 +539,17 @@ async def _must_get(session: AsyncSession, job_id: uuid.UUID) -> JobView:
     return job
 
 
-async def cancel_jobs(session: AsyncSession, job_ids: Iterable[uuid.UUID]) -> list[JobStateChange]:
+async def cancel_jobs(
+    session: AsyncSession, job_ids: Iterable[uuid.UUID], *, force: bool = False
+) -> list[JobStateChange]:
     """Cancel each job that waits, ask each running one to stop
-    (outbox.request_cancel_async). ``applied`` is True when the job is cancelled or
-    asked to stop now (a repeated cancel too); False for a job that had finished
-    otherwise, or an unknown id (state None). Never commits."""
+    (outbox.request_cancel_async; ``force``: interrupt its handler at its worker's
+    next heartbeat). ``applied`` is True when the job is cancelled or asked to stop
+    now (a repeated cancel too); False for a job that had finished otherwise, or an
+    unknown id (state None). Never commits."""
     done: list[JobStateChange] = []
     for job_id in job_ids:
-        state = await outbox.request_cancel_async(session, job_id)
+        state = await outbox.request_cancel_async(session, job_id, force=force)
         applied = state in (JobState.CANCELLED, JobState.CANCEL_REQUESTED)
         done.append(JobStateChange(job_id, state, applied))
     return done
@@ -523,6 +588,39 @@ async def reject_job(
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc) from None
     return JobStateChange(job_id, state, True)
+
+
+async def edit_job(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    payload: Any = UNSET,
+    priority: int | Unset = UNSET,
+    run_after: datetime | timedelta | Unset = UNSET,
+    max_attempts: int | Unset = UNSET,
+) -> JobView:
+    """Change a job that has not started yet (outbox.update_job_async): only the
+    fields given, its wake-up moved with a new start or priority. Returns the job as
+    stored. Raises :class:`NotFound` for an unknown id, :class:`WrongState` once it
+    has started or ended (or for a new start of a job held for approval or for its
+    parents), :class:`Invalid` for an unacceptable value, having changed nothing.
+    Never commits."""
+    try:
+        await outbox.update_job_async(
+            session,
+            job_id,
+            payload=payload,
+            priority=priority,
+            run_after=run_after,
+            max_attempts=max_attempts,
+        )
+    except outbox.JobNotFound:
+        raise NotFound(f"no job {job_id}") from None
+    except outbox.JobNotEditable as exc:
+        raise WrongState(str(exc), exc.state) from None
+    except (ValueError, TypeError) as exc:
+        raise invalid_argument(exc, _argument_named(exc)) from None
+    return await _must_get(session, job_id)
 
 
 async def retry_jobs(

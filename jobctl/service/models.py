@@ -9,9 +9,13 @@ prints the same documents.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hybrid_jobs.schema.states import JobState
@@ -24,8 +28,39 @@ if TYPE_CHECKING:
 else:
     ConfigDict = dict
 
-# Attribute docstrings become field descriptions in the OpenAPI document.
-_DOCUMENTED: ConfigDict = {"use_attribute_docstrings": True}
+
+@cache
+def _attribute_docstrings(module: str) -> dict[str, dict[str, str]]:
+    """Each class of ``module``: its attributes' docstrings (the string right after
+    an annotated name), from one parse of the module's source."""
+    found: dict[str, dict[str, str]] = {}
+    for node in ast.walk(ast.parse(inspect.getsource(sys.modules[module]))):
+        if isinstance(node, ast.ClassDef):
+            docs = found.setdefault(node.name, {})
+            for first, then in zip(node.body, node.body[1:], strict=False):
+                if (
+                    isinstance(first, ast.AnnAssign)
+                    and isinstance(first.target, ast.Name)
+                    and isinstance(then, ast.Expr)
+                    and isinstance(then.value, ast.Constant)
+                    and isinstance(then.value.value, str)
+                ):
+                    docs[first.target.id] = inspect.cleandoc(then.value.value)
+    return found
+
+
+def _describe(schema: dict[str, Any], cls: type[Any]) -> None:
+    docs = _attribute_docstrings(cls.__module__).get(cls.__name__, {})
+    for name, field in schema.get("properties", {}).items():
+        if name in docs and "description" not in field:
+            field["description"] = docs[name]
+
+
+# Attribute docstrings become field descriptions in the OpenAPI document. Not
+# pydantic's use_attribute_docstrings: on Python < 3.13 it parses the whole module
+# again for every dataclass (inspect.getsourcelines), a second and more of CPU at
+# every start of the API; this parses it once, and only when a schema is asked for.
+_DOCUMENTED: ConfigDict = {"json_schema_extra": _describe}
 
 
 @dataclass(frozen=True)
@@ -82,6 +117,12 @@ class JobSummary:
     """Why a consumer last turned the job's wake-up down: TENANT_CAP, QUEUE_PAUSED,
     NO_HANDLER, NO_AUTHORIZED_RUNNER, RATE_LIMITED, KEY_BUSY or KEY_ORDER (cleared
     when it starts)."""
+    tags: tuple[str, ...]
+    """The labels it was enqueued with (enqueue's tags=); searchable."""
+    meta: Any
+    """The JSON object it was enqueued with (enqueue's meta=), null for none;
+    searchable by key and value. (Its text, a string, if stored nested past
+    MAX_PAYLOAD_DEPTH.)"""
 
 
 @dataclass(frozen=True)
@@ -93,7 +134,7 @@ class Attempt:
     worker: str
     outcome: str
     """The state the attempt left the job in; QUEUED: given back at a graceful stop,
-    the attempt refunded."""
+    or snoozed by its handler (error_code SNOOZED), the attempt refunded."""
     ready_at: datetime | None
     """When the job became runnable for this attempt."""
     started_at: datetime
@@ -108,9 +149,9 @@ class Blocker:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 
     code: str
-    """APPROVAL_REQUIRED, NOT_DUE, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED, TENANT_CAP, BACKLOG,
-    NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER, NO_AUTHORIZED_RUNNER,
-    CANCEL_REQUESTED, LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
+    """APPROVAL_REQUIRED, NOT_DUE, SNOOZED, RETRY_BACKOFF, WAKEUP_PENDING, QUEUE_PAUSED,
+    TENANT_CAP, BACKLOG, NO_RELAY, RELAY_DISCONNECTED, NO_CONSUMER, NO_HANDLER,
+    NO_AUTHORIZED_RUNNER, CANCEL_REQUESTED, LEASE_EXPIRED, KEY_BUSY or KEY_ORDER."""
     facts: dict[str, Any]
     """The figures behind it (see outbox.explain)."""
 
@@ -147,6 +188,8 @@ class JobView(JobSummary):
     dedup_key: str | None
     updated_at: datetime
     cancel_requested_at: datetime | None
+    cancel_forced_at: datetime | None
+    """Set when the cancel was requested with force: the handler is interrupted."""
     last_error: LastError | None
     progress: Any
     """What the handler last reported with job.progress(...)."""

@@ -14,6 +14,8 @@ million finished jobs):
 - failed and cancelled jobs: ``jobs_unsuccessful_finished_idx`` (finished_at,
   job_id), succeeded ones ``jobs_finished_idx``, and lists with no state the
   primary key, each read by a bounded scan (see :func:`job_list`);
+- jobs with a tag: ``job_tags_pkey`` (tag, job_id), walked backwards from the
+  page's start, a page long however many jobs carry the tag;
 - per-queue figures: the metrics collector's backlog reads, ``outbox_due_idx``,
   ``outbox_inflight_idx``, and ``jobs_finished_idx`` over the last minute, sampled.
 
@@ -37,14 +39,16 @@ from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, REPLAYABLE_SQL,
 # The columns of a JobSummary, in its order (done is computed).
 SUMMARY_COLUMNS: Final = (
     "job_id, job_type, queue, tenant, state, priority, attempt_count, max_attempts, run_after,"
-    " created_at, started_at, finished_at, last_error_code, delay_reason"
+    " created_at, started_at, finished_at, last_error_code, delay_reason, tags,"
+    " meta::text AS meta"
 )
 
 # JSON columns as text: a value nested past what psycopg's json.loads takes would
 # fail the whole read (jobctl.service.stored reads them).
 JOB_GET: Final = f"""
 SELECT {SUMMARY_COLUMNS},
-       payload::text, dedup_key, updated_at, cancel_requested_at, last_error_message,
+       payload::text, dedup_key, updated_at, cancel_requested_at, cancel_forced_at,
+       last_error_message,
        progress::text, progress_at, result::text, delay_since, lease_owner,
        lease_generation, lease_expires_at, now(), key, key_limit, key_order, resource
 FROM jobs
@@ -120,12 +124,27 @@ def _where(*conditions: str) -> str:
     return "WHERE " + " AND ".join(present) if present else ""
 
 
+# A job's meta holds each of the pairs of %(meta)s, a JSON object of texts, compared
+# as text (->>): meta.customer=42 finds {"customer": 42} and {"customer": "42"}.
+META_FILTER: Final = """NOT EXISTS (
+        SELECT 1 FROM jsonb_each_text(%(meta)s::jsonb) AS m(k, v)
+        WHERE (jobs.meta ->> m.k) IS DISTINCT FROM m.v)"""
+
+
 @functools.cache
 def job_list(
-    state: JobState | None, *, queue: bool, job_type: bool, tenant: bool, after: bool
+    state: JobState | None,
+    *,
+    queue: bool,
+    job_type: bool,
+    tenant: bool,
+    after: bool,
+    tags: bool = False,
+    meta: bool = False,
 ) -> JobList:
     """The statement listing jobs with the given filters present (their values are
-    the parameters queue, job_type, tenant, after_id, after_finished, limit, scan).
+    the parameters queue, job_type, tenant, tag, tags, meta, after_id,
+    after_finished, limit, scan).
 
     - QUEUED, RETRY_WAIT, RUNNING, CANCEL_REQUESTED (the backlog): that state's
       partial index, newest first. Reads the matching backlog, whatever its age: the
@@ -137,12 +156,21 @@ def job_list(
       filter that matches little costs one scan, not the history; the page may then
       come back short with a next token (``JobList.edge_sql`` finds it).
     - no state: newest first by id; filtered, through the same bounded scan.
+    - tags (whatever the state): newest first by id, through a bounded scan of the
+      first tag's rows of job_tags (%(tag)s); the job holds every tag of %(tags)s
+      and matches the other filters, state included.
     """
     filters = [
         "queue = %(queue)s" if queue else "",
         "job_type = %(job_type)s" if job_type else "",
         "tenant = %(tenant)s" if tenant else "",
+        META_FILTER if meta else "",
     ]
+    if tags:
+        found = [f"state = '{state}'" if state else "", "tags @> %(tags)s::text[]", *filters]
+        keyset = _KEYSET[Order.CREATED] if after else ""
+        scan_where = _where("tag = %(tag)s", keyset)
+        return _bounded(scan_where, found, Order.CREATED, "job_tags")
     if state in CLAIMABLE or state in LEASED:
         # The page's start applies outside the fence too: inside, a generic plan
         # reads `job_id < $1` as a third of the table and walks the primary key.
@@ -170,7 +198,7 @@ SELECT {SUMMARY_COLUMNS} FROM jobs {_where(keyset)} ORDER BY job_id DESC LIMIT %
     return _bounded(_where(scanned, keyset), [f"state = '{state}'", *filters], Order.FINISHED)
 
 
-def _bounded(scan_where: str, filters: list[str], order: Order) -> JobList:
+def _bounded(scan_where: str, filters: list[str], order: Order, source: str = "jobs") -> JobList:
     # The scan reads keys only, in the list's order, and stops after %(scan)s of
     # them whatever the filters match; each key it yields is looked up by primary
     # key and filtered, lazily, so a page that fills early stops the scan early.
@@ -179,7 +207,7 @@ def _bounded(scan_where: str, filters: list[str], order: Order) -> JobList:
     # jobs_finished_idx (whose heap order it likes better) and filters out the
     # succeeded history it walks through.
     keys = "job_id, finished_at" if order is Order.FINISHED else "job_id"
-    scan = f"""SELECT {keys} FROM jobs
+    scan = f"""SELECT {keys} FROM {source}
     {scan_where}
     ORDER BY {_ORDER_BY[order]}
     LIMIT %(scan)s"""

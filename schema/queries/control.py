@@ -69,6 +69,7 @@ WITH RECURSIVE {before}target AS ({target}
         delay_reason = CASE WHEN j.parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
+        cancel_forced_at = NULL,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -194,6 +195,61 @@ JOB_APPROVAL: Final = """
 SELECT state, approval, approval_by, approval_at FROM jobs WHERE job_id = %(job_id)s
 """
 
+# An operator (or the application) edits a job that has not started: each field
+# given (NULL: left as it is; a JSON null payload is 'null', not NULL) in one
+# statement guarded by "still waiting". A claim holds the row while it starts the
+# job, so the edit waits for it and then finds it RUNNING: one or the other wins,
+# and the claim reads the old values or the new, never some of each. A new start
+# (run_after, or delay_seconds from now) is refused for a job held for approval or
+# for its parents (their end decides it), at or past its deadline, and replaces
+# its wake-ups with one due then, carrying its priority, as a debounced enqueue
+# does (JOB_DEBOUNCE_MANY): one sent already would find it not due and be
+# settled, leaving it none. A job without a wake-up (waiting for its key or
+# resource) gets one too: turned down again, it waits as before. A new priority
+# alone moves its pending wake-ups' priority, which orders the relay's choice. A
+# max_attempts at or below the attempts made is refused: the claim would never
+# take the job again, nor anything end it. Returns nothing when it changed
+# nothing: JOB_EDIT_REFUSAL reads why.
+JOB_EDIT: Final = f"""
+WITH given AS (
+    SELECT COALESCE(%(run_after)s::timestamptz,
+                    now() + make_interval(secs => %(delay_seconds)s::double precision))
+           AS run_after
+), edited AS (
+    UPDATE jobs AS j
+    SET payload = COALESCE(%(payload)s::jsonb, j.payload),
+        priority = COALESCE(%(priority)s::smallint, j.priority),
+        max_attempts = COALESCE(%(max_attempts)s::integer, j.max_attempts),
+        run_after = COALESCE(g.run_after, j.run_after),
+        updated_at = now()
+    FROM given AS g
+    WHERE j.job_id = %(job_id)s AND j.state IN ({CLAIMABLE_SQL})
+      AND (g.run_after IS NULL
+           OR (j.approval IS DISTINCT FROM 'REQUIRED' AND j.parents_pending = 0
+               AND (j.expires_at IS NULL OR g.run_after < j.expires_at)))
+      AND (%(max_attempts)s::integer IS NULL OR j.attempt_count < %(max_attempts)s::integer)
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
+              g.run_after IS NOT NULL AS moved
+), unwoken AS (
+    DELETE FROM outbox AS o USING edited AS e WHERE o.job_id = e.job_id AND e.moved
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM edited WHERE moved
+), reordered AS (
+    UPDATE outbox AS o SET priority = e.priority
+    FROM edited AS e
+    WHERE o.job_id = e.job_id AND NOT e.moved AND o.sent_at IS NULL
+      AND o.priority <> e.priority
+)
+SELECT job_id, run_after FROM edited
+"""
+
+# Why an edit changed nothing: the job's state, and what holds its start.
+JOB_EDIT_REFUSAL: Final = """
+SELECT state, approval, parents_pending, attempt_count, expires_at FROM jobs
+WHERE job_id = %(job_id)s
+"""
+
 
 # Pausing a paused queue keeps who paused it first, and when. The claim refuses
 # the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
@@ -260,7 +316,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
        j.lease_owner, j.lease_expires_at, j.lease_generation, j.started_at,
        j.progress::text AS progress,
-       j.progress_at, j.cancel_requested_at, j.delay_reason, j.delay_since,
+       j.progress_at, j.cancel_requested_at, j.cancel_forced_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
        j.on_parent_failure,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,

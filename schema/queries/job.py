@@ -8,15 +8,27 @@ from typing import Final
 from hybrid_jobs.schema.locks import KEY_LOCK_PREFIX
 from hybrid_jobs.schema.queries.fragments import FENCE
 from hybrid_jobs.schema.states import DelayReason
-from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL
+from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL, LEASED_SQL
+
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
 # only by the relay, for a schedule's occurrence; approval 'REQUIRED' by an enqueue
 # with needs_approval: held never due, without a wake-up). A job whose
 # (job_type, dedup_key) exists already inserts nothing, and gets no wake-up; the
 # caller then looks its id up with JOB_FIND_BY_DEDUP_MANY. The outbox trigger
-# notifies the relay when the caller's transaction commits.
-JOB_INSERT_MANY: Final = f"""
+# notifies the relay when the caller's transaction commits. A job's tags go to
+# jobs.tags and, one row each, to job_tags (the search's index); a job without
+# tags gives that insert no row.
+#
+# Composed, as the claim is, of what the batch uses: the tags' and the parents'
+# inserts are left out of a batch with no tags and no after= (most), which would
+# otherwise pay for both on every job, with nothing to insert.
+def job_insert_many(*, tags: bool = True, parents: bool = True) -> str:
+    """JOB_INSERT_MANY, with the steps for tags and for parents (``after=``) only
+    when the batch has them."""
+    tagged = _INSERT_TAGGED if tags else ""
+    edges = _INSERT_EDGES if parents else ""
+    return f"""
 WITH input AS (
     SELECT *
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
@@ -25,13 +37,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text)
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
          key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since)
+         delay_since, tags, meta)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -45,12 +58,28 @@ WITH input AS (
            resource,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
-           CASE WHEN parents_pending > 0 THEN now() END
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{{}}'), meta
     FROM input
     ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
-              j.parents_pending
-), edges AS (
+              j.parents_pending, j.tags
+{tagged}{edges}), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL AND parents_pending = 0
+)
+SELECT job_id FROM inserted
+"""
+
+
+_INSERT_TAGGED = """), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, n.job_id FROM inserted AS n CROSS JOIN LATERAL unnest(n.tags) AS t(tag)
+"""
+_INSERT_EDGES = """), edges AS (
     -- only for jobs inserted: a dedup_key taken already means no new job to wait
     -- an edge to a parent that ended already is settled and counted here
     -- (parents_pending left it out), so jobs_count_dependants never counts it
@@ -60,15 +89,12 @@ WITH input AS (
     JOIN inserted AS n ON n.job_id = i.job_id
     CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
         AS e(parent_id uuid, position integer, done boolean)
-), woken AS (
-    -- one that waits for approval gets its wake-up from outbox.approve, one that
-    -- waits for parents from the end of the last (jobs_release_dependants)
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
-    WHERE approval IS NULL AND parents_pending = 0
-)
-SELECT job_id FROM inserted
 """
+
+JOB_INSERT_MANY: Final = job_insert_many()
+# A batch of jobs with no tags and no parents.
+JOB_INSERT_PLAIN_MANY: Final = job_insert_many(tags=False, parents=False)
+
 
 # Before a batch with after= is inserted: its parents' states, the parents locked
 # FOR KEY SHARE in id order, which keeps retention from deleting them until the
@@ -129,7 +155,8 @@ FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) 
 # so a claim that starts it frees the key (the conflict is decided on the latest
 # row, the update fenced by the same state), and a later enqueue makes a new job.
 # One row per key: the caller sends each (job_type, key) once. Returns each key's
-# job (the one it replaced, for a repeat).
+# job (the one it replaced, for a repeat). A repeat replaces the tags and meta
+# too: the job carries what the latest enqueue said of it.
 JOB_DEBOUNCE_MANY: Final = """
 WITH input AS (
     SELECT *
@@ -137,25 +164,37 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision, trace_context jsonb)
+        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit, trace_context)
+         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
-           trace_context
+           trace_context, COALESCE(tags, '{}'), meta
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
     DO UPDATE
     SET payload = EXCLUDED.payload,
         run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
+        tags = EXCLUDED.tags,
+        meta = EXCLUDED.meta,
         updated_at = now()
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
-    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,
+              j.tags
+), untagged AS (
+    -- a replaced job's tags are the latest enqueue's: the ones it no longer has go,
+    -- the new ones come (the two touch different rows)
+    DELETE FROM job_tags AS t USING upserted AS u
+    WHERE t.job_id = u.job_id AND t.tag <> ALL(u.tags)
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, u.job_id FROM upserted AS u CROSS JOIN LATERAL unnest(u.tags) AS t(tag)
+    ON CONFLICT DO NOTHING
 ), unwoken AS (
     DELETE FROM outbox AS o USING upserted AS u WHERE o.job_id = u.job_id
 ), woken AS (
@@ -176,18 +215,28 @@ JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key
 
 # A cancel request from outside: a job nobody holds is cancelled at once (and its
 # pending wake-ups go); a running one is asked to stop (its worker sees
-# CANCEL_REQUESTED on its next heartbeat, and keeps its slot until it stops).
-# Returns the new state, or nothing if the job is finished already or unknown.
+# CANCEL_REQUESTED on its next heartbeat, and keeps its slot until it stops). With
+# %(force)s the request is recorded as forced (cancel_forced_at), which the heartbeat
+# hands the worker too, and a running job whose cancel was requested already is made
+# forced. Returns the new state, or nothing if the job is finished already, unknown,
+# or already asked to stop the way this request asks.
 JOB_REQUEST_CANCEL: Final = f"""
 WITH cancelled AS (
     UPDATE jobs
-    SET state = CASE state WHEN 'RUNNING' THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
-        finished_at = CASE state WHEN 'RUNNING' THEN finished_at ELSE statement_timestamp() END,
-        cancel_requested_at = now(),
+    SET state = CASE WHEN state IN ({LEASED_SQL}) THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
+        finished_at = CASE WHEN state IN ({LEASED_SQL}) THEN finished_at
+                           ELSE statement_timestamp() END,
+        -- a request made forced keeps the time of the first (the cancel's latency)
+        cancel_requested_at = CASE state WHEN 'CANCEL_REQUESTED' THEN cancel_requested_at
+                                         ELSE now() END,
+        cancel_forced_at = CASE WHEN %(force)s AND state IN ({LEASED_SQL}) THEN now() END,
         delay_reason = NULL,
         delay_since = NULL,
         updated_at = now()
-    WHERE job_id = %(job_id)s AND state IN ({CLAIMABLE_SQL}, 'RUNNING')
+    -- a second request changes nothing, unless it adds the force the first lacked
+    WHERE job_id = %(job_id)s
+      AND (state IN ({CLAIMABLE_SQL}, 'RUNNING')
+           OR (state = 'CANCEL_REQUESTED' AND %(force)s AND cancel_forced_at IS NULL))
     RETURNING job_id, state
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c

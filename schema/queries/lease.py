@@ -27,7 +27,7 @@ from hybrid_jobs.schema.queries.fragments import (
     lease_ended,
 )
 from hybrid_jobs.schema.states import DelayReason
-from hybrid_jobs.schema.tables import LEASED_SQL, TERMINAL_SQL
+from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
 # What this worker can run, as the consumer binds it: its handlers' types, with their
 # budget, backoff, kind (a plain function needs a thread) and rate limit.
@@ -434,7 +434,8 @@ WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state I
 # not expired (once expired the sweeper may have moved the job on; a late heartbeat
 # must not revive it). One row per handle: the renewed job's state (so the worker
 # sees CANCEL_REQUESTED), 'LOCKED' for a lease still ours whose row another
-# transaction holds (try again alone), or NULL for a lease that is gone.
+# transaction holds (try again alone), or NULL for a lease that is gone; and whether
+# the cancel was requested with force (the worker then interrupts the handler).
 JOB_HEARTBEAT_MANY: Final = f"""
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -449,10 +450,11 @@ WITH h AS (
     SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
     FROM held
     WHERE j.job_id = held.job_id
-    RETURNING j.job_id, j.state
+    RETURNING j.job_id, j.state, j.cancel_forced_at IS NOT NULL AS forced
 )
 SELECT h.job_id,
-       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END)
+       COALESCE(r.state, CASE WHEN j.lease_expires_at > now() THEN 'LOCKED' END),
+       COALESCE(r.forced AND r.state = 'CANCEL_REQUESTED', false)
 FROM h
 LEFT JOIN renewed AS r ON r.job_id = h.job_id
 LEFT JOIN jobs AS j ON {FENCE}
@@ -467,6 +469,8 @@ LEFT JOIN jobs AS j ON {FENCE}
 #   failed     -> FAILED at once (Permanent)
 #   retry      -> RETRY_WAIT after delay_seconds, or FAILED once the budget is spent,
 #                 or CANCELLED if a cancel was requested meanwhile
+#   snoozed    -> QUEUED, due after delay_seconds, the attempt refunded (Snooze: not
+#                 yet, which is no failure), or CANCELLED if a cancel was requested
 # The new state is decided on the locked row, so a concurrent cancel request is seen.
 # Returns the applied ones' new states, and 'LOCKED' for outcomes whose row another
 # transaction holds (still ours: try again alone). A stale outcome (generation or
@@ -506,6 +510,7 @@ WITH h AS (
                WHEN h.kind = 'cancelled' THEN 'CANCELLED'
                WHEN h.kind = 'failed' THEN 'FAILED'
                WHEN j.state = 'CANCEL_REQUESTED' THEN 'CANCELLED'
+               WHEN h.kind = 'snoozed' THEN 'QUEUED'
                WHEN j.attempt_count >= {BUDGET} THEN 'FAILED'
                ELSE 'RETRY_WAIT'
            END AS state
@@ -515,20 +520,30 @@ WITH h AS (
 ), finished AS (
     UPDATE jobs AS j
     SET state = d.state,
-        run_after = CASE WHEN d.state = 'RETRY_WAIT'
+        -- a snooze gives back the attempt its claim counted, as a give-back does
+        attempt_count = CASE WHEN d.state = 'QUEUED' THEN j.attempt_count - 1
+                             ELSE j.attempt_count END,
+        run_after = CASE WHEN d.state IN ({CLAIMABLE_SQL})
                          THEN now() + make_interval(secs => d.delay_seconds)
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
-        last_error_code = COALESCE(d.error_code, j.last_error_code),
-        last_error_message = CASE WHEN d.error_code IS NULL THEN j.last_error_message
-                                  ELSE d.error_message END,
+        -- a snooze is no error: the job's last error stays (its history row says it)
+        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+                               ELSE COALESCE(d.error_code, j.last_error_code) END,
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+                                  THEN j.last_error_message ELSE d.error_message END,
+        -- why it waits, for explain, until a claim takes it or turns it down
+        delay_reason = CASE WHEN d.state = 'QUEUED' THEN '{DelayReason.SNOOZED}'
+                            ELSE j.delay_reason END,
+        delay_since = CASE WHEN d.state = 'QUEUED' THEN now() ELSE j.delay_since END,
         result = CASE WHEN d.state = 'SUCCEEDED' THEN d.result ELSE j.result END,
         progress = COALESCE(d.progress, j.progress),
         progress_at = CASE WHEN d.progress IS NULL THEN j.progress_at
                            ELSE statement_timestamp() END,
-        finished_at = CASE WHEN d.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
+        finished_at = CASE WHEN d.state IN ({CLAIMABLE_SQL}) THEN NULL
+                           ELSE statement_timestamp() END,
         updated_at = now()
     FROM decided AS d
     WHERE j.job_id = d.job_id
@@ -563,6 +578,15 @@ SELECT a.job_id
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
 JOIN job_attempts AS a ON a.job_id = h.job_id AND a.lease_generation = h.generation
 WHERE a.worker = %(worker)s AND a.error_code IS DISTINCT FROM 'LEASE_EXPIRED'
+"""
+
+# outbox.explain's SNOOZED: how many times the job was snoozed, from its history (a
+# range of its primary key), counted up to %(limit)s.
+JOB_SNOOZES: Final = """
+SELECT count(*)::int
+FROM (SELECT 1 FROM job_attempts
+      WHERE job_id = %(job_id)s AND outcome = 'QUEUED' AND error_code = 'SNOOZED'
+      LIMIT %(limit)s) AS s
 """
 
 # A graceful stop gives back the claims whose handlers did not finish in time:

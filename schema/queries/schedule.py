@@ -18,13 +18,16 @@ SCHEDULE_CLOCK: Final = "SELECT statement_timestamp()"
 SCHEDULE_UPSERT: Final = """
 INSERT INTO schedules AS s
     (name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
-     max_attempts, catchup, next_fire_at)
+     max_attempts, catchup, next_fire_at, tags, meta)
 VALUES
     (%(name)s, %(job_type)s, %(payload)s::jsonb, %(cron)s, %(every_seconds)s, %(timezone)s,
-     %(queue)s, %(tenant)s, %(priority)s, %(max_attempts)s, %(catchup)s, %(next_fire_at)s)
+     %(queue)s, %(tenant)s, %(priority)s, %(max_attempts)s, %(catchup)s, %(next_fire_at)s,
+     %(tags)s::text[], %(meta)s::jsonb)
 ON CONFLICT (name) DO UPDATE
 SET job_type = EXCLUDED.job_type,
     payload = EXCLUDED.payload,
+    tags = EXCLUDED.tags,
+    meta = EXCLUDED.meta,
     cron = EXCLUDED.cron,
     every_seconds = EXCLUDED.every_seconds,
     timezone = EXCLUDED.timezone,
@@ -78,7 +81,7 @@ RETURNING next_fire_at
 # now() is this transaction's clock, the one delays are measured with.
 SCHEDULE_CLAIM_DUE: Final = """
 SELECT name, job_type, payload, cron, every_seconds, timezone, queue, tenant, priority,
-       max_attempts, catchup, next_fire_at, now() AS db_now
+       max_attempts, catchup, next_fire_at, now() AS db_now, tags, meta
 FROM schedules
 WHERE NOT paused AND next_fire_at <= now() AND (retry_at IS NULL OR retry_at <= now())
   AND name <> ALL(%(failed)s::text[])
@@ -165,7 +168,7 @@ WHERE f.schedule_name = s.name AND f.scheduled_for = old.scheduled_for
 
 # A schedule's job template, for a manual trigger: what each occurrence enqueues.
 SCHEDULE_TEMPLATE: Final = """
-SELECT job_type, payload, queue, tenant, priority, max_attempts
+SELECT job_type, payload, queue, tenant, priority, max_attempts, tags, meta
 FROM schedules
 WHERE name = %(name)s
 """

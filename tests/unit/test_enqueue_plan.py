@@ -31,7 +31,9 @@ def test_each_job_becomes_one_row_with_its_payload_spliced_in() -> None:
     assert all(i.version == 7 for i in ids), "time-ordered ids"
     assert rows[0]["payload"] == {"to": "ann", "n": [1, 2]} and rows[0]["priority"] == 3
     assert (rows[1]["queue"], rows[1]["dedup_key"]) == ("billing", "b-1")
-    assert rows[1]["run_after"] == later.isoformat() and rows[1]["delay_seconds"] is None
+    # a field with no value is left out: NULL to jsonb_to_recordset
+    assert rows[1]["run_after"] == later.isoformat() and "delay_seconds" not in rows[1]
+    assert set(rows[0]) == {"job_id", "job_type", "queue", "tenant", "priority", "payload"}
     assert rows[2]["delay_seconds"] == 90 and rows[2]["max_attempts"] == 2
     assert plan.keys == [("mail", None), ("bill", "b-1"), ("mail", None)]
     assert plan.tenants == {"acme": 2}
@@ -65,3 +67,21 @@ def test_a_key_whose_holder_vanished_asks_for_a_retry() -> None:
     plan, ids = _plan([NewJob("a", 1, dedup_key="k")], LIMIT)
     with pytest.raises(RuntimeError, match="retry the transaction"):
         _resolve(plan, ids, set(), [])
+
+
+def test_tags_and_meta_join_the_row_only_when_given() -> None:
+    jobs = [
+        NewJob("mail", {}, tags=("vip", "eu", "vip"), meta={"customer": 42, "at": "x"}),
+        NewJob("mail", {}, tags=[], meta={}),
+    ]
+    plan, _ = _plan(jobs, LIMIT)
+    tagged, plain = json.loads(plan.document)
+    assert (tagged["tags"], tagged["meta"]) == (["vip", "eu"], {"customer": 42, "at": "x"})
+    assert "tags" not in plain and "meta" not in plain, "a plain job's row stays as it was"
+
+
+def test_meta_goes_through_json_default_as_the_payload_does() -> None:
+    when = datetime(2026, 5, 1, tzinfo=UTC)
+    job = NewJob("mail", {}, meta={"due": when}, json_default=datetime.isoformat)
+    plan, _ = _plan([job], LIMIT)
+    assert json.loads(plan.document)[0]["meta"] == {"due": when.isoformat()}

@@ -266,3 +266,23 @@ def test_an_error_line_names_its_code_once() -> None:
     assert error_line("CARD_DECLINED", "insufficient funds") == "CARD_DECLINED: insufficient funds"
     assert error_line("Boom", None) == "Boom"
     assert error_line(None, "no") == "no"
+
+
+def test_a_job_its_handler_snoozed_says_so_until_it_is_due_and_how_often() -> None:
+    snoozed_at = NOW - timedelta(seconds=10)
+    job = row(delay_reason="SNOOZED", run_after=NOW + timedelta(seconds=20), wakeup_sent_at=None)
+    why = _explanation(job | {"delay_since": snoozed_at, "snoozes": 3}, None)
+    assert why.codes == [Why.SNOOZED], "not NOT_DUE: it says why it is not due"
+    assert why.blocker(Why.SNOOZED).facts == {  # type: ignore[union-attr]
+        "until": NOW + timedelta(seconds=20),
+        "in_seconds": 20,
+        "snoozed_at": snoozed_at,
+        "snoozes": 3,
+    }
+    assert why.summary == (
+        "QUEUED: snoozed by its handler until 2026-05-01 12:00:20 (in 20 s);"
+        " snoozed 3 time(s) so far"
+    )
+    # Due, it waits for nothing its handler said: the mark stays until a claim.
+    due = job | {"run_after": NOW - timedelta(seconds=1), "delay_since": snoozed_at}
+    assert _explanation(due | {"wakeup_sent_at": NOW}, backlog()).codes == []

@@ -120,15 +120,17 @@ def test_liveness_is_judged_by_the_bound_ttl_never_by_a_figure_in_the_sql() -> N
 
 _REASON = re.compile(
     r"'(QUEUE_PAUSED|NO_HANDLER|TENANT_CAP|RATE_LIMITED|KEY_BUSY|KEY_ORDER|NO_AUTHORIZED_RUNNER"
-    r"|RESOURCE_BUSY|RESOURCE_UNCERTAIN|WINDOW|FAIR_SHARE|DEPENDENCY)'"
+    r"|RESOURCE_BUSY|RESOURCE_UNCERTAIN|WINDOW|FAIR_SHARE|DEPENDENCY|SNOOZED)'"
 )
 
 
 def test_the_reasons_the_sql_writes_are_the_enums() -> None:
-    # DEPENDENCY is the enqueue's (and a replay's), lifted by the end of the last parent
-    claims = set(DelayReason) - {DelayReason.DEPENDENCY}
+    # DEPENDENCY is the enqueue's (and a replay's), lifted by the end of the last parent;
+    # SNOOZED the outcome's of a snoozed attempt
+    claims = set(DelayReason) - {DelayReason.DEPENDENCY, DelayReason.SNOOZED}
     assert set(_REASON.findall(q.JOB_CLAIM_MANY)) == claims
     assert set(_REASON.findall(q.JOB_INSERT_MANY)) == {DelayReason.DEPENDENCY}
+    assert DelayReason.SNOOZED in _REASON.findall(q.JOB_FINISH_MANY)
     assert set(_REASON.findall(q.OUTBOX_WAKE_QUEUE)) == set(HeldReason)
     for s in docs.statements():
         found = set(_REASON.findall(s.text))

@@ -1,4 +1,4 @@
-"""/v1/jobs: enqueue, list, look at, cancel (and retry)."""
+"""/v1/jobs: enqueue, list, look at, edit, cancel (and retry)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import Field
 
 from hybrid_jobs.jobctl.api.guards import GuardedRoute, may_read, may_write
-from hybrid_jobs.jobctl.api.models import EnqueueBody, JobType, QueueName, RejectBody, RetryRequest
+from hybrid_jobs.jobctl.api.models import (
+    CancelBody,
+    EditBody,
+    EnqueueBody,
+    JobType,
+    QueueName,
+    RejectBody,
+    RetryRequest,
+    Tag,
+)
 from hybrid_jobs.jobctl.api.problems import WITH_BODY, responses
 from hybrid_jobs.jobctl.api.routes.common import F, actor, database, url
 from hybrid_jobs.jobctl.api.waiters import Waiters, client_of
@@ -20,6 +29,7 @@ from hybrid_jobs.jobctl.service import Invalid, NotFound, WrongState
 from hybrid_jobs.jobctl.service import jobs as service
 from hybrid_jobs.jobctl.service.models import BulkRetry, JobPage, JobStateChange, JobView
 from hybrid_jobs.schema.states import LEASED, JobState
+from hybrid_jobs.schema.tables import MAX_TAGS
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 
@@ -35,6 +45,9 @@ def _job_change(action: str, summary: str, *refusals: int) -> Callable[[F], F]:
         summary=summary,
     )
 
+
+# GET /v1/jobs?meta.customer=42: a filter on the key customer of the jobs' meta.
+META_PREFIX: Final = "meta."
 
 # Retry-After on a job that is not done: about when to look again.
 RUNNING_POLL: Final = 2
@@ -159,6 +172,8 @@ async def enqueue(
         tuple(body.after),
         body.on_parent_failure,
         body.resource,
+        tags=tuple(body.tags),
+        meta=body.meta,
     )
     try:
         async with database(request).writing() as session:
@@ -188,6 +203,10 @@ async def jobs(
     queue: Annotated[QueueName | None, Query()] = None,
     job_type: Annotated[JobType | None, Query()] = None,
     tenant: Annotated[QueueName | None, Query()] = None,
+    tag: Annotated[
+        list[Tag] | None,
+        Query(max_length=MAX_TAGS, description="Jobs with this tag; repeat for all of several."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_LIMIT)] = service.DEFAULT_LIMIT,
     after: Annotated[
         str | None,
@@ -196,10 +215,15 @@ async def jobs(
     ] = None,
 ) -> JobPage:
     """Jobs, newest first: waiting and running ones by creation, finished ones by
-    when they finished. Follow `next` for the next page; filters over finished
-    jobs read a bounded stretch per page, so a page can be short and still have a
-    next one (`scan_limited`)."""
-    where = service.JobFilter(state, queue, job_type, tenant)
+    when they finished, and every list by tag by creation. Follow `next` for the
+    next page; filters over finished jobs (and a tag's jobs) read a bounded stretch
+    per page, so a page can be short and still have a next one (`scan_limited`).
+
+    `meta.<key>=<value>` (one per key): jobs whose meta has the key with that
+    value, compared as text (`meta.customer=42` finds 42 and "42")."""
+    params = request.query_params
+    meta = {k.removeprefix(META_PREFIX): v for k, v in params.items() if k.startswith(META_PREFIX)}
+    where = service.JobFilter(state, queue, job_type, tenant, tuple(tag or ()), meta or None)
     async with database(request).reading() as session:
         return await service.list_jobs(session, where, limit=limit, after=after)
 
@@ -281,14 +305,39 @@ async def job(
     return found
 
 
-@_job_change("cancel", "Cancel a job")
-async def cancel(job_id: str, request: Request) -> JobStateChange:
-    """A waiting job is CANCELLED at once; a running one becomes CANCEL_REQUESTED
-    (its handler sees it at its next heartbeat). Repeating it is harmless; a job
-    that finished otherwise gets 409."""
+@router.patch(
+    "/{job_id}",
+    response_model=JobView,
+    dependencies=[Depends(may_write)],
+    responses=responses(*WITH_BODY, 404, 409),
+    summary="Edit a waiting job",
+)
+async def edit(job_id: str, body: EditBody, request: Request) -> JobView:
+    """Change a job that has not started yet (QUEUED, held for approval or parents
+    too, or RETRY_WAIT): the fields present, its wake-up moved with a new run_after
+    or priority. 409 once it has started or ended, with its `state`; nothing
+    changes then."""
     ident = _parse(job_id)
+    given = {name: getattr(body, name) for name in body.model_fields_set}
+    try:
+        async with database(request).writing() as session:
+            return await service.edit_job(session, ident, **given)
+    except Invalid as exc:
+        exc.field = f"body.{exc.field}" if exc.field in EditBody.model_fields else "body"
+        raise
+
+
+@_job_change("cancel", "Cancel a job", *WITH_BODY)
+async def cancel(job_id: str, request: Request, body: CancelBody | None = None) -> JobStateChange:
+    """A waiting job is CANCELLED at once; a running one becomes CANCEL_REQUESTED
+    (its handler sees it at its next heartbeat). With `{"force": true}` the running
+    one is interrupted at its worker's next heartbeat and ends CANCELLED (a request
+    made already is made forced). Repeating it is harmless; a job that finished
+    otherwise gets 409."""
+    ident = _parse(job_id)
+    force = body is not None and body.force
     async with database(request).writing() as session:
-        (result,) = await service.cancel_jobs(session, [ident])
+        (result,) = await service.cancel_jobs(session, [ident], force=force)
     return _changed(result, ident, f"job {ident} is {{state}} already; nothing to cancel")
 
 

@@ -50,6 +50,8 @@
     const main = content();
     if (!main) return false;
     if (main.querySelector("input[type=checkbox]:checked")) return true;
+    // an open edit form keeps what was typed in it, focused or not
+    if (main.querySelector("details.edit[open]")) return true;
     const active = document.activeElement;
     return Boolean(active && main.contains(active) && active.matches("input, select, textarea"));
   }

@@ -1,0 +1,125 @@
+"""Bulk enqueue: N jobs written by one call, next to PgQueuer's batch enqueue.
+
+1. A scratch database migrated to head (and, for PgQueuer, one with its own
+   schema from `pgq install`); nothing else runs: no relay, no consumer.
+2. This project: `outbox.enqueue_many(session, [NewJob(...)] * N)` and the commit, on
+   a SQLAlchemy session as a producer would call it: each job's row, its wake-up
+   in the outbox, in one statement.
+3. PgQueuer: `Queries.enqueue([...] * N, ...)` on asyncpg, its preferred driver:
+   one statement, one commit.
+4. The contenders alternate, `--repeat` times each, every round on fresh empty
+   tables; jobs/s is N over the time from the call to the commit's return, and
+   the median round is reported with the ratio ours / PgQueuer.
+
+The header says whether autovacuum was on: the figure does not depend on it
+(each round starts on an empty table), but every bench says.
+
+Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from bench.common import argument_parser, report, scratch_database, server_versions
+from hybrid_jobs import outbox
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
+
+
+def autovacuum(db: DatabaseUrl) -> str:
+    with psycopg.connect(db.conninfo) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    return str(row[0]) if row else "?"
+
+
+def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None) -> float:
+    """Seconds from the call to the commit's return, on tables emptied first."""
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobs, outbox, job_attempts CASCADE")
+        conn.execute("VACUUM ANALYZE jobs, outbox")
+    engine = create_engine(db.sqlalchemy)
+    try:
+        batch = [NewJob("noop", payload) for _ in range(jobs)]
+        with Session(engine) as session:
+            session.connection()  # connected before the clock starts, as a live pool is
+            started = time.perf_counter()
+            ids = outbox.enqueue_many(session, batch)
+            session.commit()
+            elapsed = time.perf_counter() - started
+        assert len(set(ids)) == jobs
+    finally:
+        engine.dispose()
+    return elapsed
+
+
+async def _pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
+    # PgQueuer comes with the bench extra only: imported when it is measured.
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    connection = await asyncpg.connect(db.conninfo)
+    try:
+        await connection.execute("TRUNCATE pgqueuer")
+        await connection.execute("VACUUM ANALYZE pgqueuer")
+        queries = Queries(AsyncpgDriver(connection))
+        started = time.perf_counter()
+        await queries.enqueue(["noop"] * jobs, [payload] * jobs, [0] * jobs)
+        return time.perf_counter() - started
+    finally:
+        await connection.close()
+
+
+def pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
+    return asyncio.run(_pgqueuer(db, jobs, payload))
+
+
+def main() -> None:
+    parser = argument_parser("bench.bulk_enqueue", __doc__)
+    parser.add_argument("--jobs", type=int, default=100_000, help="jobs per call")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per contender")
+    parser.add_argument(
+        "--payload", action="store_true", help='a small payload ({"order": 1}) instead of none'
+    )
+    args = parser.parse_args()
+    ours_payload = {"order": 1} if args.payload else None
+    peer_payload = b'{"order": 1}' if args.payload else None
+    with (
+        scratch_database("bench_bulk_ours") as mine,
+        scratch_database("bench_bulk_pgq", migrate=False) as theirs,
+    ):
+        from bench.peers.pgqueuer_peer import install
+
+        install(theirs)
+        rounds: dict[str, list[float]] = {"this project": [], "pgqueuer": []}
+        for _ in range(args.repeat):
+            rounds["this project"].append(ours(mine, args.jobs, ours_payload))
+            rounds["pgqueuer"].append(pgqueuer(theirs, args.jobs, peer_payload))
+        median = {name: statistics.median(times) for name, times in rounds.items()}
+        rates = {name: args.jobs / seconds for name, seconds in median.items()}
+        report(
+            "bulk_enqueue",
+            {
+                "jobs": args.jobs,
+                "repeat": args.repeat,
+                "payload": ours_payload,
+                "autovacuum": autovacuum(mine),
+                "servers": server_versions(),
+                "jobs_per_second": {name: round(rate) for name, rate in rates.items()},
+                "rounds_seconds": {
+                    name: [round(t, 3) for t in times] for name, times in rounds.items()
+                },
+                "ours_over_pgqueuer": round(rates["this project"] / rates["pgqueuer"], 2),
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()
