@@ -50,6 +50,8 @@ from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, J
 
 WORKERS = ["w1", "w2", "w3"]
 TENANTS = [None, "capped"]
+# What a rule that acts on a lease draws: an index into the handles there are.
+PICK = st.integers(0, 1_000_000)
 COLUMNS = (
     "job_id, state, attempt_count, max_attempts, lease_owner, lease_expires_at,"
     " lease_generation, last_error_code, run_after, updated_at, holds_slot, tenant,"
@@ -280,6 +282,13 @@ class JobMachine(RuleBasedStateMachine):
                 assert not _applied(results[key]), f"a stale {key} write was applied"
         self.remember_claims(before)
 
+    def handle(self, pick: int) -> Handle | None:
+        """The handle a rule acts on, picked from a fixed range whatever there is:
+        how many handles there are depends on what the database did (a race), and a
+        precondition or a draw that followed it would make Hypothesis replay an
+        example differently (FlakyStrategyDefinition)."""
+        return self.handles[pick % len(self.handles)] if self.handles else None
+
     def remember_claims(self, before: dict[uuid.UUID, dict[str, Any]]) -> None:
         for job_id, row in self.rows().items():
             if row["lease_generation"] > before[job_id]["lease_generation"]:
@@ -412,58 +421,64 @@ class JobMachine(RuleBasedStateMachine):
             Step(q.JOB_WAKE_PARKED, {"queues": ["default"], "job_types": ["t"], "tenants": []})
         )
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def complete(self, data: st.DataObject) -> None:
-        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "succeeded"))
+    @rule(pick=PICK)
+    def complete(self, pick: int) -> None:
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.finish_step(h, "succeeded"))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def complete_in_the_jobs_own_transaction(self, data: st.DataObject) -> None:
+    @rule(pick=PICK)
+    def complete_in_the_jobs_own_transaction(self, pick: int) -> None:
         """job.transaction(): the completion that commits with the handler's writes,
         which waits for a row lock where the reporter's would skip it."""
-        h = data.draw(st.sampled_from(self.handles))
+        if (h := self.handle(pick)) is None:
+            return
         self.step(self.finish_step(h, "succeeded", sql=q.JOB_FINISH_MANY_IN_TX))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
-    def fail_and_retry(self, data: st.DataObject, delay: float) -> None:
-        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "retry", delay))
+    @rule(pick=PICK, delay=st.sampled_from([0.0, 3600.0]))
+    def fail_and_retry(self, pick: int, delay: float) -> None:
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.finish_step(h, "retry", delay))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data(), delay=st.sampled_from([0.0, 3600.0]))
-    def snooze(self, data: st.DataObject, delay: float) -> None:
+    @rule(pick=PICK, delay=st.sampled_from([0.0, 3600.0]))
+    def snooze(self, pick: int, delay: float) -> None:
         """Not yet: back to waiting, the attempt refunded."""
-        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "snoozed", delay))
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.finish_step(h, "snoozed", delay))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def fail_permanently(self, data: st.DataObject) -> None:
-        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "failed"))
+    @rule(pick=PICK)
+    def fail_permanently(self, pick: int) -> None:
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.finish_step(h, "failed"))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def acknowledge_cancel(self, data: st.DataObject) -> None:
-        self.step(self.finish_step(data.draw(st.sampled_from(self.handles)), "cancelled"))
+    @rule(pick=PICK)
+    def acknowledge_cancel(self, pick: int) -> None:
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.finish_step(h, "cancelled"))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def heartbeat(self, data: st.DataObject) -> None:
-        self.step(self.heartbeat_step(data.draw(st.sampled_from(self.handles))))
+    @rule(pick=PICK)
+    def heartbeat(self, pick: int) -> None:
+        if (h := self.handle(pick)) is None:
+            return
+        self.step(self.heartbeat_step(h))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def a_worker_wakes_after_its_lease_ran_out(self, data: st.DataObject) -> None:
+    @rule(pick=PICK)
+    def a_worker_wakes_after_its_lease_ran_out(self, pick: int) -> None:
         """A worker frozen past its lease wakes before the sweeper ran and heartbeats:
         the lease must stay expired (someone may be about to take the job)."""
-        h = data.draw(st.sampled_from(self.handles))
+        if (h := self.handle(pick)) is None:
+            return
         self.expire(h.job_id)
         self.step(self.heartbeat_step(h), live_lease_only=True)
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data())
-    def give_back(self, data: st.DataObject) -> None:
-        h = data.draw(st.sampled_from(self.handles))
+    @rule(pick=PICK)
+    def give_back(self, pick: int) -> None:
+        if (h := self.handle(pick)) is None:
+            return
         fence = json.dumps([{"job_id": str(h.job_id), "generation": h.generation}])
         self.step(Step(q.JOB_GIVE_BACK_MANY, {"jobs": fence, "worker": h.worker}, h))
 
@@ -555,13 +570,13 @@ class JobMachine(RuleBasedStateMachine):
         """For a consumer with the handler and a free slot, if any is live."""
         self.step(Step(q.OUTBOX_WAKE_REFUSED, {"worker_ttl": 60}))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data(), thief=st.sampled_from(WORKERS))
-    def a_frozen_worker_is_overtaken(self, data: st.DataObject, thief: str) -> None:
+    @rule(pick=PICK, thief=st.sampled_from(WORKERS))
+    def a_frozen_worker_is_overtaken(self, pick: int, thief: str) -> None:
         """The story the fence exists for, as one rule so it comes up often: a
         worker's lease lapses, the sweeper re-queues the job, another worker claims
         it; the frozen worker's handle is now stale and later rules will use it."""
-        h = data.draw(st.sampled_from(self.handles))
+        if (h := self.handle(pick)) is None:
+            return
         self.expire(h.job_id)
         self.step(self.SWEEP)
         self.come_due(h.job_id)
@@ -571,25 +586,23 @@ class JobMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- races
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data(), sweeper_first=st.booleans())
-    def race_the_sweeper_and_a_heartbeat(self, data: st.DataObject, sweeper_first: bool) -> None:
-        h = data.draw(st.sampled_from(self.handles))
+    @rule(pick=PICK, sweeper_first=st.booleans())
+    def race_the_sweeper_and_a_heartbeat(self, pick: int, sweeper_first: bool) -> None:
+        if (h := self.handle(pick)) is None:
+            return
         self.expire(h.job_id)
         pair = (self.SWEEP, self.heartbeat_step(h))
         self.race(*(pair if sweeper_first else pair[::-1]))
 
-    @precondition(lambda self: self.handles)
     @rule(
-        data=st.data(),
+        pick=PICK,
         sweeper_first=st.booleans(),
         kind=st.sampled_from(["succeeded", "retry", "snoozed", "failed", "cancelled", "in_tx"]),
     )
-    def race_the_sweeper_and_an_outcome(
-        self, data: st.DataObject, sweeper_first: bool, kind: str
-    ) -> None:
+    def race_the_sweeper_and_an_outcome(self, pick: int, sweeper_first: bool, kind: str) -> None:
         """in_tx: the completion of job.transaction(), which waits for the lock."""
-        h = data.draw(st.sampled_from(self.handles))
+        if (h := self.handle(pick)) is None:
+            return
         self.expire(h.job_id)
         outcome = (
             self.finish_step(h, "succeeded", sql=q.JOB_FINISH_MANY_IN_TX)
@@ -599,27 +612,25 @@ class JobMachine(RuleBasedStateMachine):
         pair = (self.SWEEP, outcome)
         self.race(*(pair if sweeper_first else pair[::-1]))
 
-    @precondition(lambda self: self.handles)
-    @rule(data=st.data(), sweeper_first=st.booleans(), thief=st.sampled_from(WORKERS))
-    def race_the_sweeper_and_a_claim(
-        self, data: st.DataObject, sweeper_first: bool, thief: str
-    ) -> None:
-        h = data.draw(st.sampled_from(self.handles))
+    @rule(pick=PICK, sweeper_first=st.booleans(), thief=st.sampled_from(WORKERS))
+    def race_the_sweeper_and_a_claim(self, pick: int, sweeper_first: bool, thief: str) -> None:
+        if (h := self.handle(pick)) is None:
+            return
         self.expire(h.job_id)
         pair = (self.SWEEP, self.claim_step(h.job_id, thief))
         self.race(*(pair if sweeper_first else pair[::-1]))
 
-    @precondition(lambda self: self.handles)
     @rule(
-        data=st.data(),
+        pick=PICK,
+        force=st.booleans(),
         cancel_first=st.booleans(),
         kind=st.sampled_from(["succeeded", "retry", "snoozed", "failed"]),
     )
     def race_a_cancel_request_and_an_outcome(
-        self, data: st.DataObject, cancel_first: bool, kind: str
+        self, pick: int, force: bool, cancel_first: bool, kind: str
     ) -> None:
-        h = data.draw(st.sampled_from(self.handles))
-        force = data.draw(st.booleans())
+        if (h := self.handle(pick)) is None:
+            return
         cancel = Step(q.JOB_REQUEST_CANCEL, {"job_id": h.job_id, "force": force})
         pair = (cancel, self.finish_step(h, kind))
         self.race(*(pair if cancel_first else pair[::-1]))
