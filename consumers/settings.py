@@ -9,6 +9,9 @@ from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 
 MESSAGES_AHEAD = 2
+# The consumer's own statements (claims, heartbeats, outcomes) have a small pool of
+# their own, so handlers holding connections can never starve a heartbeat.
+OWN_POOL_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,13 @@ class ConsumerSettings:
     @property
     def effective_heartbeat(self) -> float:
         return self.heartbeat_seconds or self.lease_seconds / 3
+
+
+def connections_of(concurrency: int, *, plain_handlers: bool = False) -> int:
+    """The most connections to PostgreSQL a consumer process of this concurrency
+    holds: its own pool and its async handlers' (``concurrency``); with
+    ``plain_handlers``, the pool of its plain handlers' threads too, opened when the
+    first one asks for a connection (``jobctl doctor`` adds them up against
+    max_connections)."""
+    handlers = concurrency * (2 if plain_handlers else 1)
+    return OWN_POOL_SIZE + handlers

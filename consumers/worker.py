@@ -50,7 +50,7 @@ from hybrid_jobs.consumers.lease_keeper import LeaseKeeper
 from hybrid_jobs.consumers.ledger import Held, Ledger, Phase
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.reporter import Reporter
-from hybrid_jobs.consumers.settings import ConsumerSettings
+from hybrid_jobs.consumers.settings import OWN_POOL_SIZE, ConsumerSettings
 from hybrid_jobs.consumers.store import JobStore
 from hybrid_jobs.defaults import POOL_CLOSE_SECONDS
 from hybrid_jobs.plumbing.db import make_pool
@@ -117,9 +117,7 @@ class Consumer:
         self.settings = settings
         self.registry = registry
         self.worker = make_worker_id()
-        # The consumer's own statements (claims, heartbeats, outcomes) get a small pool
-        # of their own, so handlers holding connections can never starve a heartbeat.
-        self.pool = make_pool(settings.database, "consumer", max_size=4)
+        self.pool = make_pool(settings.database, "consumer", max_size=OWN_POOL_SIZE)
         self.handlers = HandlerPools(
             settings.database, ("consumer-handlers", "consumer-sync"), settings.concurrency
         )

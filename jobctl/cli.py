@@ -30,6 +30,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "chaos soak): no job lost or completed twice, no write after a final state, history "
         "matching the rows, tenants' slots neither leaked nor released twice.",
     ),
+    "doctor": (
+        "hybrid_jobs.jobctl.commands.doctor:doctor",
+        "Check this installation and say what is wrong with it, and what to do about each "
+        "thing: the schema against this release, PostgreSQL's settings, connections and clock,"
+        " the relays and consumers, the jobs nobody can run, RabbitMQ's exchanges and queues.",
+    ),
     "jobs": (
         "hybrid_jobs.jobctl.commands.jobs:jobs",
         "List, show, edit, cancel, retry, approve and reject jobs.",

@@ -179,17 +179,9 @@ class _Postgres(_Service[DatabaseUrl]):
         self.summary = f"{self.url.redacted()} (schema {revision or 'unversioned'})"
 
     def _check_schema(self, has_jobs: bool, revision: str | None) -> None:
-        where = f'{self.setting}: database "{self.url.dbname}"'
-        if not has_jobs:
-            raise ConfigError(f"{where} has no jobs table (not migrated): run `jobctl migrate`")
-        # A database made without alembic (no revision) is the operator's business.
-        if revision is None:
-            return
-        if revisions.behind(revision):
-            raise ConfigError(
-                f"{where} is at migration {revision}, this version needs "
-                f"{revisions.head()}: run `jobctl migrate`"
-            )
+        why = revisions.unready(has_jobs, revision)
+        if why is not None:
+            raise ConfigError(f'{self.setting}: database "{self.url.dbname}" {why}')
 
 
 class _RabbitMQ(_Service[AmqpUrl]):

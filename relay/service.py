@@ -92,7 +92,7 @@ class Relay:
         self.settings = settings
         self.relay_id = make_relay_id()
         self.publisher = Publisher(s.amqp, s.topology)
-        self.pool = make_pool(s.database, "relay", max_size=s.publishers + 3, options=RELAY_OPTIONS)
+        self.pool = make_pool(s.database, "relay", max_size=s.pool_size, options=RELAY_OPTIONS)
         self.limits = WakeLimits(
             batch=s.batch_size,
             window=s.window,

@@ -10,6 +10,9 @@ from hybrid_jobs.schema.queries import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.topology import Topology
 
 HEARTBEAT_INTERVAL_MAX = RELAY_LIVE_SECONDS / 3
+# The relay's pool holds a connection per publisher and these besides, for the
+# chores and the heartbeat, so a slow publish never holds them up.
+POOL_BESIDE_PUBLISHERS = 3
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,11 @@ class RelaySettings:
     retention_interval: float = defaults.RELAY_RETENTION_INTERVAL
     retention_batch: int = defaults.RELAY_RETENTION_BATCH
     keep_effects: float | None = defaults.RELAY_KEEP_EFFECTS
+
+    @property
+    def pool_size(self) -> int:
+        """The most connections the relay's pool opens."""
+        return self.publishers + POOL_BESIDE_PUBLISHERS
 
     def __post_init__(self) -> None:
         positive = {
@@ -98,3 +106,10 @@ class RelaySettings:
             raise ConfigError("pack must be at most 1000 ids a message")
         if self.default_backoff < 0:
             raise ConfigError("default_backoff must not be negative")
+
+
+def connections_of(publishers: int) -> int:
+    """The most connections to PostgreSQL a relay with this many publishers holds:
+    its pool and its LISTEN connection (``jobctl doctor`` adds them up against
+    max_connections)."""
+    return publishers + POOL_BESIDE_PUBLISHERS + 1

@@ -112,6 +112,19 @@ def head() -> str:
     return found[0]
 
 
+def unready(has_jobs: bool, revision: str | None) -> str | None:
+    """Why this code cannot run on a database whose schema is so, said after the
+    database's name ("database "jobs" has no jobs table ..."), or None when it can.
+    The daemons' start-up check and ``jobctl doctor`` say it in these words.
+
+    A database made without alembic (no revision) is the operator's business."""
+    if not has_jobs:
+        return "has no jobs table (not migrated): run `jobctl migrate`"
+    if revision is not None and behind(revision):
+        return f"is at migration {revision}, this version needs {head()}: run `jobctl migrate`"
+    return None
+
+
 def behind(revision: str) -> bool:
     """A known revision short of head: this code needs migrations not yet run.
 

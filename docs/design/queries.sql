@@ -2495,7 +2495,8 @@ FROM relays
 WHERE last_seen_at > now() - make_interval(secs => 30);
 
 -- name: RELAY_FAILING_QUEUES
--- Run by jobctl.metrics.queries:METRICS_PUBLISH_FAILING,
+-- Run by jobctl.doctor.queries:DOCTOR_PUBLISH_FAILING,
+-- jobctl.metrics.queries:METRICS_PUBLISH_FAILING,
 -- jobctl.service.queries:STATS_PUBLISH_FAILING to list the queues live relays cannot
 -- publish to, and why.
 SELECT f.key AS queue, f.value->>'reason' AS reason, count(*)::int AS relays,
