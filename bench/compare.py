@@ -20,6 +20,11 @@ peer's: above 1 for jobs/s and below 1 for latency favour this project. Other wo
 the machine shows up in the figures; the load averages in the header say how busy it
 was. PgQueuer and Celery come from the bench extra (pip install -e '.[bench]'); a
 missing one is skipped with a note.
+
+With --repeat N the contenders run N rounds, one after another within each round, so
+a busy minute of the machine falls on all of them alike; each figure is the median of
+a contender's rounds, and the JSON keeps every round. The header says whether
+autovacuum was on (this machine's CI setting is off; production runs it on).
 """
 
 from __future__ import annotations
@@ -30,12 +35,16 @@ import importlib.metadata
 import json
 import os
 import signal
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import FrameType
+
+import psycopg
 
 from bench.common import machine, pace_options, server_versions
 from bench.peers.base import Contender, Figures, Settings, say
+from harness.services import ADMIN_URL
 
 GROUPS = {
     "hybrid-jobs": "bench.peers.hybrid",
@@ -58,6 +67,7 @@ class Row:
     setup: str
     figures: Figures | None = None
     error: str | None = None
+    rounds: list[Figures] = field(default_factory=list)
 
 
 def load(groups: list[str]) -> tuple[list[Contender], list[dict[str, str]]]:
@@ -90,26 +100,50 @@ class Interrupted:
         raise KeyboardInterrupt
 
 
-def run(contenders: list[Contender], settings: Settings) -> list[Row]:
-    rows: list[Row] = []
-    for i, contender in enumerate(contenders, 1):
-        say(f"[{i}/{len(contenders)}] {contender.name}: {contender.setup}")
-        row = Row(contender.name, contender.group, contender.setup)
-        try:
-            row.figures = contender.measure(settings)
-        except Exception as exc:
-            if Interrupted.seen:
-                raise KeyboardInterrupt from exc
-            row.error = f"{type(exc).__name__}: {exc}"
-            say(f"{contender.name}: failed: {row.error}")
-        else:
-            lat = row.figures.latency
+def run(contenders: list[Contender], settings: Settings, repeat: int = 1) -> list[Row]:
+    """Every contender ``repeat`` times, round after round (each round runs them all,
+    in order); a row's figures are the medians of its rounds. A contender that fails
+    once is out of the later rounds."""
+    rows = [Row(c.name, c.group, c.setup) for c in contenders]
+    for round_ in range(1, repeat + 1):
+        for i, (contender, row) in enumerate(zip(contenders, rows, strict=True), 1):
+            if row.error:
+                continue
+            where = f"round {round_}/{repeat}, " if repeat > 1 else ""
+            say(f"[{where}{i}/{len(contenders)}] {contender.name}: {contender.setup}")
+            try:
+                figures = contender.measure(settings)
+            except Exception as exc:
+                if Interrupted.seen:
+                    raise KeyboardInterrupt from exc
+                row.error = f"{type(exc).__name__}: {exc}"
+                say(f"{contender.name}: failed: {row.error}")
+                continue
+            row.rounds.append(figures)
+            lat = figures.latency
             say(
-                f"{contender.name}: {row.figures.drain_jobs_per_s:,.0f} jobs/s; latency "
+                f"{contender.name}: {figures.drain_jobs_per_s:,.0f} jobs/s; latency "
                 + ", ".join(f"{k.removesuffix('_ms')} {_ms(lat.get(k))} ms" for k in LATENCY_KEYS)
             )
-        rows.append(row)
+    for row in rows:
+        if row.rounds and not row.error:
+            row.figures = median_of(row.rounds)
     return rows
+
+
+def median_of(rounds: list[Figures]) -> Figures:
+    """One contender's rounds as one: the median of each figure (of one round, that
+    round), and the details of the round whose drain was the median."""
+    if len(rounds) == 1:
+        return rounds[0]
+    drains = [f.drain_jobs_per_s for f in rounds]
+    latency = {
+        key: statistics.median(f.latency[key] for f in rounds)
+        for key in rounds[0].latency
+        if all(key in f.latency for f in rounds)
+    }
+    middle = sorted(rounds, key=lambda f: f.drain_jobs_per_s)[len(rounds) // 2]
+    return Figures(statistics.median(drains), latency, middle.details)
 
 
 def ratios(ours: Figures | None, peer: Figures | None) -> dict[str, float] | None:
@@ -139,6 +173,10 @@ def report(
                 "latency": r.figures.latency if r.figures else None,
                 "details": r.figures.details if r.figures else None,
                 "ours_to_peer": ratios(ours, r.figures),
+                "rounds": [
+                    {"drain_jobs_per_s": round(f.drain_jobs_per_s), "latency": f.latency}
+                    for f in r.rounds
+                ],
                 "error": r.error,
             }
             for r in rows
@@ -172,6 +210,12 @@ def table(data: dict[str, object]) -> str:
         f"{info['postgresql']}, RabbitMQ {info['rabbitmq']}",
         f"load average (1/5/15 min): {load_before} before, {load_after} after; "
         "contenders ran one after another",
+        f"autovacuum: {info.get('autovacuum', '?')}; "
+        + (
+            f"{settings['repeat']} rounds, each figure the median of a contender's rounds"
+            if settings.get("repeat", 1) > 1
+            else "one round"
+        ),
         "",
     ]
     header = ["", "jobs/s", "p50 ms", "p95 ms", "p99 ms", "ours/peer:", "jobs/s", "p50", "p95"]
@@ -215,8 +259,15 @@ def table(data: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def autovacuum() -> str:
+    """The server's autovacuum setting: on in production, off on this project's CI."""
+    with psycopg.connect(ADMIN_URL) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    return str(row[0]) if row else "?"
+
+
 def machine_info() -> dict[str, object]:
-    info: dict[str, object] = {**machine(), **server_versions()}
+    info: dict[str, object] = {**machine(), **server_versions(), "autovacuum": autovacuum()}
     for package in PEER_PACKAGES:
         try:
             info[package] = importlib.metadata.version(package)
@@ -259,6 +310,12 @@ def main() -> None:
         help=f"run only these contenders, of: {', '.join(GROUPS)} (default: all)",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every contender, alternated; each figure the median of its rounds",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the figures as JSON on stdout (the table then goes to stderr)",
@@ -275,12 +332,13 @@ def main() -> None:
     contenders, skipped = load(groups)
     info = machine_info() | {"load_before": _load()}
     try:
-        rows = run(contenders, settings)
+        rows = run(contenders, settings, max(args.repeat, 1))
     except KeyboardInterrupt:
         say("interrupted: workers stopped, scratch databases and queues removed")
         sys.exit(130)
     info["load_after"] = _load()
     data = report(rows, skipped, settings, info)
+    data["settings"] = {**asdict(settings), "repeat": max(args.repeat, 1)}
     if args.json:
         print(table(data), file=sys.stderr)
         print(json.dumps(data, indent=2))
