@@ -18,9 +18,15 @@ arguments, checked at that enqueue and before each call.
 Raise :class:`Retry` to try again later, :class:`Snooze` to look again later without
 spending an attempt, :class:`Permanent` to fail at once, :class:`Cancel` to
 acknowledge ``job.cancel_requested``; any other exception retries with backoff until
-the job's attempts are spent.
+the job's attempts are spent. ``await job.step_async("charge", charge)`` (``job.step``
+in a plain handler) records a step's result, so that a later attempt skips it and
+resumes at the first unfinished step.
+
+``hooks.add`` wraps every attempt in an async function of yours
+(:mod:`consumers.hooks`): a request id, a tenant's settings, metrics.
 """
 
+from hybrid_jobs.consumers import hooks
 from hybrid_jobs.consumers.backoff import Backoff
 from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import AsyncTx, Job, SyncTx
@@ -47,4 +53,5 @@ __all__ = [
     "Uncertain",
     "default_registry",
     "handler",
+    "hooks",
 ]

@@ -63,4 +63,5 @@ class LeaseLost(Exception):
     """This worker no longer holds the job: its lease expired and the job was taken
     over, or it finished another way. Raised by ``job.transaction()`` when the fenced
     completion matches nothing; the transaction, and the handler's writes in it, were
-    rolled back. A handler need not catch it."""
+    rolled back. Raised by ``job.step`` when the step's fenced record matches nothing:
+    the step is not recorded. A handler need not catch it."""

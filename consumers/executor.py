@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs import defaults
+from hybrid_jobs.consumers import hooks
 from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import Job, Resources
 from hybrid_jobs.consumers.outcome import TIMEOUT, Outcome, encode_result
@@ -191,8 +192,9 @@ class Reservation:
             self.release()
 
 
-class _TimedOut(Exception):
-    """The attempt ran past its time limit (not a TimeoutError of the handler's own)."""
+class _TimedOut(TimeoutError):
+    """The attempt ran past its time limit (not a TimeoutError of the handler's own;
+    a run hook sees a TimeoutError)."""
 
 
 async def _bounded(work: Any, seconds: float | None) -> Any:
@@ -286,11 +288,15 @@ async def _attempt(
     # 2. run: an async handler in the loop, a plain function on its reserved thread,
     # bounded by the time limit
     limit = handler.time_limit(default_timeout)
-    try:
+
+    async def bounded() -> Any:
         if reservation is None:
-            value = await _bounded(handler.call(job), limit)
-        else:
-            value = await threads.run(reservation, handler, job, limit)
+            return await _bounded(handler.call(job), limit)
+        return await threads.run(reservation, handler, job, limit)
+
+    try:
+        # inside the run hooks, which answer with how the handler ended, whatever they do
+        value = await hooks.around(job, bounded)
     # 3. normalise: however it ended, one Outcome, or None for nothing to report
     except LeaseLost:
         log.warning("consumer.lease_lost", extra={"job_id": str(job.id), "where": "transaction"})

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import json
 import logging
 import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
@@ -19,7 +20,8 @@ from contextlib import (
 )
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, LiteralString, TypeVar
+from types import MappingProxyType
+from typing import Any, Generic, LiteralString, ParamSpec, TypeVar, cast, overload
 
 from psycopg import AsyncConnection, Connection
 from psycopg.abc import Params
@@ -27,6 +29,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from hybrid_jobs.consumers.errors import LeaseLost
 from hybrid_jobs.consumers.outcome import Outcome, encode_result, json_problem
+from hybrid_jobs.consumers.steps import StepLog, step_name, step_result
 from hybrid_jobs.consumers.store import Claimed, finish_params
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import make_pool, make_sync_pool
@@ -45,6 +48,8 @@ MAX_PROGRESS_NUMBER = 1e15
 
 A = TypeVar("A")
 S = TypeVar("S")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -92,7 +97,8 @@ class Job:
     ``attempt`` counts from 1 and ``max_attempts`` is its budget; ``generation`` is
     the fencing token this attempt holds. ``scheduled_for`` is the nominal instant
     of the schedule occurrence that fired the job (an aware datetime; None for a
-    job no schedule fired). ``cancel_requested`` turns true (at a
+    job no schedule fired). ``meta`` is the metadata it was enqueued with (a
+    read-only mapping, empty for none). ``cancel_requested`` turns true (at a
     heartbeat) when someone asked to cancel the job: stop at a safe point and
     ``raise consumers.Cancel()``. ``cancel_forced`` turns true with it when the
     cancel was forced: an async handler is then interrupted (``CancelledError`` at
@@ -111,6 +117,7 @@ class Job:
     created_at: datetime
     worker: str
     scheduled_for: datetime | None = None
+    meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     cancel_requested: bool = False
     cancel_forced: bool = False
     # The stored trace context of the enqueuing code (plumbing.tracing), if any.
@@ -133,6 +140,7 @@ class Job:
     _progress_written: float = field(default=0.0, repr=False)
     _progress_flush: asyncio.Task[None] | None = field(default=None, repr=False)
     _parent_results: ParentResults | None = field(default=None, repr=False)
+    _steps: StepLog | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(
@@ -150,6 +158,7 @@ class Job:
             created_at=c.created_at,
             worker=resources.worker,
             scheduled_for=c.scheduled_for,
+            meta=MappingProxyType(c.meta or {}),
             trace_context=c.trace_context,
             gates=c.gates,
             lease_deadline=claim_sent_at + lease,
@@ -250,6 +259,77 @@ class Job:
             if _running_loop() is None:
                 self._parent_results.load_sync()
         return self._parent_results
+
+    def step(self, name: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` as the step ``name`` of this job, once its
+        result is recorded: a plain handler's resumable step.
+
+        The first time, ``fn`` runs and its result (JSON, at most
+        ``MAX_RESULT_BYTES``; anything else raises ``ValueError`` and records
+        nothing) is recorded through the job's lease, then returned. Every later
+        attempt of the job (a retry, a lease recovered after a crash, a replay)
+        returns the recorded result without calling ``fn``. A result comes back as
+        JSON gives it back (a tuple as a list), the first time too. If ``fn``
+        raises, nothing is recorded and the exception propagates: the step runs
+        again at the next attempt. A worker that lost the job's lease records
+        nothing and gets :class:`~consumers.LeaseLost`.
+
+        At least once per step: a crash after ``fn`` returns and before its record
+        commits runs it again. In an async handler: :meth:`step_async`."""
+        name = step_name(name)
+        steps = self._step_log()
+        loop = self._resources_or_fail().loop
+        if _running_loop() is loop:
+            raise RuntimeError("in an async handler, use await job.step_async(...)")
+        finished = asyncio.run_coroutine_threadsafe(steps.finished(), loop).result()
+        if name in finished:
+            return cast(T, finished[name])
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            # Never awaited here: say so, rather than refuse a coroutine as "not JSON".
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError(f"step {name!r}: fn is async; use await job.step_async(...)")
+        encoded, _ = step_result(name, value)
+        recorded = asyncio.run_coroutine_threadsafe(steps.record(name, encoded), loop).result()
+        return cast(T, recorded)
+
+    @overload
+    async def step_async(
+        self, name: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+
+    @overload
+    async def step_async(
+        self, name: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+
+    async def step_async(
+        self, name: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Any:
+        """:meth:`step` in an async handler: ``await job.step_async("charge", charge,
+        order_id)``, ``fn`` an async function (awaited) or a plain one (called on the
+        event loop: keep it short)."""
+        name = step_name(name)
+        steps = self._step_log()
+        finished = await steps.finished()
+        if name in finished:
+            return finished[name]
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        encoded, _ = step_result(name, value)
+        return await steps.record(name, encoded)
+
+    def _step_log(self) -> StepLog:
+        if self._steps is None:
+            pool = self._resources_or_fail().pool
+            self._steps = StepLog(self.id, self.generation, self.worker, pool)
+        return self._steps
+
+    def _resources_or_fail(self) -> Resources:
+        assert self._resources is not None, "a job from a consumer has its resources"
+        return self._resources
 
     def transaction(self) -> Dual[AsyncTx, SyncTx]:
         """A database transaction that completes this job when it commits.

@@ -55,6 +55,8 @@ class Claimed:
     scheduled_for: datetime | None = None
     # The W3C trace context of the code that enqueued it (the otel extra), as stored.
     trace_context: Any = None
+    # The job's meta (enqueue's ``meta``), None for none.
+    meta: dict[str, Any] | None = None
     # The gates it was claimed through (schema/gates), so that its outcome runs the
     # end of a lease composed of what it holds; None: not known (a lease recovered
     # by held_by_me), and its outcome finds out.

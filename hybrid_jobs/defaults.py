@@ -104,6 +104,9 @@ MAX_DEDUP_KEY_LENGTH: Final = 500
 MAX_SCHEDULE_NAME_LENGTH: Final = 200
 """Characters in a recurring schedule's name."""
 
+MAX_STEP_NAME_LENGTH: Final = 200
+"""Characters in a resumable step's name (``job.step(name, ...)``)."""
+
 MAX_TAGS: Final = 16
 """Tags one job may carry (``tags=``)."""
 

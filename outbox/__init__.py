@@ -15,12 +15,14 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``approve``/``reject`` for jobs enqueued with ``needs_approval``;
 ``update_job`` (change a job that has not started yet);
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
+``hooks.add`` runs a function of yours on every job enqueued (:mod:`outbox.hooks`).
 """
 
 # The modules here take the caller's SQLAlchemy sessions, and import SQLAlchemy for
 # their types only (under TYPE_CHECKING): the relay, which fires schedules with
 # outbox.schedules and outbox.recurrence, uses none of it, and importing it would
 # take every relay a fifth of a second more to start.
+from hybrid_jobs.outbox import hooks
 from hybrid_jobs.outbox.approval import (
     NotAwaitingApproval,
     approve,
@@ -123,6 +125,7 @@ __all__ = [
     "enqueue_many_async",
     "explain",
     "explain_async",
+    "hooks",
     "pause_queue",
     "pause_queue_async",
     "pause_schedule",

@@ -40,7 +40,7 @@ from hybrid_jobs.outbox.validation import (
     max_payload_bytes,
     start_arg,
 )
-from hybrid_jobs.schema.queries import JOB_EDIT, JOB_EDIT_REFUSAL
+from hybrid_jobs.schema.queries import JOB_EDIT, JOB_EDIT_HAND_ON, JOB_EDIT_REFUSAL
 from hybrid_jobs.schema.states import CLAIMABLE, LEASED, JobState
 
 if TYPE_CHECKING:
@@ -179,6 +179,9 @@ def update_job(
     if row is None:
         found = conn.exec_driver_sql(JOB_EDIT_REFUSAL, {"job_id": ident}).first()
         raise _refusal(ident, params, found)
+    if params["run_after"] is not None or params["delay_seconds"] is not None:
+        # Later than now, it passes the turn of a freed key or resource on.
+        conn.exec_driver_sql(JOB_EDIT_HAND_ON, {"job_id": ident})
     edited_run_after: datetime = row[1]
     return edited_run_after
 

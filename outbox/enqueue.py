@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from hybrid_jobs.outbox import backpressure, known_types
+from hybrid_jobs.outbox import backpressure, hooks, known_types
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
     JsonDefault,
@@ -212,11 +212,12 @@ def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
     A job whose ``dedup_key`` is already taken for its job type is not inserted; its
     place in the result holds the existing job's id. In strict mode
     (:func:`outbox.require_known_job_types`) a job type no handler of this process
-    knows is refused (``ValueError``) before anything is written.
+    knows is refused (``ValueError``) before anything is written. The enqueue hooks
+    (:mod:`outbox.hooks`) see each job first, and what they return is written.
     """
-    batch = list(jobs)
-    # Here and not in insert_jobs: the relay fires schedules through that, and it
-    # imports no handlers.
+    batch = hooks.apply(session, jobs)
+    # These two here and not in insert_jobs: the relay fires schedules through that,
+    # and it imports neither handlers nor the producer's hooks.
     known_types.refuse_unknown(getattr(job, "job_type", None) for job in batch)
     return insert_jobs(session, batch, max_payload_bytes())
 

@@ -27,6 +27,9 @@ in one guarded statement. What it promises:
   ``EXPIRED``) loses that deadline (``expires_at`` becomes unset): kept, it would
   be ended again by the relay's next round, never started. Any other job keeps
   its ``expires_at``, passed or not.
+- A job's finished resumable steps (``job.step``) are kept: the replayed job
+  resumes at its first unfinished step. ``reset_steps=True`` clears them, in the
+  same transaction, so that it starts over from its first step.
 - A ``job_replays`` row records who asked (``by``, else the database role and the
   session's ``application_name``, as ``"role (app)"``), when (the database clock),
   from which state, and after how many attempts.
@@ -45,7 +48,7 @@ from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.ids import actor, job_id_arg
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
-from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE
+from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE, JOB_STEP_CLEAR
 from hybrid_jobs.schema.states import REPLAYABLE, JobState
 
 if TYPE_CHECKING:
@@ -108,18 +111,26 @@ def _filters(
 
 
 def retry_job(
-    session: Session, job_id: uuid.UUID | str, *, by: str | None = None
+    session: Session,
+    job_id: uuid.UUID | str,
+    *,
+    by: str | None = None,
+    reset_steps: bool = False,
 ) -> JobState | None:
     """Replay one FAILED or CANCELLED job (see the module's docstring).
 
     Returns the job's state afterwards: QUEUED if it was replayed, its unchanged
     state if it was in any other one, None for an unknown id. ``job_id`` is a UUID
     or its text (anything else raises ``ValueError``/``TypeError`` naming it);
-    ``by`` names who asked (at most 200 characters). Never commits.
+    ``by`` names who asked (at most 200 characters); ``reset_steps`` clears the
+    job's finished steps, so it starts over instead of resuming. Never commits.
     """
     params = {"job_id": job_id_arg(job_id), "by": actor(by)}
     conn = psycopg_connection(session)
-    if conn.exec_driver_sql(JOB_REPLAY, params).first() is not None:
+    replayed = conn.exec_driver_sql(JOB_REPLAY, params).first()
+    if replayed is not None:
+        if reset_steps:
+            conn.exec_driver_sql(JOB_STEP_CLEAR, {"job_ids": [replayed[0]]})
         return JobState.QUEUED
     row = conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]}).first()
     return None if row is None else JobState(row[0])
@@ -138,6 +149,7 @@ def retry_jobs(
     limit: int = 1000,
     by: str | None = None,
     states: Collection[JobState | str] = REPLAYABLE_STATES,
+    reset_steps: bool = False,
 ) -> int:
     """Replay the FAILED and CANCELLED jobs (``states``: only those of the states given) that
     match every filter given (None: any): of ``queue``, of ``job_type``, whose
@@ -145,11 +157,15 @@ def retry_jobs(
     datetime); the oldest finished first, at most ``limit`` (1 to 100000) in one
     statement. Returns how many were replayed. Rows another transaction holds right now
     are skipped (call again for them). Filters are checked before anything is written.
+    ``reset_steps`` clears the replayed jobs' finished steps (see :func:`retry_job`).
     Never commits.
     """
     params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
     conn = psycopg_connection(session)
-    return len(conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all())
+    replayed = [row[0] for row in conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all()]
+    if reset_steps and replayed:
+        conn.exec_driver_sql(JOB_STEP_CLEAR, {"job_ids": replayed})
+    return len(replayed)
 
 
 retry_jobs_async = async_twin(retry_jobs)

@@ -78,6 +78,9 @@ NOTES: Final[dict[str, str]] = {
     "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
     "JOB_PROGRESS": "record a handler's progress, through the fence",
+    "JOB_STEP_RECORD": "record a finished step of a handler (job.step), through the fence",
+    "JOB_STEP_LIST": "read a job's finished steps, once per attempt, at its first job.step",
+    "JOB_STEP_CLEAR": "clear the finished steps of replayed jobs (reset_steps=True)",
     "JOB_REQUEST_RECORD": "record the API request (Idempotency-Key) that made a job",
     "JOB_REQUEST_BY_KEY": "find the job an Idempotency-Key made, and its request's fingerprint",
     "JOB_RETRIES_DUE_NOW": "make every waiting retry due at once (run_until_idle(retries=True))",
@@ -145,6 +148,8 @@ NOTES: Final[dict[str, str]] = {
     "JOB_APPROVAL": "read why an approval or rejection changed nothing",
     "JOB_EDIT": "edit a job that has not started; a new start or priority moves its wake-up",
     "JOB_EDIT_REFUSAL": "read why an edit changed nothing",
+    "JOB_EDIT_HAND_ON": "after an edit moved a job's start later: wake its key's or resource's "
+    "next waiter",
     "QUEUE_PAUSE": "pause a queue",
     "QUEUE_IN_USE": "tell a queue something uses from a typo, before pausing it",
     "QUEUE_RESUME": "resume a queue, and notify the relay",

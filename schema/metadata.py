@@ -48,6 +48,7 @@ from hybrid_jobs.schema.tables import (
     MAX_KEY_LENGTH,
     MAX_META_STORED_BYTES,
     MAX_SCHEDULE_NAME_LENGTH,
+    MAX_STEP_NAME_LENGTH,
     MAX_TAGS,
     QUEUE_NAME_PATTERN,
     RATE_LIMIT_NAME_PATTERN,
@@ -550,6 +551,32 @@ job_tags = Table(
 # on the tag, which the planner takes for a common tag and which for a rare one
 # reads the whole table.
 Index("job_tags_job_id_idx", job_tags.c.job_id, postgresql_using="hash")
+
+# The finished steps of a job (job.step): one row per step name, written once,
+# through the fence, by the attempt that finished it (attempt and lease_generation
+# say which). A retry, a recovered lease or a replay reads them and skips those
+# steps. They go with their job (ON DELETE CASCADE): retention deletes both; the
+# primary key, job_id first, serves the cascade and the read of a job's steps.
+job_steps = Table(
+    "job_steps",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=True),
+        ForeignKey("jobs.job_id", ondelete="CASCADE", name="job_steps_job_id_fkey"),
+        nullable=False,
+    ),
+    Column("name", Text, nullable=False),
+    # The step's return value as JSON; NULL for None.
+    Column("result", JSONB),
+    Column("attempt", Integer, nullable=False),
+    Column("lease_generation", BigInteger, nullable=False),
+    _ts("finished_at", nullable=False, default=True),
+    PrimaryKeyConstraint("job_id", "name", name="job_steps_pkey"),
+    CheckConstraint(
+        f"char_length(name) BETWEEN 1 AND {MAX_STEP_NAME_LENGTH}", name="job_steps_name_length"
+    ),
+)
 
 # ------------------------------------------------------------------ operator state
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         job_effects,
         job_replays,
         job_requests,
+        job_steps,
         job_tags,
         jobs,
         jobs_key_seq,
@@ -106,6 +107,8 @@ RATE_LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}(:\*)?$"
 
 # The recurring schedules' names, and what schedule_fires records of each occurrence.
 MAX_SCHEDULE_NAME_LENGTH = defaults.MAX_SCHEDULE_NAME_LENGTH
+# A resumable step's name, bounded by a CHECK on job_steps.name.
+MAX_STEP_NAME_LENGTH = defaults.MAX_STEP_NAME_LENGTH
 CATCHUP_MODES_SQL = "'all', 'latest', 'skip'"
 
 # A job's tags: a few short names (in URLs, on the command line and as chips on the
@@ -140,6 +143,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "MAX_META_STORED_BYTES",
     "MAX_SCHEDULE_NAME_LENGTH",
+    "MAX_STEP_NAME_LENGTH",
     "MAX_TAGS",
     "MAX_TAG_LENGTH",
     "NOW",
@@ -159,6 +163,7 @@ __all__ = [
     "job_effects",
     "job_replays",
     "job_requests",
+    "job_steps",
     "job_tags",
     "jobs",
     "jobs_key_seq",

@@ -443,3 +443,26 @@ def test_a_woken_waiter_that_ends_before_it_ran_passes_over_a_paused_queue(
     with Session(engine) as session, session.begin():
         assert outbox.request_cancel(session, woken) == "CANCELLED"
     assert [_pending(pg, j) for j in (paused, runnable)] == [0, 1]
+
+
+@pytest.mark.parametrize("gate", ["key", "resource"])
+def test_a_woken_waiter_moved_later_by_an_edit_passes_the_turn_on(
+    engine: Engine, pg: psycopg.Connection, gate: str
+) -> None:
+    # The freed key or resource woke one waiter; the other was turned down and has no
+    # wake-up. An operator moves the woken one an hour later: nothing ended, so the
+    # hand-on trigger does not fire, and the other waited for the orphan walk.
+    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
+    holder = enqueue(engine, "noop", **use)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    woken, other = (enqueue(engine, "noop", **use) for _ in range(2))
+    _sent(pg)
+    assert set(_claim(pg, [woken, other]).values()) <= {"KEY_BUSY", "RESOURCE_BUSY"}
+    _finish(pg, holder, Outcome.succeeded())
+    assert [_pending(pg, j) for j in (woken, other)] == [1, 0]
+    with Session(engine) as session, session.begin():
+        outbox.update_job(session, woken, run_after=timedelta(hours=1))
+    assert [_pending(pg, j) for j in (woken, other)] == [1, 1]
+    assert job(pg, woken)["delay_reason"] is None, "it waits for its new start now"
+    _sent(pg)
+    assert _claim(pg, [other]) == {other: "claimed"}

@@ -235,6 +235,7 @@ def test_a_snooze_of_a_job_asked_to_cancel_ends_it_cancelled(
     assert pending_wakeups(pg, job_id) == wakeups, "no wake-up of its own"
     (ended,) = attempts(pg, job_id)
     assert (ended["outcome"], ended["error_code"]) == ("CANCELLED", "SNOOZED")
+    assert row["last_error_code"] is None, "a snooze is no error, cancelled or not"
 
 
 @pytest.mark.parametrize("gate", ["key", "resource"])

@@ -164,6 +164,13 @@ SCENARIOS: dict[str, Scenario] = {
         view=lambda e: (e.state, e.queue, e.job_type, e.codes, e.attempt),
     ),
     "request_cancel": Scenario(setup=_job_setup()),
+    "update_job": Scenario(
+        setup=lambda s, pg: (
+            _job_setup()(s, pg)[0],
+            {"payload": {"to": "b@example.com"}, "priority": 9, "max_attempts": 4},
+        ),
+        view=lambda run_after: run_after is not None,
+    ),
     "approve": Scenario(setup=_awaiting),
     "reject": Scenario(setup=_awaiting),
     "pause_queue": Scenario(("mail",), {"by": "alice"}),

@@ -16,7 +16,8 @@
 
 -- ======================================================================================
 -- hybrid_jobs/schema/queries/job.py: A job's statements outside its lease: enqueue,
--- cancel, an effect done once, the handler's progress, the API request behind a job.
+-- cancel, an effect done once, the handler's progress and finished steps, the API
+-- request behind a job.
 -- ======================================================================================
 
 -- name: JOB_INSERT_MANY
@@ -302,6 +303,34 @@ held AS (
 UPDATE jobs AS j SET progress = %(progress)s::jsonb, progress_at = now()
 FROM held WHERE j.job_id = held.job_id
 RETURNING j.job_id;
+
+-- name: JOB_STEP_RECORD
+-- Run by consumers.steps:StepLog.record to record a finished step of a handler
+-- (job.step), through the fence.
+-- Built with FENCE.
+-- Parameters: generation, job_id, name, result, worker.
+WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
+held AS (
+    SELECT j.job_id, j.attempt_count, j.lease_generation FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
+    FOR SHARE OF j
+)
+INSERT INTO job_steps AS s (job_id, name, result, attempt, lease_generation, finished_at)
+SELECT held.job_id, %(name)s, %(result)s::jsonb, held.attempt_count, held.lease_generation, now()
+FROM held
+ON CONFLICT (job_id, name) DO UPDATE SET result = s.result
+RETURNING s.result::text AS result;
+
+-- name: JOB_STEP_LIST
+-- Run by consumers.steps:StepLog.finished to read a job's finished steps, once per
+-- attempt, at its first job.step.
+-- Parameters: job_id.
+SELECT name, result::text AS result FROM job_steps WHERE job_id = %(job_id)s;
+
+-- name: JOB_STEP_CLEAR
+-- Run by outbox.replay:retry_job(_async), outbox.replay:retry_jobs(_async) to clear the
+-- finished steps of replayed jobs (reset_steps=True).
+-- Parameters: job_ids.
+DELETE FROM job_steps WHERE job_id = ANY(%(job_ids)s::uuid[]);
 
 -- name: JOB_REQUEST_RECORD
 -- Run by jobctl.service.jobs:enqueue_job to record the API request (Idempotency-Key)
@@ -732,7 +761,7 @@ WITH types AS (
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context
+              j.trace_context, j.meta
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -754,7 +783,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -849,14 +878,14 @@ WITH types AS (
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context
+              j.trace_context, j.meta
 )
 -- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide,
 -- with the gates its job uses (read without a lock: the whole claim is composed of
 -- them, and turns back a job whose gates changed meanwhile)
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
-SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
@@ -868,7 +897,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context
+       lease_generation, created_at, scheduled_for, trace_context, meta
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -949,9 +978,10 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
-        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+        -- a snooze is no error, even one that a cancel request turned into CANCELLED
+        last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
                                ELSE COALESCE(d.error_code, j.last_error_code) END,
-        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.kind = 'snoozed'
                                   THEN j.last_error_message ELSE d.error_message END,
         -- why it waits, for explain, until a claim takes it or turns it down
         delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
@@ -1154,9 +1184,10 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
-        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+        -- a snooze is no error, even one that a cancel request turned into CANCELLED
+        last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
                                ELSE COALESCE(d.error_code, j.last_error_code) END,
-        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.kind = 'snoozed'
                                   THEN j.last_error_message ELSE d.error_message END,
         -- why it waits, for explain, until a claim takes it or turns it down
         delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
@@ -1249,9 +1280,10 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
-        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+        -- a snooze is no error, even one that a cancel request turned into CANCELLED
+        last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
                                ELSE COALESCE(d.error_code, j.last_error_code) END,
-        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.kind = 'snoozed'
                                   THEN j.last_error_message ELSE d.error_message END,
         -- why it waits, for explain, until a claim takes it or turns it down
         delay_reason = CASE WHEN d.state = 'QUEUED' THEN 'SNOOZED'
@@ -2879,6 +2911,10 @@ WITH given AS (
         priority = COALESCE(%(priority)s::smallint, j.priority),
         max_attempts = COALESCE(%(max_attempts)s::integer, j.max_attempts),
         run_after = COALESCE(g.run_after, j.run_after),
+        -- a new start is why it waits now, not what turned it down before (its key,
+        -- its resource, a snooze): explain reads it as scheduled until a claim says
+        delay_reason = CASE WHEN g.run_after IS NULL THEN j.delay_reason END,
+        delay_since = CASE WHEN g.run_after IS NULL THEN j.delay_since END,
         updated_at = now()
     FROM given AS g
     WHERE j.job_id = %(job_id)s AND j.state IN ('QUEUED', 'RETRY_WAIT')
@@ -2900,6 +2936,92 @@ WITH given AS (
       AND o.priority <> e.priority
 )
 SELECT job_id, run_after FROM edited;
+
+-- name: JOB_EDIT_HAND_ON
+-- Run by outbox.edit:update_job(_async) to after an edit moved a job's start later: wake
+-- its key's or resource's next waiter.
+-- Built with no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
+-- Parameters: job_id.
+WITH moved AS (
+    SELECT job_id, key, resource FROM jobs
+    WHERE job_id = %(job_id)s AND run_after > now()
+      AND (key IS NOT NULL OR resource IS NOT NULL)
+), roomy AS (
+    SELECT m.job_id FROM moved AS m
+    WHERE m.key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM key_usage AS u WHERE u.key = m.key AND u.running >= u.key_limit)
+), key_left AS (
+    SELECT j.key, count(*)::int AS n
+    FROM roomy AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.key IS NOT NULL
+    GROUP BY j.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM roomy)
+                   AND (w.key_seq IS NOT NULL OR NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused))
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, w.key_seq, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM roomy)
+                 ORDER BY w.key_seq, w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.key_seq, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), released AS (
+    SELECT m.resource FROM moved AS m
+    WHERE m.resource IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM resource_holds AS h WHERE h.resource = m.resource)
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT resource FROM released) AS r
+    CROSS JOIN LATERAL (
+        SELECT c.* FROM (
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN') AND w.run_after <= now()
+               AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now() AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+             ORDER BY w.job_id
+             LIMIT 1)
+            UNION ALL
+            (SELECT w.job_id, w.queue, w.tenant, w.priority
+             FROM jobs AS w
+             WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+               AND w.run_after <= now()
+             ORDER BY w.job_id
+             LIMIT 1)
+        ) AS c
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+)
+SELECT count(*) FROM moved;
 
 -- name: JOB_EDIT_REFUSAL
 -- Run by outbox.edit:update_job(_async) to read why an edit changed nothing.

@@ -266,6 +266,10 @@ def _job_text(job: JobView) -> str:
             for a in job.attempts
         ]
         lines.append(table(["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "ERROR"], rows))
+    if job.steps:
+        lines += ["", "steps (finished; a later attempt skips them):"]
+        rows = [[s.name, when(s.finished_at), s.attempt] for s in job.steps]
+        lines.append(table(["NAME", "FINISHED", "ATTEMPT"], rows))
     failed = [a for a in job.attempts if a.traceback]
     if failed:
         last = failed[-1]

@@ -38,6 +38,7 @@ from hybrid_jobs.jobctl.service.models import (
     JobView,
     LastError,
     Lease,
+    Step,
     Why,
 )
 from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
@@ -64,6 +65,7 @@ SCAN_LIMIT: Final = 10_000
 ATTEMPTS_SHOWN: Final = 100
 # Parents and children shown of a job (a fan-in may wait for 1,000).
 DEPENDENCIES_SHOWN: Final = 100
+STEPS_SHOWN: Final = 100
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 # A meta filter's key and value: meta is at most MAX_META_BYTES whole.
 MAX_META_KEY_LENGTH: Final = 200
@@ -307,6 +309,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
     relations = await fetch_all(
         session, queries.JOB_DEPENDENCIES, {"job_id": job_id, "limit": DEPENDENCIES_SHOWN}
     )
+    steps = await fetch_all(session, queries.JOB_STEPS, {"job_id": job_id, "limit": STEPS_SHOWN})
     (
         payload_text,
         dedup_key,
@@ -377,6 +380,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         resource=resource,
         parents=tuple(Dependency(*r[1:]) for r in relations if r[0] == "parent"),
         children=tuple(Dependency(*r[1:]) for r in relations if r[0] == "child"),
+        steps=tuple(Step(*r) for r in steps),
     )
 
 

@@ -223,6 +223,9 @@ class JobView(JobSummary):
     """The jobs it waits for (enqueue's after=), in that order (at most 100)."""
     children: tuple[Dependency, ...] = ()
     """The jobs waiting for it (at most 100)."""
+    steps: tuple[Step, ...] = ()
+    """Its finished resumable steps (job.step), in the order they finished (at most
+    100): a later attempt skips them."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,18 @@ class Dependency:
     done: bool
     """Whether this parent's end has been counted for the child (it succeeded, or
     ended otherwise under on_parent_failure="run")."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """A finished resumable step of a job (job.step)."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    name: str
+    attempt: int
+    """The attempt that finished it."""
+    finished_at: datetime
 
 
 @dataclass(frozen=True)

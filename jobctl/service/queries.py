@@ -93,6 +93,17 @@ UNION ALL
 """
 
 
+# A job's finished steps (job.step), by job_steps' primary key; not their results,
+# which may be large and are the handler's own.
+JOB_STEPS: Final = """
+SELECT name, attempt, finished_at
+FROM job_steps
+WHERE job_id = %(job_id)s
+ORDER BY finished_at, name
+LIMIT %(limit)s
+"""
+
+
 @dataclass(frozen=True)
 class JobList:
     sql: str

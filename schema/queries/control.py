@@ -12,6 +12,8 @@ from hybrid_jobs.schema.queries.fragments import (
     LIVE_WORKER,
     PENDING_TENANTS,
     UNTAKEN,
+    key_wake_next,
+    resource_wake_next,
 )
 from hybrid_jobs.schema.queries.worker import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.states import DelayReason
@@ -221,6 +223,10 @@ WITH given AS (
         priority = COALESCE(%(priority)s::smallint, j.priority),
         max_attempts = COALESCE(%(max_attempts)s::integer, j.max_attempts),
         run_after = COALESCE(g.run_after, j.run_after),
+        -- a new start is why it waits now, not what turned it down before (its key,
+        -- its resource, a snooze): explain reads it as scheduled until a claim says
+        delay_reason = CASE WHEN g.run_after IS NULL THEN j.delay_reason END,
+        delay_since = CASE WHEN g.run_after IS NULL THEN j.delay_since END,
         updated_at = now()
     FROM given AS g
     WHERE j.job_id = %(job_id)s AND j.state IN ({CLAIMABLE_SQL})
@@ -242,6 +248,29 @@ WITH given AS (
       AND o.priority <> e.priority
 )
 SELECT job_id, run_after FROM edited
+"""
+
+# After an edit that moved a job's start into the future: the job a freed key or
+# resource woke may have been this one, and the others it passed over got no
+# wake-up back (KEY_BUSY, RESOURCE_BUSY). The turn goes on to the next due waiter,
+# as it would had the job ended (jobs_hand_on): a key's if it has room, a
+# resource's if no hold stands; one pending already is left as it is, and one woken
+# for a gate that is taken meanwhile is turned down and waits, as before.
+JOB_EDIT_HAND_ON: Final = f"""
+WITH moved AS (
+    SELECT job_id, key, resource FROM jobs
+    WHERE job_id = %(job_id)s AND run_after > now()
+      AND (key IS NOT NULL OR resource IS NOT NULL)
+), roomy AS (
+    SELECT m.job_id FROM moved AS m
+    WHERE m.key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM key_usage AS u WHERE u.key = m.key AND u.running >= u.key_limit)
+), {key_wake_next("roomy")}, released AS (
+    SELECT m.resource FROM moved AS m
+    WHERE m.resource IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM resource_holds AS h WHERE h.resource = m.resource)
+), {resource_wake_next("released")}
+SELECT count(*) FROM moved
 """
 
 # Why an edit changed nothing: the job's state, and what holds its start.

@@ -1,5 +1,5 @@
 """A job's statements outside its lease: enqueue, cancel, an effect done once, the
-handler's progress, the API request behind a job."""
+handler's progress and finished steps, the API request behind a job."""
 
 from __future__ import annotations
 
@@ -281,6 +281,43 @@ held AS (
 UPDATE jobs AS j SET progress = %(progress)s::jsonb, progress_at = now()
 FROM held WHERE j.job_id = held.job_id
 RETURNING j.job_id
+"""
+
+# A finished step of a handler's job (job.step), through the fence: the step's
+# result, stamped with the attempt and generation that finished it. A stale worker
+# (its lease lost, the job taken over) matches no row and records nothing. The job's
+# row is locked FOR SHARE, not read from the snapshot alone: a claim committed
+# since the snapshot was taken makes this wait and then see the new generation, so
+# a step never lands after its attempt's lease was taken over. A step the job has
+# already recorded (the same name run twice at once by one attempt) keeps its first
+# result, and that result is returned: a row back means the step is recorded, none
+# that the fence turned the write away.
+JOB_STEP_RECORD: Final = f"""
+WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
+held AS (
+    SELECT j.job_id, j.attempt_count, j.lease_generation FROM h JOIN jobs AS j ON {FENCE}
+    FOR SHARE OF j
+)
+INSERT INTO job_steps AS s (job_id, name, result, attempt, lease_generation, finished_at)
+SELECT held.job_id, %(name)s, %(result)s::jsonb, held.attempt_count, held.lease_generation, now()
+FROM held
+ON CONFLICT (job_id, name) DO UPDATE SET result = s.result
+RETURNING s.result::text AS result
+"""
+
+# The finished steps of a job, read once per attempt at its first job.step (the
+# primary key, job_id first). Results as text: the caller decodes them as it
+# decodes a job's result.
+JOB_STEP_LIST: Final = """
+SELECT name, result::text AS result FROM job_steps WHERE job_id = %(job_id)s
+"""
+
+# The finished steps of the jobs a replay has just put back, when the replay asked
+# to start them over (retry_job(..., reset_steps=True)): run in the replay's
+# transaction, which holds those jobs' rows, so no attempt can record a step of
+# theirs in between.
+JOB_STEP_CLEAR: Final = """
+DELETE FROM job_steps WHERE job_id = ANY(%(job_ids)s::uuid[])
 """
 
 

@@ -64,7 +64,7 @@ def _claimed(admitted: str) -> str:
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context
+              j.trace_context, j.meta
 )"""
 
 
@@ -154,7 +154,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -412,7 +412,7 @@ WITH {_HANDLERS}, locked AS (
 -- them, and turns back a job whose gates changed meanwhile)
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
-SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        array_remove(ARRAY[{_USED_GATES}], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
@@ -425,7 +425,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context
+       lease_generation, created_at, scheduled_for, trace_context, meta
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """
@@ -530,9 +530,10 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
-        last_error_code = CASE WHEN d.state = 'QUEUED' THEN j.last_error_code
+        -- a snooze is no error, even one that a cancel request turned into CANCELLED
+        last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
                                ELSE COALESCE(d.error_code, j.last_error_code) END,
-        last_error_message = CASE WHEN d.error_code IS NULL OR d.state = 'QUEUED'
+        last_error_message = CASE WHEN d.error_code IS NULL OR d.kind = 'snoozed'
                                   THEN j.last_error_message ELSE d.error_message END,
         -- why it waits, for explain, until a claim takes it or turns it down
         delay_reason = CASE WHEN d.state = 'QUEUED' THEN '{DelayReason.SNOOZED}'
