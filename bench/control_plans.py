@@ -198,6 +198,7 @@ def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:
         "error_code": None,
         "finished_after": None,
         "states": ["CANCELLED", "FAILED"],
+        "override": False,
     }
     backlog = {
         "queue": "q0",
@@ -217,7 +218,7 @@ def cases(conn: psycopg.Connection) -> dict[str, tuple[str, dict[str, Any]]]:
         }
 
     return {
-        "JOB_REPLAY": (q.JOB_REPLAY, {"job_id": failed, "by": "bench"}),
+        "JOB_REPLAY": (q.JOB_REPLAY, {"job_id": failed, "by": "bench", "override": False}),
         "JOB_REPLAY_MATCHING (no filter)": (
             q.JOB_REPLAY_MATCHING,
             replay_filters | {"limit": 1000, "by": None},

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from hybrid_jobs.consumers.job import Job
 from hybrid_jobs.consumers.ledger import Ledger
@@ -52,6 +52,7 @@ class LeaseKeeper:
         job_types: list[str],
         counts: Callable[[], Mapping[str, int]],
         on_forced: Callable[[Job], None] = lambda job: None,
+        policies: Sequence[Mapping[str, object]] = (),
     ) -> None:
         self.settings = settings
         self.store = store
@@ -59,6 +60,7 @@ class LeaseKeeper:
         self.job_types = job_types
         self.counts = counts
         self.on_forced = on_forced
+        self.policies = [dict(p) for p in policies]
         self.locked: set[uuid.UUID] = set()
         self.stopping = False
 
@@ -77,10 +79,16 @@ class LeaseKeeper:
         }
 
     async def announce(self) -> None:
-        """Register the worker and wake the jobs that waited for a consumer that
-        knows their type, or names their dedicated tenant: they start now, not at
-        the relay's next re-wake."""
+        """Register the worker, record what its handlers' job types allow (the
+        last consumer to start wins), and wake the jobs that waited for a consumer
+        that knows their type, or names their dedicated tenant: they start now, not
+        at the relay's next re-wake."""
         await self.store.seen(self.worker_row())
+        if self.policies:
+            changed = await self.store.record_policies(self.policies)
+            for policy in self.policies:
+                if policy["job_type"] in changed:
+                    log.info("consumer.job_type_policy_recorded", extra=policy)
         woken = await self.store.wake_parked(self.settings.queues, self.job_types)
         if woken:
             log.info(

@@ -12,13 +12,14 @@ from hybrid_jobs.consumers.backoff import DEFAULT_BACKOFF, Backoff
 from hybrid_jobs.consumers.errors import Permanent
 from hybrid_jobs.consumers.payload import BAD_PAYLOAD, PayloadSpec
 from hybrid_jobs.consumers.producer import HandlerFunction
-from hybrid_jobs.outbox import known_types
+from hybrid_jobs.outbox import known_types, policies
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from hybrid_jobs.consumers.job import Job
     from hybrid_jobs.consumers.reconcile import Uncertain
+    from hybrid_jobs.outbox.policies import JobTypePolicy
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,6 +46,7 @@ class Handler:
     rate_limit: str | None = None
     reconcile: ReconcileFn | None = None
     payload: PayloadSpec | None = None
+    policy: JobTypePolicy | None = None
 
     @property
     def is_async(self) -> bool:
@@ -83,6 +85,9 @@ class Registry:
         backoff: Backoff | None = None,
         rate_limit: str | None = None,
         reconcile: ReconcileFn | None = None,
+        replay: bool = True,
+        cancel_running: bool = True,
+        on_cancel: str | None = None,
     ) -> Callable[[Callable[P, R]], HandlerFunction[P, R]]:
         """Register the decorated function as the handler of ``job_type``.
 
@@ -109,6 +114,16 @@ class Registry:
         it was shown (that job's lease, :class:`consumers.Uncertain`) and no later
         one. Once retention has deleted the holder, the hook of the type turned down
         is asked instead, its hold's ``job_type`` and ``payload`` None.
+
+        What the type allows (:mod:`outbox.policies`, recorded in the database when
+        the consumer starts, the last consumer to start winning): ``replay=False``
+        refuses an operator's replay of its FAILED and CANCELLED jobs;
+        ``cancel_running=False`` refuses a cancel request for a running job (a
+        waiting one can always be cancelled); ``on_cancel`` says in words what its
+        cancellation promises ("compensate": the handler undoes what it did;
+        "none"), shown to operators. Each is refused with ``outbox.NotAllowed``
+        unless the caller overrides it, which is recorded. Retries within the
+        attempt budget are the handler's own: ``max_attempts=1`` means none.
         """
         names.job_type(job_type)
         names.queue(queue)
@@ -122,6 +137,9 @@ class Registry:
             names.rate_limit(rate_limit)
         if reconcile is not None and not callable(reconcile):
             raise TypeError("reconcile must be a function of the uncertain hold")
+        policy = policies.declared(
+            job_type, replay=replay, cancel_running=cancel_running, on_cancel=on_cancel
+        )
 
         def register(fn: Callable[P, R]) -> HandlerFunction[P, R]:
             # Registered again (in another registry, say): the function it wraps.
@@ -152,6 +170,7 @@ class Registry:
                 rate_limit,
                 reconcile,
                 wrapper.payload,
+                policy,
             )
             return wrapper
 
@@ -181,6 +200,14 @@ class Registry:
                 "rate_limit": h.rate_limit,
             }
             for h in self._handlers.values()
+        ]
+
+    def policies(self) -> list[dict[str, Any]]:
+        """What each job type allows, as JOB_TYPE_POLICY_RECORD_MANY takes it: every
+        handler's, so a type that declares nothing any more loses its row."""
+        return [
+            (h.policy or policies.JobTypePolicy(h.job_type)).as_row()
+            for h in sorted(self._handlers.values(), key=lambda h: h.job_type)
         ]
 
     def reconciles(self) -> bool:

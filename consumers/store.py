@@ -342,6 +342,16 @@ class JobStore:
         async with self.pool.connection() as conn:
             await conn.execute(q.WORKER_SEEN, {"worker": self.worker, **params})
 
+    async def record_policies(self, policies: list[dict[str, Any]]) -> list[str]:
+        """Record what the handlers' job types allow (JOB_TYPE_POLICY_RECORD_MANY);
+        the types whose recorded policy this changed."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.JOB_TYPE_POLICY_RECORD_MANY,
+                {"policies": json.dumps(policies), "worker": self.worker},
+            )
+            return [row[0] for row in await cur.fetchall()]
+
     async def gone(self) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(q.WORKER_GONE, {"worker": self.worker})

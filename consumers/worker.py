@@ -159,6 +159,7 @@ class Consumer:
             registry.job_types(),
             lambda: self.counts,
             self.forced.force,
+            registry.policies(),
         )
         # The side tasks (claimer, reporter, ...), once started.
         self.background: dict[str, asyncio.Task[None]] = {}

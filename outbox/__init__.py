@@ -14,7 +14,9 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``wait_for``/``wait_for_async`` (block until a job ends, woken at its commit);
 ``approve``/``reject`` for jobs enqueued with ``needs_approval``;
 ``update_job`` (change a job that has not started yet);
-``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``).
+``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``);
+``job_type_policy`` (what a job type allows: replay, cancelling it running;
+``NotAllowed`` when a call would do what it forbids).
 ``hooks.add`` runs a function of yours on every job enqueued (:mod:`outbox.hooks`).
 """
 
@@ -44,6 +46,12 @@ from hybrid_jobs.outbox.explain import (
     explain_async,
 )
 from hybrid_jobs.outbox.known_types import require_known_job_types
+from hybrid_jobs.outbox.policies import (
+    JobTypePolicy,
+    NotAllowed,
+    job_type_policy,
+    job_type_policy_async,
+)
 from hybrid_jobs.outbox.queues import (
     PausedQueue,
     pause_queue,
@@ -64,7 +72,13 @@ from hybrid_jobs.outbox.rate_limits import (
     set_rate_limit,
     set_rate_limit_async,
 )
-from hybrid_jobs.outbox.replay import retry_job, retry_job_async, retry_jobs, retry_jobs_async
+from hybrid_jobs.outbox.replay import (
+    Replayed,
+    retry_job,
+    retry_job_async,
+    retry_jobs,
+    retry_jobs_async,
+)
 from hybrid_jobs.outbox.resources import (
     HeldByAnother,
     NotUncertain,
@@ -107,12 +121,15 @@ __all__ = [
     "HeldByAnother",
     "JobNotEditable",
     "JobNotFound",
+    "JobTypePolicy",
     "LastError",
     "NewJob",
+    "NotAllowed",
     "NotAwaitingApproval",
     "NotUncertain",
     "PausedQueue",
     "RateLimit",
+    "Replayed",
     "Resolved",
     "ResourceHold",
     "TenantLimit",
@@ -126,6 +143,8 @@ __all__ = [
     "explain",
     "explain_async",
     "hooks",
+    "job_type_policy",
+    "job_type_policy_async",
     "pause_queue",
     "pause_queue_async",
     "pause_schedule",

@@ -16,7 +16,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,15 +28,19 @@ from hybrid_jobs.outbox.validation import (
     max_payload_bytes,
     parent_ids,
     to_row,
+    unique_fields,
 )
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.schema.queries import (
     JOB_DEBOUNCE_MANY,
     JOB_FIND_BY_DEDUP_MANY,
+    JOB_FIND_BY_UNIQUE_MANY,
     JOB_INSERT_MANY,
     JOB_INSERT_PLAIN_MANY,
+    JOB_INSERT_UNIQUE_MANY,
     JOB_KEYS_LOCK,
     JOB_PARENTS_LOCK,
+    JOB_TAGS_PRUNE,
 )
 from hybrid_jobs.schema.states import JobState
 
@@ -63,6 +67,9 @@ class _Plan:
     ordered_keys: list[str]  # keys of ordered jobs, to lock before numbering them
     # Whether a job of the batch has tags or parents: else the shorter insert does.
     tagged_or_after: bool = False
+    # The jobs whose dedup_key has a scope (unique=), by position: the row, and its
+    # key as JOB_FIND_BY_UNIQUE_MANY looks it up.
+    scoped: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def document(self) -> str:
@@ -79,8 +86,8 @@ class _Plan:
         found = {(row[0], row[1]) for row in debounced}
         wanted = [
             {"job_type": t, "dedup_key": k}
-            for (t, k), job_id in zip(self.keys, ids, strict=True)
-            if job_id not in inserted and (t, k) not in found
+            for n, ((t, k), job_id) in enumerate(zip(self.keys, ids, strict=True))
+            if job_id not in inserted and (t, k) not in found and n not in self.scoped
         ]
         return json.dumps(wanted, ensure_ascii=False) if wanted else None
 
@@ -95,6 +102,7 @@ def _plan(
     debounced: dict[tuple[str, str], str] = {}
     ordered_keys: set[str] = set()
     tagged_or_after = False
+    scoped: dict[int, tuple[str, dict[str, Any]]] = {}
     # The enqueuing code's span, once for the batch: every job of it was made there.
     trace_context = tracing.capture()
     for job in jobs:
@@ -108,6 +116,9 @@ def _plan(
             debounced[(job.job_type, job.dedup_key)] = row
         else:
             rows.append(row)
+        if job.unique != "forever":
+            lookup = {"n": len(ids), "job_type": job.job_type, "unique_key": job.dedup_key}
+            scoped[len(ids)] = (row, lookup | {"unique_seconds": unique_fields(job)[1]})
         keys.append((job.job_type, job.dedup_key))
         ids.append(job_id)
         tenants.append(job.tenant)
@@ -120,6 +131,7 @@ def _plan(
         debounced,
         sorted(ordered_keys),
         tagged_or_after,
+        scoped,
     )
     return plan, ids
 
@@ -168,6 +180,7 @@ def _resolve(
     inserted: set[uuid.UUID],
     found: Sequence[Any],
     debounced_rows: Sequence[Any] = (),
+    held: Mapping[int, uuid.UUID] | None = None,
 ) -> list[uuid.UUID]:
     debounced = {(row[0], row[1]): row[2] for row in debounced_rows}
     if len(debounced) < len(plan.debounced):
@@ -175,9 +188,16 @@ def _resolve(
         raise RuntimeError("a debounced job started while it was replaced; retry the transaction")
     existing = {(row[0], row[1]): row[2] for row in found}
     result: list[uuid.UUID] = []
-    for (job_type, dedup_key), job_id in zip(plan.keys, ids, strict=True):
+    for n, ((job_type, dedup_key), job_id) in enumerate(zip(plan.keys, ids, strict=True)):
         if job_id in inserted:
             result.append(job_id)
+        elif held and n in held:
+            result.append(held[n])
+        elif n in plan.scoped:
+            raise RuntimeError(
+                f"dedup_key {dedup_key!r} for {job_type!r} was held and freed again"
+                f" {_UNIQUE_ROUNDS + 1} times while this job was enqueued; retry the transaction"
+            )
         elif dedup_key is not None and (job_type, dedup_key) in debounced:
             result.append(debounced[(job_type, dedup_key)])
         elif (job_type, dedup_key) in existing:
@@ -248,14 +268,48 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
         backpressure.refuse_over_rate(rates.all())
     if plan.ordered_keys:
         conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
-    insert = JOB_INSERT_MANY if plan.tagged_or_after else JOB_INSERT_PLAIN_MANY
+    if plan.scoped:
+        insert = JOB_INSERT_UNIQUE_MANY
+    else:
+        insert = JOB_INSERT_MANY if plan.tagged_or_after else JOB_INSERT_PLAIN_MANY
     inserted = set(conn.exec_driver_sql(insert, {"jobs": plan.document}).scalars())
+    held = _holders(conn, plan, ids, inserted) if plan.scoped else {}
     debounced: Sequence[Any] = []
     if plan.debounce_document:
         debounced = conn.exec_driver_sql(JOB_DEBOUNCE_MANY, {"jobs": plan.debounce_document}).all()
+        conn.exec_driver_sql(JOB_TAGS_PRUNE, {"ids": [row[2] for row in debounced]})
     lookup = plan.lookup_document(inserted, ids, debounced)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
-    return _resolve(plan, ids, inserted, found, debounced)
+    return _resolve(plan, ids, inserted, found, debounced, held)
+
+
+# How many times a scoped job is inserted again when the key's holder left its scope
+# between the insert and the look-up. Each time another transaction's job took the
+# key and left its scope within that moment: a few is plenty.
+_UNIQUE_ROUNDS = 3
+
+
+def _holders(
+    conn: Connection, plan: _Plan, ids: list[uuid.UUID], inserted: set[uuid.UUID]
+) -> dict[int, uuid.UUID]:
+    """The job holding each scoped key whose insert was skipped, by position. A key
+    whose holder left its scope since the insert met it (a claim, an end) is free:
+    that job is inserted again (and added to ``inserted``)."""
+    held: dict[int, uuid.UUID] = {}
+    wanted = [n for n in plan.scoped if ids[n] not in inserted]
+    rounds = 0
+    while wanted:
+        keys = json.dumps([plan.scoped[n][1] for n in wanted], ensure_ascii=False)
+        found = conn.exec_driver_sql(JOB_FIND_BY_UNIQUE_MANY, {"keys": keys}).all()
+        held.update({row[0]: row[1] for row in found})
+        free = [n for n in wanted if n not in held]
+        if not free or rounds == _UNIQUE_ROUNDS:
+            break  # (what is still free then, _resolve refuses)
+        rounds += 1
+        again = "[" + ",".join(plan.scoped[n][0] for n in free) + "]"
+        inserted.update(conn.exec_driver_sql(JOB_INSERT_UNIQUE_MANY, {"jobs": again}).scalars())
+        wanted = [n for n in free if ids[n] not in inserted]
+    return held
 
 
 enqueue_many_async = async_twin(enqueue_many)
@@ -286,6 +340,7 @@ def enqueue(
     json_default: JsonDefault | None = None,
     tags: Collection[str] = (),
     meta: Mapping[str, Any] | None = None,
+    unique: str | timedelta = "forever",
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -348,6 +403,20 @@ def enqueue(
     payload). Neither changes how the job runs: every operator surface shows them,
     and the operator's job lists (``jobctl jobs list --tag``, ``GET /v1/jobs?tag=``,
     ``jobctl.service.list_jobs``) find jobs by them. A debounced repeat replaces them.
+
+    ``unique`` (with ``dedup_key``): how long the key is held, that is, for how long
+    an enqueue with it returns the job that holds it instead of making one:
+    ``"forever"`` (the default) until retention deletes the job; ``"waiting"`` until
+    the job first starts (waiting for approval or for its parents counts as
+    waiting; a retry or a snooze does not take the key back); ``"active"`` until it
+    ends (SUCCEEDED, FAILED or CANCELLED, however it got there; waiting for a retry
+    is still active); a ``timedelta`` (one second to ten years) for the window of
+    the clock it was enqueued in, windows of that length counted from the Unix epoch
+    (as River's ``ByPeriod``), whatever the job's state. A key held under one scope
+    is not seen by an enqueue under ``"forever"``, and the reverse: give a job
+    type's key one scope. A replayed job holds no ``"waiting"`` or ``"active"`` key.
+    Not with ``debounce``, whose key is held until the job starts already.
+
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -375,6 +444,7 @@ def enqueue(
         json_default=json_default,
         tags=tags,
         meta=meta,
+        unique=unique,
     )
     return enqueue_many(session, [job])[0]
 

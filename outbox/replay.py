@@ -33,6 +33,11 @@ in one guarded statement. What it promises:
 - A ``job_replays`` row records who asked (``by``, else the database role and the
   session's ``application_name``, as ``"role (app)"``), when (the database clock),
   from which state, and after how many attempts.
+- A job whose type does not allow replay (its handler's ``replay=False``, see
+  :mod:`outbox.policies`) is left as it is: ``retry_job`` raises
+  :class:`~outbox.policies.NotAllowed`, ``retry_jobs`` passes it over and counts it
+  (``not_allowed``). ``override_policy=True`` replays it all the same, and its
+  ``job_replays`` row says ``forced``.
 - The relay hears of the wake-up when the caller commits. Nothing here commits.
 """
 
@@ -46,9 +51,10 @@ from typing import TYPE_CHECKING, Any, Final
 from hybrid_jobs import defaults
 from hybrid_jobs.outbox.enqueue import psycopg_connection
 from hybrid_jobs.outbox.ids import actor, job_id_arg
+from hybrid_jobs.outbox.policies import refuse
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.schema import names
-from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STATE, JOB_STEP_CLEAR
+from hybrid_jobs.schema.queries import JOB_REPLAY, JOB_REPLAY_MATCHING, JOB_STEP_CLEAR
 from hybrid_jobs.schema.states import REPLAYABLE, JobState
 
 if TYPE_CHECKING:
@@ -58,6 +64,19 @@ MAX_REPLAY_BATCH = defaults.MAX_REPLAY_BATCH
 MAX_ERROR_CODE_LENGTH = 200
 # The states a replay moves a job out of, and retry_jobs' default.
 REPLAYABLE_STATES: Final = REPLAYABLE
+
+
+class Replayed(int):
+    """How many jobs :func:`retry_jobs` replayed (an int), and ``not_allowed``: how
+    many matching jobs it passed over because their type does not allow replay
+    (counted up to ``MAX_REPLAY_BATCH`` per queue; 0 with ``override_policy``)."""
+
+    not_allowed: int
+
+    def __new__(cls, replayed: int, not_allowed: int = 0) -> Replayed:
+        self = super().__new__(cls, replayed)
+        self.not_allowed = not_allowed
+        return self
 
 
 def _states(states: Collection[JobState | str]) -> list[str]:
@@ -71,6 +90,12 @@ def _states(states: Collection[JobState | str]) -> list[str]:
     if not found:
         raise ValueError("states must name FAILED, CANCELLED or both")
     return sorted(set(found))
+
+
+def _flag(name: str, value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
 
 
 def _filters(
@@ -116,6 +141,7 @@ def retry_job(
     *,
     by: str | None = None,
     reset_steps: bool = False,
+    override_policy: bool = False,
 ) -> JobState | None:
     """Replay one FAILED or CANCELLED job (see the module's docstring).
 
@@ -123,17 +149,24 @@ def retry_job(
     state if it was in any other one, None for an unknown id. ``job_id`` is a UUID
     or its text (anything else raises ``ValueError``/``TypeError`` naming it);
     ``by`` names who asked (at most 200 characters); ``reset_steps`` clears the
-    job's finished steps, so it starts over instead of resuming. Never commits.
+    job's finished steps, so it starts over instead of resuming. Raises
+    :class:`~outbox.policies.NotAllowed`, having changed nothing, when the job's
+    type does not allow replay, unless ``override_policy`` (recorded as forced).
+    Never commits.
     """
-    params = {"job_id": job_id_arg(job_id), "by": actor(by)}
+    ident = job_id_arg(job_id)
+    params = {
+        "job_id": ident,
+        "by": actor(by),
+        "override": _flag("override_policy", override_policy),
+    }
     conn = psycopg_connection(session)
     replayed = conn.exec_driver_sql(JOB_REPLAY, params).first()
     if replayed is not None:
         if reset_steps:
             conn.exec_driver_sql(JOB_STEP_CLEAR, {"job_ids": [replayed[0]]})
         return JobState.QUEUED
-    row = conn.exec_driver_sql(JOB_STATE, {"job_id": params["job_id"]}).first()
-    return None if row is None else JobState(row[0])
+    return refuse(conn, ident, "replay")
 
 
 retry_job_async = async_twin(retry_job)
@@ -150,7 +183,8 @@ def retry_jobs(
     by: str | None = None,
     states: Collection[JobState | str] = REPLAYABLE_STATES,
     reset_steps: bool = False,
-) -> int:
+    override_policy: bool = False,
+) -> Replayed:
     """Replay the FAILED and CANCELLED jobs (``states``: only those of the states given) that
     match every filter given (None: any): of ``queue``, of ``job_type``, whose
     ``last_error_code`` is ``error_code``, finished after ``finished_after`` (an aware
@@ -158,14 +192,17 @@ def retry_jobs(
     statement. Returns how many were replayed. Rows another transaction holds right now
     are skipped (call again for them). Filters are checked before anything is written.
     ``reset_steps`` clears the replayed jobs' finished steps (see :func:`retry_job`).
-    Never commits.
+    Jobs whose type does not allow replay are passed over (``limit`` counts the
+    others) and counted in the answer's ``not_allowed``, unless ``override_policy``
+    replays them too (recorded as forced). Never commits.
     """
     params = _filters(queue, job_type, error_code, finished_after, limit, by, states)
+    params["override"] = _flag("override_policy", override_policy)
     conn = psycopg_connection(session)
-    replayed = [row[0] for row in conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).all()]
+    replayed, not_allowed = conn.exec_driver_sql(JOB_REPLAY_MATCHING, params).one()
     if reset_steps and replayed:
         conn.exec_driver_sql(JOB_STEP_CLEAR, {"job_ids": replayed})
-    return len(replayed)
+    return Replayed(len(replayed), not_allowed or 0)
 
 
 retry_jobs_async = async_twin(retry_jobs)

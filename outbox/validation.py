@@ -70,6 +70,7 @@ class NewJob:
     json_default: JsonDefault | None = None
     tags: Collection[str] = ()
     meta: Mapping[str, Any] | None = None
+    unique: str | timedelta = "forever"
 
 
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
@@ -515,6 +516,37 @@ def _debounce(job: NewJob) -> tuple[float | None, float | None]:
     return debounce, None if math.isinf(most) else most
 
 
+# enqueue's unique= by name; a timedelta is a period.
+UNIQUE_SCOPES = ("waiting", "active", "forever")
+_UNIQUE_WANTED = "unique must be 'waiting', 'active', 'forever' or a timedelta"
+_TEN_YEARS = 10 * 365 * 86400
+
+
+def unique_fields(job: NewJob) -> tuple[str | None, float | None]:
+    """The scope the job's dedup_key is held under (jobs.unique_scope), and a
+    period's length in seconds; (None, None) for 'forever', which jobs.dedup_key
+    holds as it always has."""
+    unique = job.unique
+    if isinstance(unique, str) and unique == "forever":
+        return None, None
+    if isinstance(unique, timedelta):
+        if not 1 <= unique.total_seconds() <= _TEN_YEARS:
+            raise ValueError("unique as a period must be between one second and ten years")
+        scope, seconds = "period", unique.total_seconds()
+    elif isinstance(unique, str):
+        if unique not in UNIQUE_SCOPES:
+            raise ValueError(f"{_UNIQUE_WANTED}, not {unique[:100]!r}")
+        scope, seconds = unique, None
+    else:
+        raise TypeError(f"{_UNIQUE_WANTED}, not {type(unique).__name__}")
+    if job.dedup_key is None:
+        raise ValueError("unique needs a dedup_key: the key is what is held")
+    if job.debounce is not None:
+        # A debounced key is held until its job starts already (jobs_debounce_idx).
+        raise ValueError("a debounced job takes no unique")
+    return scope, seconds
+
+
 def to_row(
     job: NewJob,
     limit: int,
@@ -556,6 +588,7 @@ def to_row(
     check_start_before_deadline(job.run_after, job.expires)
     rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)
     debounce_seconds, debounce_max_seconds = _debounce(job)
+    unique_scope, unique_seconds = unique_fields(job)
     key, key_limit, key_order = key_fields(job.key, job.key_limit, job.ordered)
     resource = None if job.resource is None else names.resource(job.resource)
     if resource is not None and key is not None:
@@ -599,6 +632,11 @@ def to_row(
         fields["trace_context"] = trace_context
     if tags:
         fields["tags"] = tags
+    if unique_scope is not None:
+        # held under its scope by jobs_unique_idx, not for ever by jobs_dedup_idx
+        fields["unique_key"] = fields.pop("dedup_key")
+        fields["unique_scope"] = unique_scope
+        fields["unique_seconds"] = unique_seconds
     # A field left out is NULL to jsonb_to_recordset: a plain job's object holds a
     # handful of fields, not two dozen nulls to encode here and parse there.
     head = _ROW_JSON.encode({name: value for name, value in fields.items() if value is not None})

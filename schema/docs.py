@@ -69,11 +69,13 @@ WAITS_END: Final = "<!-- end of generated waits -->"
 NOTES: Final[dict[str, str]] = {
     # job
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
+    "JOB_FIND_BY_UNIQUE_MANY": "find the jobs holding the scoped keys (unique=) an insert"
+    " found taken",
     "JOB_KEYS_LOCK": "lock the keys of a batch's ordered jobs: their numbers follow commits",
     "JOB_PARENTS_LOCK": "keep the parents an enqueue's after= names from deletion; their state",
     "JOB_PARENTS_PENDING": "read the parents a job still waits for, for outbox.explain",
     "JOB_PARENT_RESULTS": "read a job's parents' results, for job.parent_results()",
-    "JOB_STATE": "read a job's state, when a cancel or replay changed nothing",
+    "JOB_STATE": "read a job's state, before an operator's retry by id",
     "JOB_OUTCOME": "read how a job ended, for outbox.wait_for once its end was announced",
     "JOB_TRACE_CONTEXTS": "read the trace contexts of the jobs a traced relay publishes",
     "JOB_EFFECT_CLAIM": "mark a handler's effect done, once per key, in its transaction",
@@ -128,6 +130,10 @@ NOTES: Final[dict[str, str]] = {
     "WORKER_PACK_LIMIT": "say how many ids one message to a queue may carry (its consumers' room)",
     "RELAY_FAILING_QUEUES": "list the queues live relays cannot publish to, and why",
     "MAINTENANCE_TRY_LOCK": "take a chore's lock for this transaction, or skip the round",
+    # policy
+    "JOB_TYPE_POLICY_RECORD_MANY": "record the policies a consumer's handlers declare, at start",
+    "JOB_TYPE_POLICY": "read what a job type allows (replay, cancelling it running)",
+    "JOB_TYPE_POLICY_REFUSAL": "read why a replay or cancel changed nothing: state and policy",
     # schedule
     "SCHEDULE_CLOCK": "read the database clock a new or changed rule counts from",
     "SCHEDULE_UPSERT": "create or update a schedule by name",
@@ -148,6 +154,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_APPROVAL": "read why an approval or rejection changed nothing",
     "JOB_EDIT": "edit a job that has not started; a new start or priority moves its wake-up",
     "JOB_EDIT_REFUSAL": "read why an edit changed nothing",
+    "JOB_TAGS_PRUNE": "after a debounced repeat: drop the index rows of tags its job no longer has",
     "JOB_EDIT_HAND_ON": "after an edit moved a job's start later: wake its key's or resource's "
     "next waiter",
     "QUEUE_PAUSE": "pause a queue",

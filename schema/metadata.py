@@ -56,6 +56,8 @@ from hybrid_jobs.schema.tables import (
     RESOURCE_REFUSALS_SQL,
     TAGS_PATTERN,
     TERMINAL_SQL,
+    UNIQUE_SCOPES_SQL,
+    unique_held,
 )
 
 metadata = MetaData()
@@ -110,6 +112,9 @@ jobs = Table(
     # Set when the cancel was asked with force: the lease holder learns it at its
     # next heartbeat and interrupts the handler (outbox.request_cancel(force=True)).
     _ts("cancel_forced_at"),
+    # Who asked this running job to stop although its type's policy forbids it
+    # (request_cancel(..., override_policy=True)); when is cancel_requested_at.
+    Column("cancel_override_by", Text),
     # What the handler reported while running (job.progress) and returned.
     Column("progress", JSONB),
     _ts("progress_at"),
@@ -167,6 +172,13 @@ jobs = Table(
     # The search by tag reads job_tags, which holds the same tags one row each.
     Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     Column("meta", JSONB),
+    # A dedup key held under a scope other than 'forever' (enqueue's unique=): the
+    # key, its scope ('waiting', 'active' or 'period') and, for a period, the end of
+    # the window it was enqueued in. Held while unique_held() is true of the row
+    # (jobs_unique_idx); kept afterwards, for the surfaces to show. NULL: none.
+    Column("unique_key", Text),
+    Column("unique_scope", Text),
+    _ts("unique_until"),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -241,6 +253,14 @@ jobs = Table(
         "meta IS NULL OR (jsonb_typeof(meta) = 'object'"
         f" AND pg_column_size(meta) <= {MAX_META_STORED_BYTES})",
         name="jobs_meta_valid",
+    ),
+    CheckConstraint(
+        "(unique_key IS NULL) = (unique_scope IS NULL)"
+        f" AND (unique_scope IS NULL OR unique_scope IN ({UNIQUE_SCOPES_SQL}))"
+        " AND (unique_scope IS NOT DISTINCT FROM 'period') = (unique_until IS NOT NULL)"
+        " AND (unique_key IS NULL"
+        f" OR char_length(unique_key) BETWEEN 1 AND {MAX_DEDUP_KEY_LENGTH})",
+        name="jobs_unique_valid",
     ),
 )
 
@@ -327,6 +347,19 @@ Index(
     jobs.c.debounce_key,
     unique=True,
     postgresql_where=text("debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL"),
+)
+# A scoped dedup key (enqueue's unique=) is held while the predicate is true of its
+# job: an enqueue with a held key inserts nothing (ON CONFLICT DO NOTHING) and
+# returns the holder, and whatever moves the holder out of its scope frees the key.
+# NULLS NOT DISTINCT: the scopes without a window hold (job_type, key, NULL).
+Index(
+    "jobs_unique_idx",
+    jobs.c.job_type,
+    jobs.c.unique_key,
+    jobs.c.unique_until,
+    unique=True,
+    postgresql_nulls_not_distinct=True,
+    postgresql_where=text(unique_held()),
 )
 # A key's waiting jobs in the order the end of a lease wakes the next of them
 # (order, then age); and the jobs an ordered job may wait behind (those waiting,
@@ -798,8 +831,28 @@ job_replays = Table(
     Column("replayed_by", Text, nullable=False),
     Column("from_state", Text, nullable=False),
     Column("attempts_before", Integer, nullable=False),
+    # The replay overrode its type's policy (retry_job(..., override_policy=True)).
+    Column("forced", Boolean, nullable=False, server_default=text("false")),
 )
 Index("job_replays_job_id_idx", job_replays.c.job_id)
+
+# What a job type allows, as its handler declares it (replay=, cancel_running=,
+# on_cancel=): written by each consumer at start-up, the last to start winning, and
+# read by the replay and cancel statements, whose callers load no handler registry.
+# A type without a row allows everything.
+job_type_policies = Table(
+    "job_type_policies",
+    metadata,
+    Column("job_type", Text, primary_key=True),
+    Column("replay", Boolean, nullable=False, server_default=text("true")),
+    Column("cancel_running", Boolean, nullable=False, server_default=text("true")),
+    # What a cancel of this type promises, for operators to read ("compensate": its
+    # handler undoes what it did); NULL: nothing said.
+    Column("on_cancel", Text),
+    _ts("updated_at", nullable=False, default=True),
+    # The consumer (worker id) that wrote it last.
+    Column("updated_by", Text, nullable=False),
+)
 
 # The request behind a job enqueued through the HTTP API with an Idempotency-Key: the
 # key (its own namespace, not a dedup key) and a hash of what was asked, so a repeat

@@ -196,7 +196,10 @@ _REPLAYS: tuple[Edge, ...] = ((_FAILED, _QUEUED), (_CANCELLED, _QUEUED))
 # trigger jobs_release_dependants (migration 0015), which runs inside whichever of
 # these ends a parent and makes only an edge listed already: QUEUED -> CANCELLED,
 # code PARENT_FAILED, for the jobs waiting for a parent that ended FAILED or
-# CANCELLED under on_parent_failure 'cancel'.
+# CANCELLED under on_parent_failure 'cancel'; and for the SQL function
+# hybrid_jobs_enqueue (migration 0027), which the user's SQL calls (no code of this
+# project does) and which makes only (new) -> QUEUED, inserting what
+# JOB_INSERT_MANY inserts for one job.
 OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         "JOB_INSERT_MANY",
@@ -207,6 +210,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "JOB_INSERT_PLAIN_MANY",
         ("outbox.enqueue:enqueue_many", "relay.schedules:_enqueue"),
         {(_NEW, _QUEUED): "a batch with no tags and no after= enqueued, by the shorter insert"},
+    ),
+    Operation(
+        "JOB_INSERT_UNIQUE_MANY",
+        ("outbox.enqueue:insert_jobs", "outbox.enqueue:_holders"),
+        {(_NEW, _QUEUED): "a batch with a key held under a scope (unique=) enqueued"},
     ),
     Operation(
         "JOB_DEBOUNCE_MANY",

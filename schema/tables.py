@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         job_requests,
         job_steps,
         job_tags,
+        job_type_policies,
         jobs,
         jobs_key_seq,
         key_usage,
@@ -76,6 +77,39 @@ NO_TENANT = ""
 CLOCK_ROW = "*"
 
 APPROVALS_SQL = "'APPROVED', 'REJECTED', 'REQUIRED'"
+# The scopes a dedup key may be held under other than 'forever' (which is
+# jobs.dedup_key, held until retention deletes the job): jobs.unique_key, held
+# while unique_held() is true of the row, so that whatever statement moves the job
+# out of its scope frees the key, with no write of its own. 'waiting': until its
+# first claim (started_at is set by every claim and never cleared, so a retry or a
+# snooze never takes it back); 'active': until it ends; 'period': for the window of
+# the clock it was enqueued in, whatever its state (unique_until, the window's end,
+# is part of the index, so the next window's enqueue holds another key).
+UNIQUE_SCOPES_SQL = "'waiting', 'active', 'period'"
+
+
+def unique_held(alias: str = "") -> str:
+    """Whether a job's unique_key is held now: jobs_unique_idx's predicate, with its
+    columns qualified by ``alias`` (``"j."``) for a statement's WHERE."""
+    a = alias
+    return (
+        f"{a}unique_key IS NOT NULL AND CASE {a}unique_scope"
+        f" WHEN 'waiting' THEN {a}state = 'QUEUED' AND {a}started_at IS NULL"
+        f" WHEN 'active' THEN {a}state IN ({_in(CLAIMABLE | LEASED)})"
+        " ELSE true END"
+    )
+
+
+# The end of the window of ``seconds`` (a period, windows counted from the Unix
+# epoch, as River's ByPeriod does) that the transaction's now() falls in: the same
+# in the insert and the look-up that follows it in the transaction.
+def unique_window_end(seconds: str) -> str:
+    return (
+        f"to_timestamp((floor(extract(epoch FROM now()) / {seconds}::numeric) + 1)"
+        f" * {seconds}::numeric)"
+    )
+
+
 # The run_after of a job that waits for approval: never due, so no claim, re-waker
 # or orphan walk (each looks only at due jobs) can take it before outbox.approve
 # makes it due. Finite, unlike 'infinity', which Python's datetime cannot hold.
@@ -156,6 +190,7 @@ __all__ = [
     "TAGS_PATTERN",
     "TAG_PATTERN",
     "TERMINAL_SQL",
+    "UNIQUE_SCOPES_SQL",
     "dashboard_sessions",
     "fair_shares",
     "job_attempts",
@@ -165,6 +200,7 @@ __all__ = [
     "job_requests",
     "job_steps",
     "job_tags",
+    "job_type_policies",
     "jobs",
     "jobs_key_seq",
     "key_usage",
@@ -180,6 +216,8 @@ __all__ = [
     "schedules",
     "tenant_limits",
     "tenant_usage",
+    "unique_held",
+    "unique_window_end",
     "workers",
 ]
 

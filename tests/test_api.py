@@ -163,7 +163,12 @@ async def test_cancel_a_waiting_job_then_again_then_a_finished_one(db_url: Datab
         first = (await post_job(client)).json()["id"]
         done = await client.post(f"/v1/jobs/{first}/cancel")
         assert done.status_code == 200
-        assert done.json() == {"id": first, "state": "CANCELLED", "applied": True}
+        assert done.json() == {
+            "id": first,
+            "state": "CANCELLED",
+            "applied": True,
+            "not_allowed": None,
+        }
         again = await client.post(f"/v1/jobs/{first}/cancel")
         assert again.status_code == 200 and again.json()["state"] == "CANCELLED"
         second = (await post_job(client)).json()["id"]
@@ -183,21 +188,26 @@ async def test_retry_one_job_then_many(db_url: DatabaseUrl, pg) -> None:
             finish(pg, job_id, "FAILED")
         one = await client.post(f"/v1/jobs/{ids[0]}/retry")
         assert one.status_code == 200, one.text
-        assert one.json() == {"id": ids[0], "state": "QUEUED", "applied": True}
+        assert one.json() == {
+            "id": ids[0],
+            "state": "QUEUED",
+            "applied": True,
+            "not_allowed": None,
+        }
         refused = await client.post(f"/v1/jobs/{ids[3]}/retry")
         assert refused.status_code == 409 and refused.json()["state"] == "QUEUED"
         assert (await client.post(f"/v1/jobs/{uuid.uuid4()}/retry")).status_code == 404
 
         dry = await client.post("/v1/jobs/retry", json={"queue": "mail", "dry_run": True})
-        assert dry.json() == {"matched": 2, "dry_run": True, "jobs": None}
+        assert dry.json() == {"matched": 2, "dry_run": True, "jobs": None, "not_allowed": 0}
         assert [r[0] for r in pg.execute("SELECT state FROM jobs WHERE state = 'FAILED'")] == [
             "FAILED",
             "FAILED",
         ], "a dry run changes nothing"
         other = await client.post("/v1/jobs/retry", json={"queue": "web"})
-        assert other.json() == {"matched": 0, "dry_run": False, "jobs": None}
+        assert other.json() == {"matched": 0, "dry_run": False, "jobs": None, "not_allowed": 0}
         many = await client.post("/v1/jobs/retry", json={"queue": "mail", "error_code": "Boom"})
-        assert many.json() == {"matched": 2, "dry_run": False, "jobs": None}
+        assert many.json() == {"matched": 2, "dry_run": False, "jobs": None, "not_allowed": 0}
         bad = await client.post("/v1/jobs/retry", json={"limit": 0})
         assert bad.status_code == 422 and bad.json()["detail"].startswith("limit")
         shown = (await client.get(f"/v1/jobs/{ids[1]}")).json()

@@ -350,7 +350,7 @@ class GateMachine(RuleBasedStateMachine):
         (job_id,) = _chosen(self.jobs, [data.draw(PICK)]) or [None]
         if job_id is None:
             return
-        self.conn.execute(q.JOB_REPLAY, {"job_id": job_id, "by": "model"})
+        self.conn.execute(q.JOB_REPLAY, {"job_id": job_id, "by": "model", "override": False})
         if settle:
             self._settle()
 

@@ -105,6 +105,11 @@ def _applied(rows: list[tuple[Any, ...]]) -> bool:
     return any(len(row) > 1 and row[1] not in (None, "LOCKED") for row in rows)
 
 
+def _cancel(job_id: Any, force: bool) -> dict[str, Any]:
+    """A cancel request's parameters: no job type here declares a policy."""
+    return {"job_id": job_id, "force": force, "override": False, "by": "model"}
+
+
 @dataclass(frozen=True)
 class Handle:
     """What a worker holds after a claim: it may be stale by the time it is used."""
@@ -335,7 +340,9 @@ class JobMachine(RuleBasedStateMachine):
     SWEEP = Step(q.JOB_SWEEP_EXPIRED, {"limit": 100, "default_backoff": 1})
 
     def replay_step(self, job_id: uuid.UUID) -> Step:
-        return Step(q.JOB_REPLAY, {"job_id": job_id, "by": "model"}, by_operator=True)
+        return Step(
+            q.JOB_REPLAY, {"job_id": job_id, "by": "model", "override": False}, by_operator=True
+        )
 
     def expire(self, job_id: uuid.UUID) -> None:
         """Not a transition: the clock moves past a lease (the worker froze)."""
@@ -486,7 +493,7 @@ class JobMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def request_cancel(self, data: st.DataObject) -> None:
         job_id, force = data.draw(st.sampled_from(self.jobs)), data.draw(st.booleans())
-        self.step(Step(q.JOB_REQUEST_CANCEL, {"job_id": job_id, "force": force}))
+        self.step(Step(q.JOB_REQUEST_CANCEL, _cancel(job_id, force)))
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
@@ -524,10 +531,11 @@ class JobMachine(RuleBasedStateMachine):
             "limit": limit,
             "by": "model",
             "states": ["CANCELLED", "FAILED"],
+            "override": False,
         }
-        rows = self.step(Step(q.JOB_REPLAY_MATCHING, params, by_operator=True))
+        ((replayed, _),) = self.step(Step(q.JOB_REPLAY_MATCHING, params, by_operator=True))
         replayable = sum(1 for r in before.values() if r["state"] in REPLAYABLE)
-        assert len(rows) == min(limit, replayable), "the oldest, up to the limit"
+        assert len(replayed) == min(limit, replayable), "the oldest, up to the limit"
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
@@ -631,7 +639,7 @@ class JobMachine(RuleBasedStateMachine):
     ) -> None:
         if (h := self.handle(pick)) is None:
             return
-        cancel = Step(q.JOB_REQUEST_CANCEL, {"job_id": h.job_id, "force": force})
+        cancel = Step(q.JOB_REQUEST_CANCEL, _cancel(h.job_id, force))
         pair = (cancel, self.finish_step(h, kind))
         self.race(*(pair if cancel_first else pair[::-1]))
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -121,6 +122,38 @@ def test_a_debounced_repeat_replaces_the_tags_and_meta(
     assert again == first
     assert _stored(pg, first) == (["b", "c"], {"v": 2})
     assert sorted(_tag_rows(pg)) == [("b", first), ("c", first)]
+
+
+def test_two_debounced_repeats_at_once_leave_the_index_with_the_last_ones_tags(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # The second repeat waits for the first's commit, then replaces its row; its own
+    # statement's snapshot was taken before that commit, so a delete of the tags
+    # the job no longer has, in that statement, cannot see the first's new tag.
+    wait = timedelta(minutes=5)
+    with Session(engine) as session, session.begin():
+        job_id = outbox.enqueue(session, "reindex", {}, dedup_key="c1", debounce=wait, tags=["w"])
+    first, second = Session(engine), Session(engine)
+    try:
+        with first.begin():
+            outbox.enqueue(first, "reindex", {}, dedup_key="c1", debounce=wait, tags=["x"])
+            done = threading.Event()
+
+            def repeat() -> None:
+                with second.begin():
+                    outbox.enqueue(second, "reindex", {}, dedup_key="c1", debounce=wait, tags=["y"])
+                done.set()
+
+            rival = threading.Thread(target=repeat)
+            rival.start()
+            assert not done.wait(0.5), "the second repeat waits for the first's commit"
+        rival.join(10)
+        assert done.is_set()
+    finally:
+        first.close()
+        second.close()
+    assert _stored(pg, job_id)[0] == ["y"]
+    assert _tag_rows(pg) == [("y", job_id)], "the index holds the job's tags, no more"
 
 
 def test_a_schedule_gives_its_tags_and_meta_to_each_job_it_enqueues(

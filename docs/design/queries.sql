@@ -133,6 +133,69 @@ WITH input AS (
 )
 SELECT job_id FROM inserted;
 
+-- name: JOB_INSERT_UNIQUE_MANY
+-- Run by outbox.enqueue:insert_jobs, outbox.enqueue:_holders.
+-- Makes (new) -> QUEUED: a batch with a key held under a scope (unique=) enqueued.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, run_after timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb,
+        unique_key text, unique_scope text, unique_seconds double precision)
+), inserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since, tags, meta, unique_key, unique_scope, unique_until)
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{}'), meta, unique_key, unique_scope,
+           CASE WHEN unique_seconds IS NOT NULL THEN to_timestamp((floor(extract(epoch FROM now()) / unique_seconds::numeric) + 1) * unique_seconds::numeric) END
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending, j.tags
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, n.job_id FROM inserted AS n CROSS JOIN LATERAL unnest(n.tags) AS t(tag)
+), edges AS (
+    -- only for jobs inserted: a dedup_key taken already means no new job to wait
+    -- an edge to a parent that ended already is settled and counted here
+    -- (parents_pending left it out), so jobs_count_dependants never counts it
+    INSERT INTO job_dependencies (child_id, parent_id, position, done, counted)
+    SELECT i.job_id, e.parent_id, e.position, e.done, e.done
+    FROM input AS i
+    JOIN inserted AS n ON n.job_id = i.job_id
+    CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
+        AS e(parent_id uuid, position integer, done boolean)
+), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL AND parents_pending = 0
+)
+SELECT job_id FROM inserted;
+
 -- name: JOB_PARENTS_LOCK
 -- Run by outbox.enqueue:_lock_parents to keep the parents an enqueue's after= names from
 -- deletion; their state.
@@ -202,12 +265,8 @@ WITH input AS (
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,
               j.tags
-), untagged AS (
-    -- a replaced job's tags are the latest enqueue's: the ones it no longer has go,
-    -- the new ones come (the two touch different rows)
-    DELETE FROM job_tags AS t USING upserted AS u
-    WHERE t.job_id = u.job_id AND t.tag <> ALL(u.tags)
 ), tagged AS (
+    -- the new ones come; the ones a replaced job no longer has go in JOB_TAGS_PRUNE
     INSERT INTO job_tags (tag, job_id)
     SELECT t.tag, u.job_id FROM upserted AS u CROSS JOIN LATERAL unnest(u.tags) AS t(tag)
     ON CONFLICT DO NOTHING
@@ -219,6 +278,13 @@ WITH input AS (
 )
 SELECT job_type, debounce_key, job_id FROM upserted;
 
+-- name: JOB_TAGS_PRUNE
+-- Run by outbox.enqueue:insert_jobs to after a debounced repeat: drop the index rows of
+-- tags its job no longer has.
+-- Parameters: ids.
+DELETE FROM job_tags AS t USING jobs AS j
+WHERE j.job_id = ANY(%(ids)s::uuid[]) AND t.job_id = j.job_id AND t.tag <> ALL(j.tags);
+
 -- name: JOB_FIND_BY_DEDUP_MANY
 -- Run by jobctl.service.jobs:_find_by_dedup, outbox.enqueue:insert_jobs,
 -- relay.schedules:_enqueue to find the jobs holding the dedup keys an insert found
@@ -228,13 +294,27 @@ SELECT j.job_type, j.dedup_key, j.job_id
 FROM jsonb_to_recordset(%(keys)s::jsonb) AS k(job_type text, dedup_key text)
 JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key;
 
+-- name: JOB_FIND_BY_UNIQUE_MANY
+-- Run by outbox.enqueue:_holders to find the jobs holding the scoped keys (unique=) an
+-- insert found taken.
+-- Parameters: keys.
+SELECT k.n, j.job_id
+FROM jsonb_to_recordset(%(keys)s::jsonb)
+    AS k(n integer, job_type text, unique_key text, unique_seconds double precision)
+JOIN jobs AS j
+  ON j.job_type = k.job_type AND j.unique_key = k.unique_key
+ AND j.unique_until IS NOT DISTINCT FROM
+     CASE WHEN k.unique_seconds IS NOT NULL THEN to_timestamp((floor(extract(epoch FROM now()) / k.unique_seconds::numeric) + 1) * k.unique_seconds::numeric) END
+ AND j.unique_key IS NOT NULL AND CASE j.unique_scope WHEN 'waiting' THEN j.state = 'QUEUED' AND j.started_at IS NULL WHEN 'active' THEN j.state IN ('CANCEL_REQUESTED', 'QUEUED', 'RETRY_WAIT', 'RUNNING') ELSE true END;
+
 -- name: JOB_REQUEST_CANCEL
 -- Run by outbox.cancel:request_cancel.
 -- Makes QUEUED -> CANCELLED: a cancel request: nobody holds it, its wake-ups go.
 -- Makes RETRY_WAIT -> CANCELLED: a cancel request while it waits for a retry.
 -- Makes RUNNING -> CANCEL_REQUESTED: a cancel request: its worker sees it at a heartbeat
 -- (forced: and interrupts the handler).
--- Parameters: force, job_id.
+-- Built with WHO.
+-- Parameters: by, force, job_id, override.
 WITH cancelled AS (
     UPDATE jobs
     SET state = CASE WHEN state IN ('CANCEL_REQUESTED', 'RUNNING') THEN 'CANCEL_REQUESTED' ELSE 'CANCELLED' END,
@@ -244,6 +324,10 @@ WITH cancelled AS (
         cancel_requested_at = CASE state WHEN 'CANCEL_REQUESTED' THEN cancel_requested_at
                                          ELSE now() END,
         cancel_forced_at = CASE WHEN %(force)s AND state IN ('CANCEL_REQUESTED', 'RUNNING') THEN now() END,
+        cancel_override_by = CASE
+            WHEN state = 'RUNNING' AND %(override)s AND EXISTS (SELECT 1 FROM job_type_policies AS p
+        WHERE p.job_type = jobs.job_type AND NOT p.cancel_running)
+            THEN COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')) ELSE cancel_override_by END,
         delay_reason = NULL,
         delay_since = NULL,
         updated_at = now()
@@ -251,6 +335,8 @@ WITH cancelled AS (
     WHERE job_id = %(job_id)s
       AND (state IN ('QUEUED', 'RETRY_WAIT', 'RUNNING')
            OR (state = 'CANCEL_REQUESTED' AND %(force)s AND cancel_forced_at IS NULL))
+      AND (state <> 'RUNNING' OR %(override)s OR NOT EXISTS (SELECT 1 FROM job_type_policies AS p
+        WHERE p.job_type = jobs.job_type AND NOT p.cancel_running))
     RETURNING job_id, state
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c
@@ -261,9 +347,8 @@ WITH cancelled AS (
 SELECT state FROM cancelled;
 
 -- name: JOB_STATE
--- Run by jobctl.service.jobs:retry_jobs, outbox.cancel:request_cancel(_async),
--- outbox.replay:retry_job(_async) to read a job's state, when a cancel or replay changed
--- nothing.
+-- Run by jobctl.service.jobs:retry_jobs to read a job's state, before an operator's
+-- retry by id.
 -- Parameters: job_id.
 SELECT state FROM jobs WHERE job_id = %(job_id)s;
 
@@ -2725,13 +2810,18 @@ WHERE name = %(name)s;
 -- Makes FAILED -> QUEUED: an operator replays it: a fresh budget, a wake-up, a record.
 -- Makes CANCELLED -> QUEUED: an operator replays it: a fresh budget, a wake-up, a
 -- record.
--- Parameters: by, job_id.
+-- Built with WHO.
+-- Parameters: by, job_id, override.
 WITH RECURSIVE target AS (
     SELECT j.job_id, j.state, j.attempt_count, CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_attempts - COALESCE(
     (SELECT r.attempts_before FROM job_replays AS r
-     WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END AS budget
+     WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END AS budget,
+           %(override)s AND EXISTS (SELECT 1 FROM job_type_policies AS p
+        WHERE p.job_type = j.job_type AND NOT p.replay) AS forced
     FROM jobs AS j
     WHERE j.job_id = %(job_id)s AND j.state IN ('CANCELLED', 'FAILED')
+      AND (%(override)s OR NOT EXISTS (SELECT 1 FROM job_type_policies AS p
+        WHERE p.job_type = j.job_type AND NOT p.replay))
     FOR NO KEY UPDATE
 ), replayed AS (
     UPDATE jobs AS j
@@ -2752,6 +2842,12 @@ WITH RECURSIVE target AS (
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         cancel_forced_at = NULL,
+        cancel_override_by = NULL,
+        -- a key held while waiting or active was freed when the job left its scope,
+        -- and another job may hold it by now: the replayed one comes back without it
+        -- (a period's key stays: its window is part of it, held whatever the state)
+        unique_key = CASE WHEN j.unique_scope = 'period' THEN j.unique_key END,
+        unique_scope = CASE WHEN j.unique_scope = 'period' THEN j.unique_scope END,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -2763,14 +2859,15 @@ WITH RECURSIVE target AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending, t.forced
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
     WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
-    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
-    SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
+    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before, forced)
+    SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count, forced
+    FROM replayed
 )
 SELECT job_id FROM replayed;
 
@@ -2778,8 +2875,12 @@ SELECT job_id FROM replayed;
 -- Run by outbox.replay:retry_jobs.
 -- Makes FAILED -> QUEUED: an operator replays the oldest that match a filter.
 -- Makes CANCELLED -> QUEUED: an operator replays the oldest that match a filter.
--- Parameters: by, error_code, finished_after, job_type, limit, queue, states.
-WITH RECURSIVE found AS (
+-- Built with WHO.
+-- Parameters: by, error_code, finished_after, job_type, limit, override, queue, states.
+WITH RECURSIVE forbidding AS (
+    SELECT COALESCE(array_agg(job_type), '{}') AS job_types
+    FROM job_type_policies WHERE NOT replay
+), found AS (
     (SELECT j.queue FROM jobs AS j WHERE j.state IN ('CANCELLED', 'FAILED') AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM jobs AS j WHERE j.state IN ('CANCELLED', 'FAILED') AND j.queue > f.queue ORDER BY j.queue LIMIT 1)
@@ -2800,15 +2901,32 @@ WITH RECURSIVE found AS (
                OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
           AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
+          AND (%(override)s OR NOT j.job_type = ANY((SELECT job_types FROM forbidding)::text[]))
         ORDER BY j.finished_at
         LIMIT %(limit)s
     ) AS c
     ORDER BY c.finished_at
     LIMIT %(limit)s
+), refused AS (
+    SELECT count(*) AS n
+    FROM queues AS q
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM jobs AS j
+        WHERE j.state IN ('CANCELLED', 'FAILED') AND j.queue = q.queue
+          AND j.state = ANY(%(states)s::text[])
+          AND (%(finished_after)s::timestamptz IS NULL
+               OR j.finished_at > %(finished_after)s::timestamptz)
+          AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
+          AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
+          AND j.job_type = ANY((SELECT job_types FROM forbidding)::text[])
+        LIMIT 100000
+    ) AS r
+    WHERE NOT %(override)s AND cardinality((SELECT job_types FROM forbidding)) > 0
 ), target AS (
     SELECT j.job_id, j.state, j.attempt_count, CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_attempts - COALESCE(
     (SELECT r.attempts_before FROM job_replays AS r
-     WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END AS budget
+     WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END AS budget,
+           %(override)s AND j.job_type = ANY((SELECT job_types FROM forbidding)::text[]) AS forced
     FROM jobs AS j
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ('CANCELLED', 'FAILED')
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -2831,6 +2949,12 @@ WITH RECURSIVE found AS (
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         cancel_forced_at = NULL,
+        cancel_override_by = NULL,
+        -- a key held while waiting or active was freed when the job left its scope,
+        -- and another job may hold it by now: the replayed one comes back without it
+        -- (a period's key stays: its window is part of it, held whatever the state)
+        unique_key = CASE WHEN j.unique_scope = 'period' THEN j.unique_key END,
+        unique_scope = CASE WHEN j.unique_scope = 'period' THEN j.unique_scope END,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -2842,20 +2966,22 @@ WITH RECURSIVE found AS (
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ('CANCELLED', 'FAILED')
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending, t.forced
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
     WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
-    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
-    SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count FROM replayed
+    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before, forced)
+    SELECT job_id, COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), from_state, attempt_count, forced
+    FROM replayed
 )
-SELECT job_id FROM replayed;
+SELECT ARRAY(SELECT job_id FROM replayed), (SELECT n FROM refused);
 
 -- name: JOB_APPROVE
 -- Run by outbox.approval:approve(_async) to approve a job that waits for approval: due
 -- now, with its wake-up.
+-- Built with WHO.
 -- Parameters: by, job_id.
 WITH approved AS (
     UPDATE jobs
@@ -2875,6 +3001,7 @@ SELECT job_id FROM approved;
 -- name: JOB_REJECT
 -- Run by outbox.approval:reject.
 -- Makes QUEUED -> CANCELLED: an operator rejects it while it waits for approval.
+-- Built with WHO.
 -- Parameters: by, job_id, reason.
 WITH rejected AS (
     UPDATE jobs
@@ -3031,6 +3158,7 @@ WHERE job_id = %(job_id)s;
 
 -- name: QUEUE_PAUSE
 -- Run by outbox.queues:pause_queue(_async) to pause a queue.
+-- Built with WHO.
 -- Parameters: by, queue.
 INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)
 VALUES (%(queue)s, true, now(), COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), now())
@@ -3043,6 +3171,7 @@ RETURNING q.queue, q.paused_at, q.paused_by;
 
 -- name: QUEUE_RESUME
 -- Run by outbox.queues:resume_queue(_async) to resume a queue, and notify the relay.
+-- Built with WHO.
 -- Parameters: by, queue.
 WITH resumed AS (
     UPDATE queues
@@ -3308,6 +3437,61 @@ SELECT count(*) FROM gone;
 
 
 -- ======================================================================================
+-- hybrid_jobs/schema/queries/policy.py: What a job type allows (job_type_policies):
+-- written by consumers from their handlers' declarations, read by the replay and cancel
+-- statements, which refuse what a type's policy forbids unless the caller overrides it.
+-- ======================================================================================
+
+-- name: JOB_TYPE_POLICY_RECORD_MANY
+-- Run by consumers.store:JobStore.record_policies to record the policies a consumer's
+-- handlers declare, at start.
+-- Parameters: policies, worker.
+WITH given AS (
+    SELECT g.job_type, g.replay, g.cancel_running, g.on_cancel,
+           g.replay AND g.cancel_running AND g.on_cancel IS NULL AS allows_all
+    FROM jsonb_to_recordset(%(policies)s::jsonb)
+         AS g(job_type text, replay boolean, cancel_running boolean, on_cancel text)
+), dropping AS (
+    SELECT p.job_type FROM job_type_policies AS p JOIN given AS g ON g.job_type = p.job_type
+    WHERE g.allows_all
+    ORDER BY p.job_type
+    FOR UPDATE OF p
+), dropped AS (
+    DELETE FROM job_type_policies AS p USING dropping AS d
+    WHERE p.job_type = d.job_type
+    RETURNING p.job_type
+), written AS (
+    INSERT INTO job_type_policies AS p (job_type, replay, cancel_running, on_cancel, updated_by)
+    SELECT job_type, replay, cancel_running, on_cancel, %(worker)s FROM given
+    WHERE NOT allows_all
+    ORDER BY job_type
+    ON CONFLICT (job_type) DO UPDATE
+    SET replay = EXCLUDED.replay, cancel_running = EXCLUDED.cancel_running,
+        on_cancel = EXCLUDED.on_cancel, updated_at = now(), updated_by = EXCLUDED.updated_by
+    WHERE (p.replay, p.cancel_running, p.on_cancel)
+          IS DISTINCT FROM (EXCLUDED.replay, EXCLUDED.cancel_running, EXCLUDED.on_cancel)
+    RETURNING p.job_type
+)
+SELECT job_type FROM written UNION ALL SELECT job_type FROM dropped;
+
+-- name: JOB_TYPE_POLICY
+-- Run by outbox.policies:job_type_policy(_async) to read what a job type allows (replay,
+-- cancelling it running).
+-- Parameters: job_type.
+SELECT job_type, replay, cancel_running, on_cancel, updated_at, updated_by
+FROM job_type_policies WHERE job_type = %(job_type)s;
+
+-- name: JOB_TYPE_POLICY_REFUSAL
+-- Run by outbox.policies:refuse to read why a replay or cancel changed nothing: state
+-- and policy.
+-- Parameters: job_id.
+SELECT j.state, p.job_type, p.replay, p.cancel_running, p.on_cancel, p.updated_at,
+       p.updated_by, j.job_type
+FROM jobs AS j LEFT JOIN job_type_policies AS p ON p.job_type = j.job_type
+WHERE j.job_id = %(job_id)s;
+
+
+-- ======================================================================================
 -- hybrid_jobs/schema/queries/rate.py: Rate limits: the operator's limits and the token
 -- buckets the claim takes from (JOB_CLAIM_MANY: steps 1d to 1g check them, 2d and 2e
 -- take), and a tenant's enqueue bucket.
@@ -3374,7 +3558,7 @@ ORDER BY r.name;
 -- Run by consumers.store:JobStore.resolve_resource,
 -- outbox.resources:resolve_resource(_async) to free the uncertain hold one holder's
 -- lease left, and wake the next job.
--- Built with no_pending_wakeup, QUEUE_RUNS, resource_wake_next.
+-- Built with WHO, no_pending_wakeup, QUEUE_RUNS, resource_wake_next.
 -- Parameters: by, job_id, lease_generation, outcome, resource.
 WITH freed AS (
     DELETE FROM resource_holds AS h

@@ -179,6 +179,20 @@ class CancelBody(BaseModel):
     """Do not leave a running job to its handler: at its worker's next heartbeat an
     async handler is interrupted, and the job ends CANCELLED whatever the handler does
     next. A job whose cancel was requested already is made forced."""
+    override_policy: bool = False
+    """Ask a running job to stop even though its type does not allow it
+    (cancel_running=False); recorded as who overrode it. Without it, such a job gets
+    409 and is left running."""
+
+
+class RetryBody(BaseModel):
+    """How to retry a job (optional)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    override_policy: bool = False
+    """Retry it even though its type does not allow replay (replay=False); the
+    replay is recorded as forced. Without it, such a job gets 409."""
 
 
 class RejectBody(BaseModel):
@@ -259,6 +273,10 @@ class RetryRequest(BaseModel):
     """At most this many, oldest finished first (not with ids)."""
     dry_run: bool = False
     """Count what would be retried; change nothing."""
+    override_policy: bool = False
+    """Retry jobs whose type does not allow replay too, each recorded as forced;
+    without it they are passed over (counted in `not_allowed`, or `not_allowed` on
+    each of `ids`)."""
 
     @model_validator(mode="after")
     def _one_way(self) -> RetryRequest:

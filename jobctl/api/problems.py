@@ -21,7 +21,14 @@ from starlette.responses import Response
 from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.api.headers import security_headers
 from hybrid_jobs.jobctl.api.waiters import TooManyWaiters
-from hybrid_jobs.jobctl.service import IdempotencyMismatch, Invalid, NotFound, WrongState
+from hybrid_jobs.jobctl.service import (
+    IdempotencyMismatch,
+    Invalid,
+    NotAllowed,
+    NotFound,
+    WrongState,
+)
+from hybrid_jobs.jobctl.service.models import jsonable
 
 log = logging.getLogger("jobctl")
 
@@ -133,6 +140,11 @@ async def _wrong_state(_request: Request, exc: Exception) -> Response:
     return problem(409, str(exc), state=str(exc.state))
 
 
+async def _not_allowed(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, NotAllowed)
+    return problem(409, str(exc), state=str(exc.state), policy=jsonable(exc.policy))
+
+
 async def _mismatch(_request: Request, exc: Exception) -> Response:
     return problem(
         422, str(exc), errors=[FieldError(field="header.Idempotency-Key", message=str(exc))]
@@ -198,6 +210,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Invalid, _invalid)
     app.add_exception_handler(NotFound, _not_found)
     app.add_exception_handler(WrongState, _wrong_state)
+    app.add_exception_handler(NotAllowed, _not_allowed)
     app.add_exception_handler(IdempotencyMismatch, _mismatch)
     app.add_exception_handler(outbox.Backpressure, _backpressure)
     app.add_exception_handler(TooManyWaiters, _too_many_waiters)
@@ -217,7 +230,8 @@ def responses(*statuses: int, **documented: dict[str, Any]) -> dict[int | str, d
         401: "No bearer token, or the wrong one.",
         403: "This server has no API token configured, so it refuses every change.",
         404: "No such job, schedule or queue.",
-        409: "The job is in a state the action does not apply to.",
+        409: "The job is in a state the action does not apply to, or its type does not"
+        " allow the action (`policy` says what it allows).",
         413: "The body is larger than the server accepts.",
         415: "The body is not JSON (Content-Type: application/json).",
         422: "Invalid input; `detail` names the field.",

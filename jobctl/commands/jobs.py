@@ -41,12 +41,19 @@ from hybrid_jobs.jobctl.service import (
     get_job,
     jsonable,
     list_jobs,
+    refusal,
     reject_job,
     retry_jobs,
     retry_matching,
 )
 from hybrid_jobs.jobctl.service.jobs import RETRYABLE
-from hybrid_jobs.jobctl.service.models import JobPage, JobStateChange, JobSummary, JobView
+from hybrid_jobs.jobctl.service.models import (
+    JobPage,
+    JobStateChange,
+    JobSummary,
+    JobView,
+    TypePolicy,
+)
 from hybrid_jobs.outbox.explain import error_line
 from hybrid_jobs.schema.states import JobState
 
@@ -185,6 +192,17 @@ def _compact(value: Any, limit: int = 400, *, raw: bool = False) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _allows(policy: TypePolicy) -> str:
+    """What a job type allows, in a line: "no retry, no cancel while running; on
+    cancel: compensate"."""
+    said = [
+        "retry" if policy.replay else "no retry",
+        "cancel while running" if policy.cancel_running else "no cancel while running",
+    ]
+    promise = "" if policy.on_cancel is None else f"; on cancel: {policy.on_cancel}"
+    return ", ".join(said) + promise
+
+
 def _job_text(job: JobView) -> str:
     due = (job.run_after - job.checked_at).total_seconds()
     held = held_for(job)
@@ -215,6 +233,8 @@ def _job_text(job: JobView) -> str:
         if forced is not None and job.state == JobState.CANCEL_REQUESTED:
             asked += f"; cancel requested (forced) at {when(forced)}"
         fields.append(("cancel asked", asked))
+    if job.policy is not None:
+        fields.append(("type allows", _allows(job.policy)))
     if job.last_error is not None:
         error = job.last_error
         # Kept on the row after a success or a replay: then an earlier attempt's.
@@ -291,21 +311,43 @@ def _job_text(job: JobView) -> str:
     "async handler is interrupted (CancelledError), and the job ends CANCELLED whatever "
     "the handler does next. Also makes an earlier cancel request forced.",
 )
+@click.option(
+    "--override-policy",
+    is_flag=True,
+    help="Ask running jobs to stop even when their type does not allow it "
+    "(cancel_running=False); recorded with --by.",
+)
+@by_option("Who is asking, as a cancel that overrides a type's policy records it.")
 @database_option
 @json_option
-def cancel(job_ids: tuple[str, ...], force: bool, database_url: str | None) -> None:
+def cancel(
+    job_ids: tuple[str, ...],
+    force: bool,
+    override_policy: bool,
+    by: str,
+    database_url: str | None,
+) -> None:
     """Cancel jobs that wait; ask running ones to stop (their handler sees it at its
-    next heartbeat). Exits 1 if any job was unknown or had already finished
-    otherwise."""
+    next heartbeat). Exits 1 if any job was unknown, had already finished
+    otherwise, or runs and its type does not allow cancelling it."""
     ids = parse_ids(job_ids)
 
-    results = write(database_url, lambda session: cancel_jobs(session, ids, force=force))
+    results = write(
+        database_url,
+        lambda session: cancel_jobs(
+            session, ids, force=force, override_policy=override_policy, by=by
+        ),
+    )
     _say_changes(
         results,
         lambda r: (
             f"{r.state}" + (" (forced)" if force and r.state == JobState.CANCEL_REQUESTED else "")
         ),
-        lambda r: f"{r.state} already, not cancelled",
+        lambda r: (
+            f"not cancelled: {refusal(r, 'cancelling it while it runs')}"
+            if r.not_allowed is not None
+            else f"{r.state} already, not cancelled"
+        ),
         forced=force,
     )
 
@@ -531,6 +573,13 @@ def _instant(value: str) -> datetime:
     "someone cancelled them on purpose).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@click.option(
+    "--override-policy",
+    is_flag=True,
+    help="Retry jobs whose type does not allow replay (replay=False) too; each replay "
+    "is recorded as forced. Without it they are refused (by ID) or passed over and "
+    "counted (--filter, --all).",
+)
 @by_option("Who is asking, as the jobs' replay records say.")
 @database_option
 @json_option
@@ -541,6 +590,7 @@ def retry(
     every: bool,
     include_cancelled: bool,
     dry_run: bool,
+    override_policy: bool,
     by: str,
     database_url: str | None,
 ) -> None:
@@ -552,22 +602,37 @@ def retry(
     if sum(map(bool, (job_ids, pairs, every))) != 1:
         raise Failure("give job IDs, --filter KEY=VALUE, or --all (one of them)", 2)
     if job_ids:
-        _retry_ids(parse_ids(job_ids), dry_run, by, database_url)
+        _retry_ids(parse_ids(job_ids), dry_run, by, database_url, override_policy)
     else:
         states = RETRYABLE if include_cancelled else frozenset({JobState.FAILED})
-        filters = _filters(pairs) | {"every": every, "states": states}
+        filters = _filters(pairs) | {
+            "every": every,
+            "states": states,
+            "override_policy": override_policy,
+        }
         _retry_matching(filters, limit, dry_run, by, database_url)
 
 
-def _retry_ids(ids: list[Any], dry_run: bool, by: str, database_url: str | None) -> None:
+def _retry_ids(
+    ids: list[Any], dry_run: bool, by: str, database_url: str | None, override_policy: bool
+) -> None:
     # A dry run is the real thing in a savepoint rolled back: what it says is what
     # the rule would do.
-    results = write(database_url, lambda session: retry_jobs(session, ids, by=by, dry_run=dry_run))
+    results = write(
+        database_url,
+        lambda session: retry_jobs(
+            session, ids, by=by, dry_run=dry_run, override_policy=override_policy
+        ),
+    )
     verb = "would be" if dry_run else "is"
     _say_changes(
         results,
         lambda r: f"{verb} QUEUED again",
-        lambda r: f"{r.state}, not retried (only FAILED or CANCELLED jobs are)",
+        lambda r: (
+            f"not retried: {refusal(r, 'replay')}"
+            if r.not_allowed is not None
+            else f"{r.state}, not retried (only FAILED or CANCELLED jobs are)"
+        ),
         dry_run=dry_run,
     )
 
@@ -579,7 +644,7 @@ def _retry_matching(
         database_url,
         lambda session: retry_matching(session, limit=limit, by=by, dry_run=dry_run, **filters),
     )
-    shown = {k: v for k, v in filters.items() if k not in ("every", "states")}
+    shown = {k: v for k, v in filters.items() if k not in ("every", "states", "override_policy")}
     what = " ".join(
         f"{k}={v.isoformat() if isinstance(v, datetime) else v}" for k, v in shown.items()
     )
@@ -589,6 +654,11 @@ def _retry_matching(
     text = f"{verb} {found.matched} {kinds} job(s) {where}"
     if found.matched == limit:
         text += " (the --limit; run again for more)"
+    if found.not_allowed:
+        text += (
+            f"; passed over {found.not_allowed} whose type does not allow replay"
+            " (--override-policy retries them)"
+        )
     document = {k: str(v) for k, v in shown.items()}
     emit(
         jsonable(found) | {"filter": document, "states": sorted(filters["states"])},

@@ -47,6 +47,7 @@ from hybrid_jobs.jobctl.service import (
     pause_queue,
     pause_schedule,
     queries,
+    refusal,
     reject_job,
     resume_queue,
     resume_schedule,
@@ -54,7 +55,7 @@ from hybrid_jobs.jobctl.service import (
     retry_matching,
     trigger_schedule,
 )
-from hybrid_jobs.jobctl.service.models import JobView
+from hybrid_jobs.jobctl.service.models import BulkRetry, JobView
 from hybrid_jobs.jobctl.service.sql import fetch_one
 from hybrid_jobs.schema.states import JobState
 
@@ -199,6 +200,8 @@ async def retry_one(job_id: str, request: Request, actor: Actor, back: Back = ""
         )
         if change.state is None:
             return Flash("error", f"no job {ident}")
+        if change.not_allowed is not None:
+            return Flash("error", f"not retried: {refusal(change, 'replay')}")
         if not change.applied:
             return Flash(
                 "error", f"not retried: the job is {change.state}, not FAILED or CANCELLED"
@@ -224,6 +227,10 @@ async def cancel_one(
         )
         if change.state is None:
             return Flash("error", f"no job {ident}")
+        if change.not_allowed is not None:
+            return Flash(
+                "error", f"not cancelled: {refusal(change, 'cancelling it while it runs')}"
+            )
         if not change.applied:
             return Flash("error", f"not cancelled: the job is {change.state} already")
         if change.state == JobState.CANCEL_REQUESTED and force:
@@ -344,8 +351,11 @@ async def retry_selected(request: Request, actor: Actor, back: Back = "") -> Res
             return Flash("error", f"at most {MAX_SELECTED} jobs at a time")
         changes = await _write(request, lambda session: retry_jobs(session, ids, by=_by(request)))
         moved = sum(c.applied for c in changes)
-        skipped = len(changes) - moved
+        forbidden = sum(c.not_allowed is not None for c in changes)
+        skipped = len(changes) - moved - forbidden
         text = f"Retried {moved} of {len(changes)} selected jobs."
+        if forbidden:
+            text += f" {forbidden} were left alone: their type does not allow replay."
         if skipped:
             text += f" {skipped} had changed state meanwhile and were left alone."
         return Flash("ok" if moved else "error", text)
@@ -374,9 +384,9 @@ async def retry_all_matching(
     unfiltered = chosen_queue is None and chosen_type is None
     kinds = "CANCELLED" if cancelled else "FAILED"
 
-    async def run(dry_run: bool) -> int:
+    async def run(dry_run: bool) -> BulkRetry:
         async with _database(request).writing() as session:
-            found = await retry_matching(
+            return await retry_matching(
                 session,
                 queue=chosen_queue,
                 job_type=chosen_type,
@@ -386,18 +396,18 @@ async def retry_all_matching(
                 dry_run=dry_run,
                 by=_by(request),
             )
-        return found.matched
 
     if confirm != "yes":
         try:
-            matched = await run(True)
+            found = await run(True)
         except ServiceError as exc:
             return _done(request, viewer, back, Flash("error", str(exc)), "/failed")
         return render.page(
             request,
             "confirm_retry.html",
             viewer,
-            matched=matched,
+            matched=found.matched,
+            not_allowed=found.not_allowed,
             limit=BULK_RETRY_LIMIT,
             queue=chosen_queue,
             job_type=chosen_type,
@@ -415,12 +425,13 @@ async def retry_all_matching(
                 f"not retried: with no queue or type this is every {kinds} job;"
                 " tick \u201cevery one\u201d to confirm",
             )
-        matched = await run(False)
+        done = await run(False)
         more = " (the most one press moves: press again for the rest)"
-        return Flash(
-            "ok",
-            f"Retried {matched} {kinds} jobs{more if matched >= BULK_RETRY_LIMIT else ''}.",
-        )
+        more = more if done.matched >= BULK_RETRY_LIMIT else ""
+        text = f"Retried {done.matched} {kinds} jobs{more}."
+        if done.not_allowed:
+            text += f" {done.not_allowed} were left alone: their type does not allow replay."
+        return Flash("ok", text)
 
     return await _act(request, viewer, back, "/failed", action)
 

@@ -195,9 +195,19 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         now=found.checked_at,
         story=_story(found),
         attempts_shown=ATTEMPTS_SHOWN,
-        may_retry=found.state in REPLAYABLE,
-        may_cancel=found.state not in TERMINAL and found.state != JobState.CANCEL_REQUESTED,
-        may_force_cancel=found.state in LEASED and found.cancel_forced_at is None,
+        # The type's policy as the statements hold to it: the page offers no action
+        # they would refuse, and says why (an override is the CLI's or the API's).
+        may_retry=found.state in REPLAYABLE and (found.policy is None or found.policy.replay),
+        retry_not_allowed=found.state in REPLAYABLE
+        and found.policy is not None
+        and not found.policy.replay,
+        may_cancel=found.state not in TERMINAL
+        and found.state != JobState.CANCEL_REQUESTED
+        and not _cancel_not_allowed(found),
+        cancel_not_allowed=_cancel_not_allowed(found),
+        may_force_cancel=found.state in LEASED
+        and found.cancel_forced_at is None
+        and not _cancel_not_allowed(found),
         may_approve=found.state == JobState.QUEUED
         and found.approval is not None
         and found.approval.status == "REQUIRED",
@@ -208,6 +218,12 @@ async def job(job_id: str, request: Request, looker: Looker) -> Response:
         # what an <input type=datetime-local> shows: UTC, to the second
         run_after_input=found.run_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
         leased=found.state in LEASED,
+    )
+
+
+def _cancel_not_allowed(job: JobView) -> bool:
+    return (
+        job.state == JobState.RUNNING and job.policy is not None and not job.policy.cancel_running
     )
 
 

@@ -6,7 +6,12 @@ Every message is safe to show (no URL, no token) and names what to fix.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hybrid_jobs.schema.states import JobState
+
+if TYPE_CHECKING:
+    from hybrid_jobs.jobctl.service.models import TypePolicy
 
 
 class ServiceError(Exception):
@@ -33,6 +38,16 @@ class WrongState(ServiceError):
     def __init__(self, message: str, state: JobState) -> None:
         super().__init__(message)
         self.state = state
+
+
+class NotAllowed(ServiceError):
+    """The job's type does not allow the action (its handler's replay=False, or
+    cancel_running=False for a running job); ``policy`` is what it allows."""
+
+    def __init__(self, message: str, state: JobState, policy: TypePolicy) -> None:
+        super().__init__(message)
+        self.state = state
+        self.policy = policy
 
 
 class IdempotencyMismatch(ServiceError):

@@ -21,6 +21,7 @@ from hybrid_jobs.jobctl.service.cursor import Cursor, Order
 from hybrid_jobs.jobctl.service.errors import (
     IdempotencyMismatch,
     Invalid,
+    NotAllowed,
     NotFound,
     WrongState,
     invalid_argument,
@@ -39,6 +40,7 @@ from hybrid_jobs.jobctl.service.models import (
     LastError,
     Lease,
     Step,
+    TypePolicy,
     Why,
 )
 from hybrid_jobs.jobctl.service.sql import fetch_all, fetch_one
@@ -356,6 +358,9 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         )
         if explanation.approval is not None:
             approval = Approval(**explanation.approval)
+    # A type that declared nothing has no row: it allows everything.
+    declared = await outbox.job_type_policy_async(session, summary.job_type)
+    policy = None if declared.updated_at is None else type_policy(declared)
     return JobView(
         **{f.name: getattr(summary, f.name) for f in dataclasses.fields(JobSummary)},
         payload=payload,
@@ -381,6 +386,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         parents=tuple(Dependency(*r[1:]) for r in relations if r[0] == "parent"),
         children=tuple(Dependency(*r[1:]) for r in relations if r[0] == "child"),
         steps=tuple(Step(*r) for r in steps),
+        policy=policy,
     )
 
 
@@ -544,19 +550,58 @@ async def _must_get(session: AsyncSession, job_id: uuid.UUID) -> JobView:
 
 
 async def cancel_jobs(
-    session: AsyncSession, job_ids: Iterable[uuid.UUID], *, force: bool = False
+    session: AsyncSession,
+    job_ids: Iterable[uuid.UUID],
+    *,
+    force: bool = False,
+    override_policy: bool = False,
+    by: str | None = None,
 ) -> list[JobStateChange]:
     """Cancel each job that waits, ask each running one to stop
     (outbox.request_cancel_async; ``force``: interrupt its handler at its worker's
     next heartbeat). ``applied`` is True when the job is cancelled or asked to stop
-    now (a repeated cancel too); False for a job that had finished otherwise, or an
-    unknown id (state None). Never commits."""
+    now (a repeated cancel too); False for a job that had finished otherwise, an
+    unknown id (state None), or a running job whose type does not allow it
+    (``not_allowed``: its policy; ``override_policy`` asks it to stop all the same,
+    recording ``by``). Never commits."""
     done: list[JobStateChange] = []
     for job_id in job_ids:
-        state = await outbox.request_cancel_async(session, job_id, force=force)
+        try:
+            state = await outbox.request_cancel_async(
+                session, job_id, force=force, override_policy=override_policy, by=by
+            )
+        except outbox.NotAllowed as exc:
+            done.append(JobStateChange(job_id, exc.state, False, type_policy(exc.policy)))
+            continue
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument(exc, "by") from None
         applied = state in (JobState.CANCELLED, JobState.CANCEL_REQUESTED)
         done.append(JobStateChange(job_id, state, applied))
     return done
+
+
+def type_policy(policy: outbox.JobTypePolicy) -> TypePolicy:
+    return TypePolicy(
+        policy.job_type,
+        policy.replay,
+        policy.cancel_running,
+        policy.on_cancel,
+        policy.updated_at,
+        policy.updated_by,
+    )
+
+
+def refusal(change: JobStateChange, action: str) -> NotAllowed:
+    """The refusal of a change its job's type does not allow, for one line or a 409."""
+    policy = change.not_allowed
+    assert policy is not None and change.state is not None
+    promise = "" if policy.on_cancel is None else f" (on cancel: {policy.on_cancel})"
+    return NotAllowed(
+        f"job {change.id} is {change.state}: {policy.job_type} does not allow {action}"
+        f"{promise}; override the policy to do it anyway (recorded)",
+        change.state,
+        policy,
+    )
 
 
 async def approve_job(
@@ -633,19 +678,27 @@ async def retry_jobs(
     *,
     by: str | None = None,
     dry_run: bool = False,
+    override_policy: bool = False,
 ) -> list[JobStateChange]:
     """Put each FAILED or CANCELLED job back in the queue (outbox.retry_job_async),
     its history kept and a fresh attempt budget given. ``applied`` is False for a
-    job in any other state (left as it was) and for an unknown id (state None).
-    ``by`` names who asked, for job_replays. ``dry_run``: the same, in a savepoint
-    rolled back, so the answer is what the rule would do. Never commits."""
+    job in any other state (left as it was), for an unknown id (state None), and
+    for a job whose type does not allow replay (``not_allowed``: its policy), unless
+    ``override_policy`` (recorded as forced). ``by`` names who asked, for
+    job_replays. ``dry_run``: the same, in a savepoint rolled back, so the answer is
+    what the rule would do. Never commits."""
     done: list[JobStateChange] = []
     async with _savepoint(session, keep=not dry_run):
         for job_id in job_ids:
             row = await fetch_one(session, JOB_STATE, {"job_id": job_id})
             before = None if row is None else JobState(row[0])
             try:
-                state = await outbox.retry_job_async(session, job_id, by=by)
+                state = await outbox.retry_job_async(
+                    session, job_id, by=by, override_policy=override_policy
+                )
+            except outbox.NotAllowed as exc:
+                done.append(JobStateChange(job_id, exc.state, False, type_policy(exc.policy)))
+                continue
             except (ValueError, TypeError) as exc:
                 raise invalid_argument(exc, "by") from None
             applied = before in RETRYABLE and state == JobState.QUEUED
@@ -681,6 +734,7 @@ async def retry_matching(
     limit: int = 1000,
     by: str | None = None,
     dry_run: bool = False,
+    override_policy: bool = False,
 ) -> BulkRetry:
     """Retry the jobs in ``states`` (FAILED by default; CANCELLED ones only when
     asked: a cancel is a person's decision, not a failure) that match every filter given,
@@ -688,7 +742,8 @@ async def retry_matching(
     filter, ``every`` must say so: a bulk retry of everything is never the result
     of a forgotten filter. ``dry_run``: the same statement in a savepoint rolled
     back, so the count is exactly what the rule would retry, and nothing changes.
-    Never commits."""
+    Jobs whose type does not allow replay are passed over and counted
+    (``not_allowed``), unless ``override_policy``. Never commits."""
     filtered = any(v is not None for v in (queue, job_type, error_code, finished_after))
     if filtered and every:
         raise Invalid("all means every failed job: give filters or all, not both", "all")
@@ -709,7 +764,8 @@ async def retry_matching(
                 limit=limit,
                 by=by,
                 states=states,
+                override_policy=override_policy,
             )
         except (ValueError, TypeError) as exc:
             raise invalid_argument(exc) from None
-    return BulkRetry(matched, dry_run)
+    return BulkRetry(matched, dry_run, not_allowed=matched.not_allowed)

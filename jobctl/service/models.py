@@ -181,6 +181,27 @@ class Why:
 
 
 @dataclass(frozen=True)
+class TypePolicy:
+    """What a job type allows, as its handler declares it and the consumers last
+    recorded it (outbox.job_type_policy)."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    job_type: str
+    replay: bool
+    """Whether its FAILED and CANCELLED jobs may be retried."""
+    cancel_running: bool
+    """Whether a running job of it may be cancelled (a waiting one always may)."""
+    on_cancel: str | None
+    """What a cancel of it promises, in its handler's words ("compensate": the handler
+    undoes what it did; "none": what it did stays done)."""
+    updated_at: datetime | None
+    """When a consumer last changed it."""
+    updated_by: str | None
+    """The consumer (worker id) that last changed it."""
+
+
+@dataclass(frozen=True)
 class JobView(JobSummary):
     """One job, whole: its row, its attempts, and why it waits."""
 
@@ -226,6 +247,10 @@ class JobView(JobSummary):
     steps: tuple[Step, ...] = ()
     """Its finished resumable steps (job.step), in the order they finished (at most
     100): a later attempt skips them."""
+    policy: TypePolicy | None = None
+    """What its type allows, as its handler declares it (replay, cancel_running,
+    on_cancel: what a cancel of it promises); null when the type declares nothing,
+    and allows everything."""
 
 
 @dataclass(frozen=True)
@@ -544,6 +569,9 @@ class JobStateChange:
     applied: bool
     """A cancel: the job is cancelled or asked to stop (also when it already was). A
     retry: it was FAILED or CANCELLED and is QUEUED again."""
+    not_allowed: TypePolicy | None = None
+    """Set when the job's type does not allow the change (its handler's replay=False,
+    or cancel_running=False for a running job): that policy. Nothing was changed."""
 
 
 @dataclass(frozen=True)
@@ -577,6 +605,9 @@ class BulkRetry:
     """True: nothing was retried, `matched` is what would have been."""
     jobs: tuple[JobStateChange, ...] | None = None
     """For a retry by ids: what became of each (null for a retry by filter)."""
+    not_allowed: int = 0
+    """For a retry by filter: the matching jobs passed over because their type does
+    not allow replay (0 with override_policy)."""
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,10 @@ from hybrid_jobs.schema.queries.job import (
     JOB_EFFECT_CLAIM,
     JOB_EXPIRE_WAITING,
     JOB_FIND_BY_DEDUP_MANY,
+    JOB_FIND_BY_UNIQUE_MANY,
     JOB_INSERT_MANY,
     JOB_INSERT_PLAIN_MANY,
+    JOB_INSERT_UNIQUE_MANY,
     JOB_KEYS_LOCK,
     JOB_OUTCOME,
     JOB_PARENT_RESULTS,
@@ -92,6 +94,7 @@ from hybrid_jobs.schema.queries.job import (
     JOB_STEP_CLEAR,
     JOB_STEP_LIST,
     JOB_STEP_RECORD,
+    JOB_TAGS_PRUNE,
     JOB_TRACE_CONTEXTS,
 )
 from hybrid_jobs.schema.queries.lease import (
@@ -121,6 +124,11 @@ from hybrid_jobs.schema.queries.outbox import (
     OUTBOX_SETTLE,
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
+)
+from hybrid_jobs.schema.queries.policy import (
+    JOB_TYPE_POLICY,
+    JOB_TYPE_POLICY_RECORD_MANY,
+    JOB_TYPE_POLICY_REFUSAL,
 )
 from hybrid_jobs.schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 from hybrid_jobs.schema.queries.resource import (
@@ -189,6 +197,7 @@ __all__ = [
     "JOB_EXPLAIN",
     "JOB_EXPLAIN_BACKLOG",
     "JOB_FIND_BY_DEDUP_MANY",
+    "JOB_FIND_BY_UNIQUE_MANY",
     "JOB_FINISH_MANY",
     "JOB_FINISH_MANY_IN_TX",
     "JOB_FINISH_PLAIN_MANY",
@@ -197,6 +206,7 @@ __all__ = [
     "JOB_HELD_BY",
     "JOB_INSERT_MANY",
     "JOB_INSERT_PLAIN_MANY",
+    "JOB_INSERT_UNIQUE_MANY",
     "JOB_KEYS_LOCK",
     "JOB_OUTCOME",
     "JOB_PARENTS_LOCK",
@@ -217,7 +227,11 @@ __all__ = [
     "JOB_STEP_LIST",
     "JOB_STEP_RECORD",
     "JOB_SWEEP_EXPIRED",
+    "JOB_TAGS_PRUNE",
     "JOB_TRACE_CONTEXTS",
+    "JOB_TYPE_POLICY",
+    "JOB_TYPE_POLICY_RECORD_MANY",
+    "JOB_TYPE_POLICY_REFUSAL",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
     "LIVE_WORKER",

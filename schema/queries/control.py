@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from typing import Final
 
+from hybrid_jobs import defaults
 from hybrid_jobs.schema.queries.fragments import (
     KEY_AHEAD,
     LIVE_WORKER,
     PENDING_TENANTS,
     UNTAKEN,
+    WHO,
     key_wake_next,
     resource_wake_next,
 )
+from hybrid_jobs.schema.queries.policy import forbids
 from hybrid_jobs.schema.queries.worker import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import (
@@ -26,11 +29,7 @@ from hybrid_jobs.schema.tables import (
     TERMINAL_SQL,
 )
 
-# Who acted, when the caller does not say: the database role, and the client's
-# application_name when it set one ("app (jobctl)").
-_WHO = (
-    "current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')"
-)
+_WHO = WHO
 
 # The size of a failed or cancelled job's own attempt budget: its max_attempts less
 # the attempts it had made before its latest replay (its first run: all of them).
@@ -41,16 +40,19 @@ _OWN_BUDGET = """CASE WHEN j.max_attempts IS NOT NULL THEN GREATEST(1, j.max_att
      WHERE r.job_id = j.job_id ORDER BY r.id DESC LIMIT 1), 0)) END"""
 
 
-def _replay(target: str, *, before: str = "") -> str:
+def _replay(target: str, *, before: str = "", answer: str = "SELECT job_id FROM replayed") -> str:
     """Replays the jobs ``target`` selects and locks (job_id, state,
-    attempt_count, budget), each still FAILED or CANCELLED (``before``: CTEs the
-    target reads from): back to QUEUED, due now (one that waited for approval, or
-    was rejected, waits for approval again: held, without a wake-up),
+    attempt_count, budget, forced: whether the replay overrides the type's policy),
+    each still FAILED or CANCELLED (``before``: CTEs the target reads from; ``answer``:
+    what the statement returns, read from ``replayed``): back to QUEUED, due now
+    (one that waited for approval, or was rejected, waits for approval again: held,
+    without a wake-up),
     with a fresh budget of the job's own size on top of the attempts it made (so
     attempt_count <= max_attempts holds and the history keeps numbering on), what
     belonged to the finished run cleared (and the deadline of one that ended for it,
     CANCELLED with code EXPIRED), a wake-up (the outbox trigger notifies the
-    relay at commit), and a job_replays row saying who asked, when, from what."""
+    relay at commit), and a job_replays row saying who asked, when, from what, and
+    whether it overrode the policy."""
     return f"""
 WITH RECURSIVE {before}target AS ({target}
 ), replayed AS (
@@ -72,6 +74,12 @@ WITH RECURSIVE {before}target AS ({target}
         delay_since = CASE WHEN j.parents_pending > 0 THEN now() END,
         cancel_requested_at = NULL,
         cancel_forced_at = NULL,
+        cancel_override_by = NULL,
+        -- a key held while waiting or active was freed when the job left its scope,
+        -- and another job may hold it by now: the replayed one comes back without it
+        -- (a period's key stays: its window is part of it, held whatever the state)
+        unique_key = CASE WHEN j.unique_scope = 'period' THEN j.unique_key END,
+        unique_scope = CASE WHEN j.unique_scope = 'period' THEN j.unique_scope END,
         -- one that ended for its deadline (CANCELLED, EXPIRED) runs without it: kept,
         -- the relay's next round would end it again, never started
         expires_at = CASE WHEN j.state = 'CANCELLED' AND j.last_error_code = 'EXPIRED'
@@ -83,25 +91,30 @@ WITH RECURSIVE {before}target AS ({target}
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM target)) AND j.job_id = t.job_id
       AND j.state IN ({REPLAYABLE_SQL})
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
-              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending
+              t.state AS from_state, t.attempt_count, j.approval, j.parents_pending, t.forced
 ), woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM replayed
     WHERE approval IS DISTINCT FROM 'REQUIRED' AND parents_pending = 0
 ), recorded AS (
-    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before)
-    SELECT job_id, COALESCE(%(by)s::text, {_WHO}), from_state, attempt_count FROM replayed
+    INSERT INTO job_replays (job_id, replayed_by, from_state, attempts_before, forced)
+    SELECT job_id, COALESCE(%(by)s::text, {_WHO}), from_state, attempt_count, forced
+    FROM replayed
 )
-SELECT job_id FROM replayed
+{answer}
 """
 
 
 # One job, by id. It waits for a lock another transaction holds on the row (a
-# worker's outcome, retention), then decides on what that left.
+# worker's outcome, retention), then decides on what that left. A job whose type's
+# policy forbids replay is left as it is, unless %(override)s (then recorded as
+# forced); a type without a policy costs one probe of its primary key.
 JOB_REPLAY: Final = _replay(f"""
-    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
+    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget,
+           %(override)s AND {forbids("replay")} AS forced
     FROM jobs AS j
     WHERE j.job_id = %(job_id)s AND j.state IN ({REPLAYABLE_SQL})
+      AND (%(override)s OR NOT {forbids("replay")})
     FOR NO KEY UPDATE""")
 
 # Failed and cancelled jobs matching the filters (NULL: any; `states` picks FAILED,
@@ -113,15 +126,30 @@ JOB_REPLAY: Final = _replay(f"""
 # failures are common enough that it meets `limit` of them soon
 # (bench/control_plans.py shows both). Rows another transaction holds are skipped: the
 # next call gets them.
+# The types whose policy forbids replay are read once (a small table): their jobs
+# are passed over, so `limit` counts jobs replayed, and counted (at most
+# MAX_REPLAY_BATCH per queue) unless %(override)s, which replays them too, recorded
+# as forced. With no such type the count reads nothing.
 _UNSUCCESSFUL_QUEUE = f"SELECT j.queue FROM jobs AS j WHERE j.state IN ({REPLAYABLE_SQL})"
+_MATCHES = f"""j.state IN ({REPLAYABLE_SQL}) AND j.queue = q.queue
+          AND j.state = ANY(%(states)s::text[])
+          AND (%(finished_after)s::timestamptz IS NULL
+               OR j.finished_at > %(finished_after)s::timestamptz)
+          AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
+          AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)"""
+_FORBIDDEN_TYPE = "j.job_type = ANY((SELECT job_types FROM forbidding)::text[])"
 
 JOB_REPLAY_MATCHING: Final = _replay(
     f"""
-    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget
+    SELECT j.job_id, j.state, j.attempt_count, {_OWN_BUDGET} AS budget,
+           %(override)s AND {_FORBIDDEN_TYPE} AS forced
     FROM jobs AS j
     WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidates)) AND j.state IN ({REPLAYABLE_SQL})
     FOR NO KEY UPDATE OF j SKIP LOCKED""",
-    before=f"""found AS (
+    before=f"""forbidding AS (
+    SELECT COALESCE(array_agg(job_type), '{{}}') AS job_types
+    FROM job_type_policies WHERE NOT replay
+), found AS (
     ({_UNSUCCESSFUL_QUEUE} AND %(queue)s::text IS NULL ORDER BY j.queue LIMIT 1)
     UNION ALL
     SELECT ({_UNSUCCESSFUL_QUEUE} AND j.queue > f.queue ORDER BY j.queue LIMIT 1)
@@ -136,18 +164,25 @@ JOB_REPLAY_MATCHING: Final = _replay(
     CROSS JOIN LATERAL (
         SELECT j.job_id, j.finished_at
         FROM jobs AS j
-        WHERE j.state IN ({REPLAYABLE_SQL}) AND j.queue = q.queue
-          AND j.state = ANY(%(states)s::text[])
-          AND (%(finished_after)s::timestamptz IS NULL
-               OR j.finished_at > %(finished_after)s::timestamptz)
-          AND (%(job_type)s::text IS NULL OR j.job_type = %(job_type)s::text)
-          AND (%(error_code)s::text IS NULL OR j.last_error_code = %(error_code)s::text)
+        WHERE {_MATCHES}
+          AND (%(override)s OR NOT {_FORBIDDEN_TYPE})
         ORDER BY j.finished_at
         LIMIT %(limit)s
     ) AS c
     ORDER BY c.finished_at
     LIMIT %(limit)s
+), refused AS (
+    SELECT count(*) AS n
+    FROM queues AS q
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM jobs AS j
+        WHERE {_MATCHES}
+          AND {_FORBIDDEN_TYPE}
+        LIMIT {defaults.MAX_REPLAY_BATCH}
+    ) AS r
+    WHERE NOT %(override)s AND cardinality((SELECT job_types FROM forbidding)) > 0
 ), """,
+    answer="SELECT ARRAY(SELECT job_id FROM replayed), (SELECT n FROM refused)",
 )
 
 # An operator approves a job that waits for approval: due now, with its wake-up

@@ -15,6 +15,10 @@ from hybrid_jobs.schema.tables import (
     RESOURCE_REFUSALS_SQL,
 )
 
+# Who acted, when the caller does not say: the database role, and the client's
+# application_name when it set one ("app (jobctl)").
+WHO = "current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')"
+
 # The attempt budget in force: the row's, else the default.
 BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"
 

@@ -6,9 +6,16 @@ from __future__ import annotations
 from typing import Final
 
 from hybrid_jobs.schema.locks import KEY_LOCK_PREFIX
-from hybrid_jobs.schema.queries.fragments import FENCE
+from hybrid_jobs.schema.queries.fragments import FENCE, WHO
+from hybrid_jobs.schema.queries.policy import forbids
 from hybrid_jobs.schema.states import DelayReason
-from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL, LEASED_SQL
+from hybrid_jobs.schema.tables import (
+    APPROVAL_HOLD,
+    CLAIMABLE_SQL,
+    LEASED_SQL,
+    unique_held,
+    unique_window_end,
+)
 
 
 # Inserts a batch of jobs and their wake-ups in one statement (scheduled_for is given
@@ -22,12 +29,28 @@ from hybrid_jobs.schema.tables import APPROVAL_HOLD, CLAIMABLE_SQL, LEASED_SQL
 #
 # Composed, as the claim is, of what the batch uses: the tags' and the parents'
 # inserts are left out of a batch with no tags and no after= (most), which would
-# otherwise pay for both on every job, with nothing to insert.
-def job_insert_many(*, tags: bool = True, parents: bool = True) -> str:
+# otherwise pay for both on every job, with nothing to insert; and the scoped keys'
+# columns (enqueue's unique=) out of a batch that has none.
+def job_insert_many(*, tags: bool = True, parents: bool = True, unique: bool = False) -> str:
     """JOB_INSERT_MANY, with the steps for tags and for parents (``after=``) only
-    when the batch has them."""
+    when the batch has them, and with ``unique`` the scoped keys' columns."""
     tagged = _INSERT_TAGGED if tags else ""
     edges = _INSERT_EDGES if parents else ""
+    unique_input = unique_columns = unique_values = ""
+    # a job's key conflicts in jobs_dedup_idx ('forever') or in jobs_unique_idx (a
+    # scope): only one index can be named, so none is, and a conflict in either skips
+    # the job (the job_id, new, conflicts in no other)
+    conflict = "(job_type, dedup_key) WHERE dedup_key IS NOT NULL "
+    if unique:
+        unique_input = (
+            ",\n        unique_key text, unique_scope text, unique_seconds double precision"
+        )
+        unique_columns = ", unique_key, unique_scope, unique_until"
+        unique_values = (
+            ", unique_key, unique_scope,\n           CASE WHEN unique_seconds IS NOT NULL"
+            f" THEN {unique_window_end('unique_seconds')} END"
+        )
+        conflict = ""
     return f"""
 WITH input AS (
     SELECT *
@@ -38,13 +61,13 @@ WITH input AS (
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
         parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
-        meta jsonb)
+        meta jsonb{unique_input})
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
          key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta)
+         delay_since, tags, meta{unique_columns})
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -59,9 +82,9 @@ WITH input AS (
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
            CASE WHEN parents_pending > 0 THEN now() END,
-           COALESCE(tags, '{{}}'), meta
+           COALESCE(tags, '{{}}'), meta{unique_values}
     FROM input
-    ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    ON CONFLICT {conflict}DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
               j.parents_pending, j.tags
 {tagged}{edges}), woken AS (
@@ -94,6 +117,8 @@ _INSERT_EDGES = """), edges AS (
 JOB_INSERT_MANY: Final = job_insert_many()
 # A batch of jobs with no tags and no parents.
 JOB_INSERT_PLAIN_MANY: Final = job_insert_many(tags=False, parents=False)
+# A batch with a job whose dedup key has a scope (enqueue's unique=).
+JOB_INSERT_UNIQUE_MANY: Final = job_insert_many(unique=True)
 
 
 # Before a batch with after= is inserted: its parents' states, the parents locked
@@ -186,12 +211,8 @@ WITH input AS (
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,
               j.tags
-), untagged AS (
-    -- a replaced job's tags are the latest enqueue's: the ones it no longer has go,
-    -- the new ones come (the two touch different rows)
-    DELETE FROM job_tags AS t USING upserted AS u
-    WHERE t.job_id = u.job_id AND t.tag <> ALL(u.tags)
 ), tagged AS (
+    -- the new ones come; the ones a replaced job no longer has go in JOB_TAGS_PRUNE
     INSERT INTO job_tags (tag, job_id)
     SELECT t.tag, u.job_id FROM upserted AS u CROSS JOIN LATERAL unnest(u.tags) AS t(tag)
     ON CONFLICT DO NOTHING
@@ -204,6 +225,16 @@ WITH input AS (
 SELECT job_type, debounce_key, job_id FROM upserted
 """
 
+# After JOB_DEBOUNCE_MANY: the index rows of the tags the replaced jobs no longer
+# have. A statement of its own, for a fresh snapshot: a repeat that waited for a
+# concurrent one's commit replaced the row that commit wrote, but its own statement's
+# snapshot predates the tag rows that commit added. The jobs' rows are still locked
+# by this transaction, so no repeat changes their tags meanwhile.
+JOB_TAGS_PRUNE: Final = """
+DELETE FROM job_tags AS t USING jobs AS j
+WHERE j.job_id = ANY(%(ids)s::uuid[]) AND t.job_id = j.job_id AND t.tag <> ALL(j.tags)
+"""
+
 # A separate statement from the insert on purpose: under READ COMMITTED it takes a
 # fresh snapshot, so it sees the row of a concurrent transaction that won the race on
 # the same dedup key (the insert above waited for that transaction to commit).
@@ -213,13 +244,32 @@ FROM jsonb_to_recordset(%(keys)s::jsonb) AS k(job_type text, dedup_key text)
 JOIN jobs j ON j.job_type = k.job_type AND j.dedup_key = k.dedup_key
 """
 
+# The same for scoped keys (enqueue's unique=), after JOB_INSERT_UNIQUE_MANY, in its
+# transaction (the same now(), so the same window): the job holding each key now,
+# by the number the caller gave it (n). None for a key whose holder left its scope
+# since the insert met it (claimed, ended): the key is free, and the caller inserts
+# that job again.
+JOB_FIND_BY_UNIQUE_MANY: Final = f"""
+SELECT k.n, j.job_id
+FROM jsonb_to_recordset(%(keys)s::jsonb)
+    AS k(n integer, job_type text, unique_key text, unique_seconds double precision)
+JOIN jobs AS j
+  ON j.job_type = k.job_type AND j.unique_key = k.unique_key
+ AND j.unique_until IS NOT DISTINCT FROM
+     CASE WHEN k.unique_seconds IS NOT NULL THEN {unique_window_end("k.unique_seconds")} END
+ AND {unique_held("j.")}
+"""
+
 # A cancel request from outside: a job nobody holds is cancelled at once (and its
 # pending wake-ups go); a running one is asked to stop (its worker sees
 # CANCEL_REQUESTED on its next heartbeat, and keeps its slot until it stops). With
 # %(force)s the request is recorded as forced (cancel_forced_at), which the heartbeat
 # hands the worker too, and a running job whose cancel was requested already is made
-# forced. Returns the new state, or nothing if the job is finished already, unknown,
-# or already asked to stop the way this request asks.
+# forced. A running job whose type's policy forbids cancelling it (cancel_running) is
+# left alone, unless %(override)s, recorded as who overrode it (cancel_override_by);
+# the policy is probed only for a running job. Returns the new state, or nothing if
+# the job is finished already, unknown, refused by its policy, or already asked to
+# stop the way this request asks.
 JOB_REQUEST_CANCEL: Final = f"""
 WITH cancelled AS (
     UPDATE jobs
@@ -230,6 +280,9 @@ WITH cancelled AS (
         cancel_requested_at = CASE state WHEN 'CANCEL_REQUESTED' THEN cancel_requested_at
                                          ELSE now() END,
         cancel_forced_at = CASE WHEN %(force)s AND state IN ({LEASED_SQL}) THEN now() END,
+        cancel_override_by = CASE
+            WHEN state = 'RUNNING' AND %(override)s AND {forbids("cancel_running", "jobs")}
+            THEN COALESCE(%(by)s::text, {WHO}) ELSE cancel_override_by END,
         delay_reason = NULL,
         delay_since = NULL,
         updated_at = now()
@@ -237,6 +290,7 @@ WITH cancelled AS (
     WHERE job_id = %(job_id)s
       AND (state IN ({CLAIMABLE_SQL}, 'RUNNING')
            OR (state = 'CANCEL_REQUESTED' AND %(force)s AND cancel_forced_at IS NULL))
+      AND (state <> 'RUNNING' OR %(override)s OR NOT {forbids("cancel_running", "jobs")})
     RETURNING job_id, state
 ), unwoken AS (
     DELETE FROM outbox AS o USING cancelled AS c

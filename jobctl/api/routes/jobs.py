@@ -19,6 +19,7 @@ from hybrid_jobs.jobctl.api.models import (
     JobType,
     QueueName,
     RejectBody,
+    RetryBody,
     RetryRequest,
     Tag,
 )
@@ -244,7 +245,11 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
     async with database(request).writing() as session:
         if body.ids is not None:
             changes = await service.retry_jobs(
-                session, body.ids, by=actor(request), dry_run=body.dry_run
+                session,
+                body.ids,
+                by=actor(request),
+                dry_run=body.dry_run,
+                override_policy=body.override_policy,
             )
             applied = sum(c.applied for c in changes)
             return BulkRetry(applied, body.dry_run, tuple(changes))
@@ -259,6 +264,7 @@ async def retry_many(body: RetryRequest, request: Request) -> BulkRetry:
             limit=body.limit,
             by=actor(request),
             dry_run=body.dry_run,
+            override_policy=body.override_policy,
         )
 
 
@@ -333,21 +339,35 @@ async def cancel(job_id: str, request: Request, body: CancelBody | None = None) 
     (its handler sees it at its next heartbeat). With `{"force": true}` the running
     one is interrupted at its worker's next heartbeat and ends CANCELLED (a request
     made already is made forced). Repeating it is harmless; a job that finished
-    otherwise gets 409."""
+    otherwise gets 409. A running job whose type does not allow it
+    (cancel_running=False) gets 409 with the type's `policy`, unless
+    `{"override_policy": true}`, which is recorded."""
     ident = _parse(job_id)
     force = body is not None and body.force
+    override = body is not None and body.override_policy
     async with database(request).writing() as session:
-        (result,) = await service.cancel_jobs(session, [ident], force=force)
+        (result,) = await service.cancel_jobs(
+            session, [ident], force=force, override_policy=override, by=actor(request)
+        )
+    if result.not_allowed is not None:
+        raise service.refusal(result, "cancelling it while it runs")
     return _changed(result, ident, f"job {ident} is {{state}} already; nothing to cancel")
 
 
-@_job_change("retry", "Retry a job")
-async def retry(job_id: str, request: Request) -> JobStateChange:
+@_job_change("retry", "Retry a job", *WITH_BODY)
+async def retry(job_id: str, request: Request, body: RetryBody | None = None) -> JobStateChange:
     """A FAILED or CANCELLED job goes back to QUEUED, due now, its history kept and a
-    fresh attempt budget given; a job in any other state gets 409."""
+    fresh attempt budget given; a job in any other state gets 409. A job whose type
+    does not allow replay (replay=False) gets 409 with the type's `policy`, unless
+    `{"override_policy": true}`: then it is retried, recorded as forced."""
     ident = _parse(job_id)
+    override = body is not None and body.override_policy
     async with database(request).writing() as session:
-        (result,) = await service.retry_jobs(session, [ident], by=actor(request))
+        (result,) = await service.retry_jobs(
+            session, [ident], by=actor(request), override_policy=override
+        )
+    if result.not_allowed is not None:
+        raise service.refusal(result, "replay")
     return _changed(
         result, ident, f"job {ident} is {{state}}: only FAILED or CANCELLED jobs are retried"
     )
