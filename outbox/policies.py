@@ -106,9 +106,13 @@ def _policy(row: Any) -> JobTypePolicy:
 
 def job_type_policy(session: Session, job_type: str) -> JobTypePolicy:
     """What ``job_type`` allows, as the consumers last recorded it; a type with no
-    policy recorded allows everything (``updated_at`` None). Reads only."""
+    policy recorded allows everything (``updated_at`` None). Reads only, and takes
+    any str: the type of a stored job is shown whatever it holds, and a name no
+    handler could have finds no policy."""
+    if not isinstance(job_type, str):
+        raise TypeError(f"job_type must be a str, not {type(job_type).__name__}")
     conn = psycopg_connection(session)
-    row = conn.exec_driver_sql(JOB_TYPE_POLICY, {"job_type": names.job_type(job_type)}).first()
+    row = conn.exec_driver_sql(JOB_TYPE_POLICY, {"job_type": job_type}).first()
     return JobTypePolicy(job_type) if row is None else _policy(row)
 
 

@@ -164,6 +164,7 @@ SCENARIOS: dict[str, Scenario] = {
         view=lambda e: (e.state, e.queue, e.job_type, e.codes, e.attempt),
     ),
     "request_cancel": Scenario(setup=_job_setup()),
+    "job_type_policy": Scenario(("send",)),
     "update_job": Scenario(
         setup=lambda s, pg: (
             _job_setup()(s, pg)[0],

@@ -21,8 +21,9 @@ Everything lives in a queue and an exchange named for the run, deleted afterward
   messages in one commit, and tasks run while they are being published would flatter
   the figure); then the workers start, and jobs/s runs from the first task's start (so
   worker boot is not counted) until N tasks have run.
-- latency: with the workers warm, one `apply_async` at a fixed rate; from its return
-  to the task's first line.
+- latency: with the workers warm, one `apply_async` at a fixed rate; from the call
+  to the task's first line (from its return, the task sometimes started first: the
+  worker runs while the publisher waits to be scheduled again after the write).
 """
 
 from __future__ import annotations
@@ -145,8 +146,12 @@ def measure(settings: Settings, *, pool: str = "solo") -> Figures:
             latency = app.tasks["bench.latency"]
             committed: dict[str, float] = {}
             for _ in paced(settings.rate, settings.seconds):
+                # Timed from the call, not its return: the worker, another process,
+                # can start the task before this one is scheduled again after the
+                # socket write (a negative latency, seen on 2 cores).
+                sent = time.time()
                 result = latency.apply_async(producer=producer)
-                committed[result.id] = time.time()
+                committed[result.id] = sent
             lat = started_latency(marks, committed, settings.rate, "Celery", check)
     return Figures(rate, lat, {"pool": pool, "prefetch": PREFETCH, "tasks_run": ran})
 
