@@ -14,13 +14,16 @@ import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import click
 
 from hybrid_jobs.jobctl.service.models import JobSummary, JobView
+from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl, password_in_flag
 from hybrid_jobs.schema.states import DelayReason, JobState
 from hybrid_jobs.schema.tables import APPROVAL_HOLD
+
+U = TypeVar("U", DatabaseUrl, AmqpUrl)
 
 _JSON = "jobctl.json"
 
@@ -144,6 +147,14 @@ def say(text: str) -> None:
 def warn(command: str, text: str) -> None:
     """A warning on stderr, in both modes (stdout stays one JSON object)."""
     click.echo(f"{command}: warning: {printable(text)}", err=True)
+
+
+def warned(url: U, command: str) -> U:
+    """``url``, after a warning if it came from a flag with a password in it."""
+    warning = password_in_flag(url)
+    if warning:
+        warn(command, warning)
+    return url
 
 
 def report_error(ctx: click.Context, command: str, message: str) -> None:

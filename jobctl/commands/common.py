@@ -14,11 +14,11 @@ import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from hybrid_jobs import outbox
-from hybrid_jobs.jobctl.output import Failure, warn
+from hybrid_jobs.jobctl.output import Failure, warned
 from hybrid_jobs.jobctl.service import Database, Invalid, ServiceError, parse_job_id
 from hybrid_jobs.jobctl.service.database import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
 from hybrid_jobs.plumbing.cli import event_loop_runner
-from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
+from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,11 +53,7 @@ def limit_option(default: int, most: int, help: str) -> Callable[[F], F]:
 
 
 def database(flag: str | None, command: str) -> DatabaseUrl:
-    url = database_url(flag)
-    warning = password_in_flag(url)
-    if warning:
-        warn(command, warning)
-    return url
+    return warned(database_url(flag), command)
 
 
 def run(flag: str | None, action: Callable[[Database], Awaitable[T]]) -> T:

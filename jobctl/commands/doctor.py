@@ -11,9 +11,9 @@ import click
 from hybrid_jobs import defaults
 from hybrid_jobs.jobctl.commands.common import database
 from hybrid_jobs.jobctl.doctor import Finding, Level, Plan, counts, examine, exit_code, verdict
-from hybrid_jobs.jobctl.output import emit, json_option, printable, warn
+from hybrid_jobs.jobctl.output import emit, json_option, printable, warned
+from hybrid_jobs.plumbing import config
 from hybrid_jobs.plumbing.cli import connection_options, event_loop_runner, topology
-from hybrid_jobs.plumbing.config import AmqpUrl, amqp_url, password_in_flag
 from hybrid_jobs.plumbing.logfmt import setup_logging
 
 WIDTH = 100
@@ -74,7 +74,7 @@ def doctor(
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     ctx = click.get_current_context()
     db = database(database_url, ctx.command_path)
-    amqp = _amqp(amqp_url, ctx.command_path)
+    amqp = warned(config.amqp_url(amqp_url), ctx.command_path)
     plan = Plan(db, amqp, topology(amqp_prefix, queue_type), consumers, relays, concurrency)
     found: list[Finding] = []
 
@@ -93,14 +93,6 @@ def doctor(
     }
     emit(result, "\n".join([*(_text(f) for f in found), verdict(found, strict=strict)]))
     ctx.exit(code)
-
-
-def _amqp(flag: str | None, command: str) -> AmqpUrl:
-    url = amqp_url(flag)
-    warning = password_in_flag(url)
-    if warning:
-        warn(command, warning)
-    return url
 
 
 def _text(finding: Finding) -> str:

@@ -26,9 +26,9 @@ from alembic.script.revision import Revision
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
-from hybrid_jobs.jobctl.output import Failure, emit, json_option, say, warn
+from hybrid_jobs.jobctl.output import Failure, emit, json_option, say, warned
 from hybrid_jobs.plumbing import createdb, diagnose
-from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url, password_in_flag
+from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url
 from hybrid_jobs.schema import revisions
 
 NAME = "jobctl migrate"
@@ -119,11 +119,7 @@ def migrate(database_url: str | None, target: str, dry_run: bool, create_databas
 
 
 def _database(flag: str | None) -> DatabaseUrl:
-    url = database_url(flag)
-    warning = password_in_flag(url)
-    if warning:
-        warn(NAME, warning)
-    return url
+    return warned(database_url(flag), NAME)
 
 
 def _create(url: DatabaseUrl) -> bool:
