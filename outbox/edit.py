@@ -33,9 +33,9 @@ from hybrid_jobs.outbox.explain import JobNotFound
 from hybrid_jobs.outbox.ids import job_id_arg
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
-    MAX_ATTEMPTS_LIMIT,
-    PRIORITY_RANGE,
     JsonDefault,
+    check_max_attempts,
+    check_priority,
     encode_payload,
     max_payload_bytes,
     start_arg,
@@ -68,10 +68,6 @@ class JobNotEditable(Exception):
         self.state = state
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _params(
     payload: Any,
     priority: int | Unset,
@@ -90,21 +86,13 @@ def _params(
     if not isinstance(payload, Unset):
         params["payload"] = encode_payload(payload, max_payload_bytes(), json_default)
     if not isinstance(priority, Unset):
-        if not _is_int(priority):
-            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
-        if priority not in PRIORITY_RANGE:
-            raise ValueError("priority must fit in a smallint (-32768..32767)")
-        params["priority"] = priority
+        params["priority"] = check_priority(priority)
     if not isinstance(run_after, Unset):
         if run_after is None:
             raise TypeError("run_after must be a datetime or a timedelta, not None")
         params["run_after"], params["delay_seconds"] = start_arg(run_after)
     if not isinstance(max_attempts, Unset):
-        if not _is_int(max_attempts):
-            raise TypeError(f"max_attempts must be an int, not {type(max_attempts).__name__}")
-        if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        params["max_attempts"] = max_attempts
+        params["max_attempts"] = check_max_attempts(max_attempts)
     if all(value is None for value in params.values()):
         raise ValueError("nothing to edit: give payload, priority, run_after or max_attempts")
     return params

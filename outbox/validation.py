@@ -547,6 +547,24 @@ def unique_fields(job: NewJob) -> tuple[str | None, float | None]:
     return scope, seconds
 
 
+def check_max_attempts(value: object) -> int:
+    """A job's attempt budget, as enqueue and an edit take it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"max_attempts must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+    return value
+
+
+def check_priority(value: object) -> int:
+    """A job's priority, as enqueue and an edit take it: it fits a smallint."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"priority must be an int, not {type(value).__name__}")
+    if value not in PRIORITY_RANGE:
+        raise ValueError("priority must fit in a smallint (-32768..32767)")
+    return value
+
+
 def to_row(
     job: NewJob,
     limit: int,
@@ -562,14 +580,8 @@ def to_row(
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
     tenant = None if job.tenant is None else names.tenant(job.tenant)
     if job.max_attempts is not None:
-        if not _is_int(job.max_attempts):
-            raise TypeError(f"max_attempts must be an int, not {type(job.max_attempts).__name__}")
-        if not 1 <= job.max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-    if not _is_int(job.priority):
-        raise TypeError(f"priority must be an int, not {type(job.priority).__name__}")
-    if job.priority not in PRIORITY_RANGE:
-        raise ValueError("priority must fit in a smallint (-32768..32767)")
+        check_max_attempts(job.max_attempts)
+    check_priority(job.priority)
     run_after, delay_seconds = _run_after(job.run_after)
     if not isinstance(job.needs_approval, bool):
         raise TypeError(f"needs_approval must be a bool, not {type(job.needs_approval).__name__}")
