@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from hybrid_jobs.plumbing.db import make_pool
 from hybrid_jobs.schema.topology import Topology
-from tests.support import services
+from tests.support import databases, services
 from tests.support.broker import delete_topology
 from tests.support.processes import service_env
 from tests.support.services import ADMIN_URL, AMQP_URL
@@ -97,6 +97,22 @@ def rabbitmq_up() -> None:
 
 
 @pytest.fixture(scope="session")
+def _dropper(postgres_up: None) -> Iterator[databases.Dropper]:
+    """Drops the tests' databases off their time; the session's end waits for it."""
+    dropper = databases.Dropper(_admin)
+    yield dropper
+    dropper.wait()
+
+
+@pytest.fixture(scope="session")
+def _copies(template_db: str, _dropper: databases.Dropper) -> Iterator[databases.Copies]:
+    copies = databases.Copies(_admin, template_db)
+    yield copies
+    if (unused := copies.close()) is not None:
+        _dropper.drop_later(unused)
+
+
+@pytest.fixture(scope="session")
 def template_db(postgres_up: None) -> Iterator[str]:
     """Migrated once per session; each test's database is a copy of it."""
     with _database("hj_tpl") as name:
@@ -105,16 +121,19 @@ def template_db(postgres_up: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(template_db: str) -> Iterator[DatabaseUrl]:
-    with _database("hj_t", template=template_db) as name:
-        yield _url_for(name)
+def db_url(_copies: databases.Copies, _dropper: databases.Dropper) -> Iterator[DatabaseUrl]:
+    name = _copies.take("hj_t")
+    yield _url_for(name)
+    _dropper.drop_later(name)
 
 
 @pytest.fixture
-def empty_db_url(postgres_up: None) -> Iterator[DatabaseUrl]:
+def empty_db_url(_dropper: databases.Dropper) -> Iterator[DatabaseUrl]:
     """A database with no tables at all, for migration tests."""
-    with _database("hj_e") as name:
-        yield _url_for(name)
+    name = databases.new_name("hj_e")
+    databases.create(_admin, name, None)
+    yield _url_for(name)
+    _dropper.drop_later(name)
 
 
 @pytest.fixture
