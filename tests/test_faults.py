@@ -70,11 +70,14 @@ def test_kill_9_mid_handler_the_job_finishes_elsewhere(env, engine, pg, db_url) 
             bystanders = effect_jobs(engine, 20)
             asyncio.run(wait_until_all(pg, "SUCCEEDED", 20))
             doomed.kill()
+        # The second run is quick. Changed before a consumer can take the job again:
+        # a survivor that claims it before the test reads "consumer.started" (a busy
+        # runner) would otherwise run the 30 s version past the wait below.
+        pg.execute(
+            "UPDATE jobs SET payload = payload || '{\"seconds\": 0}' WHERE job_id = %s",
+            [victim],
+        )
         with running("consumer", CONSUMER, env, "consumer.started") as survivor:
-            pg.execute(
-                "UPDATE jobs SET payload = payload || '{\"seconds\": 0}' WHERE job_id = %s",
-                [victim],
-            )
             row = asyncio.run(wait_for_state(pg, victim, "SUCCEEDED", timeout=30))
     lost, won = attempts(pg, victim)
     assert (lost["outcome"], lost["error_code"]) == ("RETRY_WAIT", "LEASE_EXPIRED")
