@@ -623,7 +623,8 @@ async def test_one_collection_at_a_time(db_url: DatabaseUrl, pool) -> None:
 async def test_a_failed_round_keeps_the_cache(db_url: DatabaseUrl, pool) -> None:
     """A round that times out (a migration holds the table, say) fails, counts as
     failed, and leaves the snapshot served and the counters as they were."""
-    collector = Collector(pool, CollectorSettings(statement_timeout=0.3))
+    # a timeout a busy runner cannot overrun unlocked, yet short for the lock below
+    collector = Collector(pool, CollectorSettings(statement_timeout=1.5))
     assert await collector.collect_once()
     before = Scrape(collector)
     with psycopg.connect(db_url.conninfo) as other, other.transaction():
