@@ -23,6 +23,13 @@ async def effect(job: consumers.Job) -> None:
         await tx.once(f"bench:{job.payload['key']}")
 
 
+@consumers.handler("noop_limited", global_limit=100_000)
+async def noop_limited(job: consumers.Job) -> None:
+    """A no-op under a concurrency limit far above any load (bench.gates: the
+    limit's bookkeeping, never its waiting)."""
+    return None
+
+
 @consumers.handler("fails")
 async def fails(job: consumers.Job) -> None:
     """Ends FAILED at once (bench.retention: failed jobs leave too)."""

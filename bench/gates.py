@@ -21,7 +21,9 @@ their bookkeeping, not waiting.
   bench.rate_limits: every claim takes tokens of the one bucket all share);
 - resource: over --resources resources, one per job (jobs of one resource are
   --resources apart in the batch, so holders rarely collide);
-- deadline: every job with an expiry one hour away (expires=).
+- deadline: every job with an expiry one hour away (expires=);
+- concurrency: every job of a type whose handler declares global_limit=100,000
+  (every claim takes a slot of its one row, every outcome gives it back).
 
 --repeat R runs the whole list R times in alternation (plain, keys, ..., plain,
 keys, ...), so slow drift of the machine falls on every variant alike; each
@@ -95,6 +97,10 @@ def deadline(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob]:
     return [outbox.NewJob("noop", {}, expires=EXPIRES) for _ in range(args.jobs)]
 
 
+def concurrency(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob]:
+    return [outbox.NewJob("noop_limited", {}) for _ in range(args.jobs)]
+
+
 VARIANTS: dict[str, Variant] = {
     "plain": plain,
     "keys": keyed,
@@ -103,6 +109,7 @@ VARIANTS: dict[str, Variant] = {
     "rate": rate,
     "resource": resource,
     "deadline": deadline,
+    "concurrency": concurrency,
 }
 
 

@@ -28,15 +28,18 @@ resumes at the first unfinished step.
 
 from hybrid_jobs.consumers import hooks
 from hybrid_jobs.consumers.backoff import Backoff
+from hybrid_jobs.consumers.batches import BAD_BATCH_RESULT
 from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import AsyncTx, Job, SyncTx
-from hybrid_jobs.consumers.payload import BAD_PAYLOAD
+from hybrid_jobs.consumers.payload import BAD_PAYLOAD, INPUT_REDACTED
 from hybrid_jobs.consumers.producer import Enqueuer, HandlerFunction
 from hybrid_jobs.consumers.reconcile import Uncertain
 from hybrid_jobs.consumers.registry import NO_TIMEOUT, Registry, default_registry, handler
 
 __all__ = [
+    "BAD_BATCH_RESULT",
     "BAD_PAYLOAD",
+    "INPUT_REDACTED",
     "NO_TIMEOUT",
     "AsyncTx",
     "Backoff",

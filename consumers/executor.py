@@ -29,10 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs import defaults
 from hybrid_jobs.consumers import hooks
+from hybrid_jobs.consumers.batches import Batches
 from hybrid_jobs.consumers.errors import Cancel, LeaseLost, Permanent, Retry, Snooze
 from hybrid_jobs.consumers.job import Job, Resources
 from hybrid_jobs.consumers.outcome import TIMEOUT, Outcome, encode_result
+from hybrid_jobs.consumers.payload import INPUT_REDACTED
 from hybrid_jobs.consumers.registry import Handler, Registry
+from hybrid_jobs.consumers.time_limit import TimedOut as _TimedOut
+from hybrid_jobs.consumers.time_limit import bounded as _bounded
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.logfmt import describe_error
 
@@ -72,6 +76,8 @@ class Executor:
         # What a job's handler reaches (connection pools, the loop); set when the
         # worker runs, before the first claim.
         self.resources: Resources | None = None
+        # Jobs of batch handlers, gathered into one call (consumers/batches.py).
+        self.batches = Batches(threads)
 
     def start(self, row: Claimed, claim_sent_at: float, reservation: Reservation | None) -> None:
         """Claimed to running: the job's task starts, and the ledger holds it from
@@ -87,8 +93,10 @@ class Executor:
         # 1. resolve the handler
         handler = self.registry.get(job.job_type)
         try:
-            if handler is None:
-                outcome: Outcome | None = Outcome.retry(
+            if (refused := input_refusal(job)) is not None:
+                outcome: Outcome | None = refused
+            elif handler is None:
+                outcome = Outcome.retry(
                     "UNKNOWN_JOB_TYPE",
                     f"no handler for {job.job_type!r}",
                     UNKNOWN_TYPE_RETRY_SECONDS,
@@ -96,7 +104,12 @@ class Executor:
             else:
                 # 2. run it under its time limit, 3. normalise how it ended
                 outcome = await execute(
-                    job, handler, self.threads, reservation, self.settings.default_timeout
+                    job,
+                    handler,
+                    self.threads,
+                    reservation,
+                    self.settings.default_timeout,
+                    self.batches,
                 )
         finally:
             # The slot is free whatever happened, and so is a thread the handler
@@ -163,6 +176,41 @@ class Threads:
             if future.cancelled() and not reservation.started:
                 reservation.release()  # never ran, never will
 
+    async def run_many(
+        self, reservations: list[Reservation], fn: Callable[[], Any], limit: float | None
+    ) -> Any:
+        """Run ``fn`` (a batch handler's call) on one thread for the jobs these
+        threads were reserved for: each counts as handed to it, and busy until ``fn``
+        returns, so a stop waits for the thread rather than give any of its jobs back
+        while it runs."""
+        loop = asyncio.get_running_loop()
+        for reservation in reservations:
+            reservation.taken = True
+
+        def call() -> Any:
+            for reservation in reservations:
+                reservation.started = True
+            try:
+                return fn()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop may be gone
+                    for reservation in reservations:
+                        loop.call_soon_threadsafe(reservation.release)
+
+        future = loop.run_in_executor(self.executor, contextvars.copy_context().run, call)
+        try:
+            return await _bounded(future, limit)
+        except _TimedOut:
+            for reservation in reservations:
+                reservation.overdue = True
+                self.overdue += 1
+            raise
+        finally:
+            if future.cancelled():
+                for reservation in reservations:
+                    if not reservation.started:
+                        reservation.release()
+
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -192,21 +240,6 @@ class Reservation:
             self.release()
 
 
-class _TimedOut(TimeoutError):
-    """The attempt ran past its time limit (not a TimeoutError of the handler's own;
-    a run hook sees a TimeoutError)."""
-
-
-async def _bounded(work: Any, seconds: float | None) -> Any:
-    try:
-        async with asyncio.timeout(seconds) as limit:
-            return await work
-    except TimeoutError:
-        if limit.expired():
-            raise _TimedOut from None
-        raise
-
-
 def error_code(exc: BaseException) -> str:
     """The code an exception carries (a str ``code`` attribute), else its class."""
     code = getattr(exc, "code", None)
@@ -218,23 +251,42 @@ def error_code(exc: BaseException) -> str:
     )
 
 
+def input_refusal(job: Job) -> Outcome | None:
+    """The outcome of a job whose stored input was redacted before it started: it
+    fails at once, saying why, as no attempt can bring the content back."""
+    if job.input_redacted is None:
+        return None
+    return Outcome.failed(INPUT_REDACTED, job.input_redacted)
+
+
 async def execute(
     job: Job,
     handler: Handler,
     threads: Threads,
     reservation: Reservation | None,
     default_timeout: float | None,
+    batches: Batches | None = None,
 ) -> Outcome | None:
     """Run one attempt bounded by its time limit and normalise how it ended into
     one Outcome; None means there is nothing to report (the job's own transaction
     recorded it, or the lease was lost). A plain-function handler runs on the
-    thread ``reservation`` holds for it."""
+    thread ``reservation`` holds for it. A batch handler's job joins a batch of
+    ``batches`` (None: it is a batch of its own, called at once)."""
+    if (refused := input_refusal(job)) is not None:
+        return refused  # the handler is never called on nothing
     began = time.monotonic()
     with tracing.running(
         f"process {job.queue}", parent=job.trace_context, attributes=_span_attributes(job)
     ) as span:
         try:
-            outcome = await _attempt(job, handler, threads, reservation, default_timeout)
+            outcome = await _attempt(
+                job,
+                handler,
+                threads,
+                reservation,
+                default_timeout,
+                batches or Batches(threads, gather=False),
+            )
             if outcome is not None and job.cancel_forced and outcome.kind != "cancelled":
                 # whatever the handler did after the worker learned of the force
                 outcome = Outcome.cancelled(FORCED_DISCARDED)
@@ -284,12 +336,16 @@ async def _attempt(
     threads: Threads,
     reservation: Reservation | None,
     default_timeout: float | None,
+    batches: Batches,
 ) -> Outcome | None:
     # 2. run: an async handler in the loop, a plain function on its reserved thread,
     # bounded by the time limit
     limit = handler.time_limit(default_timeout)
 
     async def bounded() -> Any:
+        if handler.batch is not None:
+            # its share of one call for many jobs: what the call said of this job
+            return await batches.join(job, handler, reservation, limit)
         if reservation is None:
             return await _bounded(handler.call(job), limit)
         return await threads.run(reservation, handler, job, limit)

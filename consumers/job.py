@@ -97,7 +97,9 @@ class Job:
     ``attempt`` counts from 1 and ``max_attempts`` is its budget; ``generation`` is
     the fencing token this attempt holds. ``scheduled_for`` is the nominal instant
     of the schedule occurrence that fired the job (an aware datetime; None for a
-    job no schedule fired). ``meta`` is the metadata it was enqueued with (a
+    job no schedule fired). ``payload_ref`` is the id of the stored input
+    (``outbox.store_input``) whose content ``payload`` holds, None for a job that
+    carried its payload. ``meta`` is the metadata it was enqueued with (a
     read-only mapping, empty for none). ``cancel_requested`` turns true (at a
     heartbeat) when someone asked to cancel the job: stop at a safe point and
     ``raise consumers.Cancel()``. ``cancel_forced`` turns true with it when the
@@ -122,6 +124,9 @@ class Job:
     cancel_forced: bool = False
     # The stored trace context of the enqueuing code (plumbing.tracing), if any.
     trace_context: Any = field(default=None, repr=False)
+    payload_ref: uuid.UUID | None = None
+    # Why its stored input could not be read (redacted): it fails INPUT_REDACTED.
+    input_redacted: str | None = field(default=None, repr=False)
     # The gates it was claimed through (None: not known), which its end of a lease
     # is composed of.
     gates: frozenset[str] | None = field(default=None, repr=False)
@@ -160,6 +165,8 @@ class Job:
             scheduled_for=c.scheduled_for,
             meta=MappingProxyType(c.meta or {}),
             trace_context=c.trace_context,
+            payload_ref=c.payload_ref,
+            input_redacted=c.input_redacted,
             gates=c.gates,
             lease_deadline=claim_sent_at + lease,
             _resources=resources,

@@ -53,6 +53,8 @@ class LeaseKeeper:
         counts: Callable[[], Mapping[str, int]],
         on_forced: Callable[[Job], None] = lambda job: None,
         policies: Sequence[Mapping[str, object]] = (),
+        webhooks: Sequence[Mapping[str, object]] = (),
+        limits: Sequence[Mapping[str, object]] = (),
     ) -> None:
         self.settings = settings
         self.store = store
@@ -61,6 +63,8 @@ class LeaseKeeper:
         self.counts = counts
         self.on_forced = on_forced
         self.policies = [dict(p) for p in policies]
+        self.webhooks = [dict(w) for w in webhooks]
+        self.limits = [dict(x) for x in limits]
         self.locked: set[uuid.UUID] = set()
         self.stopping = False
 
@@ -89,6 +93,16 @@ class LeaseKeeper:
             for policy in self.policies:
                 if policy["job_type"] in changed:
                     log.info("consumer.job_type_policy_recorded", extra=policy)
+        if self.webhooks:
+            changed = await self.store.record_webhooks(self.webhooks)
+            for hook in self.webhooks:
+                if hook["job_type"] in changed:
+                    log.info("consumer.job_type_webhook_recorded", extra=hook)
+        if self.limits:
+            changed = await self.store.record_limits(self.limits)
+            for limit in self.limits:
+                if limit["job_type"] in changed:
+                    log.info("consumer.concurrency_limit_recorded", extra=limit)
         woken = await self.store.wake_parked(self.settings.queues, self.job_types)
         if woken:
             log.info(

@@ -22,6 +22,9 @@ from typing import Any, Final, Literal, Union
 
 # The job's last_error_code when its payload does not fit its handler's parameters.
 BAD_PAYLOAD: Final = "BAD_PAYLOAD"
+# The job's last_error_code when the stored input it runs on (enqueue's payload_ref)
+# was redacted before it started: it fails at once, without calling its handler.
+INPUT_REDACTED: Final = "INPUT_REDACTED"
 
 # What bind() is given for the job: only the payload's fields are checked by it.
 _JOB: Final = object()

@@ -105,6 +105,16 @@ class Enqueuer:
 
     def _checked(self, payload: Any, fields: dict[str, Any]) -> Any:
         spec = self._payload
+        if self._options.get("payload_ref") is not None:
+            # The job runs on a stored input (with_options(payload_ref=...)): its
+            # content is checked against the handler's fields when the job runs
+            # (BAD_PAYLOAD), as the producer need not hold it.
+            if payload is not _NOTHING or fields:
+                raise TypeError(
+                    f"{self._job_type}: a job on a stored input (payload_ref) takes no"
+                    " payload of its own"
+                )
+            return None
         if spec is None:
             if fields:
                 raise TypeError(

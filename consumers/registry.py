@@ -12,7 +12,7 @@ from hybrid_jobs.consumers.backoff import DEFAULT_BACKOFF, Backoff
 from hybrid_jobs.consumers.errors import Permanent
 from hybrid_jobs.consumers.payload import BAD_PAYLOAD, PayloadSpec
 from hybrid_jobs.consumers.producer import HandlerFunction
-from hybrid_jobs.outbox import known_types, policies
+from hybrid_jobs.outbox import known_types, policies, webhooks
 from hybrid_jobs.schema import names
 from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS
 
@@ -32,6 +32,14 @@ ReconcileFn = Callable[["Uncertain"], Any]
 # --default-timeout does not apply to it).
 NO_TIMEOUT: Final = math.inf
 
+# The largest global_limit a handler may declare (far past any fleet).
+MAX_GLOBAL_LIMIT: Final = 1_000_000
+# A batch handler's wait for its batch to fill, by default (seconds).
+DEFAULT_BATCH_WAIT: Final = 0.2
+# A batch holds no more jobs than this (each is a lease of its own, and the batch
+# never holds more than the consumer's --concurrency anyway).
+MAX_BATCH: Final = 10_000
+
 
 @dataclass(frozen=True)
 class Handler:
@@ -47,6 +55,16 @@ class Handler:
     reconcile: ReconcileFn | None = None
     payload: PayloadSpec | None = None
     policy: JobTypePolicy | None = None
+    # A batch handler's most jobs a call, and how long a batch waits to fill
+    # (consumers/batches.py); None for a handler of one job.
+    batch: int | None = None
+    batch_wait: float = DEFAULT_BATCH_WAIT
+    # The URL called when a job of the type without one of its own ends (recorded
+    # in job_type_webhooks at start-up); None: none.
+    webhook: str | None = None
+    # At most this many of its jobs run at once, across every consumer (recorded
+    # in concurrency_limits at start-up); None: no limit.
+    global_limit: int | None = None
 
     @property
     def is_async(self) -> bool:
@@ -88,6 +106,10 @@ class Registry:
         replay: bool = True,
         cancel_running: bool = True,
         on_cancel: str | None = None,
+        batch: int | None = None,
+        batch_wait: float | None = None,
+        webhook: str | None = None,
+        global_limit: int | None = None,
     ) -> Callable[[Callable[P, R]], HandlerFunction[P, R]]:
         """Register the decorated function as the handler of ``job_type``.
 
@@ -124,6 +146,27 @@ class Registry:
         "none"), shown to operators. Each is refused with ``outbox.NotAllowed``
         unless the caller overrides it, which is recorded. Retries within the
         attempt budget are the handler's own: ``max_attempts=1`` means none.
+
+        ``batch=N`` makes it a batch handler: it takes a list of up to N jobs of
+        this type (claimed by this consumer, gathered for up to ``batch_wait``
+        seconds, default 0.2) and returns None (all succeeded) or a mapping of job
+        (or job id) to that job's outcome: an exception to raise for that job alone,
+        or its result. An exception it raises is raised for every job of the batch;
+        ``timeout`` bounds the whole call. Each job keeps its own lease, heartbeat
+        and fenced outcome (:mod:`consumers.batches`).
+
+        ``webhook``: an http(s) URL the relay calls, signed, when a job of this type
+        ends (SUCCEEDED, FAILED or CANCELLED), unless the job was enqueued with its
+        own ``on_complete_url`` (docs/guides/webhooks.md). Recorded in the database
+        when the consumer starts (the last consumer to start wins; a handler
+        without it removes its type's), so jobs that end without ever reaching a
+        consumer (cancelled, expired while waiting) are called about too.
+
+        ``global_limit``: at most that many jobs of this type run at once, across
+        every consumer (``--concurrency`` bounds one consumer only). Recorded in
+        the database when the consumer starts (the last to start wins); a job past
+        it waits (``explain``: CONCURRENCY_LIMIT) until the end of a running one
+        wakes it (docs/guides/concurrency-limits.md).
         """
         names.job_type(job_type)
         names.queue(queue)
@@ -135,11 +178,28 @@ class Registry:
             raise ValueError("timeout must be a positive number of seconds")
         if rate_limit is not None:
             names.rate_limit(rate_limit)
+        if global_limit is not None and (
+            not isinstance(global_limit, int)
+            or isinstance(global_limit, bool)
+            or not 1 <= global_limit <= MAX_GLOBAL_LIMIT
+        ):
+            raise ValueError(f"global_limit must be an int from 1 to {MAX_GLOBAL_LIMIT}")
         if reconcile is not None and not callable(reconcile):
             raise TypeError("reconcile must be a function of the uncertain hold")
+        if batch is not None and (
+            not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BATCH
+        ):
+            raise ValueError(f"batch must be an int from 1 to {MAX_BATCH}")
+        if batch_wait is not None and (batch is None or not 0 <= batch_wait <= 60):
+            raise ValueError(
+                "batch_wait needs batch=N, and is a number of seconds from 0 to 60"
+                if batch is not None
+                else "batch_wait applies to a batch handler: give batch=N too"
+            )
         policy = policies.declared(
             job_type, replay=replay, cancel_running=cancel_running, on_cancel=on_cancel
         )
+        url = None if webhook is None else webhooks.webhook_url(webhook, "webhook")
 
         def register(fn: Callable[P, R]) -> HandlerFunction[P, R]:
             # Registered again (in another registry, say): the function it wraps.
@@ -150,6 +210,14 @@ class Registry:
                 for p in signature.parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.default is p.empty
             }
+            if batch is not None:
+                try:
+                    signature.bind(object())
+                except TypeError:
+                    raise TypeError(
+                        f"batch handler for {job_type!r} must take exactly one argument, the"
+                        " list of jobs (each job's payload is job.payload)"
+                    ) from None
             try:
                 signature.bind(object(), **required)
             except TypeError:
@@ -171,6 +239,10 @@ class Registry:
                 reconcile,
                 wrapper.payload,
                 policy,
+                batch=batch,
+                batch_wait=DEFAULT_BATCH_WAIT if batch_wait is None else float(batch_wait),
+                webhook=url,
+                global_limit=global_limit,
             )
             return wrapper
 
@@ -198,8 +270,18 @@ class Registry:
                 "backoff_jitter": h.backoff.jitter,
                 "sync": not h.is_async,
                 "rate_limit": h.rate_limit,
+                "global_limit": h.global_limit,
             }
             for h in self._handlers.values()
+        ]
+
+    def limits(self) -> list[dict[str, Any]]:
+        """The handlers' concurrency limits, as CONCURRENCY_LIMIT_RECORD_MANY takes
+        them: one per type that declares one."""
+        return [
+            {"job_type": h.job_type, "global_limit": h.global_limit}
+            for h in sorted(self._handlers.values(), key=lambda h: h.job_type)
+            if h.global_limit is not None
         ]
 
     def policies(self) -> list[dict[str, Any]]:
@@ -207,6 +289,19 @@ class Registry:
         handler's, so a type that declares nothing any more loses its row."""
         return [
             (h.policy or policies.JobTypePolicy(h.job_type)).as_row()
+            for h in sorted(self._handlers.values(), key=lambda h: h.job_type)
+        ]
+
+    def batched(self) -> dict[str, int]:
+        """The batch handlers' job types, with their batch sizes."""
+        return {h.job_type: h.batch for h in self._handlers.values() if h.batch is not None}
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """Each handler's webhook URL, as JOB_TYPE_WEBHOOK_RECORD_MANY takes it:
+        every handler's (None for none), so a type that declares none any more loses
+        its row."""
+        return [
+            {"job_type": h.job_type, "url": h.webhook}
             for h in sorted(self._handlers.values(), key=lambda h: h.job_type)
         ]
 

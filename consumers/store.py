@@ -38,6 +38,8 @@ log = logging.getLogger("consumer")
 
 ALL_GATES = frozenset(GATES)
 NO_GATES: frozenset[str] = frozenset()
+_LIMITED: frozenset[str] = frozenset({"concurrency"})
+_RATE: frozenset[str] = frozenset({"rate"})
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,16 @@ class Claimed:
     trace_context: Any = None
     # The job's meta (enqueue's ``meta``), None for none.
     meta: dict[str, Any] | None = None
+    # The stored input it runs on (enqueue's ``payload_ref``), None for a job that
+    # carries its payload; once read (with_inputs) its content is ``payload``.
+    payload_ref: uuid.UUID | None = None
     # The gates it was claimed through (schema/gates), so that its outcome runs the
     # end of a lease composed of what it holds; None: not known (a lease recovered
     # by held_by_me), and its outcome finds out.
     gates: frozenset[str] | None = None
+    # Why its stored input cannot be read (redacted): the job fails INPUT_REDACTED
+    # instead of running.
+    input_redacted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,16 @@ class GivenBack:
     locked: set[uuid.UUID]
 
 
+def _with_input(c: Claimed, found: dict[uuid.UUID, tuple[Any, ...]]) -> Claimed:
+    if c.payload_ref is None:
+        return c
+    content, redacted_at, reason = found[c.payload_ref]  # jobs_payload_ref_check keeps it
+    if redacted_at is not None:
+        why = f"its stored input {c.payload_ref} was redacted at {redacted_at.isoformat()}"
+        return replace(c, payload=None, input_redacted=f"{why} ({reason}): nothing to run on")
+    return replace(c, payload=content)
+
+
 class JobStore:
     def __init__(
         self,
@@ -171,14 +189,30 @@ class JobStore:
             "tenants": self.tenants,
         }
         # Plain jobs first, by the shorter statement; what it leaves ('full') is
-        # decided, and any refusal recorded, by the whole claim.
+        # decided, and any refusal recorded, by the whole claim. A type under a
+        # concurrency limit is not given to the plain claim (which then has none of
+        # the limit's SQL): its jobs come back 'full', named by type, and go to a
+        # claim composed with the limit's gate (and its handler's rate limit's).
+        limited = {
+            t["job_type"]: _LIMITED | (_RATE if t.get("rate_limit") else NO_GATES)
+            for t in terms
+            if t.get("global_limit") is not None
+        }
+        plain_terms = [t for t in terms if t["job_type"] not in limited]
         async with self.pool.connection() as conn:
-            cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(conn, params)
+            cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(
+                conn, {**params, "types": json.dumps(plain_terms)} if limited else params
+            )
             plain = await cur.fetchall()
             rows = taken = [row[:-1] for row in plain if row[0] == "claimed"]
             rest = [row[1] for row in plain if row[0] == "full"]
+            gates = {
+                row[1]: frozenset(row[-1]) | limited.get(row[2], NO_GATES)
+                for row in plain
+                if row[0] == "full"
+            }
             # the whole claim, composed of the gates these jobs use, and no other's
-            used = frozenset(gate for row in plain if row[0] == "full" for gate in row[-1])
+            used = frozenset().union(*gates.values())
             whole = q.JOB_CLAIM_MANY if used == ALL_GATES else q.job_claim_many(used)
             if rest:
                 # the threads the plain functions just claimed hold are not free
@@ -206,14 +240,27 @@ class JobStore:
                         extra={"jobs": len(rest), "error": describe_error(exc)},
                     )
                     rows = taken + [(LOCKED, job_id) for job_id in rest]
-        gates = {row[1]: frozenset(row[-1]) for row in plain if row[0] == "full"}
         claimed = [
             replace(Claimed(*row[1:]), gates=gates.get(row[1], NO_GATES))
             for row in rows
             if row[0] == "claimed"
         ]
         missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
-        return ClaimResult(claimed, missed)
+        return ClaimResult(await self.with_inputs(claimed), missed)
+
+    async def with_inputs(self, claimed: list[Claimed]) -> list[Claimed]:
+        """The claimed jobs, those with a stored input (payload_ref) given its
+        content as their payload, read in one statement for the batch; a batch
+        without one reads nothing. Should the read fail, the claim has committed:
+        the caller's retry finds these leases held here (held_by_me), which reads
+        them again."""
+        refs = sorted({c.payload_ref for c in claimed if c.payload_ref is not None})
+        if not refs:
+            return claimed
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(q.INPUT_READ, {"input_ids": refs})
+            found = {row[0]: row[1:] for row in await cur.fetchall()}
+        return [_with_input(c, found) for c in claimed]
 
     async def uncertain_for(self, job_ids: Sequence[uuid.UUID]) -> list[tuple[Any, ...]]:
         """The uncertain holds of these jobs' resources (RESOURCE_UNCERTAIN_FOR): the
@@ -249,7 +296,8 @@ class JobStore:
             cur = await conn.execute(
                 q.JOB_HELD_BY, {"job_ids": list(job_ids), "worker": self.worker}
             )
-            return [Claimed(*row[1:]) for row in await cur.fetchall()]
+            held = [Claimed(*row[1:]) for row in await cur.fetchall()]
+        return await self.with_inputs(held)
 
     async def heartbeat(self, held: Sequence[Fence]) -> dict[uuid.UUID, Beat]:
         """Extend the leases still ours: each one's state (CANCEL_REQUESTED shows
@@ -349,6 +397,26 @@ class JobStore:
             cur = await conn.execute(
                 q.JOB_TYPE_POLICY_RECORD_MANY,
                 {"policies": json.dumps(policies), "worker": self.worker},
+            )
+            return [row[0] for row in await cur.fetchall()]
+
+    async def record_limits(self, limits: list[dict[str, Any]]) -> list[str]:
+        """Record the handlers' concurrency limits (CONCURRENCY_LIMIT_RECORD_MANY);
+        the types whose recorded limit this changed."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.CONCURRENCY_LIMIT_RECORD_MANY,
+                {"limits": json.dumps(limits), "worker": self.worker},
+            )
+            return [row[0] for row in await cur.fetchall()]
+
+    async def record_webhooks(self, webhooks: list[dict[str, Any]]) -> list[str]:
+        """Record the handlers' webhook URLs (JOB_TYPE_WEBHOOK_RECORD_MANY); the
+        types whose recorded URL this changed."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                q.JOB_TYPE_WEBHOOK_RECORD_MANY,
+                {"webhooks": json.dumps(webhooks), "worker": self.worker},
             )
             return [row[0] for row in await cur.fetchall()]
 

@@ -160,6 +160,8 @@ class Consumer:
             lambda: self.counts,
             self.forced.force,
             registry.policies(),
+            registry.webhooks(),
+            registry.limits(),
         )
         # The side tasks (claimer, reporter, ...), once started.
         self.background: dict[str, asyncio.Task[None]] = {}
@@ -169,7 +171,12 @@ class Consumer:
     @property
     def counts(self) -> Counter[str]:
         """What this worker did since it started, by what happened."""
-        return self.ledger.counts + self.claimer.counts + self.reporter.counts
+        return (
+            self.ledger.counts
+            + self.claimer.counts
+            + self.reporter.counts
+            + self.executor.batches.counts
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -220,6 +227,7 @@ class Consumer:
             },
         )
         self._warn_about_queues()
+        self._warn_about_batches()
         self.executor.resources = Resources(
             self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()
         )
@@ -268,6 +276,23 @@ class Consumer:
                 },
             )
 
+    def _warn_about_batches(self) -> None:
+        """Each job of a batch takes a slot, so a batch never holds more jobs than
+        --concurrency: a batch size above it is never reached."""
+        over = {t: n for t, n in self.registry.batched().items() if n > self.settings.concurrency}
+        if over:
+            log.warning(
+                "consumer.batch_above_concurrency",
+                extra={
+                    "batches": over,
+                    "concurrency": self.settings.concurrency,
+                    "why": "each job of a batch holds a slot of its own, so a batch holds "
+                    "at most --concurrency jobs",
+                    "action": "raise --concurrency to the batch size (or a multiple of it) "
+                    "to fill whole batches",
+                },
+            )
+
     async def _connect(self) -> None:
         async for attempt in retry_forever(log, "consumer.broker_connect_failed"):
             with attempt:
@@ -296,6 +321,8 @@ class Consumer:
         async with self.claimer.lock:
             pass  # a claim in flight finishes, and its jobs join the ones below
         await cancel_and_wait([background["claimer"]])
+        # jobs gathered for a batch whose call has not started: back at once
+        await self._give_back_async(self._batched_not_started())
         # a reconcile hook cut short leaves its resource uncertain, as it was
         await cancel_and_wait(list(self.claimer.reconciling))
         tasks = self.ledger.tasks()
@@ -381,6 +408,7 @@ class Consumer:
             async with asyncio.timeout(_seconds_left(deadline, STOP_NOW_CANCEL_SECONDS)):
                 async with self.claimer.lock:
                     pass
+        self.executor.batches.hold()
         running = [h for h in self.ledger.leases() if h.phase is Phase.RUNNING and h.task]
         left = {h.job.id: LEFT_THREAD for h in running if h.thread is not None and h.thread.taken}
         left.update((h.job.id, LEFT_WRITING) for h in running if h.writing and h.job.id not in left)
@@ -411,6 +439,22 @@ class Consumer:
                 "jobs (spending an attempt)"
             )
         log.warning("consumer.stopped_now", extra=said)
+
+    def _batched_not_started(self) -> list[Held]:
+        """Start no more batches; the running jobs of batch handlers whose call has
+        not started (gathered, or about to join a gathering): never handed to their
+        handler, they can be given back at once."""
+        batches = self.executor.batches
+        batches.hold()
+        batched = self.registry.batched()
+        return [
+            h
+            for h in self.ledger.leases()
+            if h.phase is Phase.RUNNING
+            and h.task
+            and h.job.job_type in batched
+            and not batches.has_started(h.job.id)
+        ]
 
     async def _wait_for(self, waited: list[Held]) -> None:
         """Wait for handlers the stop cannot interrupt: their leases stay alive

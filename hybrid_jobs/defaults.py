@@ -72,6 +72,13 @@ MAX_PAYLOAD_DEPTH: Final = 100
 Every reader of the table (Python's json, pydantic, PostgreSQL) must be able to read
 a job back, so it is fixed, not a setting."""
 
+MAX_INPUT_BYTES: Final = 16 * 1024 * 1024
+"""An input stored by reference (``outbox.store_input``), as JSON, at most this many
+bytes; ``$MAX_INPUT_BYTES`` changes it. Larger than an inline payload's bound, since
+it is stored once and not carried in the hot table, yet bounded: the consumer reads it
+whole into memory before the handler runs. A larger one is refused before anything is
+written."""
+
 STRICT_JOB_TYPES: Final = False
 """``$STRICT_JOB_TYPES=1``: enqueue refuses a job type that no handler registered in
 the producer's process knows (``ValueError`` naming the nearest known ones), as
@@ -273,6 +280,34 @@ RELAY_KEEP_EFFECTS: Final[float | None] = None
 """Seconds an effect key (``tx.once``) is kept; None: for ever. A key forgotten lets a
 later job with it do the effect again, so it must outlive the jobs
 (``RELAY_KEEP_FINISHED``)."""
+
+RELAY_WEBHOOK_CONCURRENCY: Final = 16
+"""Webhook calls a relay has in flight at once, across endpoints."""
+
+RELAY_WEBHOOK_PER_ENDPOINT: Final = 4
+"""Webhook calls a relay has in flight at once to one endpoint (scheme, host and
+port): a slow endpoint holds no more slots than this."""
+
+RELAY_WEBHOOK_TIMEOUT: Final = 10.0
+"""Seconds one webhook call may take (connecting, sending, the status line); then it
+counts as failed."""
+
+RELAY_WEBHOOK_MAX_ATTEMPTS: Final = 12
+"""Calls made for one job's end before the relay gives up on it (GAVE_UP)."""
+
+RELAY_WEBHOOK_BACKOFF: Final = 5.0
+"""Seconds before a failed webhook call is made again, doubling with each attempt
+(with jitter), up to ``RELAY_WEBHOOK_BACKOFF_CAP``."""
+
+RELAY_WEBHOOK_BACKOFF_CAP: Final = 3600.0
+"""The longest wait between two calls for one job's end."""
+
+RELAY_WEBHOOK_ENDPOINT_BACKOFF: Final = 1.0
+"""Seconds an endpoint whose call just failed rests (no call to it is made),
+doubling with each failure in a row up to a minute; any success ends it."""
+
+RELAY_WEBHOOK_INTERVAL: Final = 1.0
+"""Seconds between a relay's looks for due webhook calls when it has none in hand."""
 
 # ------------------------------------------------------------------ consumer
 

@@ -77,6 +77,17 @@ CHECKS = {
     "slots_without_lease": """
         SELECT count(*) FROM jobs
         WHERE holds_slot AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED')""",
+    # A concurrency limit's running count must equal its type's leases that hold a
+    # slot of it, and only a lease may hold one: a slot released twice makes the
+    # count lower, a leaked one higher.
+    "limit_slots_leaked_or_released_twice": """
+        SELECT coalesce(sum(abs(c.running - (
+            SELECT count(*) FROM jobs AS j
+            WHERE j.job_type = c.job_type AND j.limit_held
+              AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')))), 0)::int
+             + (SELECT count(*) FROM jobs
+                WHERE limit_held AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED'))::int
+        FROM concurrency_limits AS c""",
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
     # A key's count of leases (key_usage) must equal the leases of its jobs, and a
     # key no lease holds keeps no row: a lease released twice makes it lower, a

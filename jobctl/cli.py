@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "thing: the schema against this release, PostgreSQL's settings, connections and clock,"
         " the relays and consumers, the jobs nobody can run, RabbitMQ's exchanges and queues.",
     ),
+    "inputs": (
+        "hybrid_jobs.jobctl.commands.inputs:inputs",
+        "Stored inputs (enqueue(..., payload_ref=)): look at one, redact one.",
+    ),
     "jobs": (
         "hybrid_jobs.jobctl.commands.jobs:jobs",
         "List, show, edit, cancel, retry, approve and reject jobs.",
@@ -50,8 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "limits": (
         "hybrid_jobs.jobctl.commands.limits:limits",
         "Rate limits: each one's rate, burst, the tokens its bucket holds now and when the next"
-        " is due (a 'prefix:*' limit: how many names have a bucket); and, per queue, the jobs "
-        "that expired (code EXPIRED) before they started, as long as retention keeps them.",
+        " is due (a 'prefix:*' limit: how many names have a bucket); the concurrency limits of"
+        " job types (a handler's global_limit), with the jobs of each running and waiting for"
+        " it; and, per queue, the jobs that expired (code EXPIRED) before they started, as long"
+        " as retention keeps them.",
     ),
     "migrate": (
         "hybrid_jobs.jobctl.commands.migrate:migrate",
@@ -87,6 +93,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tenants": (
         "hybrid_jobs.jobctl.commands.tenants:tenants",
         "Tenants: caps on running jobs, fair-share weights, backpressure limits.",
+    ),
+    "webhooks": (
+        "hybrid_jobs.jobctl.commands.webhooks:webhooks",
+        "Completion webhooks: the calls owed when jobs end, delivered, pending or given up, "
+        "and a second chance for one given up.",
     ),
     "workers": (
         "hybrid_jobs.jobctl.commands.workers:workers",

@@ -15,8 +15,11 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``approve``/``reject`` for jobs enqueued with ``needs_approval``;
 ``update_job`` (change a job that has not started yet);
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``);
+``concurrency_limits`` (each job type's ``global_limit``, its running and waiting jobs);
 ``job_type_policy`` (what a job type allows: replay, cancelling it running;
 ``NotAllowed`` when a call would do what it forbids).
+``store_input`` (a large or sensitive input stored once, run on by the jobs
+enqueued with ``payload_ref=``), ``stored_input``, ``redact_input`` (erase one).
 ``hooks.add`` runs a function of yours on every job enqueued (:mod:`outbox.hooks`).
 """
 
@@ -34,6 +37,11 @@ from hybrid_jobs.outbox.approval import (
 )
 from hybrid_jobs.outbox.backpressure import Backpressure
 from hybrid_jobs.outbox.cancel import request_cancel, request_cancel_async
+from hybrid_jobs.outbox.concurrency_limits import (
+    ConcurrencyLimit,
+    concurrency_limits,
+    concurrency_limits_async,
+)
 from hybrid_jobs.outbox.edit import JobNotEditable, update_job, update_job_async
 from hybrid_jobs.outbox.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from hybrid_jobs.outbox.explain import (
@@ -44,6 +52,16 @@ from hybrid_jobs.outbox.explain import (
     Why,
     explain,
     explain_async,
+)
+from hybrid_jobs.outbox.inputs import (
+    InputNotFound,
+    StoredInput,
+    redact_input,
+    redact_input_async,
+    store_input,
+    store_input_async,
+    stored_input,
+    stored_input_async,
 )
 from hybrid_jobs.outbox.known_types import require_known_job_types
 from hybrid_jobs.outbox.policies import (
@@ -116,9 +134,11 @@ __all__ = [
     "MAX_PAYLOAD_BYTES_ENV",
     "Backpressure",
     "Blocker",
+    "ConcurrencyLimit",
     "Explanation",
     "Finished",
     "HeldByAnother",
+    "InputNotFound",
     "JobNotEditable",
     "JobNotFound",
     "JobTypePolicy",
@@ -132,10 +152,13 @@ __all__ = [
     "Replayed",
     "Resolved",
     "ResourceHold",
+    "StoredInput",
     "TenantLimit",
     "Why",
     "approve",
     "approve_async",
+    "concurrency_limits",
+    "concurrency_limits_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
@@ -155,6 +178,8 @@ __all__ = [
     "queue_in_use_async",
     "rate_limits",
     "rate_limits_async",
+    "redact_input",
+    "redact_input_async",
     "reject",
     "reject_async",
     "remove_rate_limit",
@@ -180,6 +205,10 @@ __all__ = [
     "set_rate_limit_async",
     "set_tenant_limit",
     "set_tenant_limit_async",
+    "store_input",
+    "store_input_async",
+    "stored_input",
+    "stored_input_async",
     "tenant_limits",
     "tenant_limits_async",
     "trigger_schedule",

@@ -14,7 +14,8 @@ What it promises:
 - One guarded statement: a claim racing the edit either starts the job with the
   old values (and the edit is refused) or, after it, with the new ones; never with
   some of each.
-- Only what is given changes; ``payload=None`` stores JSON null.
+- Only what is given changes; ``payload=None`` stores JSON null. A job on a stored
+  input (``payload_ref``) takes no payload: it runs on the input's content.
 - The job's wake-up follows: a new ``run_after`` replaces its wake-ups with one due
   then (it runs neither earlier nor never), a new ``priority`` moves its pending
   wake-up up or down the relay's order. The relay hears of it at commit.
@@ -102,12 +103,19 @@ def _refusal(job_id: uuid.UUID, params: dict[str, Any], row: Any) -> Exception:
     """Why the guarded statement changed nothing, from the job as it is now."""
     if row is None:
         return JobNotFound(job_id)
-    state, approval, parents_pending, attempts, expires_at = row
+    state, approval, parents_pending, attempts, expires_at, payload_ref = row
     state = JobState(state)
     if state in LEASED:
         return JobNotEditable(job_id, state, f"it has started (it is {state})")
     if state not in CLAIMABLE:
         return JobNotEditable(job_id, state, f"it has ended ({state})")
+    if params["payload"] is not None and payload_ref is not None:
+        return JobNotEditable(
+            job_id,
+            state,
+            f"it runs on stored input {payload_ref} (payload_ref), whose content is its"
+            " payload: a payload cannot be set (enqueue a job on another input instead)",
+        )
     moving = params["run_after"] is not None or params["delay_seconds"] is not None
     if moving and approval == "REQUIRED":
         return JobNotEditable(

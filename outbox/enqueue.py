@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from hybrid_jobs.outbox import backpressure, hooks, known_types
+from hybrid_jobs.outbox import backpressure, hooks, known_types, webhooks
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
     JsonDefault,
@@ -32,12 +32,15 @@ from hybrid_jobs.outbox.validation import (
 )
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.schema.queries import (
+    INPUT_LOCK,
     JOB_DEBOUNCE_MANY,
     JOB_FIND_BY_DEDUP_MANY,
     JOB_FIND_BY_UNIQUE_MANY,
     JOB_INSERT_MANY,
     JOB_INSERT_PLAIN_MANY,
+    JOB_INSERT_REF_MANY,
     JOB_INSERT_UNIQUE_MANY,
+    JOB_INSERT_UNIQUE_REF_MANY,
     JOB_KEYS_LOCK,
     JOB_PARENTS_LOCK,
     JOB_TAGS_PRUNE,
@@ -70,6 +73,8 @@ class _Plan:
     # The jobs whose dedup_key has a scope (unique=), by position: the row, and its
     # key as JOB_FIND_BY_UNIQUE_MANY looks it up.
     scoped: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # The stored inputs the batch's jobs name (payload_ref=), each once.
+    refs: list[uuid.UUID] = field(default_factory=list)
 
     @property
     def document(self) -> str:
@@ -103,6 +108,7 @@ def _plan(
     ordered_keys: set[str] = set()
     tagged_or_after = False
     scoped: dict[int, tuple[str, dict[str, Any]]] = {}
+    refs: set[uuid.UUID] = set()
     # The enqueuing code's span, once for the batch: every job of it was made there.
     trace_context = tracing.capture()
     for job in jobs:
@@ -124,6 +130,8 @@ def _plan(
         tenants.append(job.tenant)
         if job.ordered and job.key is not None:
             ordered_keys.add(job.key)
+        if job.payload_ref is not None:
+            refs.add(uuid.UUID(str(job.payload_ref)))  # checked by to_row
     plan = _Plan(
         rows,
         keys,
@@ -132,6 +140,7 @@ def _plan(
         sorted(ordered_keys),
         tagged_or_after,
         scoped,
+        sorted(refs),
     )
     return plan, ids
 
@@ -172,6 +181,23 @@ def _lock_parents(conn: Connection, jobs: list[NewJob]) -> dict[uuid.UUID, JobSt
         return {}
     found = conn.exec_driver_sql(JOB_PARENTS_LOCK, {"ids": wanted}).all()
     return {row[0]: JobState(row[1]) for row in found}
+
+
+def _lock_inputs(conn: Connection, refs: list[uuid.UUID]) -> None:
+    """Locks the stored inputs the batch names (INPUT_LOCK); refuses one that does
+    not exist or was redacted (ValueError), before anything is written."""
+    found = {row[0]: row[1] for row in conn.exec_driver_sql(INPUT_LOCK, {"input_ids": refs})}
+    for ref in refs:
+        if ref not in found:
+            raise ValueError(
+                f"payload_ref names input {ref}, which does not exist (never stored, its"
+                " transaction rolled back, or retention deleted it once no job named it)"
+            )
+        if found[ref] is not None:
+            raise ValueError(
+                f"payload_ref names input {ref}, which was redacted at {found[ref].isoformat()}:"
+                " a job could only fail on it"
+            )
 
 
 def _resolve(
@@ -247,6 +273,7 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     checked against the limit when the schedule was written, and must not become
     unenqueueable because a process has a smaller one."""
     batch = list(jobs)
+    urls = _webhook_urls(batch)
     if not any(isinstance(job, NewJob) and job.after for job in batch):
         plan, ids = _plan(batch, payload_limit)
         if not ids:
@@ -268,19 +295,46 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
         backpressure.refuse_over_rate(rates.all())
     if plan.ordered_keys:
         conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
+    if plan.refs:
+        _lock_inputs(conn, plan.refs)
     if plan.scoped:
-        insert = JOB_INSERT_UNIQUE_MANY
+        insert = JOB_INSERT_UNIQUE_REF_MANY if plan.refs else JOB_INSERT_UNIQUE_MANY
+    elif plan.refs:
+        insert = JOB_INSERT_REF_MANY
     else:
         insert = JOB_INSERT_MANY if plan.tagged_or_after else JOB_INSERT_PLAIN_MANY
     inserted = set(conn.exec_driver_sql(insert, {"jobs": plan.document}).scalars())
-    held = _holders(conn, plan, ids, inserted) if plan.scoped else {}
+    held = _holders(conn, plan, ids, inserted, insert) if plan.scoped else {}
     debounced: Sequence[Any] = []
     if plan.debounce_document:
         debounced = conn.exec_driver_sql(JOB_DEBOUNCE_MANY, {"jobs": plan.debounce_document}).all()
         conn.exec_driver_sql(JOB_TAGS_PRUNE, {"ids": [row[2] for row in debounced]})
     lookup = plan.lookup_document(inserted, ids, debounced)
     found = conn.exec_driver_sql(JOB_FIND_BY_DEDUP_MANY, {"keys": lookup}).all() if lookup else []
-    return _resolve(plan, ids, inserted, found, debounced, held)
+    result = _resolve(plan, ids, inserted, found, debounced, held)
+    if urls is not None:
+        # A job inserted, or a debounced one (a repeat replaces what it was given);
+        # a duplicate keeps the job that holds its key as it was.
+        webhooks.set_urls(
+            conn,
+            result,
+            [
+                url if ids[n] in inserted or (job.debounce is not None and job.dedup_key) else None
+                for n, (job, url) in enumerate(zip(batch, urls, strict=True))
+            ],
+        )
+    return result
+
+
+def _webhook_urls(batch: list[NewJob]) -> list[str | None] | None:
+    """Each job's on_complete_url, checked before anything is written; None when no
+    job of the batch has one (the common case: no statement for it)."""
+    if not any(isinstance(job, NewJob) and job.on_complete_url is not None for job in batch):
+        return None
+    return [
+        None if job.on_complete_url is None else webhooks.webhook_url(job.on_complete_url)
+        for job in batch
+    ]
 
 
 # How many times a scoped job is inserted again when the key's holder left its scope
@@ -290,7 +344,11 @@ _UNIQUE_ROUNDS = 3
 
 
 def _holders(
-    conn: Connection, plan: _Plan, ids: list[uuid.UUID], inserted: set[uuid.UUID]
+    conn: Connection,
+    plan: _Plan,
+    ids: list[uuid.UUID],
+    inserted: set[uuid.UUID],
+    insert: str = JOB_INSERT_UNIQUE_MANY,
 ) -> dict[int, uuid.UUID]:
     """The job holding each scoped key whose insert was skipped, by position. A key
     whose holder left its scope since the insert met it (a claim, an end) is free:
@@ -307,7 +365,7 @@ def _holders(
             break  # (what is still free then, _resolve refuses)
         rounds += 1
         again = "[" + ",".join(plan.scoped[n][0] for n in free) + "]"
-        inserted.update(conn.exec_driver_sql(JOB_INSERT_UNIQUE_MANY, {"jobs": again}).scalars())
+        inserted.update(conn.exec_driver_sql(insert, {"jobs": again}).scalars())
         wanted = [n for n in free if ids[n] not in inserted]
     return held
 
@@ -318,7 +376,7 @@ enqueue_many_async = async_twin(enqueue_many)
 def enqueue(
     session: Session,
     job_type: str,
-    payload: Any,
+    payload: Any = None,
     *,
     queue: str = "default",
     dedup_key: str | None = None,
@@ -341,6 +399,8 @@ def enqueue(
     tags: Collection[str] = (),
     meta: Mapping[str, Any] | None = None,
     unique: str | timedelta = "forever",
+    payload_ref: uuid.UUID | str | None = None,
+    on_complete_url: str | None = None,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -417,6 +477,20 @@ def enqueue(
     type's key one scope. A replayed job holds no ``"waiting"`` or ``"active"`` key.
     Not with ``debounce``, whose key is held until the job starts already.
 
+    ``payload_ref``: an input stored by :func:`outbox.store_input` (in this
+    transaction or an earlier one), run on instead of a payload (give none): the
+    handler reads its content as ``job.payload``. Several jobs may name one input;
+    it is read once per claimed batch, and deleted by retention once no job names
+    it. An input that does not exist, or was redacted, is refused (``ValueError``);
+    one redacted after this enqueue fails the job at its claim (INPUT_REDACTED).
+    Not with ``debounce``.
+
+    ``on_complete_url``: an http(s) URL the relay calls, signed, when the job ends
+    (SUCCEEDED, FAILED or CANCELLED, however it got there), at least once, retrying
+    with back-off (docs/guides/webhooks.md); it overrides the ``webhook=`` of the
+    job type's handler. The call carries the job's id, type, queue, final state,
+    attempts, end time and error, never its payload.
+
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -445,6 +519,8 @@ def enqueue(
         tags=tags,
         meta=meta,
         unique=unique,
+        payload_ref=payload_ref,
+        on_complete_url=on_complete_url,
     )
     return enqueue_many(session, [job])[0]
 

@@ -36,6 +36,9 @@ KEY_ORDER             key, ahead (the job of its key it waits for: ordered, enqu
 KEY_BUSY              key, running, key_limit, held_by (the job holding the key
                       longest): as many jobs with its key hold a lease as it allows;
                       it starts when one of them ends
+CONCURRENCY_LIMIT     job_type, running, global_limit: as many jobs of its type hold a
+                      lease as its handler's global_limit allows, across every
+                      consumer; it starts when one of them ends
 RESOURCE_BUSY         resource, held_by, held_since: another job's lease holds its
                       exclusive resource; it starts when that lease ends cleanly
 RESOURCE_UNCERTAIN    resource, job (whose lease expired holding it), since: that job's
@@ -67,6 +70,11 @@ EXPIRED               expires_at: its deadline passed before it started, so it n
                       will (the next claim or the relay's sweep ends it CANCELLED)
 CANCEL_REQUESTED      requested_at, forced: it runs, and was asked to stop (forced: its
                       worker interrupts the handler at its next heartbeat)
+INPUT_REDACTED        input_id, redacted_at, redacted_by, reason: the stored input it
+                      runs on (enqueue's payload_ref) was redacted, so the consumer
+                      that takes it fails it at once (last_error_code INPUT_REDACTED)
+                      without calling its handler; once failed, that code and its
+                      message are the job's last_error
 LEASE_EXPIRED         worker, expired_at, expired_seconds_ago, last_heartbeat_at,
                       sweeper_moves_to: it is RUNNING (or CANCEL_REQUESTED) on a lease
                       that ran out, so its worker is gone or stalled; the relay's sweeper
@@ -100,6 +108,7 @@ from hybrid_jobs.outbox.ids import job_id_arg
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import read_json
 from hybrid_jobs.schema.queries import (
+    INPUT_REDACTION,
     JOB_EXPLAIN,
     JOB_EXPLAIN_BACKLOG,
     JOB_PARENTS_PENDING,
@@ -140,8 +149,10 @@ class Why(StrEnum):
     EXPIRED = "EXPIRED"
     KEY_ORDER = "KEY_ORDER"
     KEY_BUSY = "KEY_BUSY"
+    CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
     RESOURCE_BUSY = "RESOURCE_BUSY"
     RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"
+    INPUT_REDACTED = "INPUT_REDACTED"
 
 
 class JobNotFound(LookupError):
@@ -292,6 +303,9 @@ def explain(session: Session, job_id: uuid.UUID | str) -> Explanation:
         job["snoozes"] = conn.exec_driver_sql(
             JOB_SNOOZES, {"job_id": key, "limit": AHEAD_CAP}
         ).scalar()
+    if job.get("payload_ref") is not None and job["state"] in CLAIMABLE:
+        redaction = conn.exec_driver_sql(INPUT_REDACTION, {"input_id": job["payload_ref"]})
+        job["input_redaction"] = redaction.first()
     backlog = None
     if (more := _backlog_params(job)) is not None:
         backlog = conn.exec_driver_sql(JOB_EXPLAIN_BACKLOG, more).one()._asdict()
@@ -319,6 +333,22 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         return found + _lapsed(job)
     if state not in CLAIMABLE:
         return []
+    return _redacted(job) + _waiting(job, backlog)
+
+
+def _redacted(job: Mapping[str, Any]) -> list[Blocker]:
+    """The input it runs on was redacted: it can only fail. First, as it matters
+    more than anything else that holds it."""
+    found = job.get("input_redaction")
+    if found is None:
+        return []
+    at, by, reason = found
+    facts = {"input_id": job["payload_ref"], "redacted_at": at, "redacted_by": by, "reason": reason}
+    return [Blocker(Why.INPUT_REDACTED, facts)]
+
+
+def _waiting(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list[Blocker]:
+    state = JobState(job["state"])
     if job.get("parents_pending") and state == JobState.QUEUED:
         # Held never due until its last parent ends: no wake-up, relay or consumer counts.
         facts = {
@@ -332,7 +362,7 @@ def _blockers(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] in (DelayReason.NO_HANDLER, DelayReason.NO_AUTHORIZED_RUNNER)
-    keyed = _key(job) + _resource(job)
+    keyed = _key(job) + _resource(job) + _concurrency(job)
     found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
     if _is_due_waiting(job) and job["paused_at"] is None:
         # one waiting for its key or resource has no wake-up: the end of the lease
@@ -473,6 +503,21 @@ def _key(job: Mapping[str, Any]) -> list[Blocker]:
         }
         return [Blocker(Why.KEY_BUSY, facts)]
     return []
+
+
+def _concurrency(job: Mapping[str, Any]) -> list[Blocker]:
+    """Turned down for its type's concurrency limit, which is still full (from the
+    limit's count now, not the last refusal)."""
+    if job["delay_reason"] != DelayReason.CONCURRENCY_LIMIT or job["limit_max_running"] is None:
+        return []
+    if job["limit_running"] < job["limit_max_running"]:
+        return []
+    facts = {
+        "job_type": job["job_type"],
+        "running": job["limit_running"],
+        "global_limit": job["limit_max_running"],
+    }
+    return [Blocker(Why.CONCURRENCY_LIMIT, facts)]
 
 
 def _resource(job: Mapping[str, Any]) -> list[Blocker]:
@@ -658,6 +703,10 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         f"key {f['key']!r} is busy ({f['running']}/{f['key_limit']} running,"
         f" held by job {f['held_by']})"
     ),
+    Why.CONCURRENCY_LIMIT: lambda f: (
+        f"job type {f['job_type']!r} is at its concurrency limit"
+        f" ({f['running']}/{f['global_limit']} running across all consumers)"
+    ),
     Why.RESOURCE_BUSY: lambda f: (
         f"resource {f['resource']!r} is held by job {f['held_by']}"
         f" (since {f['held_since']:%Y-%m-%d %H:%M:%S})"
@@ -692,6 +741,10 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         " its worker interrupts the handler at its next heartbeat"
         if f.get("forced")
         else f"asked to stop at {f['requested_at']:%Y-%m-%d %H:%M:%S}"
+    ),
+    Why.INPUT_REDACTED: lambda f: (
+        f"its stored input was redacted at {f['redacted_at']:%Y-%m-%d %H:%M:%S}"
+        f" ({f['reason']}): it fails INPUT_REDACTED when a consumer takes it"
     ),
     Why.LEASE_EXPIRED: lambda f: (
         f"its lease expired {f['expired_seconds_ago']:.0f} s ago (worker {f['worker']}"

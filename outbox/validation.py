@@ -23,6 +23,8 @@ from hybrid_jobs.schema import names
 
 DEFAULT_MAX_PAYLOAD_BYTES = defaults.MAX_PAYLOAD_BYTES
 MAX_PAYLOAD_BYTES_ENV = "MAX_PAYLOAD_BYTES"
+DEFAULT_MAX_INPUT_BYTES = defaults.MAX_INPUT_BYTES
+MAX_INPUT_BYTES_ENV = "MAX_INPUT_BYTES"
 # JSON libraries stop somewhere (Python's json at about 1000 levels, pydantic's
 # serialiser at 255, PostgreSQL at its stack depth), and a job that one of them
 # cannot read back is one no surface can show and no handler can take. Ruby's
@@ -48,7 +50,7 @@ class NewJob:
     """One job for :func:`outbox.enqueue_many`; the fields mean what enqueue's do."""
 
     job_type: str
-    payload: Any
+    payload: Any = None
     queue: str = "default"
     dedup_key: str | None = None
     run_after: datetime | timedelta | None = None
@@ -71,6 +73,8 @@ class NewJob:
     tags: Collection[str] = ()
     meta: Mapping[str, Any] | None = None
     unique: str | timedelta = "forever"
+    payload_ref: uuid.UUID | str | None = None
+    on_complete_url: str | None = None
 
 
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
@@ -180,15 +184,25 @@ def new_job_id() -> uuid.UUID:
 
 
 def max_payload_bytes() -> int:
-    raw = os.environ.get(MAX_PAYLOAD_BYTES_ENV)
+    return _limit(MAX_PAYLOAD_BYTES_ENV, DEFAULT_MAX_PAYLOAD_BYTES)
+
+
+def max_input_bytes() -> int:
+    """The bound of an input stored by reference (``$MAX_INPUT_BYTES``, else
+    MAX_INPUT_BYTES in hybrid_jobs/defaults.py)."""
+    return _limit(MAX_INPUT_BYTES_ENV, DEFAULT_MAX_INPUT_BYTES)
+
+
+def _limit(env: str, default: int) -> int:
+    raw = os.environ.get(env)
     if not raw:
-        return DEFAULT_MAX_PAYLOAD_BYTES
+        return default
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{MAX_PAYLOAD_BYTES_ENV} must be an integer number of bytes") from None
+        raise ValueError(f"{env} must be an integer number of bytes") from None
     if value < 1:
-        raise ValueError(f"{MAX_PAYLOAD_BYTES_ENV} must be positive")
+        raise ValueError(f"{env} must be positive")
     return value
 
 
@@ -369,6 +383,43 @@ def encode_payload(payload: Any, limit: int, json_default: JsonDefault | None = 
     ``json_default`` makes JSON of it (:func:`plain_json`), before every check:
     what is checked and stored is what the handler will read."""
     return _encode("payload", payload, limit, MAX_PAYLOAD_BYTES_ENV, json_default)
+
+
+def encode_input(content: Any, limit: int, json_default: JsonDefault | None = None) -> str:
+    """An input stored by reference as compact JSON text, checked as a payload is
+    (:func:`encode_payload`), against its own, larger bound."""
+    return _encode("content", content, limit, MAX_INPUT_BYTES_ENV, json_default)
+
+
+def input_id_arg(value: object, name: str = "payload_ref") -> uuid.UUID:
+    """An input's id, as :func:`outbox.store_input` returned it (or its text)."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value.strip())
+        except ValueError:
+            raise ValueError(f"{name} is not an input id: {value[:100]!r}") from None
+    raise TypeError(
+        f"{name} must be an input id (a UUID, as outbox.store_input returns), not"
+        f" {type(value).__name__}"
+    )
+
+
+def _payload_ref(job: NewJob) -> uuid.UUID | None:
+    """The job's stored input, checked: with it the job carries no payload of its
+    own, and is not debounced (a repeat would replace what it runs on)."""
+    if job.payload_ref is None:
+        return None
+    ref = input_id_arg(job.payload_ref)
+    if job.payload is not None:
+        raise ValueError(
+            "a job takes a payload or a payload_ref, not both: its handler reads the"
+            " stored input as job.payload"
+        )
+    if job.debounce is not None:
+        raise ValueError("a debounced job takes no payload_ref")
+    return ref
 
 
 # Made once: json.dumps with any option makes a new encoder at every call, which a
@@ -612,6 +663,7 @@ def to_row(
         raise ValueError("a debounced job takes no resource")
     tags = check_tags(job.tags)
     meta = encode_meta(job.meta, job.json_default)
+    payload_ref = _payload_ref(job)
     payload = encode_payload(job.payload, limit, job.json_default)
     job_id = new_job_id()
     fields: dict[str, Any] = {
@@ -644,6 +696,8 @@ def to_row(
         fields["trace_context"] = trace_context
     if tags:
         fields["tags"] = tags
+    if payload_ref is not None:
+        fields["payload_ref"] = str(payload_ref)
     if unique_scope is not None:
         # held under its scope by jobs_unique_idx, not for ever by jobs_dedup_idx
         fields["unique_key"] = fields.pop("dedup_key")

@@ -272,3 +272,23 @@ def password_in_flag(url: DatabaseUrl | AmqpUrl) -> str | None:
         f"{url.setting} holds a password, which anyone on this machine can read with "
         f"`ps`; set {variable} or {variable}_FILE instead"
     )
+
+
+WEBHOOK_SECRET_ENV = "WEBHOOK_SECRET"  # noqa: S105 (the variable's name, not a secret)
+# Shorter than this, an HMAC key is guessable: refused rather than used.
+MIN_WEBHOOK_SECRET_LENGTH = 16
+
+
+def webhook_secret() -> bytes | None:
+    """The key the relay signs webhook calls with: ``$WEBHOOK_SECRET``, else the
+    contents of the file named by ``$WEBHOOK_SECRET_FILE``; None when neither is set.
+    Never taken from a flag (it would show in ``ps``) and never echoed."""
+    value, source = read_setting_from(WEBHOOK_SECRET_ENV, "")
+    if not value:
+        return None
+    if len(value) < MIN_WEBHOOK_SECRET_LENGTH:
+        raise ConfigError(
+            f"{source} is too short: a webhook secret needs at least "
+            f"{MIN_WEBHOOK_SECRET_LENGTH} characters (e.g. `openssl rand -hex 32`)"
+        )
+    return value.encode()

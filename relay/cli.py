@@ -15,7 +15,7 @@ from hybrid_jobs.plumbing.cli import (
     settings_from,
     topology,
 )
-from hybrid_jobs.plumbing.config import amqp_url, database_url
+from hybrid_jobs.plumbing.config import amqp_url, database_url, webhook_secret
 from hybrid_jobs.relay.service import Relay
 from hybrid_jobs.relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
 
@@ -84,6 +84,28 @@ from hybrid_jobs.relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
     "0: for ever (a key forgotten lets a later job with it do the effect again).",
     none=0.0,
 )
+@setting_option(
+    RelaySettings,
+    "webhook_timeout",
+    "Seconds one webhook call may take before it counts as failed.",
+)
+@setting_option(
+    RelaySettings,
+    "webhook_concurrency",
+    "Webhook calls in flight at once (at most --webhook-per-endpoint to one endpoint).",
+)
+@setting_option(
+    RelaySettings,
+    "webhook_per_endpoint",
+    "Webhook calls in flight at once to one endpoint (scheme, host and port).",
+)
+@setting_option(
+    RelaySettings,
+    "webhook_max_attempts",
+    "Calls made for one job's end before giving up on it (GAVE_UP). The calls are "
+    "signed with $WEBHOOK_SECRET (or the file named by $WEBHOOK_SECRET_FILE); "
+    "without it the relay makes none.",
+)
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
     priority and fair-share order; sweep expired leases, send lost wake-ups again,
@@ -96,6 +118,7 @@ def main(**kwargs: Any) -> None:
             database=database_url(kwargs["database_url"]),
             amqp=amqp_url(kwargs["amqp_url"]),
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
+            webhook_secret=webhook_secret(),
         )
         return Daemon(Relay(settings).run, settings.database, settings.amqp)
 

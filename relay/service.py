@@ -32,7 +32,9 @@ Tasks, all in one event loop:
 - the scheduler fires due occurrences of recurring schedules (every relay does, the
   database arbitrates: relay/schedules.py), and sleeps until the next one is due;
 - a stats line every ``stats_interval`` says how much went out and, per queue, what
-  waits in the backlog and what is in flight.
+  waits in the backlog and what is in flight;
+- with a webhook secret, the deliverer calls the completion webhooks of jobs that
+  ended, each call a task of its own holding no connection (relay/webhooks.py).
 """
 
 from __future__ import annotations
@@ -62,10 +64,16 @@ from hybrid_jobs.relay.maintenance import (
     wake_refused,
 )
 from hybrid_jobs.relay.presence import announce, forget, make_relay_id
-from hybrid_jobs.relay.retention import delete_finished, delete_old_effects
+from hybrid_jobs.relay.retention import (
+    delete_finished,
+    delete_old_effects,
+    delete_old_webhook_calls,
+    delete_unreferenced_inputs,
+)
 from hybrid_jobs.relay.schedules import fire_due, seconds_until_due
 from hybrid_jobs.relay.settings import RelaySettings
 from hybrid_jobs.relay.wake import WakeLimits, due_queues, wake_queue
+from hybrid_jobs.relay.webhooks import Deliverer
 from hybrid_jobs.schema.queries import OUTBOX_BACKLOG
 from hybrid_jobs.schema.tables import OUTBOX_CHANNEL
 
@@ -139,6 +147,8 @@ class Relay:
         self.orphans = OrphanWalk()
         # Rounds each chore completed, by name: a test waits on these, not on time.
         self.rounds: Counter[str] = Counter()
+        # The webhook calls' deliverer, once started (it needs a secret).
+        self.webhooks: Deliverer | None = None
 
     def nudge(self, queues: str = "") -> None:
         """Wake one idle drainer (one commit's wake-ups rarely need two) for these
@@ -222,6 +232,7 @@ class Relay:
             asyncio.create_task(self._scheduler()),
             asyncio.create_task(self._every("retention", s.retention_interval, self._retention)),
             asyncio.create_task(self._report()),
+            asyncio.create_task(self._webhooks()),
         ]
         self.tasks = [*drainers, *chores]
         log.info("relay.started")
@@ -462,10 +473,32 @@ class Relay:
     async def _retention(self) -> None:
         s = self.settings
         await delete_finished(self.pool, keep_seconds=s.keep_finished, batch=s.retention_batch)
+        await delete_unreferenced_inputs(
+            self.pool, keep_seconds=s.keep_finished, batch=s.retention_batch
+        )
+        await delete_old_webhook_calls(
+            self.pool, keep_seconds=s.keep_finished, batch=s.retention_batch
+        )
         if s.keep_effects is not None:
             await delete_old_effects(
                 self.pool, keep_seconds=s.keep_effects, batch=s.retention_batch
             )
+
+    async def _webhooks(self) -> None:
+        """Call the webhooks of jobs that ended (relay/webhooks.py), in tasks of
+        their own: a slow endpoint holds none of the wake-ups' connections."""
+        secret = self.settings.webhook_secret
+        if secret is None:
+            log.warning(
+                "relay.webhooks_off",
+                extra={
+                    "detail": "no WEBHOOK_SECRET (or WEBHOOK_SECRET_FILE): this relay makes "
+                    "no webhook call, and calls owed wait (jobctl webhooks list)"
+                },
+            )
+            return
+        self.webhooks = Deliverer(self.pool, self.settings, self.relay_id, secret)
+        await self.webhooks.run()
 
     async def _report(self) -> None:
         while True:

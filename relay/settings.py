@@ -51,6 +51,17 @@ class RelaySettings:
     retention_interval: float = defaults.RELAY_RETENTION_INTERVAL
     retention_batch: int = defaults.RELAY_RETENTION_BATCH
     keep_effects: float | None = defaults.RELAY_KEEP_EFFECTS
+    webhook_concurrency: int = defaults.RELAY_WEBHOOK_CONCURRENCY
+    webhook_per_endpoint: int = defaults.RELAY_WEBHOOK_PER_ENDPOINT
+    webhook_timeout: float = defaults.RELAY_WEBHOOK_TIMEOUT
+    webhook_max_attempts: int = defaults.RELAY_WEBHOOK_MAX_ATTEMPTS
+    webhook_backoff: float = defaults.RELAY_WEBHOOK_BACKOFF
+    webhook_backoff_cap: float = defaults.RELAY_WEBHOOK_BACKOFF_CAP
+    webhook_endpoint_backoff: float = defaults.RELAY_WEBHOOK_ENDPOINT_BACKOFF
+    webhook_interval: float = defaults.RELAY_WEBHOOK_INTERVAL
+    # The key webhook calls are signed with ($WEBHOOK_SECRET or the file named by
+    # $WEBHOOK_SECRET_FILE); None: the relay makes no call, and says so.
+    webhook_secret: bytes | None = field(default=None, repr=False)
 
     @property
     def pool_size(self) -> int:
@@ -84,6 +95,14 @@ class RelaySettings:
             "keep_finished": self.keep_finished,
             "retention_interval": self.retention_interval,
             "retention_batch": self.retention_batch,
+            "webhook_concurrency": self.webhook_concurrency,
+            "webhook_per_endpoint": self.webhook_per_endpoint,
+            "webhook_timeout": self.webhook_timeout,
+            "webhook_max_attempts": self.webhook_max_attempts,
+            "webhook_backoff": self.webhook_backoff,
+            "webhook_backoff_cap": self.webhook_backoff_cap,
+            "webhook_endpoint_backoff": self.webhook_endpoint_backoff,
+            "webhook_interval": self.webhook_interval,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -50,6 +50,7 @@ from hybrid_jobs.schema.tables import (
     MAX_SCHEDULE_NAME_LENGTH,
     MAX_STEP_NAME_LENGTH,
     MAX_TAGS,
+    MAX_WEBHOOK_URL_LENGTH,
     QUEUE_NAME_PATTERN,
     RATE_LIMIT_NAME_PATTERN,
     REPLAYABLE_SQL,
@@ -101,6 +102,9 @@ jobs = Table(
     # set by the claim that reserved it, cleared by the fenced statement that ends
     # the lease, so a slot is released exactly once.
     Column("holds_slot", Boolean, nullable=False, server_default=text("false")),
+    # True while this lease holds one of its job type's concurrency_limits slots:
+    # set by a claim through the limit, cleared by the statement that ends the lease.
+    Column("limit_held", Boolean, nullable=False, server_default=text("false")),
     # The handler's backoff for this attempt, fixed at claim: the sweeper, which
     # knows no handlers, waits this long before retrying an expired lease.
     Column("expiry_backoff", Float),
@@ -179,6 +183,9 @@ jobs = Table(
     Column("unique_key", Text),
     Column("unique_scope", Text),
     _ts("unique_until"),
+    # The URL called when the job ends (enqueue's on_complete_url=; trigger
+    # jobs_webhook owes a call to it); NULL: none of its own, its type's if any.
+    Column("webhook_url", Text),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
         f"(state IN ({LEASED_SQL})) = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -393,6 +400,16 @@ Index(
     jobs.c.resource,
     jobs.c.job_id,
     postgresql_where=text(f"resource IS NOT NULL AND state IN ({CLAIMABLE_SQL})"),
+)
+# The jobs turned down for their type's concurrency limit, oldest first: the ones
+# a freed slot wakes are the first entries, however many wait (limit_wake_next).
+Index(
+    "jobs_limit_waiting_idx",
+    jobs.c.job_type,
+    jobs.c.job_id,
+    postgresql_where=text(
+        f"state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'"
+    ),
 )
 # The jobs turned down for their resource, oldest first: the one a freed resource
 # wakes is the first entry, however many wait (resource_wake_next).
@@ -840,6 +857,22 @@ Index("job_replays_job_id_idx", job_replays.c.job_id)
 # on_cancel=): written by each consumer at start-up, the last to start winning, and
 # read by the replay and cancel statements, whose callers load no handler registry.
 # A type without a row allows everything.
+# The concurrency limit of a job type across all consumers (a handler's
+# global_limit, written by consumers at start-up): at most max_running leases of
+# its jobs at once; running counts the leases that hold a slot (jobs.limit_held).
+concurrency_limits = Table(
+    "concurrency_limits",
+    metadata,
+    Column("job_type", Text, primary_key=True),
+    Column("max_running", Integer, nullable=False),
+    Column("running", Integer, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, default=True),
+    # The consumer (worker id) that wrote the limit last.
+    Column("updated_by", Text, nullable=False),
+    CheckConstraint("max_running >= 1", name="concurrency_limits_max_running_positive"),
+    CheckConstraint("running >= 0", name="concurrency_limits_running_not_negative"),
+)
+
 job_type_policies = Table(
     "job_type_policies",
     metadata,
@@ -852,6 +885,109 @@ job_type_policies = Table(
     _ts("updated_at", nullable=False, default=True),
     # The consumer (worker id) that wrote it last.
     Column("updated_by", Text, nullable=False),
+)
+
+# The URL a job type's handler declares (@consumers.handler(..., webhook=)), called
+# when a job of the type without one of its own ends: written by consumers at
+# start-up (the last to start wins; a type that declares none loses its row), read
+# by trigger jobs_webhook with one probe of the primary key.
+job_type_webhooks = Table(
+    "job_type_webhooks",
+    metadata,
+    Column("job_type", Text, primary_key=True),
+    Column("url", Text, nullable=False),
+    _ts("updated_at", nullable=False, default=True),
+    Column("updated_by", Text, nullable=False),
+    CheckConstraint(
+        f"url ~ '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
+        name="job_type_webhooks_url_valid",
+    ),
+)
+
+# A call owed to a webhook: written by trigger jobs_webhook in the transaction that
+# ends the job, delivered by a relay (relay/webhooks.py). A relay claims a due row by
+# pushing next_attempt_at past the call's timeout, with lease_owner and attempts + 1
+# (the fence its outcome carries), so a relay killed mid-call leaves it due again.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("delivery_id", BigInteger, Identity(always=True), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("url", Text, nullable=False),
+    # scheme://host[:port] of the URL: failures back the endpoint off, not the job.
+    Column("endpoint", Text, nullable=False),
+    # What is sent: the job's end, never its payload.
+    Column("body", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'PENDING'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # PENDING: when it is due (a claimed one: when its lease ends).
+    _ts("next_attempt_at", nullable=False, default=True),
+    Column("lease_owner", Text),
+    # The last call's HTTP status (NULL: none came back), and what went wrong.
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    _ts("delivered_at"),
+    _ts("gave_up_at"),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    CheckConstraint(
+        "state IN ('DELIVERED', 'GAVE_UP', 'PENDING')", name="webhook_deliveries_state_valid"
+    ),
+    CheckConstraint(
+        f"url ~ '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
+        name="webhook_deliveries_url_valid",
+    ),
+    CheckConstraint("attempts >= 0", name="webhook_deliveries_attempts_non_negative"),
+)
+Index(
+    "webhook_deliveries_due_idx",
+    webhook_deliveries.c.next_attempt_at,
+    postgresql_where=text("state = 'PENDING'"),
+)
+Index(
+    "webhook_deliveries_done_idx",
+    webhook_deliveries.c.updated_at,
+    postgresql_where=text("state <> 'PENDING'"),
+)
+Index("webhook_deliveries_job_id_idx", webhook_deliveries.c.job_id)
+
+# Inputs stored by reference (outbox.store_input): a large or sensitive payload held
+# once, under its own rules, and named by jobs.payload_ref, so the hot table stays
+# narrow and several jobs share one input. Redaction empties content for good and
+# says when, by whom and why; the jobs and their history stay as they were.
+# Retention deletes an input no job names (a trigger refuses the others).
+job_inputs = Table(
+    "job_inputs",
+    metadata,
+    Column("input_id", UUID(as_uuid=True), primary_key=True),
+    # The input's JSON; NULL once redacted.
+    Column("content", JSONB),
+    # Its size as stored JSON text, kept after a redaction.
+    Column("size_bytes", Integer, nullable=False),
+    # No operator surface ever shows the content of any input; sensitive says why
+    # it matters for this one (and is shown).
+    Column("sensitive", Boolean, nullable=False, server_default=text("false")),
+    _ts("created_at", nullable=False, default=True),
+    _ts("redacted_at"),
+    Column("redacted_by", Text),
+    Column("redaction_reason", Text),
+    CheckConstraint(
+        "(content IS NULL) = (redacted_at IS NOT NULL)", name="job_inputs_content_or_redacted"
+    ),
+    CheckConstraint("size_bytes >= 0", name="job_inputs_size_non_negative"),
+)
+# Retention walks unreferenced inputs oldest first.
+Index("job_inputs_created_idx", job_inputs.c.created_at)
+# The job's input, when its payload is stored by reference; NULL for a job that
+# carries its payload (most). Only the jobs that have one are in the index. Kept by
+# triggers, not a foreign key (migration 0028): a foreign key's check would be
+# queued for every job inserted, NULL or not; the triggers' WHEN clause passes over
+# a job without a reference.
+jobs.append_column(Column("payload_ref", UUID(as_uuid=True)))
+Index(
+    "jobs_payload_ref_idx",
+    jobs.c.payload_ref,
+    postgresql_where=text("payload_ref IS NOT NULL"),
 )
 
 # The request behind a job enqueued through the HTTP API with an Idempotency-Key: the

@@ -59,6 +59,8 @@ class DelayReason(StrEnum):
     RESOURCE_BUSY = "RESOURCE_BUSY"  # another job's lease held its resource
     RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"  # its resource's holder vanished: unresolved
     SNOOZED = "SNOOZED"  # its handler said "not yet": it waits for run_after, attempt refunded
+    # its job type's concurrency limit (a handler's global_limit) had no free slot
+    CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
 
 
 class HeldReason(StrEnum):
@@ -162,6 +164,12 @@ WAITS: Final[tuple[Wait, ...]] = (
         "`JOB_CLAIM_MANY` while an earlier ordered job of its key has not finished",
         "that job's end (or its replay, under `strict`) wakes the next",
     ),
+    Wait(
+        DelayReason.CONCURRENCY_LIMIT,
+        "`delay_reason`, and `concurrency_limits` counts its type's leases",
+        "`JOB_CLAIM_MANY` while its type's `global_limit` jobs hold a lease",
+        "the end of one of those leases wakes the next",
+    ),
 )
 
 # (before, after); None is no row: before the enqueue, after retention deleted it.
@@ -215,6 +223,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "JOB_INSERT_UNIQUE_MANY",
         ("outbox.enqueue:insert_jobs", "outbox.enqueue:_holders"),
         {(_NEW, _QUEUED): "a batch with a key held under a scope (unique=) enqueued"},
+    ),
+    Operation(
+        "JOB_INSERT_REF_MANY",
+        ("outbox.enqueue:insert_jobs",),
+        {(_NEW, _QUEUED): "a batch with a job on a stored input (payload_ref=) enqueued"},
+    ),
+    Operation(
+        "JOB_INSERT_UNIQUE_REF_MANY",
+        ("outbox.enqueue:insert_jobs",),
+        {(_NEW, _QUEUED): "a batch with a stored input and a scoped key enqueued"},
     ),
     Operation(
         "JOB_DEBOUNCE_MANY",

@@ -20,16 +20,19 @@ from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, TERMINAL, D
 if TYPE_CHECKING:
     from hybrid_jobs.schema.metadata import (
         NOW,
+        concurrency_limits,
         dashboard_sessions,
         fair_shares,
         job_attempts,
         job_dependencies,
         job_effects,
+        job_inputs,
         job_replays,
         job_requests,
         job_steps,
         job_tags,
         job_type_policies,
+        job_type_webhooks,
         jobs,
         jobs_key_seq,
         key_usage,
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
         schedules,
         tenant_limits,
         tenant_usage,
+        webhook_deliveries,
         workers,
     )
 
@@ -68,6 +72,8 @@ QUEUE_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{defaults.MAX_QUEUE_NAME_
 DEFAULT_MAX_ATTEMPTS = defaults.MAX_ATTEMPTS
 MAX_JOB_TYPE_LENGTH = defaults.MAX_JOB_TYPE_LENGTH
 MAX_DEDUP_KEY_LENGTH = defaults.MAX_DEDUP_KEY_LENGTH
+# A webhook URL (enqueue's on_complete_url=, a handler's webhook=): http or https.
+MAX_WEBHOOK_URL_LENGTH = 2048
 MAX_KEY_LENGTH = defaults.MAX_KEY_LENGTH
 # outbox.tenant of a job that belongs to no tenant: the fair-share grouping key needs
 # a value that an index can order and compare, which NULL is not.
@@ -180,6 +186,7 @@ __all__ = [
     "MAX_STEP_NAME_LENGTH",
     "MAX_TAGS",
     "MAX_TAG_LENGTH",
+    "MAX_WEBHOOK_URL_LENGTH",
     "NOW",
     "NO_TENANT",
     "OUTBOX_CHANNEL",
@@ -191,16 +198,19 @@ __all__ = [
     "TAG_PATTERN",
     "TERMINAL_SQL",
     "UNIQUE_SCOPES_SQL",
+    "concurrency_limits",
     "dashboard_sessions",
     "fair_shares",
     "job_attempts",
     "job_dependencies",
     "job_effects",
+    "job_inputs",
     "job_replays",
     "job_requests",
     "job_steps",
     "job_tags",
     "job_type_policies",
+    "job_type_webhooks",
     "jobs",
     "jobs_key_seq",
     "key_usage",
@@ -218,6 +228,7 @@ __all__ = [
     "tenant_usage",
     "unique_held",
     "unique_window_end",
+    "webhook_deliveries",
     "workers",
 ]
 

@@ -12,12 +12,12 @@ from harness.claim import claim_params
 from hybrid_jobs import outbox
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
-from hybrid_jobs.schema.gates import deadline, dedicated, key, rate, resource, tenant
+from hybrid_jobs.schema.gates import concurrency, deadline, dedicated, key, rate, resource, tenant
 from hybrid_jobs.schema.states import WAITS
 from tests.support.jobs import enqueue
 from tests.support.metrics import scrape_once
 
-GATE_MODULES = (key, rate, resource, deadline, tenant, dedicated)
+GATE_MODULES = (key, rate, resource, deadline, tenant, dedicated, concurrency)
 REASONS = sorted({str(r) for g in GATE_MODULES for r in g.REASONS})
 
 

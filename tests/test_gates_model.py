@@ -2,13 +2,14 @@
 
 Hypothesis enqueues jobs through the producer, each with a random set of gates (a
 key with its limit and order, a resource, a rate limit, a capped tenant, a
-deadline), and runs in arbitrary order the statements that move them: claims of
-random batches by two workers (the plain claim first, then the whole claim composed
-of the gates the rest use, as the consumer runs them), each end of a lease (composed
-of what the lease holds) (success, failure, retry, a handler's cancel, a give-back, an
-expiry and the sweep), a cancel request, the deadline passing, an operator's replay,
-the resolution of an uncertain resource, retention, pausing and resuming a queue,
-and the relay sending wake-ups (none of a paused queue).
+deadline, a type under a concurrency limit of one), and runs in arbitrary order the
+statements that move them: claims of random batches by two workers (the plain claim
+first, then the whole claim composed of the gates the rest use, as the consumer runs
+them), each end of a lease (composed of what the lease holds) (success, failure,
+retry, a handler's cancel, a give-back, an expiry and the sweep), a cancel request,
+the deadline passing, an operator's replay, the resolution of an uncertain resource,
+retention, pausing and resuming a queue, and the relay sending wake-ups (none of a
+paused queue).
 It races two claims, and a claim with an end of a lease, on separate connections:
 the first holds its locks in an open transaction while the second arrives.
 
@@ -18,12 +19,16 @@ After every step it checks that:
 - a resource's hold belongs to the live lease of one of its jobs, or is uncertain,
   and every lease of a job with a resource holds it;
 - a capped tenant's slots held are its leases holding one, never above the cap;
+- a concurrency limit's running count is its type's leases holding a slot, never
+  above the limit;
 - the rate limit's tokens spent are its jobs' starts (no token for a refused claim);
 - no hand-off is lost: a waiting job without a key or resource has a wake-up on its
   way; a key or resource whose waiting jobs have none is held by a lease (whose end
   wakes the next) or, a key, waits behind a strict FAILED job (until a replay); and
   a free resource or unordered key with a waiting job of a queue that runs has a
-  wake-up on its way for one of those (not only for one of a paused queue).
+  wake-up on its way for one of those (not only for one of a paused queue); a
+  concurrency limit with a free slot and jobs turned down for it has a job of its
+  type on its way (woken, or waiting for its key or resource, whose hand-off comes).
 At the end of each run, ``jobctl check`` finds nothing wrong.
 """
 
@@ -73,20 +78,24 @@ def _chosen(items: list[Any], picks: list[int]) -> list[Any]:
     return list(dict.fromkeys(items[i % len(items)] for i in picks)) if items else []
 
 
-def _terms() -> str:
-    return json.dumps(
-        [
-            {
-                "job_type": "t",
-                "max_attempts": 3,
-                "backoff_base": 1,
-                "backoff_cap": 10,
-                "backoff_jitter": 0,
-                "sync": False,
-                "rate_limit": None,
-            }
-        ]
-    )
+# "c" is the type under a concurrency limit of one (a handler's global_limit=1).
+LIMITED = "c"
+
+
+def _terms(*, limited: bool = True) -> str:
+    """The handlers' terms; the plain claim is given no limited type's, as the
+    consumer's store gives it."""
+    term = {
+        "job_type": "t",
+        "max_attempts": 3,
+        "backoff_base": 1,
+        "backoff_cap": 10,
+        "backoff_jitter": 0,
+        "sync": False,
+        "rate_limit": None,
+        "global_limit": None,
+    }
+    return json.dumps([term, *([term | {"job_type": LIMITED, "global_limit": 1}] * limited)])
 
 
 def _claim_params(job_ids: list[uuid.UUID], worker: str) -> dict[str, Any]:
@@ -123,7 +132,11 @@ class GateMachine(RuleBasedStateMachine):
         self.other = psycopg.connect(db.conninfo, autocommit=True)
         self.conn.execute(
             "TRUNCATE jobs, outbox, key_usage, resource_holds, rate_limits, rate_buckets,"
-            " tenant_limits, tenant_usage CASCADE"
+            " tenant_limits, tenant_usage, concurrency_limits CASCADE"
+        )
+        self.conn.execute(
+            q.CONCURRENCY_LIMIT_RECORD_MANY,
+            {"limits": json.dumps([{"job_type": LIMITED, "global_limit": 1}]), "worker": "w0"},
         )
         self.engine = create_engine(db.sqlalchemy)
         with Session(self.engine) as session, session.begin():
@@ -162,8 +175,14 @@ class GateMachine(RuleBasedStateMachine):
         """As the consumer's store: the plain claim, then the whole one, composed of
         the gates the rest use, for the rest. Each row with the gates of its job."""
         params = _claim_params(ids, worker)
-        rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, params).fetchall()
-        gates = {row[1]: frozenset(row[-1]) for row in rows if row[0] == "full"}
+        plain = params | {"types": _terms(limited=False)}
+        rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, plain).fetchall()
+        limit = frozenset({"concurrency"})
+        gates = {
+            row[1]: frozenset(row[-1]) | (limit if row[2] == LIMITED else frozenset())
+            for row in rows
+            if row[0] == "full"
+        }
         taken = [(row[:-1], frozenset[str]()) for row in rows if row[0] == "claimed"]
         if gates:
             whole = q.job_claim_many(frozenset().union(*gates.values()))
@@ -216,6 +235,7 @@ class GateMachine(RuleBasedStateMachine):
         tenant=st.sampled_from([None, "capped"]),
         deadline=st.booleans(),
         copies=st.integers(1, 3),
+        job_type=st.sampled_from(["t", "t", LIMITED]),
     )
     def enqueue(
         self,
@@ -229,6 +249,7 @@ class GateMachine(RuleBasedStateMachine):
         tenant: str | None,
         deadline: bool,
         copies: int,
+        job_type: str,
     ) -> None:
         gates: dict[str, Any] = {"queue": queue, "rate_limit": rate, "tenant": tenant}
         if key is not None:
@@ -238,7 +259,7 @@ class GateMachine(RuleBasedStateMachine):
         if deadline:
             gates["expires"] = timedelta(hours=1)
         with Session(self.engine) as session, session.begin():
-            self.jobs += [outbox.enqueue(session, "t", {}, **gates) for _ in range(copies)]
+            self.jobs += [outbox.enqueue(session, job_type, {}, **gates) for _ in range(copies)]
         if settle:
             self._settle()
 
@@ -477,6 +498,26 @@ class GateMachine(RuleBasedStateMachine):
         assert held <= 1, "the cap of one was exceeded"
 
     @invariant()
+    def a_concurrency_limits_slots_are_its_leases(self) -> None:
+        ((recorded,),) = self._all(
+            f"SELECT COALESCE(sum(running), 0) FROM concurrency_limits WHERE job_type = '{LIMITED}'"
+        )
+        ((held,),) = self._all(
+            f"SELECT count(*) FROM jobs WHERE job_type = '{LIMITED}' AND limit_held"
+            " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        ((stray,),) = self._all(
+            "SELECT count(*) FROM jobs"
+            " WHERE limit_held AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        assert (recorded, stray) == (held, 0), "a slot leaked or was released twice"
+        ((leased,),) = self._all(
+            f"SELECT count(*) FROM jobs WHERE job_type = '{LIMITED}'"
+            " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        assert leased <= 1, "the concurrency limit of one was exceeded"
+
+    @invariant()
     def tokens_spent_are_starts(self) -> None:
         ((tokens,),) = self._all("SELECT tokens FROM rate_buckets WHERE name = 'api'")
         assert abs(BURST - tokens - self.api_starts) < 0.5, (BURST - tokens, self.api_starts)
@@ -488,14 +529,36 @@ class GateMachine(RuleBasedStateMachine):
         stranded = self._all(
             f"""SELECT w.job_id FROM jobs AS w
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NULL
-                  AND w.resource IS NULL AND NOT {woken}"""
+                  AND w.resource IS NULL AND NOT {woken}
+                  AND w.delay_reason IS DISTINCT FROM 'CONCURRENCY_LIMIT'"""
         )
         assert stranded == [], "a job without a key or resource waits with no wake-up"
+        # one turned down for its type's full concurrency limit: the end of a lease of
+        # its type wakes it (and with it the turn of its key or resource)
+        limited = """(w.delay_reason = 'CONCURRENCY_LIMIT'
+                       AND EXISTS (SELECT 1 FROM concurrency_limits AS c
+                                   WHERE c.job_type = w.job_type
+                                     AND c.running >= c.max_running))"""
+        limits = self._all(
+            f"""SELECT c.job_type FROM concurrency_limits AS c
+                WHERE c.running < c.max_running
+                  AND EXISTS (SELECT 1 FROM jobs AS w
+                              WHERE w.job_type = c.job_type
+                                AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                AND w.delay_reason = 'CONCURRENCY_LIMIT' AND NOT {woken})
+                  AND NOT EXISTS (SELECT 1 FROM jobs AS w
+                                  WHERE w.job_type = c.job_type
+                                    AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                    AND ({woken} OR w.delay_reason IN (
+                                        'KEY_BUSY', 'KEY_ORDER', 'RESOURCE_BUSY',
+                                        'RESOURCE_UNCERTAIN')))"""
+        )
+        assert limits == [], "a free concurrency limit's waiting jobs wait with no wake-up"
         keys = self._all(
             f"""SELECT w.key FROM jobs AS w
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NOT NULL
                 GROUP BY w.key
-                HAVING NOT bool_or({woken})
+                HAVING NOT bool_or({woken}) AND NOT bool_or({limited})
                    AND NOT EXISTS (SELECT 1 FROM jobs AS x
                                    WHERE x.key = w.key
                                      AND (x.state IN ('RUNNING', 'CANCEL_REQUESTED')
@@ -506,7 +569,7 @@ class GateMachine(RuleBasedStateMachine):
             f"""SELECT w.resource FROM jobs AS w
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.resource IS NOT NULL
                 GROUP BY w.resource
-                HAVING NOT bool_or({woken})
+                HAVING NOT bool_or({woken}) AND NOT bool_or({limited})
                    AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
                                    WHERE h.resource = w.resource)"""
         )
@@ -517,7 +580,7 @@ class GateMachine(RuleBasedStateMachine):
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NOT NULL
                 GROUP BY w.key
                 HAVING bool_and(w.key_seq IS NULL) AND bool_or({runs})
-                   AND NOT bool_or({woken} AND {runs})
+                   AND NOT bool_or({woken} AND {runs}) AND NOT bool_or({limited})
                    AND NOT EXISTS (SELECT 1 FROM jobs AS x
                                    WHERE x.key = w.key
                                      AND x.state IN ('RUNNING', 'CANCEL_REQUESTED'))
@@ -526,6 +589,7 @@ class GateMachine(RuleBasedStateMachine):
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.resource IS NOT NULL
                 GROUP BY w.resource
                 HAVING bool_or({runs}) AND NOT bool_or({woken} AND {runs})
+                   AND NOT bool_or({limited})
                    AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
                                    WHERE h.resource = w.resource)"""
         )

@@ -103,6 +103,17 @@ def _schedule_setup(paused: bool = False) -> Setup:
     return setup
 
 
+def _concurrency_limited(
+    s: Session, pg: psycopg.Connection
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # as a consumer records its handler's global_limit at start-up
+    pg.execute(
+        "INSERT INTO concurrency_limits (job_type, max_running, updated_by)"
+        " VALUES ('send', 3, 'w1')"
+    )
+    return (), {}
+
+
 def _limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
     outbox.set_tenant_limit(s, "acme", max_running=3, weight=2.0, max_queued=100)
     s.commit()
@@ -143,6 +154,15 @@ def _uncertain(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dic
 def _held(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
     _uncertain(s, pg)
     return (), {}
+
+
+def _stored_input(
+    s: Session, pg: psycopg.Connection, kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    ref = outbox.store_input(s, {"scan": "x" * 100}, sensitive=True)
+    outbox.enqueue(s, "ocr", payload_ref=ref)
+    s.commit()
+    return (ref,), kwargs
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -192,10 +212,20 @@ SCENARIOS: dict[str, Scenario] = {
     "tenant_limits": Scenario(setup=_limited),
     "set_rate_limit": Scenario(("stripe",), {"rate": 100, "per": timedelta(seconds=1)}),
     "rate_limits": Scenario(setup=_rate_limited),
+    "concurrency_limits": Scenario(setup=_concurrency_limited),
     "remove_rate_limit": Scenario(setup=lambda s, pg: (_rate_limited(s, pg)[0] + ("sms:*",), {})),
     "resolve_resource": Scenario(setup=_uncertain, view=lambda r: r.resource),
     "resource_holds": Scenario(
         setup=_held, view=lambda holds: [(h.resource, h.uncertain_since is not None) for h in holds]
+    ),
+    "store_input": Scenario(({"scan": "x" * 100},), {"sensitive": True}),
+    "stored_input": Scenario(
+        setup=lambda s, pg: _stored_input(s, pg, {}),
+        view=lambda i: (i.size_bytes, i.sensitive, i.redacted, i.jobs, i.unfinished),
+    ),
+    "redact_input": Scenario(
+        setup=lambda s, pg: _stored_input(s, pg, {"reason": "erasure request", "by": "alice"}),
+        view=lambda i: (i.redacted, i.redacted_by, i.redaction_reason, i.size_bytes),
     ),
 }
 

@@ -196,6 +196,130 @@ WITH input AS (
 )
 SELECT job_id FROM inserted;
 
+-- name: JOB_INSERT_REF_MANY
+-- Run by outbox.enqueue:insert_jobs.
+-- Makes (new) -> QUEUED: a batch with a job on a stored input (payload_ref=) enqueued.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, run_after timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb, payload_ref uuid)
+), inserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since, tags, meta, payload_ref)
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{}'), meta, payload_ref
+    FROM input
+    ON CONFLICT (job_type, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending, j.tags
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, n.job_id FROM inserted AS n CROSS JOIN LATERAL unnest(n.tags) AS t(tag)
+), edges AS (
+    -- only for jobs inserted: a dedup_key taken already means no new job to wait
+    -- an edge to a parent that ended already is settled and counted here
+    -- (parents_pending left it out), so jobs_count_dependants never counts it
+    INSERT INTO job_dependencies (child_id, parent_id, position, done, counted)
+    SELECT i.job_id, e.parent_id, e.position, e.done, e.done
+    FROM input AS i
+    JOIN inserted AS n ON n.job_id = i.job_id
+    CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
+        AS e(parent_id uuid, position integer, done boolean)
+), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL AND parents_pending = 0
+)
+SELECT job_id FROM inserted;
+
+-- name: JOB_INSERT_UNIQUE_REF_MANY
+-- Run by outbox.enqueue:insert_jobs.
+-- Makes (new) -> QUEUED: a batch with a stored input and a scoped key enqueued.
+-- Parameters: jobs.
+WITH input AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS i(
+        job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
+        max_attempts integer, priority smallint, run_after timestamptz,
+        delay_seconds double precision, scheduled_for timestamptz, approval text,
+        trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
+        rate_limit text, key text, key_limit integer, key_order text, resource text,
+        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        meta jsonb,
+        unique_key text, unique_scope text, unique_seconds double precision, payload_ref uuid)
+), inserted AS (
+    INSERT INTO jobs AS j
+        (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
+         scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
+         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
+         delay_since, tags, meta, unique_key, unique_scope, unique_until, payload_ref)
+    -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
+    SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
+           max_attempts, priority,
+           CASE WHEN approval = 'REQUIRED' OR parents_pending > 0 THEN '9999-12-31 00:00:00+00'::timestamptz ELSE
+           COALESCE(run_after, now() + make_interval(secs => COALESCE(delay_seconds, 0))) END,
+           scheduled_for, approval, trace_context,
+           COALESCE(expires_at, now() + make_interval(secs => expires_seconds)),
+           rate_limit, key, key_limit, key_order,
+           -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
+           CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
+           resource,
+           COALESCE(parents_pending, 0), on_parent_failure,
+           CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
+           CASE WHEN parents_pending > 0 THEN now() END,
+           COALESCE(tags, '{}'), meta, unique_key, unique_scope,
+           CASE WHEN unique_seconds IS NOT NULL THEN to_timestamp((floor(extract(epoch FROM now()) / unique_seconds::numeric) + 1) * unique_seconds::numeric) END, payload_ref
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
+              j.parents_pending, j.tags
+), tagged AS (
+    INSERT INTO job_tags (tag, job_id)
+    SELECT t.tag, n.job_id FROM inserted AS n CROSS JOIN LATERAL unnest(n.tags) AS t(tag)
+), edges AS (
+    -- only for jobs inserted: a dedup_key taken already means no new job to wait
+    -- an edge to a parent that ended already is settled and counted here
+    -- (parents_pending left it out), so jobs_count_dependants never counts it
+    INSERT INTO job_dependencies (child_id, parent_id, position, done, counted)
+    SELECT i.job_id, e.parent_id, e.position, e.done, e.done
+    FROM input AS i
+    JOIN inserted AS n ON n.job_id = i.job_id
+    CROSS JOIN LATERAL jsonb_to_recordset(i.parents)
+        AS e(parent_id uuid, position integer, done boolean)
+), woken AS (
+    -- one that waits for approval gets its wake-up from outbox.approve, one that
+    -- waits for parents from the end of the last (jobs_release_dependants)
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after FROM inserted
+    WHERE approval IS NULL AND parents_pending = 0
+)
+SELECT job_id FROM inserted;
+
 -- name: JOB_PARENTS_LOCK
 -- Run by outbox.enqueue:_lock_parents to keep the parents an enqueue's after= names from
 -- deletion; their state.
@@ -495,7 +619,7 @@ WITH types AS (
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
-        rate_limit text)
+        rate_limit text, global_limit int)
 ), locked AS (
     -- 1b. the named jobs of this worker's queues that may be claimed now, locked
     -- (others' rows skipped)
@@ -504,6 +628,7 @@ WITH types AS (
            t.job_type IS NOT NULL AS known,
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
+           t.global_limit,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
@@ -608,22 +733,50 @@ WITH types AS (
 ), rated AS (
     -- 1g. the runnable jobs with a token to have, or under no limit
     SELECT r.* FROM runnable AS r WHERE r.job_id NOT IN (SELECT job_id FROM rate_refused)
+), limit_level AS MATERIALIZED (
+    -- 1h. the limited types' rows, locked in type order after the rate limits'
+    -- buckets and before the tenants' slots (every end of a lease takes them before
+    -- the tenants too), at their latest version: their free slots. Nothing is taken
+    -- here: a slot goes only to a job every gate admits (limit_taken).
+    SELECT c.job_type, c.max_running - c.running AS free
+    FROM concurrency_limits AS c
+    WHERE c.job_type IN (SELECT r.job_type FROM rated AS r WHERE r.global_limit IS NOT NULL)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_refused AS (
+    -- 1i. the limited jobs past their type's free slots, in their turn (one waiting
+    -- for its key takes no turn). ``at_limit``: the type had no free slot at all, so a
+    -- lease of it holds one and its end wakes them; the others (past this batch's
+    -- share) get their wake-up back. One whose type has no row yet is not turned
+    -- down, only not taken: it comes back 'locked' (limit_created makes the row).
+    SELECT x.job_id, x.job_type, x.global_limit, x.free IS NULL AS unseen,
+           COALESCE(x.free, 0) <= 0 AS at_limit
+    FROM (SELECT r.job_id, r.job_type, r.global_limit, l.free,
+                 row_number() OVER (PARTITION BY r.job_type ORDER BY r.priority DESC, r.job_id)
+                     AS limit_rank
+          FROM rated AS r LEFT JOIN limit_level AS l USING (job_type)
+          WHERE r.global_limit IS NOT NULL
+            AND r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS x
+    WHERE x.limit_rank > COALESCE(x.free, 0)
+), limit_fit AS (
+    -- 1j. the runnable jobs with a slot of their limit to have, or under none
+    SELECT r.* FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM limit_refused)
 ), usage AS MATERIALIZED (
     -- 2a. their tenants' free slots, locked in tenant order (every statement that
     -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM rated)
+    WHERE u.tenant IN (SELECT tenant FROM limit_fit)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority
+           a.lease_generation, a.priority, a.job_type
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
+          FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), key_wanted AS (
@@ -712,6 +865,24 @@ WITH types AS (
     GROUP BY r.bucket
     ORDER BY r.bucket
     ON CONFLICT (name) DO NOTHING
+), limit_taken AS (
+    -- 2f. the slots of the jobs every gate admitted, taken from the rows locked in 1h
+    UPDATE concurrency_limits AS c SET running = c.running + n.n
+    FROM (SELECT a.job_type, count(*)::int AS n
+          FROM resource_admitted AS a JOIN limit_level AS l USING (job_type)
+          GROUP BY a.job_type) AS n
+    WHERE c.job_type = n.job_type
+), limit_created AS (
+    -- 2g. a type's row first needed (its consumers write it at start-up, so rarely):
+    -- made with the handler's limit, for the next claim, as the last thing this
+    -- claim takes
+    INSERT INTO concurrency_limits (job_type, max_running, updated_by)
+    SELECT r.job_type, max(r.global_limit), %(worker)s
+    FROM limit_refused AS r
+    WHERE r.unseen
+    GROUP BY r.job_type
+    ORDER BY r.job_type
+    ON CONFLICT (job_type) DO NOTHING
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, resource, tenant's cap)
@@ -722,6 +893,8 @@ WITH types AS (
                 WHEN NOT l.known THEN 'NO_HANDLER'
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN 'RATE_LIMITED'
+                WHEN l.job_id IN (SELECT job_id FROM limit_refused)
+                THEN 'CONCURRENCY_LIMIT'
                 WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
                 -- its resource held (by this batch's first, or a lease): uncertain
                 -- when its hold says so, as far as this snapshot sees it
@@ -741,6 +914,7 @@ WITH types AS (
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND l.job_id NOT IN (SELECT job_id FROM rate_refused WHERE unseen)
+      AND l.job_id NOT IN (SELECT job_id FROM limit_refused WHERE unseen)
       AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
@@ -826,6 +1000,8 @@ WITH types AS (
       -- frees (or, an uncertain resource, is resolved)
       AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER',
                            'RESOURCE_BUSY', 'RESOURCE_UNCERTAIN')
+      -- and one turned down by a full concurrency limit, when a lease of its type ends
+      AND r.job_id NOT IN (SELECT job_id FROM limit_refused WHERE at_limit)
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -837,7 +1013,7 @@ WITH types AS (
         max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
         expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
                          * (1 + t.backoff_jitter * (2 * random() - 1)),
-        holds_slot = a.holds,
+        holds_slot = a.holds,limit_held = j.job_type IN (SELECT job_type FROM limit_level),
         delay_reason = NULL,
         delay_since = NULL,
         started_at = now(),
@@ -846,7 +1022,7 @@ WITH types AS (
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context, j.meta
+              j.trace_context, j.meta, j.payload_ref
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -858,6 +1034,7 @@ SELECT CASE
            -- its rate limit's bucket made by this claim, for the next; or a gate
            -- this statement leaves out
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
+                OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
@@ -868,7 +1045,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -963,15 +1140,15 @@ WITH types AS (
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context, j.meta
+              j.trace_context, j.meta, j.payload_ref
 )
 -- 5. one row per requested id: the claimed job, or 'full' for JOB_CLAIM_MANY to decide,
 -- with the gates its job uses (read without a lock: the whole claim is composed of
 -- them, and turns back a job whose gates changed meanwhile)
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
-SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END], NULL)
+SELECT 'full', ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -982,7 +1159,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context, meta
+       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -1026,7 +1203,7 @@ LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id 
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, Snooze, or any
 -- retryable error.
 -- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next.
+-- resource_wake_next, limit_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1062,6 +1239,7 @@ WITH h AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
         -- a snooze is no error, even one that a cancel request turned into CANCELLED
         last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
@@ -1094,13 +1272,61 @@ WITH h AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM finished WHERE state IN ('QUEUED', 'RETRY_WAIT')
+), limit_left AS (
+    SELECT j.job_type, count(*)::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.limit_held
+    GROUP BY j.job_type
+), limit_releasing AS MATERIALIZED (
+    SELECT c.job_type, k.n
+    FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE concurrency_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM limit_releasing AS r
+    WHERE c.job_type = r.job_type
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM limit_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT tenant, count(*) AS slots FROM finished WHERE held_slot GROUP BY tenant) AS r
-      ON r.tenant = u.tenant
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -1253,7 +1479,7 @@ WITH h AS (
                ELSE 'RETRY_WAIT'
            END AS state
     FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL)
+    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), finished AS (
@@ -1318,7 +1544,7 @@ WITH h AS (
 )
 SELECT job_id, state FROM finished
 UNION ALL
-SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL THEN 'full' ELSE 'LOCKED' END
+SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held THEN 'full' ELSE 'LOCKED' END
 FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
@@ -1328,7 +1554,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
 -- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next.
+-- resource_wake_next, limit_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1364,6 +1590,7 @@ WITH h AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
         -- a snooze is no error, even one that a cancel request turned into CANCELLED
         last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
@@ -1396,13 +1623,61 @@ WITH h AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM finished WHERE state IN ('QUEUED', 'RETRY_WAIT')
+), limit_left AS (
+    SELECT j.job_type, count(*)::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.limit_held
+    GROUP BY j.job_type
+), limit_releasing AS MATERIALIZED (
+    SELECT c.job_type, k.n
+    FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE concurrency_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM limit_releasing AS r
+    WHERE c.job_type = r.job_type
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM limit_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM finished)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT tenant, count(*) AS slots FROM finished WHERE held_slot GROUP BY tenant) AS r
-      ON r.tenant = u.tenant
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -1544,7 +1819,8 @@ FROM (SELECT 1 FROM job_attempts
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
+-- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next,
+-- limit_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1565,6 +1841,7 @@ WITH h AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM giving AS g
@@ -1586,13 +1863,61 @@ WITH h AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM returned WHERE state IN ('QUEUED', 'RETRY_WAIT')
+), limit_left AS (
+    SELECT j.job_type, count(*)::int AS n
+    FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.limit_held
+    GROUP BY j.job_type
+), limit_releasing AS MATERIALIZED (
+    SELECT c.job_type, k.n
+    FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE concurrency_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM limit_releasing AS r
+    WHERE c.job_type = r.job_type
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM limit_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM returned) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM returned)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT tenant, count(*) AS slots FROM returned WHERE held_slot GROUP BY tenant) AS r
-      ON r.tenant = u.tenant
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -1716,7 +2041,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM returned);
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next.
+-- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next, limit_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -1741,6 +2066,7 @@ WITH expired AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         last_error_code = 'LEASE_EXPIRED',
         last_error_message = 'the lease of ' || e.worker || ' expired without a report',
         finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
@@ -1761,13 +2087,61 @@ WITH expired AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM swept WHERE state IN ('QUEUED', 'RETRY_WAIT')
+), limit_left AS (
+    SELECT j.job_type, count(*)::int AS n
+    FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.limit_held
+    GROUP BY j.job_type
+), limit_releasing AS MATERIALIZED (
+    SELECT c.job_type, k.n
+    FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE concurrency_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM limit_releasing AS r
+    WHERE c.job_type = r.job_type
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM limit_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM swept) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM swept)
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT tenant, count(*) AS slots FROM swept WHERE held_slot GROUP BY tenant) AS r
-      ON r.tenant = u.tenant
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -2340,6 +2714,11 @@ WITH slice AS MATERIALIZED (
       AND NOT (COALESCE(s.delay_reason IN ('RESOURCE_BUSY',
                                            'RESOURCE_UNCERTAIN'), false)
                AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
+      -- and one waiting for its type's concurrency limit, by the end of a lease of
+      -- its type, while the limit is full
+      AND NOT (s.delay_reason = 'CONCURRENCY_LIMIT'
+               AND EXISTS (SELECT 1 FROM concurrency_limits AS c
+                           WHERE c.job_type = s.job_type AND c.running >= c.max_running))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
@@ -3049,6 +3428,9 @@ WITH given AS (
            OR (j.approval IS DISTINCT FROM 'REQUIRED' AND j.parents_pending = 0
                AND (j.expires_at IS NULL OR g.run_after < j.expires_at)))
       AND (%(max_attempts)s::integer IS NULL OR j.attempt_count < %(max_attempts)s::integer)
+      -- a job on a stored input runs on its content: a payload of its own would be
+      -- written and never read
+      AND (%(payload)s::jsonb IS NULL OR j.payload_ref IS NULL)
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
               g.run_after IS NOT NULL AS moved
 ), unwoken AS (
@@ -3153,7 +3535,7 @@ SELECT count(*) FROM moved;
 -- name: JOB_EDIT_REFUSAL
 -- Run by outbox.edit:update_job(_async) to read why an edit changed nothing.
 -- Parameters: job_id.
-SELECT state, approval, parents_pending, attempt_count, expires_at FROM jobs
+SELECT state, approval, parents_pending, attempt_count, expires_at, payload_ref FROM jobs
 WHERE job_id = %(job_id)s;
 
 -- name: QUEUE_PAUSE
@@ -3213,7 +3595,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.cancel_forced_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
-       j.on_parent_failure,
+       j.on_parent_failure, j.payload_ref,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
@@ -3236,8 +3618,12 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        k.key_running, k.key_running_limit, k.key_holder,
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
-       rh.uncertain_since AS resource_uncertain_since
+       rh.uncertain_since AS resource_uncertain_since,
+       cl.max_running AS limit_max_running, cl.running AS limit_running
 FROM jobs AS j
+-- its type's concurrency limit, when its last claim turned it down for it
+LEFT JOIN concurrency_limits AS cl
+  ON cl.job_type = j.job_type AND j.delay_reason = 'CONCURRENCY_LIMIT'
 -- the hold of its resource, if another job has it (or it does, uncertain)
 LEFT JOIN resource_holds AS rh
   ON rh.resource = j.resource
@@ -3396,6 +3782,60 @@ SELECT count(*) FROM deleted;
 
 
 -- ======================================================================================
+-- hybrid_jobs/schema/queries/concurrency.py: Concurrency limits per job type
+-- (concurrency_limits): written by consumers from their handlers' ``global_limit``,
+-- taken and given back by the claim and the end of a lease (schema/gates/concurrency.py,
+-- fragments.limit_wake_next), listed for operators.
+-- ======================================================================================
+
+-- name: CONCURRENCY_LIMIT_RECORD_MANY
+-- Run by consumers.store:JobStore.record_limits to record the concurrency limits a
+-- consumer's handlers declare, at start; wake waiters a raised limit has room for.
+-- Built with no_pending_wakeup.
+-- Parameters: limits, worker.
+WITH given AS (
+    SELECT g.job_type, g.global_limit
+    FROM jsonb_to_recordset(%(limits)s::jsonb) AS g(job_type text, global_limit int)
+), written AS (
+    INSERT INTO concurrency_limits AS c (job_type, max_running, updated_by)
+    SELECT job_type, global_limit, %(worker)s FROM given
+    ORDER BY job_type
+    ON CONFLICT (job_type) DO UPDATE
+    SET max_running = EXCLUDED.max_running, updated_at = now(),
+        updated_by = EXCLUDED.updated_by
+    WHERE c.max_running <> EXCLUDED.max_running
+    RETURNING c.job_type, c.max_running, c.running
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM written AS w
+    CROSS JOIN LATERAL (
+        SELECT x.job_id, x.queue, x.tenant, x.priority
+        FROM jobs AS x
+        WHERE x.job_type = w.job_type AND x.state IN ('QUEUED', 'RETRY_WAIT')
+          AND x.delay_reason = 'CONCURRENCY_LIMIT' AND x.run_after <= now()
+        ORDER BY x.job_id
+        LIMIT GREATEST(w.max_running - w.running, 0)
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+)
+SELECT job_type FROM written;
+
+-- name: CONCURRENCY_LIMIT_LIST
+-- Run by outbox.concurrency_limits:concurrency_limits(_async) to list the concurrency
+-- limits with their running and waiting jobs.
+-- Parameters: limit.
+SELECT c.job_type, c.max_running, c.running,
+       (SELECT count(*) FROM (SELECT 1 FROM jobs AS x
+                              WHERE x.job_type = c.job_type AND x.state IN ('QUEUED', 'RETRY_WAIT')
+                                AND x.delay_reason = 'CONCURRENCY_LIMIT'
+                              LIMIT %(limit)s) AS w)::int AS waiting,
+       c.updated_at, c.updated_by
+FROM concurrency_limits AS c
+ORDER BY c.job_type;
+
+
+-- ======================================================================================
 -- hybrid_jobs/schema/queries/dashboard.py: The dashboard's sessions
 -- (``dashboard_sessions``): opened at sign-in, checked on every page and button, ended
 -- at sign-out. Run by ``jobctl serve``.
@@ -3434,6 +3874,109 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+
+-- ======================================================================================
+-- hybrid_jobs/schema/queries/inputs.py: Inputs stored by reference
+-- (``outbox.store_input``): a job's payload held once in job_inputs and named by
+-- jobs.payload_ref. A job without one never runs any of these: the claim only returns
+-- the column, and the consumer reads the inputs of a batch's jobs that have one in one
+-- more statement (INPUT_READ).
+-- ======================================================================================
+
+-- name: INPUT_STORE
+-- Run by outbox.inputs:store_input(_async) to store an input once, for the jobs enqueued
+-- with payload_ref=.
+-- Parameters: content, input_id, sensitive, size_bytes.
+INSERT INTO job_inputs (input_id, content, size_bytes, sensitive)
+VALUES (%(input_id)s, %(content)s::jsonb, %(size_bytes)s, %(sensitive)s);
+
+-- name: INPUT_LOCK
+-- Run by outbox.enqueue:_lock_inputs to keep the inputs an enqueue names from deletion;
+-- refuse a missing one.
+-- Parameters: input_ids.
+SELECT input_id, redacted_at
+FROM job_inputs
+WHERE input_id = ANY(%(input_ids)s::uuid[])
+ORDER BY input_id
+FOR KEY SHARE;
+
+-- name: INPUT_READ
+-- Run by consumers.store:JobStore.with_inputs to read the stored inputs of a claimed
+-- batch's jobs that name one.
+-- Parameters: input_ids.
+SELECT input_id, content, redacted_at, redaction_reason
+FROM job_inputs
+WHERE input_id = ANY(%(input_ids)s::uuid[]);
+
+-- name: INPUT_GET
+-- Run by outbox.inputs:stored_input(_async) to read what may be shown of a stored input
+-- (never its content).
+-- Parameters: input_id.
+SELECT 
+i.input_id, i.size_bytes, i.sensitive, i.created_at, i.redacted_at, i.redacted_by,
+i.redaction_reason,
+(SELECT count(*) FROM (SELECT 1 FROM jobs AS r WHERE r.payload_ref = i.input_id
+                       LIMIT 10000) AS n) AS jobs,
+(SELECT count(*) FROM (SELECT 1 FROM jobs AS r WHERE r.payload_ref = i.input_id
+                         AND r.state NOT IN ('CANCELLED', 'FAILED', 'SUCCEEDED') LIMIT 10000) AS n) AS unfinished
+
+FROM job_inputs AS i
+WHERE i.input_id = %(input_id)s;
+
+-- name: INPUT_OF_JOB
+-- Run by jobctl.service.inputs:job_input to read what may be shown of the stored input a
+-- job names.
+-- Parameters: job_id.
+SELECT 
+i.input_id, i.size_bytes, i.sensitive, i.created_at, i.redacted_at, i.redacted_by,
+i.redaction_reason,
+(SELECT count(*) FROM (SELECT 1 FROM jobs AS r WHERE r.payload_ref = i.input_id
+                       LIMIT 10000) AS n) AS jobs,
+(SELECT count(*) FROM (SELECT 1 FROM jobs AS r WHERE r.payload_ref = i.input_id
+                         AND r.state NOT IN ('CANCELLED', 'FAILED', 'SUCCEEDED') LIMIT 10000) AS n) AS unfinished
+
+FROM jobs AS j
+JOIN job_inputs AS i ON i.input_id = j.payload_ref
+WHERE j.job_id = %(job_id)s;
+
+-- name: INPUT_REDACTION
+-- Run by outbox.explain:explain(_async) to read whether a waiting job's stored input was
+-- redacted, for explain.
+-- Parameters: input_id.
+SELECT redacted_at, redacted_by, redaction_reason
+FROM job_inputs
+WHERE input_id = %(input_id)s AND redacted_at IS NOT NULL;
+
+-- name: INPUT_REDACT
+-- Run by outbox.inputs:redact_input(_async) to erase a stored input's content for good,
+-- recording who, when, why.
+-- Built with WHO.
+-- Parameters: by, input_id, reason.
+UPDATE job_inputs
+SET content = NULL, redacted_at = now(), redacted_by = COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')),
+    redaction_reason = %(reason)s
+WHERE input_id = %(input_id)s AND redacted_at IS NULL
+RETURNING redacted_at;
+
+-- name: INPUT_RETENTION_DELETE
+-- Run by relay.retention:delete_unreferenced_inputs to delete a batch of inputs no job
+-- names, older than relay --keep-finished.
+-- Parameters: keep_seconds, limit.
+WITH doomed AS (
+    SELECT i.input_id
+    FROM job_inputs AS i
+    WHERE i.created_at < now() - make_interval(secs => %(keep_seconds)s)
+      AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.payload_ref = i.input_id)
+    ORDER BY i.created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM job_inputs AS i
+    WHERE i.input_id = ANY(ARRAY(SELECT input_id FROM doomed))
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
 
 
 -- ======================================================================================
@@ -3627,3 +4170,186 @@ SELECT h.resource, h.job_id, j.state, j.job_type, h.held_since, h.uncertain_sinc
 FROM resource_holds AS h
 LEFT JOIN jobs AS j ON j.job_id = h.job_id
 ORDER BY h.uncertain_since IS NULL, h.uncertain_since, h.resource;
+
+
+-- ======================================================================================
+-- hybrid_jobs/schema/queries/webhook.py: Completion webhooks: the URLs jobs and job
+-- types name, and the calls owed to them. Trigger ``jobs_webhook`` (migration 0030)
+-- writes a ``webhook_deliveries`` row in the transaction that ends a job that has a URL
+-- (its own, else its type's). A relay claims due rows with a lease
+-- (:data:`WEBHOOK_DELIVERY_CLAIM`), calls each URL with no transaction open, and records
+-- the outcome through the fence ``lease_owner`` and ``attempts``
+-- (:data:`WEBHOOK_DELIVERY_DELIVERED`, :data:`WEBHOOK_DELIVERY_FAILED`): a relay whose
+-- lease ran out, and whose row another relay claimed since, changes nothing.
+-- ======================================================================================
+
+-- name: JOB_WEBHOOK_SET_MANY
+-- Run by outbox.webhooks:set_urls to record the on_complete_url of the jobs an enqueue
+-- inserted.
+-- Parameters: webhooks.
+UPDATE jobs AS j
+SET webhook_url = w.url
+FROM jsonb_to_recordset(%(webhooks)s::jsonb) AS w(job_id uuid, url text)
+WHERE j.job_id = w.job_id;
+
+-- name: JOB_TYPE_WEBHOOK_RECORD_MANY
+-- Run by consumers.store:JobStore.record_webhooks to record the webhooks a consumer's
+-- handlers declare, at start.
+-- Parameters: webhooks, worker.
+WITH given AS (
+    SELECT g.job_type, g.url
+    FROM jsonb_to_recordset(%(webhooks)s::jsonb) AS g(job_type text, url text)
+), dropping AS (
+    SELECT w.job_type FROM job_type_webhooks AS w JOIN given AS g ON g.job_type = w.job_type
+    WHERE g.url IS NULL
+    ORDER BY w.job_type
+    FOR UPDATE OF w
+), dropped AS (
+    DELETE FROM job_type_webhooks AS w USING dropping AS d
+    WHERE w.job_type = d.job_type
+    RETURNING w.job_type
+), written AS (
+    INSERT INTO job_type_webhooks AS w (job_type, url, updated_by)
+    SELECT g.job_type, g.url, %(worker)s FROM given AS g
+    WHERE g.url IS NOT NULL
+    ORDER BY g.job_type
+    ON CONFLICT (job_type) DO UPDATE
+    SET url = excluded.url, updated_by = excluded.updated_by, updated_at = now()
+    WHERE w.url IS DISTINCT FROM excluded.url
+    RETURNING w.job_type
+)
+SELECT job_type FROM dropped UNION ALL SELECT job_type FROM written;
+
+-- name: WEBHOOK_DELIVERY_CLAIM
+-- Run by relay.webhooks:Deliverer._claim_and_start to claim due webhook calls with a
+-- lease, a few per endpoint.
+-- Parameters: in_flight, lease_seconds, limit, max_attempts, per_endpoint, relay,
+-- resting, scan.
+WITH due AS (
+    SELECT d.delivery_id, d.endpoint, d.next_attempt_at,
+           row_number() OVER (PARTITION BY d.endpoint
+                              ORDER BY d.next_attempt_at, d.delivery_id) AS n
+    FROM (
+        SELECT delivery_id, endpoint, next_attempt_at
+        FROM webhook_deliveries
+        WHERE state = 'PENDING' AND next_attempt_at <= now()
+          AND attempts < %(max_attempts)s
+          AND endpoint <> ALL (%(resting)s::text[])
+        ORDER BY next_attempt_at
+        LIMIT %(scan)s
+    ) AS d
+), picked AS (
+    SELECT w.delivery_id
+    FROM webhook_deliveries AS w
+    JOIN due ON due.delivery_id = w.delivery_id
+    LEFT JOIN jsonb_each_text(%(in_flight)s::jsonb) AS f(endpoint, calls)
+           ON f.endpoint = due.endpoint
+    WHERE due.n + coalesce(f.calls::int, 0) <= %(per_endpoint)s
+      AND w.state = 'PENDING' AND w.next_attempt_at <= now()
+    ORDER BY due.next_attempt_at, w.delivery_id
+    LIMIT %(limit)s
+    FOR UPDATE OF w SKIP LOCKED
+)
+UPDATE webhook_deliveries AS w
+SET attempts = w.attempts + 1,
+    lease_owner = %(relay)s,
+    next_attempt_at = now() + make_interval(secs => %(lease_seconds)s),
+    updated_at = now()
+FROM picked
+WHERE w.delivery_id = picked.delivery_id
+  AND w.state = 'PENDING' AND w.next_attempt_at <= now()
+RETURNING w.delivery_id, w.job_id, w.url, w.endpoint, w.body::text, w.attempts;
+
+-- name: WEBHOOK_DELIVERY_DELIVERED
+-- Run by relay.webhooks:Deliverer.record to record a webhook call the endpoint accepted,
+-- through the fence.
+-- Parameters: attempt, delivery_id, relay, status.
+UPDATE webhook_deliveries
+SET state = 'DELIVERED', delivered_at = now(), last_status = %(status)s,
+    last_error = NULL, lease_owner = NULL, updated_at = now()
+WHERE delivery_id = %(delivery_id)s AND state = 'PENDING'
+  AND lease_owner = %(relay)s AND attempts = %(attempt)s
+RETURNING delivery_id;
+
+-- name: WEBHOOK_DELIVERY_FAILED
+-- Run by relay.webhooks:Deliverer.record to record a failed webhook call: retry after a
+-- back-off, or give up.
+-- Parameters: attempt, backoff_base, backoff_cap, backoff_jitter, delivery_id, error,
+-- max_attempts, relay, status.
+UPDATE webhook_deliveries
+SET state = CASE WHEN attempts >= %(max_attempts)s THEN 'GAVE_UP' ELSE 'PENDING' END,
+    gave_up_at = CASE WHEN attempts >= %(max_attempts)s THEN now() END,
+    next_attempt_at = now() + make_interval(secs =>
+        LEAST(%(backoff_cap)s::float8,
+              %(backoff_base)s::float8 * power(2, LEAST(attempts - 1, 30)))
+        * (1 + %(backoff_jitter)s::float8 * (2 * random() - 1))),
+    last_status = %(status)s, last_error = %(error)s,
+    lease_owner = NULL, updated_at = now()
+WHERE delivery_id = %(delivery_id)s AND state = 'PENDING'
+  AND lease_owner = %(relay)s AND attempts = %(attempt)s
+RETURNING state, next_attempt_at;
+
+-- name: WEBHOOK_DELIVERY_GIVE_UP_SPENT
+-- Run by relay.webhooks:Deliverer._give_up_spent to give up the calls whose last
+-- attempt's relay died.
+-- Parameters: limit, max_attempts.
+UPDATE webhook_deliveries AS w
+SET state = 'GAVE_UP', gave_up_at = now(), lease_owner = NULL, updated_at = now(),
+    last_error = 'the last attempt''s relay stopped before recording its outcome'
+                 || coalesce(' (before: ' || w.last_error || ')', '')
+WHERE w.delivery_id IN (
+        SELECT delivery_id FROM webhook_deliveries
+        WHERE state = 'PENDING' AND next_attempt_at <= now()
+          AND attempts >= %(max_attempts)s
+        ORDER BY next_attempt_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
+  AND w.state = 'PENDING' AND w.next_attempt_at <= now()
+RETURNING w.delivery_id, w.job_id, w.endpoint, w.attempts;
+
+-- name: WEBHOOK_DELIVERY_RETENTION_DELETE
+-- Run by relay.retention:delete_old_webhook_calls to delete delivered and given-up calls
+-- past retention.
+-- Parameters: keep_seconds, limit.
+WITH gone AS (
+    DELETE FROM webhook_deliveries
+    WHERE delivery_id IN (
+        SELECT delivery_id FROM webhook_deliveries
+        WHERE state <> 'PENDING'
+          AND updated_at < now() - make_interval(secs => %(keep_seconds)s)
+        ORDER BY updated_at
+        LIMIT %(limit)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: WEBHOOK_DELIVERY_LIST
+-- Run by jobctl.service.webhooks:_get, jobctl.service.webhooks:list_webhook_calls to
+-- list webhook calls, newest first, for jobctl and the API.
+-- Parameters: delivery_id, job_id, limit, state.
+SELECT delivery_id, job_id, url, state, attempts, next_attempt_at, last_status,
+       last_error, delivered_at, gave_up_at, created_at
+FROM webhook_deliveries
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(job_id)s::uuid IS NULL OR job_id = %(job_id)s::uuid)
+  AND (%(delivery_id)s::bigint IS NULL OR delivery_id = %(delivery_id)s::bigint)
+ORDER BY delivery_id DESC
+LIMIT %(limit)s;
+
+-- name: WEBHOOK_DELIVERY_RETRY
+-- Run by jobctl.service.webhooks:retry_webhook_call to deliver again a webhook call that
+-- was given up, for an operator.
+-- Parameters: delivery_id.
+UPDATE webhook_deliveries
+SET state = 'PENDING', attempts = 0, next_attempt_at = now(), gave_up_at = NULL,
+    lease_owner = NULL, updated_at = now()
+WHERE delivery_id = %(delivery_id)s AND state = 'GAVE_UP'
+RETURNING delivery_id;
+
+-- name: WEBHOOK_DELIVERY_COUNTS
+-- Run by jobctl.metrics.reading:read_round to count webhook calls by state, for the
+-- metrics.
+SELECT state, count(*),
+       coalesce(sum(CASE WHEN state = 'DELIVERED' THEN attempts - 1 ELSE attempts END), 0)
+FROM webhook_deliveries
+GROUP BY state;

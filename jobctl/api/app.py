@@ -17,7 +17,7 @@ from hybrid_jobs.jobctl.api import problems
 from hybrid_jobs.jobctl.api.guards import READ_ONLY, AccessLog, BodyLimit, FailureLimiter, HostCheck
 from hybrid_jobs.jobctl.api.headers import ResponseHeaders
 from hybrid_jobs.jobctl.api.proxies import ForwardedHeaders
-from hybrid_jobs.jobctl.api.routes import health, jobs, operate
+from hybrid_jobs.jobctl.api.routes import health, inputs, jobs, operate, webhooks
 from hybrid_jobs.jobctl.api.settings import ApiSettings
 from hybrid_jobs.jobctl.api.waiters import Waiters
 from hybrid_jobs.jobctl.dashboard import auth
@@ -92,6 +92,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     problems.install(app)
     app.include_router(jobs.router)
     app.include_router(operate.router)
+    app.include_router(inputs.router)
+    app.include_router(webhooks.router)
     app.include_router(health.router)
     dashboard.install(app)
     # Added innermost first: the client's address is settled before anything (from

@@ -206,6 +206,17 @@ class RejectBody(BaseModel):
     """Kept as the job's last_error_message (default: "rejected")."""
 
 
+class RedactBody(BaseModel):
+    """Why a stored input's content is erased (an erasure request, say): recorded with
+    who asked and when."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    reason: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_text)]
+    """Kept with the input as its redaction_reason, and named by the error of each
+    job that had not started on it."""
+
+
 class EditBody(BaseModel):
     """What to change of a job that has not started yet: only the fields present
     change (at least one). Every value is absolute, so repeating the request is

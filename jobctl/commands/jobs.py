@@ -265,7 +265,7 @@ def _job_text(job: JobView) -> str:
         ("resource", job.resource or "-"),
         ("tags", ", ".join(job.tags) or "-"),
         ("meta", "-" if job.meta is None else _compact(job.meta)),
-        ("payload", _compact(job.payload, raw="payload" in deep)),
+        ("payload", _payload_line(job, "payload" in deep)),
     ]
     if deep:
         fields.append(("note", f"{', '.join(job.as_text)} nest deeper than 100 levels: JSON text"))
@@ -457,6 +457,20 @@ def edit(
     due = "held" if held_for(job) is not None else when(job.run_after)
     text = f"{job.id}: edited, {job.state}, priority {job.priority}, run after {due}"
     emit({"job": jsonable(job)}, text)
+
+
+def _payload_line(job: JobView, raw: bool) -> str:
+    """The payload, or for a job on a stored input what may be shown of that input
+    (never its content)."""
+    stored = job.input
+    if stored is None:
+        return _compact(job.payload, raw=raw)
+    line = f"stored input {stored.input_id}, {stored.size_bytes} bytes"
+    if stored.sensitive:
+        line += ", sensitive"
+    if stored.redacted_at is not None:
+        line += f", REDACTED at {when(stored.redacted_at)}: {stored.redaction_reason}"
+    return line + " (content not shown)"
 
 
 def _payload(value: str) -> Any:

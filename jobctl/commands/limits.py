@@ -1,5 +1,6 @@
-"""``jobctl limits``: the rate limits with their buckets, and the jobs that expired
-before they started."""
+"""``jobctl limits``: the rate limits with their buckets, the concurrency limits of
+job types with their running and waiting jobs, and the jobs that expired before
+they started."""
 
 from __future__ import annotations
 
@@ -33,23 +34,38 @@ def _limits_table(found: list[outbox.RateLimit]) -> str:
     return table(headers, rows)
 
 
+def _concurrency_table(found: list[outbox.ConcurrencyLimit]) -> str:
+    rows = [
+        [c.job_type, str(c.global_limit), str(c.running), str(c.waiting), c.updated_by]
+        for c in found
+    ]
+    headers = ["JOB TYPE", "GLOBAL LIMIT", "RUNNING", "WAITING", "RECORDED BY"]
+    return table(headers, rows)
+
+
 @click.command()
 @database_option
 @json_option
 def limits(database_url: str | None) -> None:
     """Rate limits: each one's rate, burst, the tokens its bucket holds now and
-    when the next is due (a 'prefix:*' limit: how many names have a bucket); and,
-    per queue, the jobs that expired (code EXPIRED) before they started, as long as
-    retention keeps them."""
+    when the next is due (a 'prefix:*' limit: how many names have a bucket); the
+    concurrency limits of job types (a handler's global_limit), with the jobs of each
+    running and waiting for it; and, per queue, the jobs that expired (code EXPIRED)
+    before they started, as long as retention keeps them."""
 
-    async def action(db: Database) -> tuple[list[outbox.RateLimit], list[tuple[Any, ...]]]:
+    async def action(
+        db: Database,
+    ) -> tuple[list[outbox.RateLimit], list[outbox.ConcurrencyLimit], list[tuple[Any, ...]]]:
         async with db.reading() as session:
             found = await outbox.rate_limits_async(session)
+            concurrency = await outbox.concurrency_limits_async(session)
             expired = await fetch_all(session, METRICS_JOBS_EXPIRED)
-            return found, expired
+            return found, concurrency, expired
 
-    found, expired = run(database_url, action)
+    found, concurrency, expired = run(database_url, action)
     text = _limits_table(found) if found else "no rate limits"
+    if concurrency:
+        text += "\n\n" + _concurrency_table(concurrency)
     if expired:
         text += "\n\n" + table(["QUEUE", "EXPIRED"], [[q, str(n)] for q, n in sorted(expired)])
     document = {
@@ -58,6 +74,11 @@ def limits(database_url: str | None) -> None:
             | {"next_token_in_seconds": r.next_token_in_seconds}
             for r in found
             for d in [dataclasses.asdict(r)]
+        ],
+        "concurrency_limits": [
+            {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in d.items()}
+            for c in concurrency
+            for d in [dataclasses.asdict(c)]
         ],
         "expired": {q: int(n) for q, n in expired},
     }

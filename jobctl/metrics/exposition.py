@@ -98,6 +98,22 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         {(): s.resources_uncertain},
     )
     yield _gauge(
+        "webhook_calls",
+        "Calls owed to completion webhooks, per state: PENDING (due, being made, or"
+        " waiting out a back-off), DELIVERED, GAVE_UP (the relay's --webhook-max-attempts"
+        " calls failed: alert on a rise). Settled ones are kept for the relay's"
+        " --keep-finished.",
+        ["state"],
+        {(state,): n for state, n in s.webhook_calls.items()},
+    )
+    yield _gauge(
+        "webhook_failed_attempts",
+        "Failed attempts (a status outside 2xx, a timeout, a refused connection) of the"
+        " webhook calls kept, per the call's state now.",
+        ["state"],
+        {(state,): n for state, n in s.webhook_failed_attempts.items()},
+    )
+    yield _gauge(
         "jobs_waiting_for_key",
         "Waiting jobs a consumer last turned down for their key, per queue and reason:"
         " KEY_BUSY (key_limit jobs of the key hold a lease) or KEY_ORDER (an earlier"
@@ -131,6 +147,15 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         " of the tenants.",
         ["queue"],
         _by_queue(s.tenant_cap),
+    )
+    yield _gauge(
+        "jobs_waiting_for_concurrency_limit",
+        "Waiting jobs a consumer last turned down for their type's concurrency limit"
+        " (CONCURRENCY_LIMIT: global_limit jobs of the type hold leases, across all"
+        " consumers), per queue. Each starts when a lease of its type ends; the count is"
+        " of the last refusals, not a live test of the limits.",
+        ["queue"],
+        _by_queue(s.concurrency_limit),
     )
     yield _gauge(
         "queue_oldest_runnable_age_seconds",

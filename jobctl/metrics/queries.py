@@ -105,6 +105,16 @@ WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.TENANT_CAP}'
 GROUP BY queue
 """
 
+# Per queue: the waiting jobs a consumer last turned down for their type's
+# concurrency limit (CONCURRENCY_LIMIT: global_limit jobs of the type held leases),
+# from the same waiting jobs. The end of one of those leases wakes the next.
+METRICS_CONCURRENCY_LIMIT_WAITS: Final = f"""
+SELECT queue, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
+GROUP BY queue
+"""
+
 # Per queue, the waiting jobs a consumer last turned down for their exclusive
 # resource (RESOURCE_BUSY: another job's lease holds it; RESOURCE_UNCERTAIN: its
 # holder vanished and nobody resolved it yet), from the same waiting jobs.

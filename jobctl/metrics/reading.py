@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 
 from hybrid_jobs.jobctl.metrics import queries as q
 from hybrid_jobs.jobctl.metrics.cursor import Cursor, Seen
+from hybrid_jobs.schema.queries import WEBHOOK_DELIVERY_COUNTS
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class Reading:
     resource_waits: list[tuple[str, str, int]] = field(default_factory=list)
     # (queue, waiting jobs turned down for their tenant's cap: TENANT_CAP)
     tenant_cap: list[tuple[str, int]] = field(default_factory=list)
+    # (queue, waiting jobs turned down for their type's limit: CONCURRENCY_LIMIT)
+    concurrency_limit: list[tuple[str, int]] = field(default_factory=list)
+    # Webhook calls per state: how many, and how many of their attempts failed.
+    webhook_calls: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 async def _rows(conn: AsyncConnection, statement: Any, params: Any = None) -> list[Any]:
@@ -167,7 +172,14 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
             for queue, reason, n in await _rows(conn, q.METRICS_RESOURCE_WAITS)
         ]
         tenant_cap = [(queue, int(n)) for queue, n in await _rows(conn, q.METRICS_TENANT_CAP_WAITS)]
+        concurrency_limit = [
+            (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_CONCURRENCY_LIMIT_WAITS)
+        ]
         ((uncertain,),) = await _rows(conn, q.METRICS_RESOURCES_UNCERTAIN)
+        webhook_calls = [
+            (state, int(n), int(failed))
+            for state, n, failed in await _rows(conn, WEBHOOK_DELIVERY_COUNTS)
+        ]
         ((due, oldest),) = await _rows(conn, q.METRICS_OUTBOX_DUE)
         ((relays_live, relays_connected),) = await _rows(conn, q.METRICS_RELAYS)
         publish_failing = [
@@ -204,6 +216,8 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         waiting_for_parents=parents,
         resource_waits=resource_waits,
         tenant_cap=tenant_cap,
+        concurrency_limit=concurrency_limit,
+        webhook_calls=webhook_calls,
         leased=leased,
         outbox_due=int(due),
         outbox_oldest_age=oldest,

@@ -99,8 +99,14 @@ class Snapshot:
     waiting_for_parents: Mapping[str, int] = field(default_factory=dict)
     resource_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
     tenant_cap: Mapping[str, int] = field(default_factory=dict)
+    concurrency_limit: Mapping[str, int] = field(default_factory=dict)
+    # Webhook calls per state (PENDING, DELIVERED, GAVE_UP), and their failed attempts.
+    webhook_calls: Mapping[str, int] = field(default_factory=dict)
+    webhook_failed_attempts: Mapping[str, int] = field(default_factory=dict)
 
 
+# A webhook call's states, each shown (0 when none is in it).
+WEBHOOK_STATES: Final = {"DELIVERED": 0, "GAVE_UP": 0, "PENDING": 0}
 # Why a job waits for its key (delay_reason), a label of jobs_waiting_for_key.
 KEY_WAITS: Final = (DelayReason.KEY_BUSY, DelayReason.KEY_ORDER)
 # Why a job waits for its resource, a label of jobs_waiting_for_resource.
@@ -303,6 +309,7 @@ class Totals:
             ("no_authorized_runner", reading.no_authorized_runner),
             ("waiting_for_parents", reading.waiting_for_parents),
             ("tenant_cap", reading.tenant_cap),
+            ("concurrency_limit", reading.concurrency_limit),
         ):
             counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
             for name, count in rows:
@@ -314,6 +321,7 @@ class Totals:
             no_authorized_runner=MappingProxyType(waits["no_authorized_runner"]),
             waiting_for_parents=MappingProxyType(waits["waiting_for_parents"]),
             tenant_cap=MappingProxyType(waits["tenant_cap"]),
+            concurrency_limit=MappingProxyType(waits["concurrency_limit"]),
             resource_waits=MappingProxyType(resource_waits),
             jobs=MappingProxyType(jobs),
             oldest_runnable_age=MappingProxyType(oldest),
@@ -337,6 +345,12 @@ class Totals:
             history=self.history.view(),
             key_waits=MappingProxyType(key_waits),
             resources_uncertain=reading.resources_uncertain,
+            webhook_calls=MappingProxyType(
+                WEBHOOK_STATES | {state: n for state, n, _ in reading.webhook_calls}
+            ),
+            webhook_failed_attempts=MappingProxyType(
+                WEBHOOK_STATES | {state: failed for state, _, failed in reading.webhook_calls}
+            ),
         )
 
 

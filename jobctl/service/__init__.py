@@ -51,6 +51,12 @@ if TYPE_CHECKING:
         WrongState,
     )
     from hybrid_jobs.jobctl.service.health import readiness
+    from hybrid_jobs.jobctl.service.inputs import (
+        get_input,
+        job_input,
+        parse_input_id,
+        redact_input,
+    )
     from hybrid_jobs.jobctl.service.jobs import (
         DEFAULT_LIMIT,
         MAX_LIMIT,
@@ -85,6 +91,7 @@ if TYPE_CHECKING:
         list_tenants,
         set_tenant,
     )
+    from hybrid_jobs.jobctl.service.webhooks import list_webhook_calls, retry_webhook_call
     from hybrid_jobs.jobctl.service.workers import list_workers
 
 # The module of each name below. Each is imported on first use (PEP 562): a caller
@@ -100,6 +107,10 @@ _MODULES: dict[str, str] = {
     "ServiceError": "errors",
     "WrongState": "errors",
     "readiness": "health",
+    "get_input": "inputs",
+    "job_input": "inputs",
+    "parse_input_id": "inputs",
+    "redact_input": "inputs",
     "DEFAULT_LIMIT": "jobs",
     "MAX_LIMIT": "jobs",
     "JobFilter": "jobs",
@@ -131,6 +142,8 @@ _MODULES: dict[str, str] = {
     "list_tenants": "tenants",
     "set_tenant": "tenants",
     "list_workers": "workers",
+    "list_webhook_calls": "webhooks",
+    "retry_webhook_call": "webhooks",
 }
 
 __all__ = [
@@ -150,26 +163,32 @@ __all__ = [
     "cancel_jobs",
     "edit_job",
     "enqueue_job",
+    "get_input",
     "get_job",
     "get_schedule",
     "get_tenant",
     "has_limits",
+    "job_input",
     "jsonable",
     "list_jobs",
     "list_keys",
     "list_schedules",
     "list_tenants",
+    "list_webhook_calls",
     "list_workers",
+    "parse_input_id",
     "parse_job_id",
     "pause_queue",
     "pause_schedule",
     "readiness",
+    "redact_input",
     "refusal",
     "reject_job",
     "resume_queue",
     "resume_schedule",
     "retry_jobs",
     "retry_matching",
+    "retry_webhook_call",
     "set_tenant",
     "stats",
     "trigger_schedule",

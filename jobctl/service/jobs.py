@@ -26,6 +26,7 @@ from hybrid_jobs.jobctl.service.errors import (
     WrongState,
     invalid_argument,
 )
+from hybrid_jobs.jobctl.service.inputs import job_input
 from hybrid_jobs.jobctl.service.models import (
     Approval,
     Attempt,
@@ -387,6 +388,7 @@ async def get_job(session: AsyncSession, job_id: uuid.UUID) -> JobView | None:
         children=tuple(Dependency(*r[1:]) for r in relations if r[0] == "child"),
         steps=tuple(Step(*r) for r in steps),
         policy=policy,
+        input=await job_input(session, job_id),
     )
 
 

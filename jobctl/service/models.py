@@ -202,6 +202,29 @@ class TypePolicy:
 
 
 @dataclass(frozen=True)
+class InputView:
+    """A stored input (outbox.store_input) as an operator sees it: never its content,
+    sensitive or not; that it exists, its size, and whether it was redacted."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    input_id: uuid.UUID
+    size_bytes: int
+    """Its size as stored JSON, kept after a redaction."""
+    sensitive: bool
+    """Marked sensitive by its producer."""
+    created_at: datetime
+    redacted_at: datetime | None
+    """When its content was erased for good; null while it is there."""
+    redacted_by: str | None
+    redaction_reason: str | None
+    jobs: int
+    """How many jobs run on it (counted up to 10000)."""
+    unfinished: int
+    """How many of those have not finished (counted up to 10000)."""
+
+
+@dataclass(frozen=True)
 class JobView(JobSummary):
     """One job, whole: its row, its attempts, and why it waits."""
 
@@ -251,6 +274,9 @@ class JobView(JobSummary):
     """What its type allows, as its handler declares it (replay, cancel_running,
     on_cancel: what a cancel of it promises); null when the type declares nothing,
     and allows everything."""
+    input: InputView | None = None
+    """The stored input it runs on (enqueue's payload_ref), whose content is never
+    shown: its payload is then null. Null for a job that carries its payload."""
 
 
 @dataclass(frozen=True)
@@ -638,6 +664,34 @@ class Readiness:
     def public(self) -> Readiness:
         """What anyone may see: which service answered, nothing of where or why."""
         return Readiness(self.ready, tuple(Check(c.service, c.ok) for c in self.checks))
+
+
+@dataclass(frozen=True)
+class WebhookCallView:
+    """A call owed to a completion webhook: the job's end it reports, where it
+    goes, and how its delivery went."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    delivery_id: int
+    """Sent as the Webhook-Id header: the same on every retry of the call."""
+    job_id: uuid.UUID
+    url: str
+    state: str
+    """PENDING (due, or being called), DELIVERED, or GAVE_UP after the relay's
+    --webhook-max-attempts."""
+    attempts: int
+    """Calls made (a relay's claim counts one, even if it died mid-call)."""
+    next_attempt_at: datetime | None
+    """When a PENDING call is due next (while one is being made, when its lease
+    ends)."""
+    last_status: int | None
+    """The last call's HTTP status; null when none came back (a timeout, a refused
+    connection)."""
+    last_error: str | None
+    delivered_at: datetime | None
+    gave_up_at: datetime | None
+    created_at: datetime
 
 
 def jsonable(value: Any) -> Any:

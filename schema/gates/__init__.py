@@ -38,9 +38,13 @@ from typing import Final
 
 # The optional gates, in their rank: the order a claim locks what they hold (a
 # key's usage row, then a rate limit's bucket, then a resource's hold), after the
-# tenants' slots. A new gate adds its module and its name here.
-GATES: Final = ("key", "rate", "resource", "deadline")
+# tenants' slots. A new gate adds its module and its name here. A concurrency
+# limit's row (concurrency_limits) ranks before the tenants' slots: the claim locks
+# it after the rate limits' buckets and before the tenants, and every end of a
+# lease releases it before the tenants' slots (fragments.lease_ended).
+GATES: Final = ("key", "rate", "resource", "deadline", "concurrency")
 
 # The gates whose lease holds something until it ends (a key's lease, a resource's
-# hold): the ones the end of a lease releases, and is composed of.
-HELD_GATES: Final = frozenset({"key", "resource"})
+# hold, a slot of a concurrency limit): the ones the end of a lease releases, and
+# is composed of.
+HELD_GATES: Final = frozenset({"key", "resource", "concurrency"})

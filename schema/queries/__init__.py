@@ -41,6 +41,10 @@ name and never write SQL of their own. The rules:
 
 from __future__ import annotations
 
+from hybrid_jobs.schema.queries.concurrency import (
+    CONCURRENCY_LIMIT_LIST,
+    CONCURRENCY_LIMIT_RECORD_MANY,
+)
 from hybrid_jobs.schema.queries.control import (
     EFFECT_RETENTION_DELETE,
     JOB_APPROVAL,
@@ -71,6 +75,16 @@ from hybrid_jobs.schema.queries.fragments import (
     UNTAKEN,
     WORKER_TTL_SECONDS,
 )
+from hybrid_jobs.schema.queries.inputs import (
+    INPUT_GET,
+    INPUT_LOCK,
+    INPUT_OF_JOB,
+    INPUT_READ,
+    INPUT_REDACT,
+    INPUT_REDACTION,
+    INPUT_RETENTION_DELETE,
+    INPUT_STORE,
+)
 from hybrid_jobs.schema.queries.job import (
     JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
@@ -79,7 +93,9 @@ from hybrid_jobs.schema.queries.job import (
     JOB_FIND_BY_UNIQUE_MANY,
     JOB_INSERT_MANY,
     JOB_INSERT_PLAIN_MANY,
+    JOB_INSERT_REF_MANY,
     JOB_INSERT_UNIQUE_MANY,
+    JOB_INSERT_UNIQUE_REF_MANY,
     JOB_KEYS_LOCK,
     JOB_OUTCOME,
     JOB_PARENT_RESULTS,
@@ -162,6 +178,18 @@ from hybrid_jobs.schema.queries.tenant import (
     TENANT_USAGE_RECONCILE,
     TENANT_USAGE_REFRESH,
 )
+from hybrid_jobs.schema.queries.webhook import (
+    JOB_TYPE_WEBHOOK_RECORD_MANY,
+    JOB_WEBHOOK_SET_MANY,
+    WEBHOOK_DELIVERY_CLAIM,
+    WEBHOOK_DELIVERY_COUNTS,
+    WEBHOOK_DELIVERY_DELIVERED,
+    WEBHOOK_DELIVERY_FAILED,
+    WEBHOOK_DELIVERY_GIVE_UP_SPENT,
+    WEBHOOK_DELIVERY_LIST,
+    WEBHOOK_DELIVERY_RETENTION_DELETE,
+    WEBHOOK_DELIVERY_RETRY,
+)
 from hybrid_jobs.schema.queries.worker import (
     MAINTENANCE_TRY_LOCK,
     RELAY_EXPIRE,
@@ -177,12 +205,22 @@ from hybrid_jobs.schema.queries.worker import (
 )
 
 __all__ = [
+    "CONCURRENCY_LIMIT_LIST",
+    "CONCURRENCY_LIMIT_RECORD_MANY",
     "DASHBOARD_SESSION_CREATE",
     "DASHBOARD_SESSION_END",
     "DASHBOARD_SESSION_EXPIRE",
     "DASHBOARD_SESSION_VALID",
     "EFFECT_RETENTION_DELETE",
     "FENCE",
+    "INPUT_GET",
+    "INPUT_LOCK",
+    "INPUT_OF_JOB",
+    "INPUT_READ",
+    "INPUT_REDACT",
+    "INPUT_REDACTION",
+    "INPUT_RETENTION_DELETE",
+    "INPUT_STORE",
     "JOB_APPROVAL",
     "JOB_APPROVE",
     "JOB_ATTEMPT_RECORDED_MANY",
@@ -206,7 +244,9 @@ __all__ = [
     "JOB_HELD_BY",
     "JOB_INSERT_MANY",
     "JOB_INSERT_PLAIN_MANY",
+    "JOB_INSERT_REF_MANY",
     "JOB_INSERT_UNIQUE_MANY",
+    "JOB_INSERT_UNIQUE_REF_MANY",
     "JOB_KEYS_LOCK",
     "JOB_OUTCOME",
     "JOB_PARENTS_LOCK",
@@ -232,8 +272,10 @@ __all__ = [
     "JOB_TYPE_POLICY",
     "JOB_TYPE_POLICY_RECORD_MANY",
     "JOB_TYPE_POLICY_REFUSAL",
+    "JOB_TYPE_WEBHOOK_RECORD_MANY",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
+    "JOB_WEBHOOK_SET_MANY",
     "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
@@ -284,6 +326,14 @@ __all__ = [
     "TENANT_USAGE_RECONCILE",
     "TENANT_USAGE_REFRESH",
     "UNTAKEN",
+    "WEBHOOK_DELIVERY_CLAIM",
+    "WEBHOOK_DELIVERY_COUNTS",
+    "WEBHOOK_DELIVERY_DELIVERED",
+    "WEBHOOK_DELIVERY_FAILED",
+    "WEBHOOK_DELIVERY_GIVE_UP_SPENT",
+    "WEBHOOK_DELIVERY_LIST",
+    "WEBHOOK_DELIVERY_RETENTION_DELETE",
+    "WEBHOOK_DELIVERY_RETRY",
     "WORKER_EXPIRE",
     "WORKER_GONE",
     "WORKER_PACK_LIMIT",

@@ -269,6 +269,9 @@ WITH given AS (
            OR (j.approval IS DISTINCT FROM 'REQUIRED' AND j.parents_pending = 0
                AND (j.expires_at IS NULL OR g.run_after < j.expires_at)))
       AND (%(max_attempts)s::integer IS NULL OR j.attempt_count < %(max_attempts)s::integer)
+      -- a job on a stored input runs on its content: a payload of its own would be
+      -- written and never read
+      AND (%(payload)s::jsonb IS NULL OR j.payload_ref IS NULL)
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after,
               g.run_after IS NOT NULL AS moved
 ), unwoken AS (
@@ -310,7 +313,7 @@ SELECT count(*) FROM moved
 
 # Why an edit changed nothing: the job's state, and what holds its start.
 JOB_EDIT_REFUSAL: Final = """
-SELECT state, approval, parents_pending, attempt_count, expires_at FROM jobs
+SELECT state, approval, parents_pending, attempt_count, expires_at, payload_ref FROM jobs
 WHERE job_id = %(job_id)s
 """
 
@@ -382,7 +385,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.progress::text AS progress,
        j.progress_at, j.cancel_requested_at, j.cancel_forced_at, j.delay_reason, j.delay_since,
        j.approval, j.approval_by, j.approval_at, j.created_at, j.parents_pending,
-       j.on_parent_failure,
+       j.on_parent_failure, j.payload_ref,
        j.expires_at, j.rate_limit, rb.tokens AS rate_tokens, rb.refilled_at AS rate_refilled_at,
        statement_timestamp() AS db_now,
        q.paused_at, q.paused_by,
@@ -405,8 +408,12 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        k.key_running, k.key_running_limit, k.key_holder,
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
-       rh.uncertain_since AS resource_uncertain_since
+       rh.uncertain_since AS resource_uncertain_since,
+       cl.max_running AS limit_max_running, cl.running AS limit_running
 FROM jobs AS j
+-- its type's concurrency limit, when its last claim turned it down for it
+LEFT JOIN concurrency_limits AS cl
+  ON cl.job_type = j.job_type AND j.delay_reason = 'CONCURRENCY_LIMIT'
 -- the hold of its resource, if another job has it (or it does, uncertain)
 LEFT JOIN resource_holds AS rh
   ON rh.resource = j.resource

@@ -8,6 +8,7 @@ from typing import Final
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema.gates import HELD_GATES
+from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import (
     CLAIMABLE_SQL,
     DEFAULT_MAX_ATTEMPTS,
@@ -212,6 +213,68 @@ def resource_wake_next(released: str) -> str:
 )"""
 
 
+def limit_wake_next(source: str) -> str:
+    """CTEs ending in ``limit_woken``: for the leases of ``source`` that held a slot
+    of their type's concurrency limit (jobs.limit_held, as the statement's snapshot
+    shows it: the ending statement clears it), the slots given back and a wake-up
+    for as many of the type's jobs turned down for it (CONCURRENCY_LIMIT), oldest
+    first, unless one is pending for them already. Such a job got no wake-up back:
+    this is what starts it, so nothing polls a full limit. One probe of
+    jobs_limit_waiting_idx per type, and a second for the waiters of paused queues:
+    a job whose queue runs goes first (a paused queue's wake-up waits for the
+    resume). The rows are locked in type order before the tenants', as the claim
+    locks them."""
+    return f"""limit_left AS (
+    SELECT j.job_type, count(*)::int AS n
+    FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.limit_held
+    GROUP BY j.job_type
+), limit_releasing AS MATERIALIZED (
+    SELECT c.job_type, k.n
+    FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
+    ORDER BY c.job_type
+    FOR NO KEY UPDATE OF c
+), limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE concurrency_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM limit_releasing AS r
+    WHERE c.job_type = r.job_type
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM limit_left AS k
+    CROSS JOIN LATERAL (
+        SELECT c.job_id, c.queue, c.tenant, c.priority
+        FROM (
+            SELECT DISTINCT ON (c.job_id) c.*
+            FROM (
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
+                   AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM {source}) AND {QUEUE_RUNS}
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+                UNION ALL
+                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
+                 FROM jobs AS w
+                 WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
+                   AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
+                   AND w.run_after <= now()
+                   AND w.job_id NOT IN (SELECT job_id FROM {source})
+                 ORDER BY w.job_id
+                 LIMIT k.n)
+            ) AS c
+            ORDER BY c.job_id, c.pass
+        ) AS c
+        ORDER BY c.pass, c.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE {no_pending_wakeup("n.job_id")}
+)"""
+
+
 def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = HELD_GATES) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
@@ -235,8 +298,13 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
 
     ``gates``: what the leases of ``source`` may hold (of :data:`HELD_GATES`; the
     caller's statement made sure they hold nothing else): the steps of the others
-    are left out, so a lease that held nothing ends with the tenant slots.
+    are left out, so a lease that held nothing ends with the tenant slots. A lease
+    that held a slot of its type's concurrency limit gives it back, first
+    (:func:`limit_wake_next`).
     """
+    limit = "concurrency" in gates
+    # the limits' rows before the tenants' (the scalar subquery makes them go first)
+    limits_first = " AND (SELECT count(*) FROM limit_releasing) >= 0" if limit else ""
     ended = f"""history AS (
     INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
                               finished_at, outcome, error_code, error_message, traceback)
@@ -247,13 +315,13 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM {source} WHERE state IN ({CLAIMABLE_SQL})
-), releasing AS MATERIALIZED (
+), {limit_wake_next(source) + ", " if limit else ""}releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant) AS r
-      ON r.tenant = u.tenant
+      ON r.tenant = u.tenant{limits_first}
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (

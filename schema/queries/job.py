@@ -31,9 +31,12 @@ from hybrid_jobs.schema.tables import (
 # inserts are left out of a batch with no tags and no after= (most), which would
 # otherwise pay for both on every job, with nothing to insert; and the scoped keys'
 # columns (enqueue's unique=) out of a batch that has none.
-def job_insert_many(*, tags: bool = True, parents: bool = True, unique: bool = False) -> str:
+def job_insert_many(
+    *, tags: bool = True, parents: bool = True, unique: bool = False, refs: bool = False
+) -> str:
     """JOB_INSERT_MANY, with the steps for tags and for parents (``after=``) only
-    when the batch has them, and with ``unique`` the scoped keys' columns."""
+    when the batch has them, with ``unique`` the scoped keys' columns, and with
+    ``refs`` the column naming a stored input (``payload_ref=``)."""
     tagged = _INSERT_TAGGED if tags else ""
     edges = _INSERT_EDGES if parents else ""
     unique_input = unique_columns = unique_values = ""
@@ -51,6 +54,8 @@ def job_insert_many(*, tags: bool = True, parents: bool = True, unique: bool = F
             f" THEN {unique_window_end('unique_seconds')} END"
         )
         conflict = ""
+    ref_input = ", payload_ref uuid" if refs else ""
+    ref_column = ", payload_ref" if refs else ""
     return f"""
 WITH input AS (
     SELECT *
@@ -61,13 +66,13 @@ WITH input AS (
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
         parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
-        meta jsonb{unique_input})
+        meta jsonb{unique_input}{ref_input})
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
          key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta{unique_columns})
+         delay_since, tags, meta{unique_columns}{ref_column})
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -82,7 +87,7 @@ WITH input AS (
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
            CASE WHEN parents_pending > 0 THEN now() END,
-           COALESCE(tags, '{{}}'), meta{unique_values}
+           COALESCE(tags, '{{}}'), meta{unique_values}{ref_column}
     FROM input
     ON CONFLICT {conflict}DO NOTHING
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.approval,
@@ -119,6 +124,10 @@ JOB_INSERT_MANY: Final = job_insert_many()
 JOB_INSERT_PLAIN_MANY: Final = job_insert_many(tags=False, parents=False)
 # A batch with a job whose dedup key has a scope (enqueue's unique=).
 JOB_INSERT_UNIQUE_MANY: Final = job_insert_many(unique=True)
+# A batch with a job whose payload is a stored input (payload_ref=), and one that also
+# has a scoped key: the only inserts that name the column.
+JOB_INSERT_REF_MANY: Final = job_insert_many(refs=True)
+JOB_INSERT_UNIQUE_REF_MANY: Final = job_insert_many(unique=True, refs=True)
 
 
 # Before a batch with after= is inserted: its parents' states, the parents locked

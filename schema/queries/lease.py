@@ -11,6 +11,7 @@ from typing import Final
 from hybrid_jobs.schema.gates import (
     GATES,
     HELD_GATES,
+    concurrency,
     deadline,
     dedicated,
     key,
@@ -29,19 +30,25 @@ from hybrid_jobs.schema.queries.fragments import (
 from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
 
+
 # What this worker can run, as the consumer binds it: its handlers' types, with their
-# budget, backoff, kind (a plain function needs a thread) and rate limit.
-_HANDLERS: Final = """types AS (
+# budget, backoff, kind (a plain function needs a thread) and rate limit; and, for the
+# whole claim, their concurrency limits (the plain claim is given no limited type).
+def _handlers(columns: str = "") -> str:
+    return f"""types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
-        rate_limit text)
+        rate_limit text{columns})
 )"""
 
 
-def _claimed(admitted: str) -> str:
+_HANDLERS: Final = _handlers()
+
+
+def _claimed(admitted: str, taken: str = "") -> str:
     """Step 4 of both claims: the jobs of ``admitted`` (job_id, holds) made RUNNING
     under this worker's lease, the next generation, one more attempt."""
     return f"""claimed AS (
@@ -55,7 +62,7 @@ def _claimed(admitted: str) -> str:
         max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
         expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
                          * (1 + t.backoff_jitter * (2 * random() - 1)),
-        holds_slot = a.holds,
+        holds_slot = a.holds,{taken}
         delay_reason = NULL,
         delay_since = NULL,
         started_at = now(),
@@ -64,7 +71,7 @@ def _claimed(admitted: str) -> str:
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context, j.meta
+              j.trace_context, j.meta, j.payload_ref
 )"""
 
 
@@ -131,6 +138,8 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
       -- frees (or, an uncertain resource, is resolved)
       AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}',
                            '{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_UNCERTAIN}')
+      -- and one turned down by a full concurrency limit, when a lease of its type ends
+      AND r.job_id NOT IN (SELECT job_id FROM limit_refused WHERE at_limit)
 )"""
 
 # Step 5 of every composed claim.
@@ -144,6 +153,7 @@ SELECT CASE
            -- its rate limit's bucket made by this claim, for the next; or a gate
            -- this statement leaves out
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
+                OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
@@ -154,7 +164,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -178,13 +188,15 @@ def _composed(used: frozenset[str]) -> str:
     if unknown:
         raise ValueError(f"no such gate: {sorted(unknown)}")
     k, r, s, d = ("key" in used, "rate" in used, "resource" in used, "deadline" in used)
+    c = "concurrency" in used
     absent = [g.USES for name, g in _MODULES.items() if name not in used]
     unfit = " OR ".join(absent) if absent else "false"
     admit = ", ".join(
         [
             key.CLAIM_ADMIT if k else key.CLAIM_ADMIT_ABSENT,
             rate.CLAIM_ADMIT if r else rate.CLAIM_ADMIT_ABSENT,
-            tenant.claim_admit("rated"),
+            concurrency.CLAIM_ADMIT if c else concurrency.CLAIM_ADMIT_ABSENT,
+            tenant.claim_admit("limit_fit"),
         ]
     )
     take = ", ".join(
@@ -193,6 +205,7 @@ def _composed(used: frozenset[str]) -> str:
             resource.CLAIM_TAKE if s else resource.CLAIM_TAKE_ABSENT,
             tenant.claim_take("resource_admitted"),
             rate.CLAIM_TAKE if r else rate.CLAIM_TAKE_ABSENT,
+            *([concurrency.CLAIM_TAKE] if c else []),
         ]
     )
     reasons = [
@@ -201,13 +214,14 @@ def _composed(used: frozenset[str]) -> str:
         f"WHEN l.unauthorized THEN '{DelayReason.NO_AUTHORIZED_RUNNER}'",
         f"WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'",
         rate.REFUSED if r else None,
+        concurrency.REFUSED if c else None,
         key.REFUSED_ORDER if k else None,
         resource.REFUSED if s else None,
         key.REFUSED_BUSY if k else None,
     ]
     case = "\n                ".join(x for x in reasons if x is not None)
     return f"""
-WITH {_HANDLERS}, locked AS (
+WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
     -- 1b. the named jobs of this worker's queues that may be claimed now, locked
     -- (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
@@ -215,6 +229,7 @@ WITH {_HANDLERS}, locked AS (
            t.job_type IS NOT NULL AS known,
            {deadline.LOCKED_COLUMN if d else deadline.LOCKED_COLUMN_ABSENT},
            {rate.LOCKED_COLUMN if r else rate.LOCKED_COLUMN_ABSENT},
+           {concurrency.LOCKED_COLUMN if c else concurrency.LOCKED_COLUMN_ABSENT},
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
@@ -247,10 +262,10 @@ WITH {_HANDLERS}, locked AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority
+           a.lease_generation, a.priority, a.job_type
     FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
+          FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), {take}, refused AS (
@@ -266,6 +281,7 @@ WITH {_HANDLERS}, locked AS (
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND l.job_id NOT IN (SELECT job_id FROM rate_refused WHERE unseen)
+      AND l.job_id NOT IN (SELECT job_id FROM limit_refused WHERE unseen)
       AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
@@ -278,15 +294,28 @@ WITH {_HANDLERS}, locked AS (
                           ELSE j.rate_limit END
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
-), {deadline.CLAIM_END + ", " if d else ""}{_REFUSALS_WOKEN}, {_claimed("resource_admitted")}
+), {deadline.CLAIM_END + ", " if d else ""}{_REFUSALS_WOKEN}, {
+        _claimed("resource_admitted", concurrency.CLAIMED_SET if c else "")
+    }
 {_ANSWER}"""
 
 
-_MODULES: Final = {"key": key, "rate": rate, "resource": resource, "deadline": deadline}
+_MODULES: Final = {
+    "key": key,
+    "rate": rate,
+    "resource": resource,
+    "deadline": deadline,
+    "concurrency": concurrency,
+}
 
-# Each gate a job uses, named (NULL for one it does not).
+# Each gate a job uses, named (NULL for one it does not). Not the concurrency
+# limit's: the plain claim is given no limited type's terms, and the consumer, which
+# knows its handlers' limits, adds it for a job of such a type (the answer's
+# job_type).
 _USED_GATES: Final = ", ".join(
-    f"CASE WHEN {module.USES} THEN '{name}' END" for name, module in _MODULES.items()
+    f"CASE WHEN {module.USES} THEN '{name}' END"
+    for name, module in _MODULES.items()
+    if name != "concurrency"
 )
 
 # Claims the jobs a batch of wake-ups names, and says for every other one why not.
@@ -412,8 +441,8 @@ WITH {_HANDLERS}, locked AS (
 -- them, and turns back a job whose gates changed meanwhile)
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
-SELECT 'full', ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       array_remove(ARRAY[{_USED_GATES}], NULL)
+SELECT 'full', ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, array_remove(ARRAY[{_USED_GATES}], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -425,7 +454,7 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context, meta
+       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """
@@ -490,8 +519,12 @@ def _finish(lock: str, held: frozenset[str]) -> str:
     # A lease holding what this statement leaves out is not taken, and comes back
     # 'full'; the steps that would find nothing to release are not there.
     unfit = " OR ".join(
-        g.HOLDS for name, g in (("key", key), ("resource", resource)) if name not in held
+        g.HOLDS
+        for name, g in (("key", key), ("resource", resource), ("concurrency", concurrency))
+        if name not in held
     )
+    # (only a lease that holds a slot of its limit has one to clear)
+    released = "\n        limit_held = false," if "concurrency" in held else ""
     only_fit = f"\n    WHERE NOT ({unfit})" if unfit else ""
     left = f"CASE WHEN {unfit} THEN 'full' ELSE 'LOCKED' END" if unfit else "'LOCKED'"
     return f"""
@@ -528,7 +561,7 @@ WITH h AS (
                          ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        holds_slot = false,
+        holds_slot = false,{released}
         -- a snooze is no error: the job's last error stays (its history row says it)
         -- a snooze is no error, even one that a cancel request turned into CANCELLED
         last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
@@ -619,6 +652,7 @@ WITH h AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM giving AS g
@@ -669,6 +703,7 @@ WITH expired AS (
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
+        limit_held = false,
         last_error_code = 'LEASE_EXPIRED',
         last_error_message = 'the lease of ' || e.worker || ' expired without a report',
         finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,

@@ -562,6 +562,11 @@ WITH slice AS MATERIALIZED (
       AND NOT (COALESCE(s.delay_reason IN ('{DelayReason.RESOURCE_BUSY}',
                                            '{DelayReason.RESOURCE_UNCERTAIN}'), false)
                AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
+      -- and one waiting for its type's concurrency limit, by the end of a lease of
+      -- its type, while the limit is full
+      AND NOT (s.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
+               AND EXISTS (SELECT 1 FROM concurrency_limits AS c
+                           WHERE c.job_type = s.job_type AND c.running >= c.max_running))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

@@ -34,7 +34,7 @@ SETTINGS: dict[str, type[Any]] = {
 # and open metrics are off unless their flags say.
 NOT_DEFAULTS = {
     ("SERVE", name) for name in ("token", "metrics", "allowed_hosts", "public_url", "open_metrics")
-}
+} | {("RELAY", "webhook_secret")}  # a credential has no default
 
 
 def _plain_defaults(settings: type[Any]) -> dict[str, Any]:

@@ -1,0 +1,170 @@
+"""The concurrency limit at production shape reads a bounded stretch of index, in the
+custom plan of a first execution and in the generic plan a pooled connection settles
+on, on the consumer's connection options.
+
+100,000 jobs of one limited type wait, turned down for its full limit
+(CONCURRENCY_LIMIT), their wake-ups in flight, over 100,000 finished jobs of the
+type; the limit's holders run. The end of 10 holders' leases gives their slots back
+and wakes 10 waiters, the oldest, through jobs_limit_waiting_idx; a claim of 50
+waiters reads the type's row once and its own jobs. A plan that scans jobs, or walks
+every waiter, reads 100,000 rows or more, a thousand times the bounds below."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from hybrid_jobs import consumers
+from hybrid_jobs.consumers.registry import Registry
+from hybrid_jobs.plumbing.db import CONTROL_OPTIONS
+from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from tests.conftest import _database, _url_for
+from tests.support.plans import plan as explain_plan
+from tests.test_gate_plans_scale import _v7, no_seq_scan, read_by, total
+
+WAITING = 100_000
+HOLDERS = 40
+HOLDER = "w-other"
+
+_REGISTRY = Registry()
+
+
+@_REGISTRY.handler("capped", global_limit=HOLDERS)
+async def _capped(job: consumers.Job) -> None:
+    return None
+
+
+SETUP = f"""
+INSERT INTO jobs (job_id, job_type, state, attempt_count, max_attempts, lease_generation,
+                  created_at, started_at, finished_at)
+SELECT {_v7("now() - interval '30 days' + i * interval '1 second'", "i")}, 'capped',
+       'SUCCEEDED', 1, 3, 1, now() - interval '30 days', now() - interval '30 days',
+       now() - interval '30 days'
+FROM generate_series(1, %(n)s::int) AS i;
+INSERT INTO jobs (job_id, job_type, state, attempt_count, lease_generation, delay_reason,
+                  delay_since, created_at, run_after)
+SELECT {_v7("now() - interval '1 hour'", "%(n)s + i")}, 'capped', 'QUEUED', 0, 0,
+       'CONCURRENCY_LIMIT', now(), now() - interval '1 hour', now() - interval '1 hour'
+FROM generate_series(1, %(n)s::int) AS i;
+INSERT INTO jobs (job_id, job_type, state, attempt_count, max_attempts, lease_generation,
+                  lease_owner, lease_expires_at, started_at, limit_held, created_at)
+SELECT {_v7("now()", "3 * %(n)s + i")}, 'capped', 'RUNNING', 1, 3, 1, '{HOLDER}',
+       now() + interval '1 hour', now(), true, now()
+FROM generate_series(1, %(holders)s::int) AS i;
+INSERT INTO concurrency_limits (job_type, max_running, running, updated_by)
+VALUES ('capped', %(holders)s, %(holders)s, 'w0');
+"""
+
+
+@pytest.fixture(scope="module")
+def limited(template_db: str) -> Iterator[psycopg.Connection]:
+    with _database("hj_limits", template=template_db) as name:
+        url = _url_for(name).conninfo
+        with psycopg.connect(url, autocommit=True) as pg:
+            for statement in SETUP.split(";\n"):
+                if statement.strip():
+                    pg.execute(statement, {"n": WAITING, "holders": HOLDERS})
+            # the waiters' wake-ups used up: none pending (the end of a lease adds one)
+            pg.execute("VACUUM ANALYZE")
+        with psycopg.connect(url, autocommit=True, options=CONTROL_OPTIONS) as consumer:
+            yield consumer
+
+
+def _ids(pg: psycopg.Connection, sql: str) -> list[Any]:
+    return [row[0] for row in pg.execute(sql).fetchall()]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_end_of_limited_leases_wakes_the_oldest_waiters_reading_a_few_rows_each(
+    limited: psycopg.Connection, generic: bool
+) -> None:
+    pg = limited
+    holders = _ids(pg, "SELECT job_id FROM jobs WHERE state = 'RUNNING' ORDER BY job_id")[:10]
+    params = {
+        "outcomes": json.dumps(
+            [{"job_id": str(i), "generation": 1, "kind": "succeeded"} for i in holders]
+        ),
+        "worker": HOLDER,
+    }
+    statement = q.job_finish_many({"concurrency"})
+    found = explain_plan(pg, statement, params, generic=generic)
+    read = read_by(found, "jobs", "concurrency_limits", "outbox")
+    # (concurrency_limits holds a row per limited type, and the outbox none pending:
+    # a scan of either reads what a probe would)
+    no_seq_scan(read, "jobs")
+    assert total(read, "jobs") <= 10 * len(holders), read
+    assert total(read, "concurrency_limits") <= 3, read
+    assert total(read, "outbox") <= 3 * len(holders), read
+    oldest = _ids(
+        pg,
+        "SELECT job_id FROM jobs WHERE state = 'QUEUED' AND delay_reason = 'CONCURRENCY_LIMIT'"
+        " ORDER BY job_id LIMIT 10",
+    )
+    with pg.transaction(force_rollback=True):
+        ended = pg.execute(statement, params).fetchall()
+        running = pg.execute(
+            "SELECT running FROM concurrency_limits WHERE job_type = 'capped'"
+        ).fetchone()
+        woken = _ids(pg, "SELECT job_id FROM outbox WHERE sent_at IS NULL ORDER BY job_id")
+    assert sorted(ended) == sorted((i, "SUCCEEDED") for i in holders)
+    assert running == (HOLDERS - len(holders),)
+    assert woken == oldest
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_limited_claim_reads_its_batch_and_the_types_row(
+    limited: psycopg.Connection, generic: bool
+) -> None:
+    pg = limited
+    batch = _ids(
+        pg,
+        "SELECT job_id FROM jobs WHERE state = 'QUEUED' ORDER BY job_id DESC LIMIT 50",
+    )
+    params = {
+        "job_ids": batch,
+        "types": json.dumps(_REGISTRY.claim_terms()),
+        "free_threads": 0,
+        "worker": "w1",
+        "lease_seconds": 30,
+        "worker_ttl": WORKER_TTL_SECONDS,
+        "tenants": [],
+        "queues": _REGISTRY.queues(),
+    }
+    statement = q.job_claim_many({"concurrency"})
+    found = explain_plan(pg, statement, params, generic=generic)
+    read = read_by(found, "jobs", "concurrency_limits", "outbox")
+    # (concurrency_limits holds a row per limited type, and the outbox none pending:
+    # a scan of either reads what a probe would)
+    no_seq_scan(read, "jobs")
+    assert total(read, "jobs") <= 10 * len(batch), read
+    assert total(read, "concurrency_limits") <= 3, read
+    assert total(read, "outbox") <= 3 * len(batch), read
+    with pg.transaction(force_rollback=True):
+        rows = pg.execute(statement, params).fetchall()
+    # the limit is full: every one turned down for it, none polled
+    assert {row[0] for row in rows} == {"CONCURRENCY_LIMIT"}
+
+
+def test_without_its_index_the_end_of_a_lease_reads_past_its_bound(
+    limited: psycopg.Connection,
+) -> None:
+    # the bound above is one a degraded plan breaks: without jobs_limit_waiting_idx
+    # the next waiters are found by reading the type's jobs
+    pg = limited
+    holders = _ids(pg, "SELECT job_id FROM jobs WHERE state = 'RUNNING' ORDER BY job_id")[:10]
+    params = {
+        "outcomes": json.dumps(
+            [{"job_id": str(i), "generation": 1, "kind": "succeeded"} for i in holders]
+        ),
+        "worker": HOLDER,
+    }
+    with pg.transaction(force_rollback=True):
+        pg.execute("DROP INDEX jobs_limit_waiting_idx")
+        found = explain_plan(pg, q.job_finish_many({"concurrency"}), params)
+    read = read_by(found, "jobs")
+    assert total(read, "jobs") > 10 * len(holders), read
