@@ -63,6 +63,7 @@ ARGUMENTS: dict[str, str] = {
 # Set through the environment alone.
 ENVIRONMENT: dict[str, str] = {
     "DATABASE_POOLER": "$DATABASE_POOLER",
+    "SCHEMA": "$HYBRID_JOBS_SCHEMA",
     "MAX_PAYLOAD_BYTES": "$MAX_PAYLOAD_BYTES",
     "STRICT_JOB_TYPES": "$STRICT_JOB_TYPES",
 }

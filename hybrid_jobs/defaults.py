@@ -31,6 +31,12 @@ DATABASE_POOLER: Final = "none"
 transaction-pooling proxy (PgBouncer in transaction mode): no prepared statements,
 and LISTEN goes to ``$DATABASE_LISTEN_URL``, a direct connection."""
 
+SCHEMA: Final = "hybrid_jobs"
+"""``$HYBRID_JOBS_SCHEMA``: the PostgreSQL schema that holds one instance's tables,
+functions and triggers; its advisory locks and NOTIFY channels are derived from it.
+Two instances in one database are two schemas. An install from before this setting
+has its tables in ``public``: it sets ``HYBRID_JOBS_SCHEMA=public``."""
+
 AMQP_URL: Final = "amqp://127.0.0.1:5672/"
 """RabbitMQ, when neither ``$AMQP_URL``, ``$AMQP_URL_FILE`` nor ``--amqp-url`` says.
 Several comma-separated URLs name the nodes of a cluster. Without a user in the URL
@@ -39,7 +45,9 @@ the client uses the broker's local default account."""
 AMQP_PREFIX: Final = "jobs"
 """``$AMQP_PREFIX`` / ``--amqp-prefix``: the exchange is named by it, each queue
 ``<prefix>.<queue>``, the dead letters go to ``<prefix>.dead``. Two deployments on
-one broker need two prefixes."""
+one broker need two prefixes. Left unset, an instance in a schema of its own
+(``HYBRID_JOBS_SCHEMA`` other than ``hybrid_jobs`` or ``public``) takes the schema's
+name."""
 
 AMQP_QUEUE_TYPE: Final = "classic"
 """``$AMQP_QUEUE_TYPE`` / ``--queue-type``: ``classic`` (which honours priorities) or

@@ -21,6 +21,8 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``store_input`` (a large or sensitive input stored once, run on by the jobs
 enqueued with ``payload_ref=``), ``stored_input``, ``redact_input`` (erase one).
 ``hooks.add`` runs a function of yours on every job enqueued (:mod:`outbox.hooks`).
+``bind_instance(engine)`` points your engine at the instance's schema
+(:mod:`outbox.instance`).
 """
 
 # The modules here take the caller's SQLAlchemy sessions, and import SQLAlchemy for
@@ -63,6 +65,7 @@ from hybrid_jobs.outbox.inputs import (
     stored_input,
     stored_input_async,
 )
+from hybrid_jobs.outbox.instance import bind_instance
 from hybrid_jobs.outbox.known_types import require_known_job_types
 from hybrid_jobs.outbox.policies import (
     JobTypePolicy,
@@ -157,6 +160,7 @@ __all__ = [
     "Why",
     "approve",
     "approve_async",
+    "bind_instance",
     "concurrency_limits",
     "concurrency_limits_async",
     "enqueue",

@@ -38,13 +38,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
+from psycopg import sql
 
 from hybrid_jobs.outbox.explain import JobNotFound
+from hybrid_jobs.outbox.instance import bound_schema
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import connection_kwargs
 from hybrid_jobs.schema.queries import JOB_OUTCOME
 from hybrid_jobs.schema.states import TERMINAL, JobState
-from hybrid_jobs.schema.tables import JOB_FINISHED_CHANNEL
+from hybrid_jobs.schema.tables import INSTANCE_SCHEMA_SQL, JOB_FINISHED_CHANNEL, channel
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -150,7 +152,10 @@ class _Listener:
                 with psycopg.Connection.connect(
                     self.conninfo, autocommit=True, **connection_kwargs(APPLICATION_NAME)
                 ) as conn:
-                    conn.execute(f"LISTEN {JOB_FINISHED_CHANNEL}")
+                    # The instance's channel: its schema as this connection finds it.
+                    row = conn.execute(f"SELECT {INSTANCE_SCHEMA_SQL}").fetchone()
+                    listened = channel(row[0] if row else "", JOB_FINISHED_CHANNEL)
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(listened)))
                     failures = 0
                     self.error = None
                     # Everyone reads their job now: whatever ended before this
@@ -188,10 +193,6 @@ _LOCK = threading.Lock()
 _LISTENERS: dict[str, _Listener] = {}
 
 
-def _conninfo(url: str) -> str:
-    return DatabaseUrl.parse(url, variable="the engine's URL").conninfo
-
-
 def _register(conninfo: str, waiter: _Waiter) -> _Listener:
     with _LOCK:
         listener = _LISTENERS.get(conninfo)
@@ -205,7 +206,12 @@ def _register(conninfo: str, waiter: _Waiter) -> _Listener:
 
 
 def _url_of(engine: Engine | AsyncEngine, listen_url: str | None) -> str:
-    return _conninfo(listen_url or engine.url.render_as_string(hide_password=False))
+    url = DatabaseUrl.parse(
+        listen_url or engine.url.render_as_string(hide_password=False), variable="the engine's URL"
+    )
+    # The listening connection is not the engine's: it looks where the engine looks.
+    schema = bound_schema(engine)
+    return (url.in_schema(schema) if schema else url).conninfo
 
 
 def _job_id(job_id: uuid.UUID | str) -> uuid.UUID:

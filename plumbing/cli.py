@@ -17,9 +17,11 @@ from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import (
     DEFAULT_AMQP_URL,
     DEFAULT_DATABASE_URL,
+    DEFAULT_SCHEMA,
     AmqpUrl,
     ConfigError,
     DatabaseUrl,
+    instance_schema,
     password_in_flag,
 )
 from hybrid_jobs.plumbing.logfmt import setup_logging
@@ -152,8 +154,19 @@ def connection_options(fn: F) -> F:
 
 
 def topology(prefix: str, queue_type: str) -> Topology:
+    """The broker's names. Left to its default, the prefix of an instance in a
+    schema of its own (HYBRID_JOBS_SCHEMA, other than hybrid_jobs and public) is the
+    schema's name, so that two instances on one broker share no queue."""
     from hybrid_jobs.schema.topology import QueueType, Topology
 
+    context = click.get_current_context(silent=True)
+    if (
+        context is not None
+        and context.get_parameter_source("amqp_prefix") is click.core.ParameterSource.DEFAULT
+    ):
+        schema, _ = instance_schema()
+        if schema not in (DEFAULT_SCHEMA, "public"):
+            prefix = schema
     if not prefix or len(prefix) > 100:
         raise ConfigError("AMQP_PREFIX must be 1-100 characters")
     return Topology(prefix=prefix, queue_type=QueueType(queue_type))

@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode
 
 import psycopg.conninfo
 import yarl
@@ -24,6 +25,12 @@ from hybrid_jobs import defaults
 
 DEFAULT_DATABASE_URL = defaults.DATABASE_URL
 DEFAULT_AMQP_URL = defaults.AMQP_URL
+DEFAULT_SCHEMA = defaults.SCHEMA
+
+# An instance's schema: lower case, so that it needs no quoting anywhere a user
+# types it (search_path, psql), and short enough that the NOTIFY channels named
+# after it stay within PostgreSQL's 63 bytes.
+_SCHEMA_NAME = re.compile(r"^(?!pg_)[a-z_][a-z0-9_]{0,47}$")
 
 _PG_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg"}
 _AMQP_SCHEMES = {"amqp", "amqps"}
@@ -54,6 +61,31 @@ def read_setting_from(name: str, default: str) -> tuple[str, str]:
     return default, name
 
 
+def check_schema(schema: str, variable: str = "HYBRID_JOBS_SCHEMA") -> str:
+    """``schema`` if it can name an instance's schema; else a ConfigError."""
+    if not _SCHEMA_NAME.match(schema):
+        raise ConfigError(
+            f"{variable} must be 1-48 lower-case letters, digits or underscores, starting "
+            "with a letter or underscore and not with pg_"
+        )
+    return schema
+
+
+def _with_search_path(conninfo: str, schema: str) -> str:
+    """``conninfo`` (a postgresql:// URL) with ``-c search_path=<schema>`` added to
+    the startup options it may already carry. Only the query string is touched: the
+    host list of a multi-host URL stays as written."""
+    base, _, query = conninfo.partition("?")
+    params = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "options"]
+    # libpq reads $PGOPTIONS only when the URL has no options: once it has ours,
+    # the variable's would be lost.
+    options = psycopg.conninfo.conninfo_to_dict(conninfo).get("options") or os.environ.get(
+        "PGOPTIONS"
+    )
+    merged = " ".join(filter(None, [str(options or ""), f"-c search_path={schema}"]))
+    return f"{base}?{urlencode([*params, ('options', merged)], quote_via=quote)}"
+
+
 def _check_ports(variable: str, ports: str) -> None:
     # libpq takes any text as a port and only fails at connect time, with a message
     # that looks like an outage; a port that cannot exist is a typo to report now.
@@ -76,6 +108,12 @@ class DatabaseUrl:
     # A direct connection for LISTEN, which a transaction pooler cannot carry
     # (DATABASE_LISTEN_URL); None: the main URL.
     listen: str | None = field(default=None, compare=False, repr=False)
+    # The instance's schema (HYBRID_JOBS_SCHEMA), which every connection made from
+    # ``conninfo`` looks in first; None: the connection's own search_path.
+    schema: str | None = field(default=None, compare=False)
+    # Whether the schema was set (HYBRID_JOBS_SCHEMA), not the default: `jobctl
+    # migrate` creates a new instance beside an existing one only when told to.
+    schema_given: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, raw: str, *, variable: str = "DATABASE_URL") -> DatabaseUrl:
@@ -97,6 +135,21 @@ class DatabaseUrl:
     @property
     def params(self) -> dict[str, str]:
         return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(self.conninfo).items()}
+
+    def in_schema(self, schema: str, *, given: bool = False) -> DatabaseUrl:
+        """This URL for the instance in ``schema``: its connections (psycopg's, and
+        SQLAlchemy's through :attr:`sqlalchemy`) start with ``search_path`` set to
+        it, so the project's unqualified SQL finds that instance's tables. Through a
+        transaction pooler startup options do not reach the server: there the role's
+        search_path must name the schema (the start-up check says so)."""
+        check_schema(schema)
+        conninfo = self.conninfo
+        listen = self.listen
+        if not self.pooled:
+            conninfo = _with_search_path(conninfo, schema)
+        if listen is not None:
+            listen = _with_search_path(listen, schema)
+        return replace(self, conninfo=conninfo, listen=listen, schema=schema, schema_given=given)
 
     @property
     def has_password(self) -> bool:
@@ -237,8 +290,9 @@ def _amqp_address(parsed: yarl.URL) -> str:
 
 def database_url(override: str | None = None) -> DatabaseUrl:
     """The PostgreSQL URL: ``override`` (the ``--database-url`` flag), else the
-    environment, else the default; with DATABASE_POOLER and DATABASE_LISTEN_URL
-    (or DATABASE_LISTEN_URL_FILE) from the environment."""
+    environment, else the default; with DATABASE_POOLER, DATABASE_LISTEN_URL (or
+    DATABASE_LISTEN_URL_FILE) and the instance's schema (HYBRID_JOBS_SCHEMA) from
+    the environment."""
     if override:
         url = DatabaseUrl.parse(override, variable="--database-url")
     else:
@@ -249,7 +303,18 @@ def database_url(override: str | None = None) -> DatabaseUrl:
         raise ConfigError("DATABASE_POOLER must be none or transaction")
     raw_listen, listen_setting = read_setting_from("DATABASE_LISTEN_URL", "")
     listen = DatabaseUrl.parse(raw_listen, variable=listen_setting) if raw_listen else None
-    return replace(url, pooled=pooler == "transaction", listen=listen.conninfo if listen else None)
+    url = replace(url, pooled=pooler == "transaction", listen=listen.conninfo if listen else None)
+    schema, given = instance_schema()
+    return url.in_schema(schema, given=given)
+
+
+def instance_schema() -> tuple[str, bool]:
+    """The instance's schema (``$HYBRID_JOBS_SCHEMA``, else ``hybrid_jobs``), and
+    whether it was set rather than defaulted."""
+    raw, setting = read_setting_from("HYBRID_JOBS_SCHEMA", "")
+    if not raw:
+        return DEFAULT_SCHEMA, False
+    return check_schema(raw, setting), True
 
 
 def amqp_url(override: str | None = None) -> AmqpUrl:

@@ -58,6 +58,13 @@ CONTROL_OPTIONS = "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
 RELAY_OPTIONS = CONTROL_OPTIONS + " -c synchronous_commit=off -c enable_bitmapscan=off"
 
 
+def with_url_options(database: DatabaseUrl, options: str) -> str:
+    """``options`` after the URL's own startup options. Given to a connection,
+    options replace the URL's, which name the instance's schema
+    (``DatabaseUrl.in_schema``): this keeps both."""
+    return " ".join(filter(None, [database.params.get("options"), options]))
+
+
 def make_pool(
     database: DatabaseUrl,
     application_name: str,
@@ -123,11 +130,13 @@ def _pool_args(
 def _pool_kwargs(
     database: DatabaseUrl, application_name: str, options: str | None
 ) -> dict[str, Any]:
+    if options and not database.pooled:
+        options = with_url_options(database, options)
     return (
         connection_kwargs(application_name, database)
         | {"autocommit": True}
         # Through a transaction pooler, startup options do not reach the server (set
-        # the timeouts on the role instead: see the README).
+        # the timeouts and the search_path on the role instead: see the deploy guide).
         | ({"options": options} if options and not database.pooled else {})
     )
 

@@ -169,6 +169,9 @@ class _Postgres(_Service[DatabaseUrl]):
             options["connect_timeout"] = CONNECT_TIMEOUT_S
         conn = await psycopg.AsyncConnection.connect(self.url.conninfo, autocommit=True, **options)
         async with conn:
+            misplaced = await misplaced_instance(conn, self.url.schema)
+            if misplaced is not None:
+                raise ConfigError(f'{self.setting}: database "{self.url.dbname}" {misplaced}')
             state = await (await conn.execute(revisions.SCHEMA_STATE)).fetchone()
             has_jobs, has_version = state or (False, False)
             revision = None
@@ -182,6 +185,17 @@ class _Postgres(_Service[DatabaseUrl]):
         why = revisions.unready(has_jobs, revision)
         if why is not None:
             raise ConfigError(f'{self.setting}: database "{self.url.dbname}" {why}')
+
+
+async def misplaced_instance(conn: psycopg.AsyncConnection[Any], schema: str | None) -> str | None:
+    """Why the connection does not reach the instance in ``schema``
+    (``revisions.misplaced``), or None when it does."""
+    row = await (await conn.execute(revisions.SCHEMA_FOUND_IN)).fetchone()
+    found_in = row[0] if row else None
+    if schema is None or found_in == schema:
+        return None
+    installs = [r[0] for r in await (await conn.execute(revisions.INSTALLS)).fetchall()]
+    return revisions.misplaced(schema, found_in, installs)
 
 
 class _RabbitMQ(_Service[AmqpUrl]):

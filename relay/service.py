@@ -46,6 +46,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from psycopg import sql
+
 from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from hybrid_jobs.plumbing.stopping import cancel_and_wait
@@ -75,7 +77,7 @@ from hybrid_jobs.relay.settings import RelaySettings
 from hybrid_jobs.relay.wake import WakeLimits, due_queues, wake_queue
 from hybrid_jobs.relay.webhooks import Deliverer
 from hybrid_jobs.schema.queries import OUTBOX_BACKLOG
-from hybrid_jobs.schema.tables import OUTBOX_CHANNEL
+from hybrid_jobs.schema.tables import INSTANCE_SCHEMA_SQL, OUTBOX_CHANNEL, channel
 
 log = logging.getLogger("relay")
 
@@ -376,8 +378,11 @@ class Relay:
         async for attempt in retry_forever(log, "relay.listen_failed"):
             with attempt:
                 async with await listen_connection(self.settings.database, "relay-listen") as conn:
-                    await conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
-                    log.info("relay.listening", extra={"channel": OUTBOX_CHANNEL})
+                    # The instance's channel: its schema as this connection finds it.
+                    row = await (await conn.execute(f"SELECT {INSTANCE_SCHEMA_SQL}")).fetchone()
+                    listened = channel(row[0] if row else "", OUTBOX_CHANNEL)
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(listened)))
+                    log.info("relay.listening", extra={"channel": listened})
                     # Whatever was committed while we were not listening.
                     self.wake_all()
                     async for notice in conn.notifies():

@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from hybrid_jobs.schema.locks import LockKey
+from hybrid_jobs.schema.locks import MIGRATION_LOCK_PREFIX
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -36,9 +36,24 @@ SCHEMA_STATE: Final = """
 SELECT to_regclass('jobs') IS NOT NULL, to_regclass('alembic_version') IS NOT NULL
 """
 SCHEMA_REVISION: Final = "SELECT version_num FROM alembic_version"
-# Held by `jobctl migrate` for its transaction, so two deployments migrating at once
-# take turns (schema.locks).
-MIGRATION_LOCK: Final = f"SELECT pg_advisory_xact_lock({int(LockKey.MIGRATION)})"
+# Where the connection finds the jobs table (NULL: nowhere); and every schema of the
+# database that holds an install (a jobs table and alembic's version table), to say
+# where the tables are when they are not where the setting points.
+SCHEMA_FOUND_IN: Final = """
+SELECT (SELECT relnamespace::regnamespace::text FROM pg_catalog.pg_class
+        WHERE oid = to_regclass('jobs'))
+"""
+INSTALLS: Final = """
+SELECT n.nspname FROM pg_catalog.pg_namespace AS n
+WHERE to_regclass(quote_ident(n.nspname) || '.jobs') IS NOT NULL
+  AND to_regclass(quote_ident(n.nspname) || '.alembic_version') IS NOT NULL
+ORDER BY n.nspname <> 'public', n.nspname
+"""
+# Held by `jobctl migrate` for its transaction, so two deployments migrating one
+# instance at once take turns (schema.locks); %(schema)s is the instance's schema.
+MIGRATION_LOCK: Final = (
+    f"SELECT pg_advisory_xact_lock(hashtextextended('{MIGRATION_LOCK_PREFIX}' || %(schema)s, 0))"
+)
 
 # The files alembic reads as migrations (alembic.script.base._only_source_rev_file):
 # every *.py of the versions folder but __init__.py (and editors' .# lock files).
@@ -123,6 +138,49 @@ def unready(has_jobs: bool, revision: str | None) -> str | None:
     if revision is not None and behind(revision):
         return f"is at migration {revision}, this version needs {head()}: run `jobctl migrate`"
     return None
+
+
+def misplaced(schema: str | None, found_in: str | None, installs: list[str]) -> str | None:
+    """Why a connection meant for the instance in ``schema`` cannot use what it
+    finds (the jobs table in ``found_in``; installs in ``installs``), said after the
+    database's name, or None when it finds that instance (or no schema is set)."""
+    if schema is None or found_in == schema:
+        return None
+    if found_in is not None:
+        # The search_path did not reach the server: a transaction pooler drops
+        # startup options, and the role's own search_path found another instance.
+        return (
+            f"has its jobs table in schema {found_in} for this connection, not in "
+            f"{schema} (HYBRID_JOBS_SCHEMA): through a transaction pooler, set the role's "
+            f"search_path (ALTER ROLE <role> SET search_path = {schema})"
+        )
+    if installs:
+        return (
+            f"has no jobs table in schema {schema} (HYBRID_JOBS_SCHEMA); an instance is in "
+            f"{in_schemas(installs)}: set HYBRID_JOBS_SCHEMA={installs[0]} to use it "
+            "(see the upgrading guide)"
+        )
+    return None
+
+
+def second_instance(schema: str, installs: list[str]) -> str | None:
+    """Why migrating ``schema`` with HYBRID_JOBS_SCHEMA unset, where the database
+    holds ``installs`` elsewhere (one from before the setting, in public), is
+    refused: creating an empty instance beside the one the user means would split
+    producers from daemons. None when there is none."""
+    if not installs:
+        return None
+    return (
+        f"HYBRID_JOBS_SCHEMA is not set, so this would create a new instance in schema "
+        f"{schema}, but the database already holds one in {in_schemas(installs)}: "
+        f"set HYBRID_JOBS_SCHEMA={installs[0]} to upgrade that one (see the upgrading "
+        f"guide), or HYBRID_JOBS_SCHEMA={schema} to create a second instance beside it"
+    )
+
+
+def in_schemas(names: list[str]) -> str:
+    """``schema a``, or ``schemas a, b``."""
+    return f"schema{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def behind(revision: str) -> bool:

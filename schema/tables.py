@@ -133,13 +133,32 @@ ATTEMPT_OUTCOMES = _in(
     ]
 )
 
-# The channel the outbox trigger (migration 0001) notifies on every insert, and a
+# NOTIFY channels are per instance, "<schema>.<name>" (the schema's name cut to 48
+# characters, as the triggers cut TG_TABLE_SCHEMA: a channel name has 63 bytes at
+# most), so two instances in one database do not wake each other's listeners.
+# The outbox trigger (migration 0001) notifies OUTBOX_CHANNEL on every insert, and a
 # freed tenant slot (migration 0003) too.
 OUTBOX_CHANNEL = "outbox"
-# The channel a job's end is announced on, its id the payload: a trigger on jobs
-# (migration 0012) notifies it whenever an update moves a job into a final state,
-# delivered at that commit (outbox.wait_for listens).
+# A job's end is announced on JOB_FINISHED_CHANNEL, its id the payload: a trigger on
+# jobs (migration 0012) notifies it whenever an update moves a job into a final
+# state, delivered at that commit (outbox.wait_for listens).
 JOB_FINISHED_CHANNEL = "job_finished"
+# The instance's schema, as the statement's search_path finds its jobs table.
+INSTANCE_SCHEMA_SQL = (
+    "(SELECT n.nspname FROM pg_catalog.pg_namespace AS n"
+    " JOIN pg_catalog.pg_class AS c ON c.relnamespace = n.oid WHERE c.oid = 'jobs'::regclass)"
+)
+
+
+def channel(schema: str, name: str) -> str:
+    """The instance's NOTIFY channel ``name`` (OUTBOX_CHANNEL, JOB_FINISHED_CHANNEL)."""
+    return f"{schema[:48]}.{name}"
+
+
+def channel_sql(name: str) -> str:
+    """:func:`channel` in SQL, for the instance the statement's search_path finds."""
+    return f"left({INSTANCE_SCHEMA_SQL}, 48) || '.{name}'"
+
 
 # A rate limit name: a tenant-like name, or a prefix of names followed by ':*'
 # (the limit of every name with that prefix, each its own bucket).
@@ -176,6 +195,7 @@ __all__ = [
     "CLOCK_ROW",
     "DEFAULT_MAX_ATTEMPTS",
     "FIRE_OUTCOMES_SQL",
+    "INSTANCE_SCHEMA_SQL",
     "JOB_FINISHED_CHANNEL",
     "LEASED_SQL",
     "MAX_DEDUP_KEY_LENGTH",
@@ -198,6 +218,8 @@ __all__ = [
     "TAG_PATTERN",
     "TERMINAL_SQL",
     "UNIQUE_SCOPES_SQL",
+    "channel",
+    "channel_sql",
     "concurrency_limits",
     "dashboard_sessions",
     "fair_shares",

@@ -32,6 +32,11 @@ from tests.support.services import ADMIN_URL, AMQP_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tests' databases hold their instance in public, as an install from before
+# HYBRID_JOBS_SCHEMA does, and the daemons and jobctl runs they start (which inherit
+# this environment) look there. tests/test_instances.py sets its own schemas.
+os.environ.setdefault("HYBRID_JOBS_SCHEMA", "public")
+
 
 def _admin() -> psycopg.Connection:
     return psycopg.connect(ADMIN_URL, autocommit=True)

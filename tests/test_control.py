@@ -281,11 +281,11 @@ async def test_pause_and_resume_a_queue_while_jobs_flow(services, engine: Engine
     with Session(engine) as session, session.begin():
         outbox.pause_queue(session, "p")
     with psycopg.connect(services[0].conninfo, autocommit=True) as listener:
-        listener.execute("LISTEN outbox")
+        listener.execute('LISTEN "public.outbox"')
         with Session(engine) as session, session.begin():
             assert outbox.resume_queue(session, "p") is True
         heard = next(listener.notifies(timeout=10, stop_after=1), None)
-        assert heard is not None and heard.channel == "outbox"
+        assert heard is not None and heard.channel == "public.outbox"
 
 
 # --------------------------------------------------------------------------- explain

@@ -67,13 +67,13 @@ def test_commit_notifies_the_relay_only_on_commit(
     engine: Engine, db_url, pg: psycopg.Connection
 ) -> None:
     listener = psycopg.connect(db_url.conninfo, autocommit=True)
-    listener.execute("LISTEN outbox")
+    listener.execute('LISTEN "public.outbox"')
     with Session(engine) as session:
         outbox.enqueue(session, "t", {})
         assert list(listener.notifies(timeout=0.3)) == []
         session.commit()
     notes = list(listener.notifies(timeout=2, stop_after=1))
-    assert [n.channel for n in notes] == ["outbox"]
+    assert [n.channel for n in notes] == ["public.outbox"]
     listener.close()
 
 

@@ -23,6 +23,7 @@ from hybrid_jobs.consumers.store import JobStore
 from hybrid_jobs.jobctl.metrics import Collector, CollectorSettings
 from hybrid_jobs.jobctl.metrics.queries import LOCK_NAME
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.locks import INSTANCE_SEED
 from hybrid_jobs.schema.queries import JOB_EXPIRE_WAITING, JOB_SWEEP_EXPIRED, WORKER_SEEN
 from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
@@ -606,7 +607,9 @@ async def test_one_collection_at_a_time(db_url: DatabaseUrl, pool) -> None:
     a, b = Collector(pool), Collector(pool)
     assert await a.collect_once()
     with psycopg.connect(db_url.conninfo) as other, other.transaction():
-        other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [LOCK_NAME])
+        other.execute(
+            f"SELECT pg_advisory_xact_lock(hashtextextended(%s, {INSTANCE_SEED}))", [LOCK_NAME]
+        )
         assert not await a.collect_once()
         assert not await b.collect_once()
         assert Scrape(a).value("hybrid_jobs_collector_rounds_total", result="skipped") == 1

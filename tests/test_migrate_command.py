@@ -44,7 +44,7 @@ def test_migrate_an_empty_database_then_again(empty_db_url: DatabaseUrl, tmp_pat
     assert first.returncode == 0, first.stderr
     assert first.stdout.splitlines() == [
         *HEAD_STEPS,
-        f"{empty_db_url.redacted()} is at {HEAD} (head)",
+        f"{empty_db_url.redacted()} (schema public) is at {HEAD} (head)",
     ]
     assert {"jobs", "job_attempts", "outbox", "job_effects"} <= tables(empty_db_url)
 
@@ -56,6 +56,7 @@ def test_migrate_an_empty_database_then_again(empty_db_url: DatabaseUrl, tmp_pat
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout) == {
         "database": empty_db_url.redacted(),
+        "schema": "public",
         "created": False,
         "dry_run": False,
         "from": HEAD,
@@ -169,7 +170,7 @@ def test_create_database_creates_a_missing_one_then_migrates(tmp_path: Path) -> 
         assert first.stdout.splitlines() == [
             f"created database {name}",
             *HEAD_STEPS,
-            f"{url.redacted()} is at {HEAD} (head)",
+            f"{url.redacted()} (schema public) is at {HEAD} (head)",
         ]
         assert {"jobs", "outbox"} <= tables(url)
         again = jobctl("migrate", "--create-database", "--json", url=url, cwd=tmp_path)

@@ -361,7 +361,7 @@ def test_a_trigger_enqueues_in_the_transaction_of_the_row_and_rolls_back_with_it
     assert _count(pg, "jobs") == _count(pg, "outbox") == 0
 
     with psycopg.connect(db_url.conninfo, autocommit=True) as listener:
-        listener.execute("LISTEN outbox")
+        listener.execute('LISTEN "public.outbox"')
         pg.execute("INSERT INTO orders VALUES (2, 'b@example.com')")
         # the outbox trigger's NOTIFY, sent at commit, tells the relay which queue
         notices = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]

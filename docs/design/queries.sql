@@ -354,7 +354,7 @@ LIMIT 100;
 -- Run by outbox.enqueue:insert_jobs to lock the keys of a batch's ordered jobs: their
 -- numbers follow commits.
 -- Parameters: keys.
-SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 0)))
+SELECT count(pg_advisory_xact_lock(hashtextextended('hybrid_jobs.key.' || k.key, 'jobs'::regclass::oid::bigint)))
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k;
 
 -- name: JOB_DEBOUNCE_MANY
@@ -2364,7 +2364,8 @@ WHERE q.queue IS NOT NULL
 -- Parameters: limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
-    SELECT pg_try_advisory_xact_lock(hashtextextended('hybrid_jobs.wake.' || %(queue)s, 0)) AS ok
+    SELECT pg_try_advisory_xact_lock(
+        hashtextextended('hybrid_jobs.wake.' || %(queue)s, 'jobs'::regclass::oid::bigint)) AS ok
 ), settled AS (
     -- 1b. settle the wake-ups in flight whose job was taken up since
     DELETE FROM outbox AS o USING jobs AS j
@@ -3008,7 +3009,7 @@ ORDER BY f.key, f.value->>'reason';
 -- Run by relay.maintenance:_try_lock to take a chore's lock for this transaction, or
 -- skip the round.
 -- Parameters: key.
-SELECT pg_try_advisory_xact_lock(%(key)s);
+SELECT pg_try_advisory_xact_lock('jobs'::regclass::oid::int4, %(key)s::int4);
 
 
 -- ======================================================================================
@@ -3563,7 +3564,7 @@ WITH resumed AS (
     RETURNING queue, paused_at, paused_by, resumed_at, resumed_by
 )
 SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
-       (SELECT pg_notify('outbox', '')) IS NULL
+       (SELECT pg_notify(left((SELECT n.nspname FROM pg_catalog.pg_namespace AS n JOIN pg_catalog.pg_class AS c ON c.relnamespace = n.oid WHERE c.oid = 'jobs'::regclass), 48) || '.outbox', '')) IS NULL
 FROM resumed AS r;
 
 -- name: QUEUE_PAUSED_LIST

@@ -24,11 +24,11 @@ from alembic.runtime.migration import MigrationInfo
 from alembic.script import ScriptDirectory
 from alembic.script.revision import Revision
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, create_engine, pool, text
+from sqlalchemy import Connection, Engine, create_engine, pool
 
 from hybrid_jobs.jobctl.output import Failure, emit, json_option, say, warned
 from hybrid_jobs.plumbing import createdb, diagnose
-from hybrid_jobs.plumbing.config import ConfigError, DatabaseUrl, database_url
+from hybrid_jobs.plumbing.config import DEFAULT_SCHEMA, ConfigError, DatabaseUrl, database_url
 from hybrid_jobs.schema import revisions
 
 NAME = "jobctl migrate"
@@ -76,6 +76,7 @@ def migrate(database_url: str | None, target: str, dry_run: bool, create_databas
     do, says so. Safe to run on every deploy, and from several places at once.
     """
     url = _database(database_url)
+    schema = url.schema or DEFAULT_SCHEMA
     script = revisions.scripts()
     goal = _resolve(script, target)
     created = _create(url) if create_database and not dry_run else False
@@ -88,20 +89,25 @@ def migrate(database_url: str | None, target: str, dry_run: bool, create_databas
         with _connect(engine, url) as conn, conn.begin() as transaction:
             # Held to the end of the transaction: a second `jobctl migrate` waits here,
             # then finds the work done.
-            conn.execute(text(revisions.MIGRATION_LOCK))
-            current = MigrationContext.configure(conn).get_current_revision()
+            conn.exec_driver_sql(revisions.MIGRATION_LOCK, {"schema": schema})
+            current = MigrationContext.configure(
+                conn, opts={"version_table_schema": schema}
+            ).get_current_revision()
+            if current is None and not url.schema_given:
+                _refuse_second_instance(conn, schema)
             plan = _plan(script, current, goal)
             if dry_run or not plan:
                 transaction.rollback()
                 ran: list[Step] = []
             else:
-                ran = _upgrade(conn, script, goal, plan)
+                ran = _upgrade(conn, url, script, goal, plan)
     finally:
         engine.dispose()
     head = script.get_current_head()
     final = current if dry_run or not plan else goal
     result: dict[str, Any] = {
         "database": url.redacted(),
+        "schema": schema,
         "created": created,
         "from": current,
         "to": final,
@@ -115,7 +121,8 @@ def migrate(database_url: str | None, target: str, dry_run: bool, create_databas
     elif dry_run:
         emit(result, "\n".join([f"would {s}" for s in plan] + ["(dry run: nothing changed)"]))
     else:
-        emit(result, f"{url.redacted()} is at {final}" + (" (head)" if final == head else ""))
+        at_head = " (head)" if final == head else ""
+        emit(result, f"{url.redacted()} (schema {schema}) is at {final}{at_head}")
 
 
 def _database(flag: str | None) -> DatabaseUrl:
@@ -185,6 +192,13 @@ def _connect(engine: Engine, url: DatabaseUrl) -> Iterator[Connection]:
         yield conn
 
 
+def _refuse_second_instance(conn: Connection, schema: str) -> None:
+    found = [row[0] for row in conn.exec_driver_sql(revisions.INSTALLS)]
+    why = revisions.second_instance(schema, found)
+    if why is not None:
+        raise ConfigError(why)
+
+
 def _plan(script: ScriptDirectory, current: str | None, goal: str) -> list[Step]:
     """The upgrade steps from ``current`` to ``goal``, oldest first."""
     if current == goal:
@@ -211,7 +225,9 @@ def _step(script: ScriptDirectory, direction: str, target: str, source: Any) -> 
     return Step(direction, str(source or "base"), target, doc.strip())
 
 
-def _upgrade(conn: Connection, script: ScriptDirectory, goal: str, plan: list[Step]) -> list[Step]:
+def _upgrade(
+    conn: Connection, url: DatabaseUrl, script: ScriptDirectory, goal: str, plan: list[Step]
+) -> list[Step]:
     ran: list[Step] = []
 
     def on_version_apply(*, step: MigrationInfo, **_: Any) -> None:
@@ -226,6 +242,7 @@ def _upgrade(conn: Connection, script: ScriptDirectory, goal: str, plan: list[St
 
     cfg = revisions.alembic_config()
     cfg.attributes["connection"] = conn
+    cfg.attributes["url"] = url
     cfg.attributes["on_version_apply"] = on_version_apply
     try:
         command.upgrade(cfg, goal)

@@ -19,6 +19,7 @@ from psycopg import AsyncConnection
 from hybrid_jobs.jobctl.doctor.findings import Finding, Level
 from hybrid_jobs.jobctl.doctor.queries import DOCTOR_CHECK_CONSTRAINTS
 from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.preflight import misplaced_instance
 from hybrid_jobs.schema import revisions
 
 if TYPE_CHECKING:
@@ -31,6 +32,11 @@ MIGRATE = "run `jobctl migrate` (it only upgrades, and is safe to run while the 
 async def revision(conn: AsyncConnection[Any], url: DatabaseUrl) -> tuple[list[Finding], bool]:
     """The revision's findings, and whether the drift is worth comparing (the
     database is at this release's head, or has tables but no revision)."""
+    where = f'database "{url.dbname}"'
+    misplaced = await misplaced_instance(conn, url.schema)
+    if misplaced is not None:
+        detail = "the relay and consumers refuse to start"
+        return [Finding(CHECK, Level.PROBLEM, f"{where} {misplaced}", detail)], False
     row = await (await conn.execute(revisions.SCHEMA_STATE)).fetchone()
     has_jobs, has_version = row or (False, False)
     found: str | None = None
@@ -38,7 +44,6 @@ async def revision(conn: AsyncConnection[Any], url: DatabaseUrl) -> tuple[list[F
         version = await (await conn.execute(revisions.SCHEMA_REVISION)).fetchone()
         found = version[0] if version else None
     head = revisions.head()
-    where = f'database "{url.dbname}"'
     why = revisions.unready(bool(has_jobs), found)
     if why is not None:
         title = f"{where} {why.partition(': run')[0]}"

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from hybrid_jobs.schema.locks import METRICS_LOCK_NAME
+from hybrid_jobs.schema.locks import INSTANCE_SEED, METRICS_LOCK_NAME
 from hybrid_jobs.schema.queries import RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
 from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, TERMINAL_SQL
@@ -48,10 +48,10 @@ LOCK_NAME: Final = METRICS_LOCK_NAME
 # transaction only), whether this process may collect now, and the snapshot's clock.
 # Timestamps come back in UTC, which psycopg reads several times faster than a named
 # zone (even 'Etc/UTC'): a round reads thousands of them.
-METRICS_ROUND_BEGIN: Final = """
+METRICS_ROUND_BEGIN: Final = f"""
 SELECT set_config('statement_timeout', %(timeout_ms)s, true),
        set_config('TimeZone', 'UTC', true),
-       pg_try_advisory_xact_lock(hashtextextended(%(lock)s, 0)),
+       pg_try_advisory_xact_lock(hashtextextended(%(lock)s, {INSTANCE_SEED})),
        now()
 """
 

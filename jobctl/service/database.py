@@ -22,7 +22,7 @@ from sqlalchemy import pool
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from hybrid_jobs.plumbing.config import DatabaseUrl
-from hybrid_jobs.plumbing.db import connection_kwargs
+from hybrid_jobs.plumbing.db import connection_kwargs, with_url_options
 
 # A read or action that takes longer is failed rather than left to hold a
 # connection (and, for a write, row locks) while its caller has given up; a row
@@ -40,8 +40,10 @@ class Database:
         self.url = url
         connect_args = connection_kwargs(application_name) | {
             "connect_timeout": CONNECT_TIMEOUT_S,
-            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
-            f" -c lock_timeout={LOCK_TIMEOUT_MS}",
+            "options": with_url_options(
+                url,
+                f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}",
+            ),
         }
         pooling = (
             {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}

@@ -27,6 +27,7 @@ from hybrid_jobs.schema.tables import (
     OUTBOX_CHANNEL,
     REPLAYABLE_SQL,
     TERMINAL_SQL,
+    channel_sql,
 )
 
 _WHO = WHO
@@ -344,7 +345,7 @@ WITH resumed AS (
     RETURNING queue, paused_at, paused_by, resumed_at, resumed_by
 )
 SELECT r.queue, r.paused_at, r.paused_by, r.resumed_at, r.resumed_by,
-       (SELECT pg_notify('{OUTBOX_CHANNEL}', '')) IS NULL
+       (SELECT pg_notify({channel_sql(OUTBOX_CHANNEL)}, '')) IS NULL
 FROM resumed AS r
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from hybrid_jobs.schema.locks import KEY_LOCK_PREFIX
+from hybrid_jobs.schema.locks import INSTANCE_SEED, KEY_LOCK_PREFIX
 from hybrid_jobs.schema.queries.fragments import FENCE, WHO
 from hybrid_jobs.schema.queries.policy import forbids
 from hybrid_jobs.schema.states import DelayReason
@@ -175,7 +175,7 @@ LIMIT 100
 # the numbers follow the commit order, and a claim never sees a later number of a
 # key before an earlier one. Keys whose hashes collide only wait for each other.
 JOB_KEYS_LOCK: Final = f"""
-SELECT count(pg_advisory_xact_lock(hashtextextended('{KEY_LOCK_PREFIX}' || k.key, 0)))
+SELECT count(pg_advisory_xact_lock(hashtextextended('{KEY_LOCK_PREFIX}' || k.key, {INSTANCE_SEED})))
 FROM (SELECT DISTINCT key FROM unnest(%(keys)s::text[]) AS u(key) ORDER BY key) AS k
 """
 

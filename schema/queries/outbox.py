@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from hybrid_jobs.schema.locks import WAKE_LOCK_PREFIX
+from hybrid_jobs.schema.locks import INSTANCE_SEED, WAKE_LOCK_PREFIX
 from hybrid_jobs.schema.queries.fragments import KEY_AHEAD, LIVE_WORKER, UNTAKEN
 from hybrid_jobs.schema.states import DelayReason, HeldReason
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL, CLOCK_ROW, LEASED_SQL
@@ -232,7 +232,8 @@ def _horizon(candidates: str) -> str:
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
-    SELECT pg_try_advisory_xact_lock(hashtextextended('{WAKE_LOCK_PREFIX}' || %(queue)s, 0)) AS ok
+    SELECT pg_try_advisory_xact_lock(
+        hashtextextended('{WAKE_LOCK_PREFIX}' || %(queue)s, {INSTANCE_SEED})) AS ok
 ), settled AS (
     -- 1b. settle the wake-ups in flight whose job was taken up since
     DELETE FROM outbox AS o USING jobs AS j

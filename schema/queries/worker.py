@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 from hybrid_jobs import defaults
+from hybrid_jobs.schema.locks import INSTANCE_SPACE
 from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
 
 # A consumer announces itself at start and at every heartbeat: which queues, job
@@ -88,4 +89,4 @@ ORDER BY f.key, f.value->>'reason'
 
 # Each periodic chore (sweeping, re-waking, reconciling...) runs in one relay at a
 # time: the others find its transaction-scoped advisory lock taken and skip the round.
-MAINTENANCE_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+MAINTENANCE_TRY_LOCK: Final = f"SELECT pg_try_advisory_xact_lock({INSTANCE_SPACE}, %(key)s::int4)"
