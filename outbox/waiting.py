@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql
@@ -206,12 +207,24 @@ def _register(conninfo: str, waiter: _Waiter) -> _Listener:
 
 
 def _url_of(engine: Engine | AsyncEngine, listen_url: str | None) -> str:
-    url = DatabaseUrl.parse(
-        listen_url or engine.url.render_as_string(hide_password=False), variable="the engine's URL"
-    )
+    url = DatabaseUrl.parse(listen_url or _libpq_url(engine), variable="the engine's URL")
     # The listening connection is not the engine's: it looks where the engine looks.
     schema = bound_schema(engine)
     return (url.in_schema(schema) if schema else url).conninfo
+
+
+def _libpq_url(engine: Engine | AsyncEngine) -> str:
+    """The engine's URL as libpq reads it. SQLAlchemy writes a space in the query as
+    ``+`` (``options=-c+search_path%3Dx``), which libpq does not decode: the server
+    would be asked for a setting named ``+search_path`` and refuse the connection."""
+    url = engine.url
+    query = [
+        (key, value)
+        for key, values in url.query.items()
+        for value in ((values,) if isinstance(values, str) else values)
+    ]
+    base = url.set(query={}).render_as_string(hide_password=False)
+    return f"{base}?{urlencode(query, quote_via=quote)}" if query else base
 
 
 def _job_id(job_id: uuid.UUID | str) -> uuid.UUID:

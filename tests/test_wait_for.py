@@ -203,6 +203,35 @@ def test_the_listener_follows_the_engine_url_not_a_global(db_url: DatabaseUrl) -
         eng.dispose()
 
 
+def test_an_engine_with_startup_options_listens_with_them(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """An engine made from an instance's URL carries ``options=-c search_path=...``,
+    which SQLAlchemy writes with a ``+`` for the space. Its listener read that as a
+    setting named ``+search_path``, was refused at every connect, and each wait ran
+    to its timeout, as `jobctl serve`'s ``?wait=`` did."""
+    eng = create_engine(db_url.in_schema("public").sqlalchemy)
+    try:
+        job_id = enqueue(eng, "echo", {})
+        got: list[outbox.Finished] = []
+        waiter = threading.Thread(target=lambda: got.append(outbox.wait_for(eng, job_id, 60)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while _listeners(pg) == 0:
+            assert time.monotonic() < deadline, "the listener never connected"
+            time.sleep(0.05)
+        pg.execute(
+            "UPDATE jobs SET state = 'SUCCEEDED', attempt_count = 1, started_at = now(),"
+            " finished_at = now() WHERE job_id = %s",
+            [job_id],
+        )
+        waiter.join(30)
+        assert not waiter.is_alive(), "woken by the job's end, not by its timeout"
+        assert got[0].state == "SUCCEEDED"
+    finally:
+        eng.dispose()
+
+
 def test_a_lost_listening_connection_is_replaced_and_no_end_is_missed(
     engine: Engine, pg: psycopg.Connection
 ) -> None:
