@@ -23,7 +23,10 @@ their bookkeeping, not waiting.
   --resources apart in the batch, so holders rarely collide);
 - deadline: every job with an expiry one hour away (expires=);
 - concurrency: every job of a type whose handler declares global_limit=100,000
-  (every claim takes a slot of its one row, every outcome gives it back).
+  (every claim takes a slot of its one row, every outcome gives it back);
+- weight: every job of weight 2 (every claim counts its consumer's free slots by
+  weight, every outcome is composed with the weight; each consumer runs half as
+  many no-op jobs at once).
 
 --repeat R runs the whole list R times in alternation (plain, keys, ..., plain,
 keys, ...), so slow drift of the machine falls on every variant alike; each
@@ -101,6 +104,10 @@ def concurrency(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob
     return [outbox.NewJob("noop_limited", {}) for _ in range(args.jobs)]
 
 
+def weighed(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob]:
+    return [outbox.NewJob("noop", {}, weight=2) for _ in range(args.jobs)]
+
+
 VARIANTS: dict[str, Variant] = {
     "plain": plain,
     "keys": keyed,
@@ -110,6 +117,7 @@ VARIANTS: dict[str, Variant] = {
     "resource": resource,
     "deadline": deadline,
     "concurrency": concurrency,
+    "weight": weighed,
 }
 
 

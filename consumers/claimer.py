@@ -21,7 +21,12 @@ What comes back unclaimed is handled by why:
   handed back to the outbox's backlog if that goes on;
 - no free thread for a plain-function handler (every thread held by a handler
   past its time limit): its wake-up goes back to the outbox's backlog, due a little
-  later, for this consumer or another with a free thread.
+  later, for this consumer or another with a free thread;
+- a weighed job heavier than the free slots (``no_room``): it waits here, and is
+  tried again once more slots are free than when it was turned away. Meanwhile
+  nothing else is claimed, so a stream of light jobs cannot starve it: the slots
+  it needs are kept for it as they free. One heavier than the whole concurrency is
+  turned down and recorded (WEIGHT_OVER_CONCURRENCY), with a warning.
 
 A database that cannot be reached pauses consuming (deliveries go back) until it
 answers; a lock or statement timeout is contention, not an outage, and only defers
@@ -48,7 +53,15 @@ from hybrid_jobs.consumers.ledger import Ledger
 from hybrid_jobs.consumers.reconcile import reconcile
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.settings import ConsumerSettings
-from hybrid_jobs.consumers.store import HELD_HERE, LOCKED, NO_THREAD, OTHER_QUEUE, Claimed, JobStore
+from hybrid_jobs.consumers.store import (
+    HELD_HERE,
+    LOCKED,
+    NO_ROOM,
+    NO_THREAD,
+    OTHER_QUEUE,
+    Claimed,
+    JobStore,
+)
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.plumbing.transient import is_transient_db_error, retry_forever
@@ -67,6 +80,13 @@ LOCKED_HOLD = 5.0
 # its time limit) goes back to the outbox's backlog, due this much later, for this
 # consumer or one with a free thread.
 NO_THREAD_WAIT = 2.0
+# A weighed job that did not fit the free slots is tried again once more are free,
+# and at the latest after this long (a batch's heavier jobs ahead of it may have
+# been what left it no room).
+NO_ROOM_RETRY = 1.0
+# Jobs heavier than the whole concurrency are warned of at most this often: their
+# wake-ups come back after the refusal backstop, each one turned down again.
+HEAVY_WARNING_INTERVAL = 60.0
 
 
 def _contention(exc: BaseException) -> bool:
@@ -82,13 +102,15 @@ def _contention(exc: BaseException) -> bool:
 class _Waiting:
     """One id and the deliveries that name it (duplicated wake-ups share it)."""
 
-    __slots__ = ("deliveries", "first_deferred", "retries", "retry_at")
+    __slots__ = ("deliveries", "first_deferred", "retries", "retry_at", "room_at_refusal")
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
         self.retry_at = 0.0
         self.retries = 0
         self.first_deferred = 0.0
+        # The free slots when its weight did not fit them (None: it has not met that).
+        self.room_at_refusal: int | None = None
 
 
 class Claimer:
@@ -120,6 +142,8 @@ class Claimer:
         self.paused = False
         self.failures = 0
         self.threads_exhausted = False
+        # When jobs heavier than the whole concurrency were last warned of.
+        self.warned_heavy_at: float | None = None
         self.counts: Counter[str] = Counter()
         # Reconcile hooks asked about uncertain resources, running beside the claims.
         self.reconciling: set[asyncio.Task[int]] = set()
@@ -206,7 +230,10 @@ class Claimer:
         if not self.waiting or self.stopping or self.paused or self._free() <= 0:
             return None
         now = time.monotonic()
-        return max(0.0, min(w.retry_at for w in self.waiting.values()) - now)
+        # While weighed jobs wait here for room, only they can be tried (_ready):
+        # a lighter id due now must not wake the loop round and round.
+        waiting = [w for w in self.waiting.values() if w.room_at_refusal is not None]
+        return max(0.0, min(w.retry_at for w in waiting or self.waiting.values()) - now)
 
     def _free(self) -> int:
         return self.settings.concurrency - self.ledger.running
@@ -215,6 +242,20 @@ class Claimer:
         if limit <= 0:
             return []
         now = time.monotonic()
+        free = self._free()
+        heavy = [job_id for job_id, w in self.waiting.items() if w.room_at_refusal is not None]
+        if heavy:
+            # The slots free up for the weighed jobs waiting here first: claiming a
+            # lighter one now could keep them from ever having enough. One is tried
+            # again when more are free than when it last was (noted, so that it is
+            # not tried again for the same room), or its retry is due.
+            ready = []
+            for job_id in heavy[:limit]:
+                waiting = self.waiting[job_id]
+                if free > (waiting.room_at_refusal or 0) or waiting.retry_at <= now:
+                    waiting.room_at_refusal = free
+                    ready.append(job_id)
+            return ready
         ready = []
         for job_id, waiting in self.waiting.items():
             if waiting.retry_at <= now:
@@ -254,6 +295,8 @@ class Claimer:
                         queues=self.settings.queues,
                         free_threads=self.threads.free,
                         worker_ttl=self.settings.worker_ttl,
+                        free_slots=self._free(),
+                        concurrency=self.settings.concurrency,
                     )
             claimed, missed = result.claimed, result.missed
             # A lease ours that does not run here comes from a claim that committed
@@ -297,11 +340,16 @@ class Claimer:
             self.counts[f"wakeup_{why.lower()}"] += 1
             if why == LOCKED:
                 await self._defer(job_id)
+            elif why == NO_ROOM:
+                self._wait_for_room(job_id)
             elif why == NO_THREAD:
                 no_thread.append(job_id)
             else:
                 await self._done(job_id)
         self._note_threads(bool(no_thread))
+        heavy = [i for i, why in missed.items() if why == DelayReason.WEIGHT_OVER_CONCURRENCY]
+        if heavy:
+            self._warn_heavy(len(heavy))
         uncertain = [i for i, why in missed.items() if why == DelayReason.RESOURCE_UNCERTAIN]
         if uncertain and self.registry.reconciles():
             # beside the claims: a hook looks at a target, which may take a while
@@ -372,6 +420,34 @@ class Claimer:
             LOCKED_RETRY * 2**waiting.retries, LOCKED_RETRY_CAP
         )
         waiting.retries += 1
+
+    def _wait_for_room(self, job_id: uuid.UUID) -> None:
+        """A weighed job that did not fit the free slots: try it again once more are
+        free (or after NO_ROOM_RETRY), before anything else waiting here."""
+        waiting = self.waiting.get(job_id)
+        if waiting is None:
+            return
+        waiting.room_at_refusal = self._free()
+        waiting.retry_at = time.monotonic() + NO_ROOM_RETRY
+
+    def _warn_heavy(self, count: int) -> None:
+        """Jobs heavier than this consumer's whole concurrency were turned down: say
+        so (at most once a HEAVY_WARNING_INTERVAL), since nothing here will ever
+        run them."""
+        now = time.monotonic()
+        if self.warned_heavy_at is not None and now - self.warned_heavy_at < HEAVY_WARNING_INTERVAL:
+            return
+        self.warned_heavy_at = now
+        log.warning(
+            "consumer.job_heavier_than_concurrency",
+            extra={
+                "count": count,
+                "concurrency": self.settings.concurrency,
+                "why": "a job's weight is above this consumer's --concurrency",
+                "action": "turned down (WEIGHT_OVER_CONCURRENCY); run a consumer with a"
+                " --concurrency of at least its weight, or cancel it",
+            },
+        )
 
     async def _return_to_backlog(self, job_ids: list[uuid.UUID], delay: float) -> None:
         """Hand these buffered ids back to the outbox (due in ``delay`` seconds)

@@ -99,13 +99,14 @@ class Job:
     of the schedule occurrence that fired the job (an aware datetime; None for a
     job no schedule fired). ``payload_ref`` is the id of the stored input
     (``outbox.store_input``) whose content ``payload`` holds, None for a job that
-    carried its payload. ``meta`` is the metadata it was enqueued with (a
-    read-only mapping, empty for none). ``cancel_requested`` turns true (at a
-    heartbeat) when someone asked to cancel the job: stop at a safe point and
-    ``raise consumers.Cancel()``. ``cancel_forced`` turns true with it when the
-    cancel was forced: an async handler is then interrupted (``CancelledError`` at
-    its current ``await``), and whatever a handler does next, its lease ends
-    CANCELLED.
+    carried its payload. ``weight`` is how many of the consumer's slots (and of
+    its tenant's cap, and of its type's concurrency limit) the job takes. ``meta``
+    is the metadata it was enqueued with (a read-only mapping, empty for none).
+    ``cancel_requested`` turns true (at a heartbeat) when someone asked to cancel
+    the job: stop at a safe point and ``raise consumers.Cancel()``.
+    ``cancel_forced`` turns true with it when the cancel was forced: an async
+    handler is then interrupted (``CancelledError`` at its current ``await``), and
+    whatever a handler does next, its lease ends CANCELLED.
     """
 
     id: uuid.UUID
@@ -125,6 +126,9 @@ class Job:
     # The stored trace context of the enqueuing code (plumbing.tracing), if any.
     trace_context: Any = field(default=None, repr=False)
     payload_ref: uuid.UUID | None = None
+    # The slots of the worker's concurrency (and of its tenant's cap and its type's
+    # concurrency limit) this lease takes: enqueue's weight=.
+    weight: int = 1
     # Why its stored input could not be read (redacted): it fails INPUT_REDACTED.
     input_redacted: str | None = field(default=None, repr=False)
     # The gates it was claimed through (None: not known), which its end of a lease
@@ -166,6 +170,7 @@ class Job:
             meta=MappingProxyType(c.meta or {}),
             trace_context=c.trace_context,
             payload_ref=c.payload_ref,
+            weight=c.weight,
             input_redacted=c.input_redacted,
             gates=c.gates,
             lease_deadline=claim_sent_at + lease,

@@ -72,7 +72,8 @@ class Ledger:
 
     @property
     def running(self) -> int:
-        return sum(1 for h in self.held.values() if h.phase is Phase.RUNNING)
+        """The slots the running jobs take: one each, a weighed job its weight."""
+        return sum(h.job.weight for h in self.held.values() if h.phase is Phase.RUNNING)
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [h.task for h in self.held.values() if h.phase is Phase.RUNNING and h.task]

@@ -14,7 +14,7 @@ from hybrid_jobs.consumers.payload import BAD_PAYLOAD, PayloadSpec
 from hybrid_jobs.consumers.producer import HandlerFunction
 from hybrid_jobs.outbox import known_types, policies, webhooks
 from hybrid_jobs.schema import names
-from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS
+from hybrid_jobs.schema.tables import DEFAULT_MAX_ATTEMPTS, MAX_WEIGHT
 
 if TYPE_CHECKING:
     from hybrid_jobs.consumers.job import Job
@@ -65,6 +65,8 @@ class Handler:
     # At most this many of its jobs run at once, across every consumer (recorded
     # in concurrency_limits at start-up); None: no limit.
     global_limit: int | None = None
+    # The slots a job of the type enqueued without a weight of its own takes.
+    weight: int = 1
 
     @property
     def is_async(self) -> bool:
@@ -110,6 +112,7 @@ class Registry:
         batch_wait: float | None = None,
         webhook: str | None = None,
         global_limit: int | None = None,
+        weight: int = 1,
     ) -> Callable[[Callable[P, R]], HandlerFunction[P, R]]:
         """Register the decorated function as the handler of ``job_type``.
 
@@ -167,6 +170,11 @@ class Registry:
         the database when the consumer starts (the last to start wins); a job past
         it waits (``explain``: CONCURRENCY_LIMIT) until the end of a running one
         wakes it (docs/guides/concurrency-limits.md).
+
+        ``weight``: the slots a job of this type takes (of its consumer's
+        ``--concurrency``, its tenant's cap and its type's concurrency limit) when
+        it was enqueued without a weight of its own (above 1): fixed on the job at
+        its first claim, as its attempt budget is (docs/guides/tenants.md).
         """
         names.job_type(job_type)
         names.queue(queue)
@@ -184,6 +192,8 @@ class Registry:
             or not 1 <= global_limit <= MAX_GLOBAL_LIMIT
         ):
             raise ValueError(f"global_limit must be an int from 1 to {MAX_GLOBAL_LIMIT}")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= MAX_WEIGHT:
+            raise ValueError(f"weight must be an int from 1 to {MAX_WEIGHT}")
         if reconcile is not None and not callable(reconcile):
             raise TypeError("reconcile must be a function of the uncertain hold")
         if batch is not None and (
@@ -243,6 +253,7 @@ class Registry:
                 batch_wait=DEFAULT_BATCH_WAIT if batch_wait is None else float(batch_wait),
                 webhook=url,
                 global_limit=global_limit,
+                weight=weight,
             )
             return wrapper
 
@@ -260,7 +271,9 @@ class Registry:
     def claim_terms(self) -> list[dict[str, Any]]:
         """What the claim needs per job type: the attempt budget for jobs enqueued
         without one, the backoff the sweeper applies if a lease expires, whether
-        the handler needs a thread, and the rate limit its jobs take a token of."""
+        the handler needs a thread, the rate limit its jobs take a token of, its
+        concurrency limit, and the weight of its jobs enqueued without one (None
+        for one)."""
         return [
             {
                 "job_type": h.job_type,
@@ -271,6 +284,7 @@ class Registry:
                 "sync": not h.is_async,
                 "rate_limit": h.rate_limit,
                 "global_limit": h.global_limit,
+                "weight": h.weight if h.weight > 1 else None,
             }
             for h in self._handlers.values()
         ]

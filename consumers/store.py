@@ -14,6 +14,7 @@ from typing import Any, LiteralString, NamedTuple
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from hybrid_jobs import defaults
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.plumbing.db import native
 from hybrid_jobs.plumbing.logfmt import describe_error
@@ -33,6 +34,9 @@ OTHER_QUEUE = "other_queue"
 # A lease this worker holds already. Unless the job runs here, a claim of it committed
 # and its answer was lost: the worker fetches it (held_by_me) and starts it.
 HELD_HERE = "held_here"
+# A weighed job whose weight is more than this worker's free slots: it waits here
+# until enough of its jobs end (the claimer claims nothing lighter meanwhile).
+NO_ROOM = "no_room"
 
 log = logging.getLogger("consumer")
 
@@ -40,6 +44,7 @@ ALL_GATES = frozenset(GATES)
 NO_GATES: frozenset[str] = frozenset()
 _LIMITED: frozenset[str] = frozenset({"concurrency"})
 _RATE: frozenset[str] = frozenset({"rate"})
+_WEIGHED: frozenset[str] = frozenset({"weight"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class Claimed:
     # The stored input it runs on (enqueue's ``payload_ref``), None for a job that
     # carries its payload; once read (with_inputs) its content is ``payload``.
     payload_ref: uuid.UUID | None = None
+    # The slots of this worker its lease takes (enqueue's weight=).
+    weight: int = 1
     # The gates it was claimed through (schema/gates), so that its outcome runs the
     # end of a lease composed of what it holds; None: not known (a lease recovered
     # by held_by_me), and its outcome finds out.
@@ -175,10 +182,16 @@ class JobStore:
         queues: Sequence[str],
         free_threads: int,
         worker_ttl: float,
+        free_slots: int | None = None,
+        concurrency: int = defaults.CONSUMER_CONCURRENCY,
     ) -> ClaimResult:
         """Claim the jobs of ``job_ids`` that may run here: ``terms`` are the
         handlers' (Registry.claim_terms), ``queues`` the queues this worker serves (a
-        job of any other comes back OTHER_QUEUE, untouched)."""
+        job of any other comes back OTHER_QUEUE, untouched). ``free_slots`` of this
+        worker's ``concurrency`` are free: a weighed job is claimed only if its
+        weight fits them (NO_ROOM), and turned down if it is above the whole
+        concurrency (WEIGHT_OVER_CONCURRENCY); None: all of them."""
+        free_slots = concurrency if free_slots is None else free_slots
         params: dict[str, Any] = {
             "job_ids": list(job_ids),
             "queues": list(queues),
@@ -187,16 +200,20 @@ class JobStore:
             "worker": self.worker,
             "lease_seconds": self.lease_seconds,
             "tenants": self.tenants,
+            "concurrency": concurrency,
         }
         # Plain jobs first, by the shorter statement; what it leaves ('full') is
         # decided, and any refusal recorded, by the whole claim. A type under a
-        # concurrency limit is not given to the plain claim (which then has none of
-        # the limit's SQL): its jobs come back 'full', named by type, and go to a
-        # claim composed with the limit's gate (and its handler's rate limit's).
+        # concurrency limit, or whose handler weighs its jobs, is not given to the
+        # plain claim (which then has none of their SQL): its jobs come back
+        # 'full', named by type, and go to a claim composed with those gates (and
+        # its handler's rate limit's).
         limited = {
-            t["job_type"]: _LIMITED | (_RATE if t.get("rate_limit") else NO_GATES)
+            t["job_type"]: (_LIMITED if t.get("global_limit") is not None else NO_GATES)
+            | (_WEIGHED if t.get("weight") is not None else NO_GATES)
+            | (_RATE if t.get("rate_limit") else NO_GATES)
             for t in terms
-            if t.get("global_limit") is not None
+            if t.get("global_limit") is not None or t.get("weight") is not None
         }
         plain_terms = [t for t in terms if t["job_type"] not in limited]
         async with self.pool.connection() as conn:
@@ -226,6 +243,8 @@ class JobStore:
                             "job_ids": rest,
                             "free_threads": max(threads_left, 0),
                             "worker_ttl": worker_ttl,
+                            # a plain job the plain claim took holds one slot
+                            "free_slots": max(free_slots - len(taken), 0),
                         },
                     )
                     rows = taken + await cur.fetchall()

@@ -40,6 +40,7 @@ from hybrid_jobs.consumers.store import JobStore
 from hybrid_jobs.plumbing.config import DatabaseUrl, database_url
 from hybrid_jobs.plumbing.db import make_pool
 from hybrid_jobs.schema.queries import JOB_RETRIES_DUE_NOW, WORKER_TTL_SECONDS
+from hybrid_jobs.schema.tables import MAX_WEIGHT
 
 _DUE = """
 SELECT job_id, queue FROM jobs
@@ -112,6 +113,9 @@ class JobRunner:
             queues=sorted({row[1] for row in due}),
             free_threads=self.threads.size,
             worker_ttl=WORKER_TTL_SECONDS,
+            # it runs them one after the other: room for every weight
+            free_slots=MAX_WEIGHT * len(due),
+            concurrency=MAX_WEIGHT,
         )
         resources = Resources(
             self.worker, self.handlers.pool, self.handlers.sync, asyncio.get_running_loop()

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hybrid_jobs import consumers
+from hybrid_jobs import consumers, defaults
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 
@@ -33,4 +33,8 @@ def claim_params(job_ids: Sequence[Any], worker: str) -> dict[str, Any]:
         "tenants": [],
         # the queues it serves: its handler's
         "queues": _REGISTRY.queues(),
+        # its --concurrency, all of it free (what a weighed job is measured against):
+        # room for the whole batch, as the consumer claims no more than it has room for
+        "concurrency": max(defaults.CONSUMER_CONCURRENCY, len(job_ids)),
+        "free_slots": max(defaults.CONSUMER_CONCURRENCY, len(job_ids)),
     }

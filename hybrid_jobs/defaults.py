@@ -104,6 +104,10 @@ MAX_PARENTS: Final = 1000
 """Parents one job may wait for (``after=``): enough for a fan-in's callback after a
 large group, small enough that one enqueue's lock of its parents stays bounded."""
 
+MAX_WEIGHT: Final = 100
+"""The largest ``weight`` of a job: the slots of its consumer's ``--concurrency``,
+of its tenant's cap and of its type's concurrency limit one lease of it takes."""
+
 MAX_JOB_TYPE_LENGTH: Final = 200
 """Characters in a job type."""
 

@@ -67,11 +67,13 @@ CHECKS = {
                         OR EXISTS (SELECT 1 FROM job_replays AS r
                                    WHERE r.job_id = j.job_id
                                      AND r.attempts_before = last.attempt)))""",
-    # A tenant's count of held slots must equal the leases that hold one: a slot
-    # released twice makes it lower, a leaked one higher.
+    # A tenant's count of held slots must equal the slots its leases hold (one each,
+    # a weighed job its weight): a slot released twice makes it lower, a leaked one
+    # higher.
     "slots_leaked_or_released_twice": """
         SELECT coalesce(sum(abs(u.running - (
-            SELECT count(*) FROM jobs AS j WHERE j.tenant = u.tenant AND j.holds_slot))), 0)::int
+            SELECT coalesce(sum(coalesce(j.weight, 1)), 0) FROM jobs AS j
+            WHERE j.tenant = u.tenant AND j.holds_slot))), 0)::int
         FROM tenant_usage AS u""",
     # A slot held by a job no longer leased.
     "slots_without_lease": """
@@ -82,7 +84,7 @@ CHECKS = {
     # count lower, a leaked one higher.
     "limit_slots_leaked_or_released_twice": """
         SELECT coalesce(sum(abs(c.running - (
-            SELECT count(*) FROM jobs AS j
+            SELECT coalesce(sum(coalesce(j.weight, 1)), 0) FROM jobs AS j
             WHERE j.job_type = c.job_type AND j.limit_held
               AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')))), 0)::int
              + (SELECT count(*) FROM jobs

@@ -401,6 +401,7 @@ def enqueue(
     unique: str | timedelta = "forever",
     payload_ref: uuid.UUID | str | None = None,
     on_complete_url: str | None = None,
+    weight: int = 1,
 ) -> uuid.UUID:
     """Enqueue one job through the session's transaction, without committing.
 
@@ -491,6 +492,13 @@ def enqueue(
     job type's handler. The call carries the job's id, type, queue, final state,
     attempts, end time and error, never its payload.
 
+    ``weight``: how many slots one run of the job takes (1 to 100): of its
+    consumer's ``--concurrency``, of its tenant's cap and of its type's concurrency
+    limit (a handler's ``global_limit``), all given back when its lease ends. A
+    consumer claims it only when that many of its slots are free; one whose whole
+    ``--concurrency`` is smaller turns it down (``WEIGHT_OVER_CONCURRENCY``, and a
+    warning in its log).
+
     Raises ``TypeError``/``ValueError`` before writing anything if an argument is
     unacceptable, and :class:`outbox.Backpressure` if the tenant's max_queued or
     max_enqueue_rate is reached.
@@ -521,6 +529,7 @@ def enqueue(
         unique=unique,
         payload_ref=payload_ref,
         on_complete_url=on_complete_url,
+        weight=weight,
     )
     return enqueue_many(session, [job])[0]
 

@@ -29,16 +29,21 @@ WAKEUP_PENDING        sent (false), due_since, outbox_lag_seconds (the age of it
                       oldest due wake-up the relay has not sent), missing (no wake-up at
                       all: the relay's re-waker gives it one)
 QUEUE_PAUSED          paused_at, paused_by
-TENANT_CAP            tenant, running, max_running
+TENANT_CAP            tenant, running, max_running, and weight for a heavy job: its
+                      tenant's free slots (max_running less running) are fewer than
+                      the slots the job takes
 KEY_ORDER             key, ahead (the job of its key it waits for: ordered, enqueued
                       before it, still waiting or running, or FAILED under "strict"),
                       ahead_state, strict
 KEY_BUSY              key, running, key_limit, held_by (the job holding the key
                       longest): as many jobs with its key hold a lease as it allows;
                       it starts when one of them ends
-CONCURRENCY_LIMIT     job_type, running, global_limit: as many jobs of its type hold a
-                      lease as its handler's global_limit allows, across every
-                      consumer; it starts when one of them ends
+CONCURRENCY_LIMIT     job_type, running, global_limit (and weight): the slots its type's
+                      leases hold leave fewer free than its weight, across every
+                      consumer; it starts when enough of them end
+WEIGHT_OVER_CONCURRENCY  weight, largest_concurrency: no live consumer with its
+                      handler has a --concurrency as large as its weight (the
+                      largest, None when none is live), so none can ever claim it
 RESOURCE_BUSY         resource, held_by, held_since: another job's lease holds its
                       exclusive resource; it starts when that lease ends cleanly
 RESOURCE_UNCERTAIN    resource, job (whose lease expired holding it), since: that job's
@@ -150,6 +155,7 @@ class Why(StrEnum):
     KEY_ORDER = "KEY_ORDER"
     KEY_BUSY = "KEY_BUSY"
     CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
+    WEIGHT_OVER_CONCURRENCY = "WEIGHT_OVER_CONCURRENCY"
     RESOURCE_BUSY = "RESOURCE_BUSY"
     RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"
     INPUT_REDACTED = "INPUT_REDACTED"
@@ -363,7 +369,9 @@ def _waiting(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list[
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] in (DelayReason.NO_HANDLER, DelayReason.NO_AUTHORIZED_RUNNER)
     keyed = _key(job) + _resource(job) + _concurrency(job)
-    found = _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
+    found = (
+        _too_heavy(job) + _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
+    )
     if _is_due_waiting(job) and job["paused_at"] is None:
         # one waiting for its key or resource has no wake-up: the end of the lease
         # ahead (or the resolution) wakes it
@@ -469,11 +477,13 @@ def _held(job: Mapping[str, Any]) -> list[Blocker]:
     if job["paused_at"] is not None:
         facts = {"paused_at": job["paused_at"], "paused_by": job["paused_by"]}
         found.append(Blocker(Why.QUEUE_PAUSED, facts))
-    if job["max_running"] is not None and job["running"] >= job["max_running"]:
+    weight = job.get("weight", 1)
+    if job["max_running"] is not None and job["running"] + weight > job["max_running"]:
         facts = {
             "tenant": job["tenant"],
             "running": job["running"],
             "max_running": job["max_running"],
+            **_weighed(weight),
         }
         found.append(Blocker(Why.TENANT_CAP, facts))
     return found
@@ -510,14 +520,34 @@ def _concurrency(job: Mapping[str, Any]) -> list[Blocker]:
     limit's count now, not the last refusal)."""
     if job["delay_reason"] != DelayReason.CONCURRENCY_LIMIT or job["limit_max_running"] is None:
         return []
-    if job["limit_running"] < job["limit_max_running"]:
+    weight = job.get("weight", 1)
+    if job["limit_running"] + weight <= job["limit_max_running"]:
         return []
     facts = {
         "job_type": job["job_type"],
         "running": job["limit_running"],
         "global_limit": job["limit_max_running"],
+        **_weighed(weight),
     }
     return [Blocker(Why.CONCURRENCY_LIMIT, facts)]
+
+
+def _weighed(weight: int) -> dict[str, int]:
+    """A heavy job's weight, for the facts of a blocker that counts slots; a job of
+    weight 1 has none to show."""
+    return {"weight": weight} if weight > 1 else {}
+
+
+def _too_heavy(job: Mapping[str, Any]) -> list[Blocker]:
+    """Heavier than every live consumer with its handler can hold (from the
+    consumers live now: one started since with room enough will take it)."""
+    weight = job.get("weight", 1)
+    largest = job.get("largest_concurrency")
+    if weight == 1 or job["handlers_on_queue"] == 0 or (largest is not None and largest >= weight):
+        return []
+    return [
+        Blocker(Why.WEIGHT_OVER_CONCURRENCY, {"weight": weight, "largest_concurrency": largest})
+    ]
 
 
 def _resource(job: Mapping[str, Any]) -> list[Blocker]:
@@ -674,6 +704,10 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.QUEUE_PAUSED: lambda f: f"its queue is paused (by {f['paused_by']})",
     Why.TENANT_CAP: lambda f: (
         f"tenant {f['tenant']!r} is at its cap ({f['running']}/{f['max_running']} running)"
+        if f.get("weight", 1) == 1
+        else f"tenant {f['tenant']!r} has {max(f['max_running'] - f['running'], 0)} free"
+        f" slot(s) of its cap ({f['running']}/{f['max_running']} running),"
+        f" and the job weighs {f['weight']}"
     ),
     Why.BACKLOG: lambda f: (
         f"{'at least ' if f['ahead_at_least'] else ''}{f['ahead']} ahead"
@@ -706,6 +740,17 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.CONCURRENCY_LIMIT: lambda f: (
         f"job type {f['job_type']!r} is at its concurrency limit"
         f" ({f['running']}/{f['global_limit']} running across all consumers)"
+        + (f", and the job weighs {f['weight']}" if f.get("weight", 1) > 1 else "")
+    ),
+    Why.WEIGHT_OVER_CONCURRENCY: lambda f: (
+        f"the job weighs {f['weight']}, more than any live consumer with its handler can"
+        " run at once"
+        + (
+            f" (the largest --concurrency is {f['largest_concurrency']})"
+            if f["largest_concurrency"] is not None
+            else ""
+        )
+        + ": run one with a --concurrency of at least its weight"
     ),
     Why.RESOURCE_BUSY: lambda f: (
         f"resource {f['resource']!r} is held by job {f['held_by']}"

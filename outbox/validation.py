@@ -75,6 +75,7 @@ class NewJob:
     unique: str | timedelta = "forever"
     payload_ref: uuid.UUID | str | None = None
     on_complete_url: str | None = None
+    weight: int = 1
 
 
 # How many parents one job may wait for (enqueue's after=): enough for a fan-in
@@ -616,6 +617,19 @@ def check_priority(value: object) -> int:
     return value
 
 
+MAX_WEIGHT = defaults.MAX_WEIGHT
+
+
+def check_weight(value: object) -> int | None:
+    """A job's weight, as enqueue takes it: an int from 1 to MAX_WEIGHT, stored as
+    NULL for one (a plain job's row, which no weighed statement reads)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"weight must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_WEIGHT:
+        raise ValueError(f"weight must be between 1 and {MAX_WEIGHT}")
+    return None if value == 1 else value
+
+
 def to_row(
     job: NewJob,
     limit: int,
@@ -661,6 +675,7 @@ def to_row(
     if resource is not None and job.debounce is not None:
         # The debounced insert keeps no resource: the job would run beside its holder.
         raise ValueError("a debounced job takes no resource")
+    weight = check_weight(job.weight)
     tags = check_tags(job.tags)
     meta = encode_meta(job.meta, job.json_default)
     payload_ref = _payload_ref(job)
@@ -685,6 +700,7 @@ def to_row(
         "key_limit": key_limit,
         "key_order": key_order,
         "resource": resource,
+        "weight": weight,
     }
     if job.needs_approval:
         fields["approval"] = "REQUIRED"

@@ -51,6 +51,7 @@ from hybrid_jobs.schema.tables import (
     MAX_STEP_NAME_LENGTH,
     MAX_TAGS,
     MAX_WEBHOOK_URL_LENGTH,
+    MAX_WEIGHT,
     QUEUE_NAME_PATTERN,
     RATE_LIMIT_NAME_PATTERN,
     REPLAYABLE_SQL,
@@ -105,6 +106,10 @@ jobs = Table(
     # True while this lease holds one of its job type's concurrency_limits slots:
     # set by a claim through the limit, cleared by the statement that ends the lease.
     Column("limit_held", Boolean, nullable=False, server_default=text("false")),
+    # The slots one lease of the job takes (enqueue's weight=): of its consumer's
+    # concurrency, its tenant's cap and its type's concurrency limit. NULL is one,
+    # so a plain job's row and statements never mention it.
+    Column("weight", Integer),
     # The handler's backoff for this attempt, fixed at claim: the sweeper, which
     # knows no handlers, waits this long before retrying an expired lease.
     Column("expiry_backoff", Float),
@@ -209,6 +214,9 @@ jobs = Table(
         f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
     ),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
+    CheckConstraint(
+        f"weight IS NULL OR weight BETWEEN 2 AND {MAX_WEIGHT}", name="jobs_weight_range"
+    ),
     CheckConstraint(f"approval IN ({APPROVALS_SQL})", name="jobs_approval_valid"),
     CheckConstraint("parents_pending >= 0", name="jobs_parents_pending_non_negative"),
     CheckConstraint("on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"),

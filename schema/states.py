@@ -61,6 +61,8 @@ class DelayReason(StrEnum):
     SNOOZED = "SNOOZED"  # its handler said "not yet": it waits for run_after, attempt refunded
     # its job type's concurrency limit (a handler's global_limit) had no free slot
     CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
+    # its weight is above the whole concurrency of the consumer it met
+    WEIGHT_OVER_CONCURRENCY = "WEIGHT_OVER_CONCURRENCY"
 
 
 class HeldReason(StrEnum):
@@ -169,6 +171,13 @@ WAITS: Final[tuple[Wait, ...]] = (
         "`delay_reason`, and `concurrency_limits` counts its type's leases",
         "`JOB_CLAIM_MANY` while its type's `global_limit` jobs hold a lease",
         "the end of one of those leases wakes the next",
+    ),
+    Wait(
+        DelayReason.WEIGHT_OVER_CONCURRENCY,
+        "`delay_reason`; its wake-up due again after the refusal backstop",
+        "`JOB_CLAIM_MANY` on a consumer whose `--concurrency` is below the job's weight",
+        "a consumer with room for its weight claiming it (the wake-up tries again), or"
+        " an operator cancelling it",
     ),
 )
 

@@ -75,6 +75,7 @@ MAX_DEDUP_KEY_LENGTH = defaults.MAX_DEDUP_KEY_LENGTH
 # A webhook URL (enqueue's on_complete_url=, a handler's webhook=): http or https.
 MAX_WEBHOOK_URL_LENGTH = 2048
 MAX_KEY_LENGTH = defaults.MAX_KEY_LENGTH
+MAX_WEIGHT = defaults.MAX_WEIGHT
 # outbox.tenant of a job that belongs to no tenant: the fair-share grouping key needs
 # a value that an index can order and compare, which NULL is not.
 NO_TENANT = ""
@@ -207,6 +208,7 @@ __all__ = [
     "MAX_TAGS",
     "MAX_TAG_LENGTH",
     "MAX_WEBHOOK_URL_LENGTH",
+    "MAX_WEIGHT",
     "NOW",
     "NO_TENANT",
     "OUTBOX_CHANNEL",

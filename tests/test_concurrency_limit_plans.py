@@ -129,6 +129,8 @@ def test_the_limited_claim_reads_its_batch_and_the_types_row(
         "job_ids": batch,
         "types": json.dumps(_REGISTRY.claim_terms()),
         "free_threads": 0,
+        "concurrency": 10,
+        "free_slots": 10,
         "worker": "w1",
         "lease_seconds": 30,
         "worker_ttl": WORKER_TTL_SECONDS,

@@ -57,6 +57,8 @@ def _params(ids: list[uuid.UUID], worker: str = "w1") -> dict[str, Any]:
         "job_ids": list(ids),
         "types": json.dumps(_REGISTRY.claim_terms()),
         "free_threads": 0,
+        "concurrency": 10,
+        "free_slots": 10,
         "worker": worker,
         "lease_seconds": 30,
         "worker_ttl": WORKER_TTL_SECONDS,

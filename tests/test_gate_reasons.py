@@ -12,12 +12,21 @@ from harness.claim import claim_params
 from hybrid_jobs import outbox
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
-from hybrid_jobs.schema.gates import concurrency, deadline, dedicated, key, rate, resource, tenant
+from hybrid_jobs.schema.gates import (
+    concurrency,
+    deadline,
+    dedicated,
+    key,
+    rate,
+    resource,
+    tenant,
+    weight,
+)
 from hybrid_jobs.schema.states import WAITS
 from tests.support.jobs import enqueue
 from tests.support.metrics import scrape_once
 
-GATE_MODULES = (key, rate, resource, deadline, tenant, dedicated, concurrency)
+GATE_MODULES = (key, rate, resource, deadline, tenant, dedicated, concurrency, weight)
 REASONS = sorted({str(r) for g in GATE_MODULES for r in g.REASONS})
 
 

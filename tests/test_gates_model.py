@@ -2,7 +2,7 @@
 
 Hypothesis enqueues jobs through the producer, each with a random set of gates (a
 key with its limit and order, a resource, a rate limit, a capped tenant, a
-deadline, a type under a concurrency limit of one), and runs in arbitrary order the
+deadline, a type under a concurrency limit, a weight), and runs in arbitrary order the
 statements that move them: claims of random batches by two workers (the plain claim
 first, then the whole claim composed of the gates the rest use, as the consumer runs
 them), each end of a lease (composed of what the lease holds) (success, failure,
@@ -18,17 +18,19 @@ After every step it checks that:
   with limit 1 never has two;
 - a resource's hold belongs to the live lease of one of its jobs, or is uncertain,
   and every lease of a job with a resource holds it;
-- a capped tenant's slots held are its leases holding one, never above the cap;
-- a concurrency limit's running count is its type's leases holding a slot, never
-  above the limit;
+- a capped tenant's slots held are the weights of its leases holding one, never
+  above the cap;
+- a concurrency limit's running count is the weights of its type's leases holding
+  a slot, never above the limit;
 - the rate limit's tokens spent are its jobs' starts (no token for a refused claim);
 - no hand-off is lost: a waiting job without a key or resource has a wake-up on its
   way; a key or resource whose waiting jobs have none is held by a lease (whose end
   wakes the next) or, a key, waits behind a strict FAILED job (until a replay); and
   a free resource or unordered key with a waiting job of a queue that runs has a
   wake-up on its way for one of those (not only for one of a paused queue); a
-  concurrency limit with a free slot and jobs turned down for it has a job of its
-  type on its way (woken, or waiting for its key or resource, whose hand-off comes).
+  concurrency limit with free slots and jobs turned down for it that fit them has a
+  job of its type on its way (woken, or waiting for its key or resource, whose
+  hand-off comes).
 At the end of each run, ``jobctl check`` finds nothing wrong.
 """
 
@@ -78,8 +80,11 @@ def _chosen(items: list[Any], picks: list[int]) -> list[Any]:
     return list(dict.fromkeys(items[i % len(items)] for i in picks)) if items else []
 
 
-# "c" is the type under a concurrency limit of one (a handler's global_limit=1).
+# "c" is the type under a concurrency limit (a handler's global_limit); the capped
+# tenant's cap is as small. Jobs weigh 1 to 3: one of weight 3 fills either alone.
 LIMITED = "c"
+LIMIT = 3
+CAP = 3
 
 
 def _terms(*, limited: bool = True) -> str:
@@ -95,7 +100,7 @@ def _terms(*, limited: bool = True) -> str:
         "rate_limit": None,
         "global_limit": None,
     }
-    return json.dumps([term, *([term | {"job_type": LIMITED, "global_limit": 1}] * limited)])
+    return json.dumps([term, *([term | {"job_type": LIMITED, "global_limit": LIMIT}] * limited)])
 
 
 def _claim_params(job_ids: list[uuid.UUID], worker: str) -> dict[str, Any]:
@@ -103,6 +108,8 @@ def _claim_params(job_ids: list[uuid.UUID], worker: str) -> dict[str, Any]:
         "job_ids": job_ids,
         "types": _terms(),
         "free_threads": 0,
+        "concurrency": 10,
+        "free_slots": 10,
         "worker": worker,
         "lease_seconds": 60,
         "worker_ttl": 60,
@@ -136,11 +143,14 @@ class GateMachine(RuleBasedStateMachine):
         )
         self.conn.execute(
             q.CONCURRENCY_LIMIT_RECORD_MANY,
-            {"limits": json.dumps([{"job_type": LIMITED, "global_limit": 1}]), "worker": "w0"},
+            {
+                "limits": json.dumps([{"job_type": LIMITED, "global_limit": LIMIT}]),
+                "worker": "w0",
+            },
         )
         self.engine = create_engine(db.sqlalchemy)
         with Session(self.engine) as session, session.begin():
-            outbox.set_tenant_limit(session, "capped", max_running=1)
+            outbox.set_tenant_limit(session, "capped", max_running=CAP)
             outbox.set_rate_limit(session, "api", rate=1, per=timedelta(hours=1), burst=BURST)
         self.jobs: list[uuid.UUID] = []
         # (job, worker, generation) of every lease a claim started; some go stale
@@ -236,6 +246,7 @@ class GateMachine(RuleBasedStateMachine):
         deadline=st.booleans(),
         copies=st.integers(1, 3),
         job_type=st.sampled_from(["t", "t", LIMITED]),
+        weight=st.sampled_from([1, 1, 2, 3]),
     )
     def enqueue(
         self,
@@ -250,8 +261,14 @@ class GateMachine(RuleBasedStateMachine):
         deadline: bool,
         copies: int,
         job_type: str,
+        weight: int,
     ) -> None:
-        gates: dict[str, Any] = {"queue": queue, "rate_limit": rate, "tenant": tenant}
+        gates: dict[str, Any] = {
+            "queue": queue,
+            "rate_limit": rate,
+            "tenant": tenant,
+            "weight": weight,
+        }
         if key is not None:
             gates |= {"key": key, "key_limit": 1 if ordered else key_limit, "ordered": ordered}
         elif resource is not None:
@@ -493,9 +510,12 @@ class GateMachine(RuleBasedStateMachine):
         ((recorded,),) = self._all(
             "SELECT COALESCE(sum(running), 0) FROM tenant_usage WHERE tenant = 'capped'"
         )
-        ((held,),) = self._all("SELECT count(*) FROM jobs WHERE tenant = 'capped' AND holds_slot")
+        ((held,),) = self._all(
+            "SELECT COALESCE(sum(COALESCE(weight, 1)), 0) FROM jobs"
+            " WHERE tenant = 'capped' AND holds_slot"
+        )
         assert recorded == held, "a slot leaked or was released twice"
-        assert held <= 1, "the cap of one was exceeded"
+        assert held <= CAP, "the cap was exceeded"
 
     @invariant()
     def a_concurrency_limits_slots_are_its_leases(self) -> None:
@@ -503,7 +523,8 @@ class GateMachine(RuleBasedStateMachine):
             f"SELECT COALESCE(sum(running), 0) FROM concurrency_limits WHERE job_type = '{LIMITED}'"
         )
         ((held,),) = self._all(
-            f"SELECT count(*) FROM jobs WHERE job_type = '{LIMITED}' AND limit_held"
+            "SELECT COALESCE(sum(COALESCE(weight, 1)), 0) FROM jobs"
+            f" WHERE job_type = '{LIMITED}' AND limit_held"
             " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
         )
         ((stray,),) = self._all(
@@ -512,10 +533,10 @@ class GateMachine(RuleBasedStateMachine):
         )
         assert (recorded, stray) == (held, 0), "a slot leaked or was released twice"
         ((leased,),) = self._all(
-            f"SELECT count(*) FROM jobs WHERE job_type = '{LIMITED}'"
-            " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+            "SELECT COALESCE(sum(COALESCE(weight, 1)), 0) FROM jobs"
+            f" WHERE job_type = '{LIMITED}' AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
         )
-        assert leased <= 1, "the concurrency limit of one was exceeded"
+        assert leased <= LIMIT, "the concurrency limit was exceeded"
 
     @invariant()
     def tokens_spent_are_starts(self) -> None:
@@ -533,18 +554,20 @@ class GateMachine(RuleBasedStateMachine):
                   AND w.delay_reason IS DISTINCT FROM 'CONCURRENCY_LIMIT'"""
         )
         assert stranded == [], "a job without a key or resource waits with no wake-up"
-        # one turned down for its type's full concurrency limit: the end of a lease of
-        # its type wakes it (and with it the turn of its key or resource)
+        # one turned down for its type's concurrency limit while it has fewer free
+        # slots than the job weighs: the end of a lease of its type wakes it (and with
+        # it the turn of its key or resource)
         limited = """(w.delay_reason = 'CONCURRENCY_LIMIT'
                        AND EXISTS (SELECT 1 FROM concurrency_limits AS c
                                    WHERE c.job_type = w.job_type
-                                     AND c.running >= c.max_running))"""
+                                     AND c.max_running - c.running < COALESCE(w.weight, 1)))"""
         limits = self._all(
             f"""SELECT c.job_type FROM concurrency_limits AS c
                 WHERE c.running < c.max_running
                   AND EXISTS (SELECT 1 FROM jobs AS w
                               WHERE w.job_type = c.job_type
                                 AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                AND COALESCE(w.weight, 1) <= c.max_running - c.running
                                 AND w.delay_reason = 'CONCURRENCY_LIMIT' AND NOT {woken})
                   AND NOT EXISTS (SELECT 1 FROM jobs AS w
                                   WHERE w.job_type = c.job_type

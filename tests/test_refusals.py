@@ -171,6 +171,8 @@ def claim(pg: psycopg.Connection, worker: str, ids: list[uuid.UUID], types: Any)
         "job_ids": ids,
         "types": json.dumps(types),
         "free_threads": 0,
+        "concurrency": 10,
+        "free_slots": 10,
         "worker": worker,
         "lease_seconds": 60,
         "worker_ttl": 60,

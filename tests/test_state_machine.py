@@ -308,6 +308,8 @@ class JobMachine(RuleBasedStateMachine):
                 "job_ids": [job_id],
                 "types": terms(budget),
                 "free_threads": 0,
+                "concurrency": 10,
+                "free_slots": 10,
                 "worker": worker,
                 "lease_seconds": 60,
                 "worker_ttl": 60,

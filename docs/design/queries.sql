@@ -34,14 +34,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta)
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -52,7 +52,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -97,14 +97,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta)
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -115,7 +115,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -145,15 +145,15 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb,
         unique_key text, unique_scope text, unique_seconds double precision)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta, unique_key, unique_scope, unique_until)
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta, unique_key, unique_scope, unique_until)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -164,7 +164,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -208,14 +208,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb, payload_ref uuid)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta, payload_ref)
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta, payload_ref)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -226,7 +226,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -269,15 +269,15 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb,
         unique_key text, unique_scope text, unique_seconds double precision, payload_ref uuid)
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta, unique_key, unique_scope, unique_until, payload_ref)
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta, unique_key, unique_scope, unique_until, payload_ref)
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -288,7 +288,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN 'DEPENDENCY' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -367,16 +367,17 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb)
+        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb,
+        weight integer)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta)
+         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta, weight)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
-           trace_context, COALESCE(tags, '{}'), meta
+           trace_context, COALESCE(tags, '{}'), meta, weight
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
@@ -385,6 +386,8 @@ WITH input AS (
         run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
         tags = EXCLUDED.tags,
         meta = EXCLUDED.meta,
+        -- (it has never started, so it holds no slot its weight could mistake)
+        weight = EXCLUDED.weight,
         updated_at = now()
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,
@@ -611,15 +614,15 @@ SELECT job_id, queue FROM expired;
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
 -- Built with WAITING_BY_ID, LIVE_WORKER.
--- Parameters: free_threads, job_ids, lease_seconds, queues, tenants, types, worker,
--- worker_ttl.
+-- Parameters: concurrency, free_slots, free_threads, job_ids, lease_seconds, queues,
+-- tenants, types, worker, worker_ttl.
 WITH types AS (
     -- 1a. what this worker can run: its handlers, with their budget and backoff
     SELECT *
     FROM jsonb_to_recordset(%(types)s::jsonb) AS t(
         job_type text, max_attempts int, backoff_base double precision,
         backoff_cap double precision, backoff_jitter double precision, sync boolean,
-        rate_limit text, global_limit int)
+        rate_limit text, global_limit int, weight int)
 ), locked AS (
     -- 1b. the named jobs of this worker's queues that may be claimed now, locked
     -- (others' rows skipped)
@@ -629,6 +632,7 @@ WITH types AS (
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            t.global_limit,
+           COALESCE(j.weight, t.weight, 1) AS weight, COALESCE(j.weight, t.weight, 1) > %(concurrency)s AS too_heavy,
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
@@ -651,14 +655,16 @@ WITH types AS (
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
     -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
-    -- may serve and, for a plain function, a free thread
+    -- may serve, for a plain function a free thread
+    -- and, weighed, as many of this worker's free slots as they weigh
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
-                 AS thread_rank
+                 AS thread_rank,
+                 sum(l.weight) OVER (ORDER BY l.priority DESC, l.job_id) AS room_used
           FROM locked AS l
           WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
-            AND NOT l.unfit) AS r
-    WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+            AND NOT l.unfit AND NOT l.too_heavy) AS r
+    WHERE (NOT r.sync OR r.thread_rank <= %(free_threads)s) AND r.room_used <= %(free_slots)s
 ), key_behind AS (
     -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
     -- 'strict', FAILED: they wait for it (KEY_ORDER). key_seq follows the commit
@@ -744,15 +750,16 @@ WITH types AS (
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
 ), limit_refused AS (
-    -- 1i. the limited jobs past their type's free slots, in their turn (one waiting
-    -- for its key takes no turn). ``at_limit``: the type had no free slot at all, so a
-    -- lease of it holds one and its end wakes them; the others (past this batch's
-    -- share) get their wake-up back. One whose type has no row yet is not turned
-    -- down, only not taken: it comes back 'locked' (limit_created makes the row).
+    -- 1i. the limited jobs past their type's free slots, in their turn, each counted
+    -- for its weight (one waiting for its key takes no turn). ``at_limit``: the type
+    -- had fewer free slots than the job weighs, so leases of it hold them and their
+    -- end wakes it; the others (past this batch's share) get their wake-up back.
+    -- One whose type has no row yet is not turned down, only not taken: it comes
+    -- back 'locked' (limit_created makes the row).
     SELECT x.job_id, x.job_type, x.global_limit, x.free IS NULL AS unseen,
-           COALESCE(x.free, 0) <= 0 AS at_limit
-    FROM (SELECT r.job_id, r.job_type, r.global_limit, l.free,
-                 row_number() OVER (PARTITION BY r.job_type ORDER BY r.priority DESC, r.job_id)
+           COALESCE(x.free, 0) < x.weight AS at_limit
+    FROM (SELECT r.job_id, r.job_type, r.global_limit, r.weight, l.free,
+                 sum(r.weight) OVER (PARTITION BY r.job_type ORDER BY r.priority DESC, r.job_id)
                      AS limit_rank
           FROM rated AS r LEFT JOIN limit_level AS l USING (job_type)
           WHERE r.global_limit IS NOT NULL
@@ -771,10 +778,10 @@ WITH types AS (
     FOR NO KEY UPDATE OF u
 ), admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
-    -- slots, by priority
+    -- slots, by priority, each counted for its weight
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority, a.job_type
-    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
+           a.lease_generation, a.priority, a.job_type, a.weight
+    FROM (SELECT r.*, sum(r.weight) OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
           FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
@@ -831,7 +838,7 @@ WITH types AS (
     -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
-    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+    FROM (SELECT a.tenant, COALESCE(sum(a.weight) FILTER (WHERE a.holds), 0) AS slots, count(*) AS taken
           FROM resource_admitted AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 ), rate_spent AS MATERIALIZED (
@@ -866,9 +873,10 @@ WITH types AS (
     ORDER BY r.bucket
     ON CONFLICT (name) DO NOTHING
 ), limit_taken AS (
-    -- 2f. the slots of the jobs every gate admitted, taken from the rows locked in 1h
+    -- 2f. the slots of the jobs every gate admitted (their weights), taken from the
+    -- rows locked in 1h
     UPDATE concurrency_limits AS c SET running = c.running + n.n
-    FROM (SELECT a.job_type, count(*)::int AS n
+    FROM (SELECT a.job_type, sum(a.weight)::int AS n
           FROM resource_admitted AS a JOIN limit_level AS l USING (job_type)
           GROUP BY a.job_type) AS n
     WHERE c.job_type = n.job_type
@@ -886,11 +894,12 @@ WITH types AS (
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, resource, tenant's cap)
-    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name, l.weight,
            CASE WHEN l.expired THEN 'EXPIRED'
                 WHEN l.paused THEN 'QUEUE_PAUSED'
                 WHEN l.unauthorized THEN 'NO_AUTHORIZED_RUNNER'
                 WHEN NOT l.known THEN 'NO_HANDLER'
+                WHEN l.too_heavy THEN 'WEIGHT_OVER_CONCURRENCY'
                 WHEN l.job_id IN (SELECT job_id FROM rate_refused)
                 THEN 'RATE_LIMITED'
                 WHEN l.job_id IN (SELECT job_id FROM limit_refused)
@@ -915,7 +924,7 @@ WITH types AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND l.job_id NOT IN (SELECT job_id FROM rate_refused WHERE unseen)
       AND l.job_id NOT IN (SELECT job_id FROM limit_refused WHERE unseen)
-      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
+      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known OR l.too_heavy
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
@@ -981,7 +990,15 @@ WITH types AS (
     -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason = 'RATE_LIMITED'
+           CASE WHEN r.reason = 'WEIGHT_OVER_CONCURRENCY'
+                -- a consumer with room for its weight may take it: tried again after
+                -- the backstop, not sent round the consumers too small for it
+                THEN now() + make_interval(secs => 10)
+                WHEN r.reason = 'TENANT_CAP' AND r.weight > 1
+                -- the relay sends a capped tenant's wake-up once one slot is free;
+                -- a heavier job needs more, so it asks again a moment later, not at once
+                THEN now() + make_interval(secs => 1)
+                WHEN r.reason = 'RATE_LIMITED'
                 -- when its turn's token will be there (the n-th past the tokens the
                 -- bucket has left waits for n more), not before; a bucket first
                 -- seen, now (it was made full)
@@ -1013,7 +1030,7 @@ WITH types AS (
         max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
         expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
                          * (1 + t.backoff_jitter * (2 * random() - 1)),
-        holds_slot = a.holds,limit_held = j.job_type IN (SELECT job_type FROM limit_level),
+        holds_slot = a.holds,limit_held = j.job_type IN (SELECT job_type FROM limit_level),weight = COALESCE(j.weight, t.weight),
         delay_reason = NULL,
         delay_since = NULL,
         started_at = now(),
@@ -1022,7 +1039,7 @@ WITH types AS (
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context, j.meta, j.payload_ref
+              j.trace_context, j.meta, j.payload_ref, COALESCE(j.weight, 1) AS weight
 )
 -- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -1036,6 +1053,9 @@ SELECT CASE
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
+           -- left out of runnable: this worker's free slots (an async handler's job:
+           -- only they leave one out), or its threads, were fewer than it needs
+           WHEN l.job_id IS NOT NULL AND NOT l.sync THEN 'no_room'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -1045,7 +1065,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -1083,6 +1103,7 @@ WITH types AS (
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
       AND j.expires_at IS NULL AND j.rate_limit IS NULL AND t.rate_limit IS NULL
+      AND j.weight IS NULL
       AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused)
       AND (j.tenant IS NULL OR NOT EXISTS (
                SELECT 1 FROM tenant_limits AS d
@@ -1148,7 +1169,7 @@ WITH types AS (
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
 SELECT 'full', ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END], NULL)
+       NULL, array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END, CASE WHEN j.weight IS NOT NULL THEN 'weight' END], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN types AS t ON t.job_type = j.job_type
@@ -1159,7 +1180,8 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 -- after an ambiguous claim commit.
 -- Parameters: job_ids, worker.
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref
+       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref,
+       COALESCE(weight, 1)
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ('CANCEL_REQUESTED', 'RUNNING');
 
@@ -1203,7 +1225,7 @@ LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id 
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, Snooze, or any
 -- retryable error.
 -- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next, limit_wake_next.
+-- resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1273,12 +1295,13 @@ WITH h AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM finished WHERE state IN ('QUEUED', 'RETRY_WAIT')
 ), limit_left AS (
-    SELECT j.job_type, count(*)::int AS n
+    SELECT j.job_type, sum(COALESCE(j.weight, 1))::int AS n
     FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
     WHERE j.limit_held
     GROUP BY j.job_type
 ), limit_releasing AS MATERIALIZED (
-    SELECT c.job_type, k.n
+    -- free: the slots free once these come back
+    SELECT c.job_type, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
     FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
@@ -1290,7 +1313,7 @@ WITH h AS (
 ), limit_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM limit_left AS k
+    FROM limit_releasing AS k
     CROSS JOIN LATERAL (
         SELECT c.job_id, c.queue, c.tenant, c.priority
         FROM (
@@ -1300,7 +1323,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1309,7 +1332,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM finished)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1325,7 +1348,7 @@ WITH h AS (
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
-    JOIN (SELECT tenant, count(*) AS slots FROM finished WHERE held_slot GROUP BY tenant) AS r
+    JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
       ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
@@ -1479,7 +1502,7 @@ WITH h AS (
                ELSE 'RETRY_WAIT'
            END AS state
     FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held)
+    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.weight IS NOT NULL)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), finished AS (
@@ -1544,7 +1567,7 @@ WITH h AS (
 )
 SELECT job_id, state FROM finished
 UNION ALL
-SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held THEN 'full' ELSE 'LOCKED' END
+SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.weight IS NOT NULL THEN 'full' ELSE 'LOCKED' END
 FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
@@ -1554,7 +1577,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
 -- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next, limit_wake_next.
+-- resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1624,12 +1647,13 @@ WITH h AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM finished WHERE state IN ('QUEUED', 'RETRY_WAIT')
 ), limit_left AS (
-    SELECT j.job_type, count(*)::int AS n
+    SELECT j.job_type, sum(COALESCE(j.weight, 1))::int AS n
     FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
     WHERE j.limit_held
     GROUP BY j.job_type
 ), limit_releasing AS MATERIALIZED (
-    SELECT c.job_type, k.n
+    -- free: the slots free once these come back
+    SELECT c.job_type, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
     FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
@@ -1641,7 +1665,7 @@ WITH h AS (
 ), limit_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM limit_left AS k
+    FROM limit_releasing AS k
     CROSS JOIN LATERAL (
         SELECT c.job_id, c.queue, c.tenant, c.priority
         FROM (
@@ -1651,7 +1675,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1660,7 +1684,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM finished)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1676,7 +1700,7 @@ WITH h AS (
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
-    JOIN (SELECT tenant, count(*) AS slots FROM finished WHERE held_slot GROUP BY tenant) AS r
+    JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
       ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
@@ -1819,8 +1843,7 @@ FROM (SELECT 1 FROM job_attempts
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next,
--- limit_wake_next.
+-- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1864,12 +1887,13 @@ WITH h AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM returned WHERE state IN ('QUEUED', 'RETRY_WAIT')
 ), limit_left AS (
-    SELECT j.job_type, count(*)::int AS n
+    SELECT j.job_type, sum(COALESCE(j.weight, 1))::int AS n
     FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id
     WHERE j.limit_held
     GROUP BY j.job_type
 ), limit_releasing AS MATERIALIZED (
-    SELECT c.job_type, k.n
+    -- free: the slots free once these come back
+    SELECT c.job_type, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
     FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
@@ -1881,7 +1905,7 @@ WITH h AS (
 ), limit_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM limit_left AS k
+    FROM limit_releasing AS k
     CROSS JOIN LATERAL (
         SELECT c.job_id, c.queue, c.tenant, c.priority
         FROM (
@@ -1891,7 +1915,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM returned) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1900,7 +1924,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM returned)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -1916,7 +1940,7 @@ WITH h AS (
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
-    JOIN (SELECT tenant, count(*) AS slots FROM returned WHERE held_slot GROUP BY tenant) AS r
+    JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
       ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
@@ -2041,7 +2065,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM returned);
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next, limit_wake_next.
+-- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -2088,12 +2112,13 @@ WITH expired AS (
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM swept WHERE state IN ('QUEUED', 'RETRY_WAIT')
 ), limit_left AS (
-    SELECT j.job_type, count(*)::int AS n
+    SELECT j.job_type, sum(COALESCE(j.weight, 1))::int AS n
     FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id
     WHERE j.limit_held
     GROUP BY j.job_type
 ), limit_releasing AS MATERIALIZED (
-    SELECT c.job_type, k.n
+    -- free: the slots free once these come back
+    SELECT c.job_type, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
     FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
@@ -2105,7 +2130,7 @@ WITH expired AS (
 ), limit_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM limit_left AS k
+    FROM limit_releasing AS k
     CROSS JOIN LATERAL (
         SELECT c.job_id, c.queue, c.tenant, c.priority
         FROM (
@@ -2115,7 +2140,7 @@ WITH expired AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM swept) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -2124,7 +2149,7 @@ WITH expired AS (
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
                    AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM swept)
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -2140,7 +2165,7 @@ WITH expired AS (
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
-    JOIN (SELECT tenant, count(*) AS slots FROM swept WHERE held_slot GROUP BY tenant) AS r
+    JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
       ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
@@ -2851,7 +2876,7 @@ ORDER BY l.tenant;
 -- Parameters: limit.
 SELECT u.tenant
 FROM tenant_usage AS u
-LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+LEFT JOIN (SELECT j.tenant, sum(COALESCE(j.weight, 1))::int AS held
            FROM jobs AS j
            WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.holds_slot
            GROUP BY j.tenant) AS h USING (tenant)
@@ -2875,7 +2900,7 @@ FOR NO KEY UPDATE;
 WITH actual AS (
     SELECT u.tenant, u.running AS recorded, COALESCE(h.held, 0) AS held
     FROM tenant_usage AS u
-    LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+    LEFT JOIN (SELECT j.tenant, sum(COALESCE(j.weight, 1))::int AS held
                FROM jobs AS j
                WHERE j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.holds_slot
                  AND j.tenant = ANY(%(tenants)s::text[])
@@ -3620,7 +3645,12 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since,
-       cl.max_running AS limit_max_running, cl.running AS limit_running
+       cl.max_running AS limit_max_running, cl.running AS limit_running,
+       COALESCE(j.weight, 1) AS weight,
+       -- the most slots a live consumer with its handler has, for a weighed job
+       (SELECT max(w.concurrency) FROM workers AS w
+        WHERE j.weight IS NOT NULL AND j.queue = ANY(w.queues)
+          AND j.job_type = ANY(w.job_types) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS largest_concurrency
 FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl

@@ -158,6 +158,14 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         _by_queue(s.concurrency_limit),
     )
     yield _gauge(
+        "jobs_waiting_for_larger_consumer",
+        "Waiting jobs a consumer last turned down because their weight is above its"
+        " whole --concurrency (WEIGHT_OVER_CONCURRENCY), per queue. Each starts only on a"
+        " consumer with at least as many slots as it weighs.",
+        ["queue"],
+        _by_queue(s.too_heavy),
+    )
+    yield _gauge(
         "queue_oldest_runnable_age_seconds",
         "Age of the queue's oldest job that could run now (QUEUED or RETRY_WAIT with"
         " run_after in the past): now - run_after; 0 when none is due.",

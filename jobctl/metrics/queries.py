@@ -115,6 +115,15 @@ WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.CONCURRENCY_LI
 GROUP BY queue
 """
 
+# Per queue: the waiting jobs a consumer last turned down for a weight above its
+# whole concurrency (WEIGHT_OVER_CONCURRENCY), from the same waiting jobs.
+METRICS_WEIGHT_WAITS: Final = f"""
+SELECT queue, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.WEIGHT_OVER_CONCURRENCY}'
+GROUP BY queue
+"""
+
 # Per queue, the waiting jobs a consumer last turned down for their exclusive
 # resource (RESOURCE_BUSY: another job's lease holds it; RESOURCE_UNCERTAIN: its
 # holder vanished and nobody resolved it yet), from the same waiting jobs.

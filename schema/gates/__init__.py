@@ -42,9 +42,10 @@ from typing import Final
 # limit's row (concurrency_limits) ranks before the tenants' slots: the claim locks
 # it after the rate limits' buckets and before the tenants, and every end of a
 # lease releases it before the tenants' slots (fragments.lease_ended).
-GATES: Final = ("key", "rate", "resource", "deadline", "concurrency")
+# A job's weight locks nothing: it changes how many slots the others count it for.
+GATES: Final = ("key", "rate", "resource", "deadline", "concurrency", "weight")
 
 # The gates whose lease holds something until it ends (a key's lease, a resource's
-# hold, a slot of a concurrency limit): the ones the end of a lease releases, and
-# is composed of.
-HELD_GATES: Final = frozenset({"key", "resource", "concurrency"})
+# hold, a slot of a concurrency limit, a weight's slots): the ones the end of a lease
+# releases, and is composed of.
+HELD_GATES: Final = frozenset({"key", "resource", "concurrency", "weight"})

@@ -39,15 +39,16 @@ CLAIM_ADMIT: Final = """limit_level AS MATERIALIZED (
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
 ), limit_refused AS (
-    -- 1i. the limited jobs past their type's free slots, in their turn (one waiting
-    -- for its key takes no turn). ``at_limit``: the type had no free slot at all, so a
-    -- lease of it holds one and its end wakes them; the others (past this batch's
-    -- share) get their wake-up back. One whose type has no row yet is not turned
-    -- down, only not taken: it comes back 'locked' (limit_created makes the row).
+    -- 1i. the limited jobs past their type's free slots, in their turn, each counted
+    -- for its weight (one waiting for its key takes no turn). ``at_limit``: the type
+    -- had fewer free slots than the job weighs, so leases of it hold them and their
+    -- end wakes it; the others (past this batch's share) get their wake-up back.
+    -- One whose type has no row yet is not turned down, only not taken: it comes
+    -- back 'locked' (limit_created makes the row).
     SELECT x.job_id, x.job_type, x.global_limit, x.free IS NULL AS unseen,
-           COALESCE(x.free, 0) <= 0 AS at_limit
-    FROM (SELECT r.job_id, r.job_type, r.global_limit, l.free,
-                 row_number() OVER (PARTITION BY r.job_type ORDER BY r.priority DESC, r.job_id)
+           COALESCE(x.free, 0) < x.weight AS at_limit
+    FROM (SELECT r.job_id, r.job_type, r.global_limit, r.weight, l.free,
+                 sum(r.weight) OVER (PARTITION BY r.job_type ORDER BY r.priority DESC, r.job_id)
                      AS limit_rank
           FROM rated AS r LEFT JOIN limit_level AS l USING (job_type)
           WHERE r.global_limit IS NOT NULL
@@ -67,9 +68,10 @@ CLAIM_ADMIT_ABSENT: Final = """limit_refused AS (
 )"""
 
 CLAIM_TAKE: Final = """limit_taken AS (
-    -- 2f. the slots of the jobs every gate admitted, taken from the rows locked in 1h
+    -- 2f. the slots of the jobs every gate admitted (their weights), taken from the
+    -- rows locked in 1h
     UPDATE concurrency_limits AS c SET running = c.running + n.n
-    FROM (SELECT a.job_type, count(*)::int AS n
+    FROM (SELECT a.job_type, sum(a.weight)::int AS n
           FROM resource_admitted AS a JOIN limit_level AS l USING (job_type)
           GROUP BY a.job_type) AS n
     WHERE c.job_type = n.job_type

@@ -27,13 +27,17 @@ def claim_admit(runnable: str) -> str:
 )"""
 
 
-def claim_take(admitted: str) -> str:
-    """Step 2c of both claims: the slots of ``admitted`` (tenant, holds) taken."""
+def claim_take(admitted: str, slots: str = "count(*)") -> str:
+    """Step 2c of both claims: the slots of ``admitted`` (tenant, holds) taken,
+    ``slots`` of each job (one; the composed claim's, its weight)."""
+    held = f"{slots} FILTER (WHERE a.holds)"
+    if slots != "count(*)":
+        held = f"COALESCE({held}, 0)"  # a sum of no rows is NULL, a count 0
     return f"""reserved AS (
     -- 2c. their slots taken, in this same statement
     UPDATE tenant_usage AS u
     SET running = u.running + a.slots, claimed = u.claimed + a.taken
-    FROM (SELECT a.tenant, count(*) FILTER (WHERE a.holds) AS slots, count(*) AS taken
+    FROM (SELECT a.tenant, {held} AS slots, count(*) AS taken
           FROM {admitted} AS a JOIN usage AS s USING (tenant) GROUP BY a.tenant) AS a
     WHERE u.tenant = a.tenant
 )"""

@@ -410,7 +410,12 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        a.job_id AS key_ahead, a.state AS key_ahead_state,
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since,
-       cl.max_running AS limit_max_running, cl.running AS limit_running
+       cl.max_running AS limit_max_running, cl.running AS limit_running,
+       COALESCE(j.weight, 1) AS weight,
+       -- the most slots a live consumer with its handler has, for a weighed job
+       (SELECT max(w.concurrency) FROM workers AS w
+        WHERE j.weight IS NOT NULL AND j.queue = ANY(w.queues)
+          AND j.job_type = ANY(w.job_types) AND {LIVE_WORKER})::int AS largest_concurrency
 FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl

@@ -68,6 +68,12 @@ UNTAKEN: Final = (
 # wake-ups per job in 10 s).
 REFUSAL_BACKSTOP_SECONDS: Final = defaults.REFUSAL_BACKSTOP_SECONDS
 
+# A weighed job turned down for its tenant's cap asks again after this long. The
+# relay sends a capped tenant's wake-up once the tenant has one free slot; sent back
+# at once, a job that needs more than that met the same cap round and round until
+# enough leases ended.
+WEIGHED_CAP_RETRY_SECONDS: Final = 1
+
 # Bound (%(worker_ttl)s), not formatted in, because the relay takes it as a flag; its
 # default, the consumer's, and the figure explain and jobctl use (which cannot know a
 # relay's flag) are this one constant (its docstring in defaults says why one).
@@ -213,7 +219,7 @@ def resource_wake_next(released: str) -> str:
 )"""
 
 
-def limit_wake_next(source: str) -> str:
+def limit_wake_next(source: str, slots: str = "count(*)") -> str:
     """CTEs ending in ``limit_woken``: for the leases of ``source`` that held a slot
     of their type's concurrency limit (jobs.limit_held, as the statement's snapshot
     shows it: the ending statement clears it), the slots given back and a wake-up
@@ -222,15 +228,20 @@ def limit_wake_next(source: str) -> str:
     this is what starts it, so nothing polls a full limit. One probe of
     jobs_limit_waiting_idx per type, and a second for the waiters of paused queues:
     a job whose queue runs goes first (a paused queue's wake-up waits for the
-    resume). The rows are locked in type order before the tenants', as the claim
-    locks them."""
+    resume). A waiter heavier than the slots free once these come back is passed
+    over: waking it would use up the turn of a lighter one that fits, and a later
+    end that frees enough wakes it. The rows are locked in type order before the
+    tenants', as the claim locks them. ``slots``: what each lease gives back (one;
+    or its weight, read from ``j``), and as many waiters are woken as slots came
+    back."""
     return f"""limit_left AS (
-    SELECT j.job_type, count(*)::int AS n
+    SELECT j.job_type, {slots}::int AS n
     FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
     WHERE j.limit_held
     GROUP BY j.job_type
 ), limit_releasing AS MATERIALIZED (
-    SELECT c.job_type, k.n
+    -- free: the slots free once these come back
+    SELECT c.job_type, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
     FROM concurrency_limits AS c JOIN limit_left AS k USING (job_type)
     ORDER BY c.job_type
     FOR NO KEY UPDATE OF c
@@ -242,7 +253,7 @@ def limit_wake_next(source: str) -> str:
 ), limit_woken AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM limit_left AS k
+    FROM limit_releasing AS k
     CROSS JOIN LATERAL (
         SELECT c.job_id, c.queue, c.tenant, c.priority
         FROM (
@@ -252,7 +263,7 @@ def limit_wake_next(source: str) -> str:
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
                    AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM {source}) AND {QUEUE_RUNS}
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -261,7 +272,7 @@ def limit_wake_next(source: str) -> str:
                  FROM jobs AS w
                  WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
                    AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
-                   AND w.run_after <= now()
+                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
                    AND w.job_id NOT IN (SELECT job_id FROM {source})
                  ORDER BY w.job_id
                  LIMIT k.n)
@@ -303,6 +314,15 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
     (:func:`limit_wake_next`).
     """
     limit = "concurrency" in gates
+    # A weighed lease gives back its weight of every slot it took (jobs.weight never
+    # changes, so the statement's snapshot says it).
+    slots = "sum(COALESCE(j.weight, 1))" if "weight" in gates else "count(*)"
+    held = (
+        f"SELECT s.tenant, {slots} AS slots FROM {source} AS s"
+        " JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant"
+        if "weight" in gates
+        else f"SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant"
+    )
     # the limits' rows before the tenants' (the scalar subquery makes them go first)
     limits_first = " AND (SELECT count(*) FROM limit_releasing) >= 0" if limit else ""
     ended = f"""history AS (
@@ -315,12 +335,12 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM {source} WHERE state IN ({CLAIMABLE_SQL})
-), {limit_wake_next(source) + ", " if limit else ""}releasing AS MATERIALIZED (
+), {limit_wake_next(source, slots) + ", " if limit else ""}releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
-    JOIN (SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant) AS r
+    JOIN ({held}) AS r
       ON r.tenant = u.tenant{limits_first}
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u

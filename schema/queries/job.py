@@ -65,14 +65,14 @@ WITH input AS (
         delay_seconds double precision, scheduled_for timestamptz, approval text,
         trace_context jsonb, expires_at timestamptz, expires_seconds double precision,
         rate_limit text, key text, key_limit integer, key_order text, resource text,
-        parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
+        weight integer, parents jsonb, parents_pending integer, on_parent_failure text, tags text[],
         meta jsonb{unique_input}{ref_input})
 ), inserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, dedup_key, max_attempts, priority, run_after,
          scheduled_for, approval, trace_context, expires_at, rate_limit, key, key_limit,
-         key_order, key_seq, resource, parents_pending, on_parent_failure, delay_reason,
-         delay_since, tags, meta{unique_columns}{ref_column})
+         key_order, key_seq, resource, weight, parents_pending, on_parent_failure,
+         delay_reason, delay_since, tags, meta{unique_columns}{ref_column})
     -- jsonb_to_recordset reads a JSON null payload as SQL NULL; it is JSON null
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority,
@@ -83,7 +83,7 @@ WITH input AS (
            rate_limit, key, key_limit, key_order,
            -- numbered under the key's lock (JOB_KEYS_LOCK), in the batch's order
            CASE WHEN key_order IS NOT NULL THEN nextval('jobs_key_seq') END,
-           resource,
+           resource, weight,
            COALESCE(parents_pending, 0), on_parent_failure,
            CASE WHEN parents_pending > 0 THEN '{DelayReason.DEPENDENCY}' END,
            CASE WHEN parents_pending > 0 THEN now() END,
@@ -198,16 +198,17 @@ WITH input AS (
         job_id uuid, job_type text, queue text, tenant text, payload jsonb, dedup_key text,
         max_attempts integer, priority smallint, expires_at timestamptz,
         expires_seconds double precision, rate_limit text, debounce_seconds double precision,
-        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb)
+        debounce_max_seconds double precision, trace_context jsonb, tags text[], meta jsonb,
+        weight integer)
 ), upserted AS (
     INSERT INTO jobs AS j
         (job_id, job_type, queue, tenant, payload, debounce_key, max_attempts, priority,
-         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta)
+         run_after, debounce_until, expires_at, rate_limit, trace_context, tags, meta, weight)
     SELECT job_id, job_type, queue, tenant, COALESCE(payload, 'null'::jsonb), dedup_key,
            max_attempts, priority, now() + make_interval(secs => debounce_seconds),
            now() + make_interval(secs => debounce_max_seconds),
            COALESCE(expires_at, now() + make_interval(secs => expires_seconds)), rate_limit,
-           trace_context, COALESCE(tags, '{}'), meta
+           trace_context, COALESCE(tags, '{}'), meta, weight
     FROM input
     ON CONFLICT (job_type, debounce_key)
         WHERE debounce_key IS NOT NULL AND state = 'QUEUED' AND started_at IS NULL
@@ -216,6 +217,8 @@ WITH input AS (
         run_after = LEAST(EXCLUDED.run_after, j.debounce_until),
         tags = EXCLUDED.tags,
         meta = EXCLUDED.meta,
+        -- (it has never started, so it holds no slot its weight could mistake)
+        weight = EXCLUDED.weight,
         updated_at = now()
     WHERE j.state = 'QUEUED' AND j.started_at IS NULL
     RETURNING j.job_id, j.queue, j.tenant, j.priority, j.run_after, j.debounce_key, j.job_type,

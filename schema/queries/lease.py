@@ -18,6 +18,7 @@ from hybrid_jobs.schema.gates import (
     rate,
     resource,
     tenant,
+    weight,
 )
 from hybrid_jobs.schema.queries.fragments import (
     BUDGET,
@@ -25,6 +26,7 @@ from hybrid_jobs.schema.queries.fragments import (
     LIVE_WORKER,
     REFUSAL_BACKSTOP_SECONDS,
     WAITING_BY_ID,
+    WEIGHED_CAP_RETRY_SECONDS,
     lease_ended,
 )
 from hybrid_jobs.schema.states import DelayReason
@@ -48,9 +50,10 @@ def _handlers(columns: str = "") -> str:
 _HANDLERS: Final = _handlers()
 
 
-def _claimed(admitted: str, taken: str = "") -> str:
+def _claimed(admitted: str, taken: str = "", weighed: str = "") -> str:
     """Step 4 of both claims: the jobs of ``admitted`` (job_id, holds) made RUNNING
-    under this worker's lease, the next generation, one more attempt."""
+    under this worker's lease, the next generation, one more attempt; ``weighed``,
+    the composed claim's, returns each one's weight too."""
     return f"""claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -71,7 +74,7 @@ def _claimed(admitted: str, taken: str = "") -> str:
     WHERE j.job_id = a.job_id AND t.job_type = j.job_type
     RETURNING j.job_id, j.job_type, j.queue, j.tenant, j.payload, j.attempt_count,
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
-              j.trace_context, j.meta, j.payload_ref
+              j.trace_context, j.meta, j.payload_ref{weighed}
 )"""
 
 
@@ -119,7 +122,15 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
     -- waits for one to start (JOB_WAKE_PARKED).
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
-           CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}'
+           CASE WHEN r.reason = '{DelayReason.WEIGHT_OVER_CONCURRENCY}'
+                -- a consumer with room for its weight may take it: tried again after
+                -- the backstop, not sent round the consumers too small for it
+                THEN now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS})
+                WHEN r.reason = '{DelayReason.TENANT_CAP}' AND r.weight > 1
+                -- the relay sends a capped tenant's wake-up once one slot is free;
+                -- a heavier job needs more, so it asks again a moment later, not at once
+                THEN now() + make_interval(secs => {WEIGHED_CAP_RETRY_SECONDS})
+                WHEN r.reason = '{DelayReason.RATE_LIMITED}'
                 -- when its turn's token will be there (the n-th past the tokens the
                 -- bucket has left waits for n more), not before; a bucket first
                 -- seen, now (it was made full)
@@ -142,6 +153,9 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
       AND r.job_id NOT IN (SELECT job_id FROM limit_refused WHERE at_limit)
 )"""
 
+# Step 1c's words for a claim composed with the weight.
+_ROOM_NOTE: Final = "\n    -- and, weighed, as many of this worker's free slots as they weigh"
+
 # Step 5 of every composed claim.
 _ANSWER: Final = f"""-- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
@@ -155,6 +169,9 @@ SELECT CASE
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
+           -- left out of runnable: this worker's free slots (an async handler's job:
+           -- only they leave one out), or its threads, were fewer than it needs
+           WHEN l.job_id IS NOT NULL AND NOT l.sync THEN 'no_room'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ({LEASED_SQL}) AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -164,7 +181,7 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -188,8 +205,12 @@ def _composed(used: frozenset[str]) -> str:
     if unknown:
         raise ValueError(f"no such gate: {sorted(unknown)}")
     k, r, s, d = ("key" in used, "rate" in used, "resource" in used, "deadline" in used)
-    c = "concurrency" in used
-    absent = [g.USES for name, g in _MODULES.items() if name not in used]
+    c, w = "concurrency" in used, "weight" in used
+    absent = [
+        weight.USES_WITH_TERMS if name == "weight" else g.USES
+        for name, g in _MODULES.items()
+        if name not in used
+    ]
     unfit = " OR ".join(absent) if absent else "false"
     admit = ", ".join(
         [
@@ -203,7 +224,7 @@ def _composed(used: frozenset[str]) -> str:
         [
             key.CLAIM_TAKE if k else key.CLAIM_TAKE_ABSENT,
             resource.CLAIM_TAKE if s else resource.CLAIM_TAKE_ABSENT,
-            tenant.claim_take("resource_admitted"),
+            tenant.claim_take("resource_admitted", "sum(a.weight)"),
             rate.CLAIM_TAKE if r else rate.CLAIM_TAKE_ABSENT,
             *([concurrency.CLAIM_TAKE] if c else []),
         ]
@@ -213,6 +234,7 @@ def _composed(used: frozenset[str]) -> str:
         f"WHEN l.paused THEN '{DelayReason.QUEUE_PAUSED}'",
         f"WHEN l.unauthorized THEN '{DelayReason.NO_AUTHORIZED_RUNNER}'",
         f"WHEN NOT l.known THEN '{DelayReason.NO_HANDLER}'",
+        weight.REFUSED if w else None,
         rate.REFUSED if r else None,
         concurrency.REFUSED if c else None,
         key.REFUSED_ORDER if k else None,
@@ -221,7 +243,7 @@ def _composed(used: frozenset[str]) -> str:
     ]
     case = "\n                ".join(x for x in reasons if x is not None)
     return f"""
-WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
+WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS (
     -- 1b. the named jobs of this worker's queues that may be claimed now, locked
     -- (others' rows skipped)
     SELECT j.job_id, j.queue, j.tenant, j.job_type, j.priority, j.delay_reason, j.delay_since,
@@ -230,6 +252,7 @@ WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
            {deadline.LOCKED_COLUMN if d else deadline.LOCKED_COLUMN_ABSENT},
            {rate.LOCKED_COLUMN if r else rate.LOCKED_COLUMN_ABSENT},
            {concurrency.LOCKED_COLUMN if c else concurrency.LOCKED_COLUMN_ABSENT},
+           {weight.LOCKED_COLUMN if w else weight.LOCKED_COLUMN_ABSENT},
            COALESCE(t.sync, false) AS sync,
            EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
@@ -250,20 +273,20 @@ WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), runnable AS (
     -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
-    -- may serve and, for a plain function, a free thread
+    -- may serve, for a plain function a free thread{_ROOM_NOTE if w else ""}
     SELECT r.*
     FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
-                 AS thread_rank
+                 AS thread_rank{weight.ROOM_USED if w else ""}
           FROM locked AS l
           WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
-            AND NOT l.unfit) AS r
-    WHERE NOT r.sync OR r.thread_rank <= %(free_threads)s
+            AND NOT l.unfit AND NOT l.too_heavy) AS r
+    WHERE (NOT r.sync OR r.thread_rank <= %(free_threads)s){weight.ROOM_FITS if w else ""}
 ), {admit}, admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
-    -- slots, by priority
+    -- slots, by priority, each counted for its weight
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority, a.job_type
-    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
+           a.lease_generation, a.priority, a.job_type, a.weight
+    FROM (SELECT r.*, sum(r.weight) OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
           FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
@@ -271,7 +294,7 @@ WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
 ), {take}, refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, resource, tenant's cap)
-    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name,
+    SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name, l.weight,
            CASE {case}
                 ELSE '{DelayReason.TENANT_CAP}' END AS reason,
            -- turned down for want of a handler (or of a runner naming its tenant) less
@@ -282,7 +305,7 @@ WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
       AND l.job_id NOT IN (SELECT job_id FROM rate_refused WHERE unseen)
       AND l.job_id NOT IN (SELECT job_id FROM limit_refused WHERE unseen)
-      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known
+      AND (l.expired OR l.paused OR l.unauthorized OR NOT l.known OR l.too_heavy
            OR l.job_id IN (SELECT job_id FROM runnable))
 ), noted AS (
     -- 3b. the reason recorded on the job. delay_since is when a consumer last
@@ -295,7 +318,11 @@ WITH {_handlers(concurrency.HANDLER_COLUMN)}, locked AS (
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
 ), {deadline.CLAIM_END + ", " if d else ""}{_REFUSALS_WOKEN}, {
-        _claimed("resource_admitted", concurrency.CLAIMED_SET if c else "")
+        _claimed(
+            "resource_admitted",
+            (concurrency.CLAIMED_SET if c else "") + (weight.CLAIMED_SET if w else ""),
+            ", COALESCE(j.weight, 1) AS weight",
+        )
     }
 {_ANSWER}"""
 
@@ -306,6 +333,7 @@ _MODULES: Final = {
     "resource": resource,
     "deadline": deadline,
     "concurrency": concurrency,
+    "weight": weight,
 }
 
 # Each gate a job uses, named (NULL for one it does not). Not the concurrency
@@ -413,6 +441,7 @@ WITH {_HANDLERS}, locked AS (
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
       AND j.expires_at IS NULL AND j.rate_limit IS NULL AND t.rate_limit IS NULL
+      AND j.weight IS NULL
       AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused)
       AND (j.tenant IS NULL OR NOT EXISTS (
                SELECT 1 FROM tenant_limits AS d
@@ -454,7 +483,8 @@ WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 # under ours that the process does not know about came from that claim.
 JOB_HELD_BY: Final = f"""
 SELECT 'claimed', job_id, job_type, queue, tenant, payload, attempt_count, max_attempts,
-       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref
+       lease_generation, created_at, scheduled_for, trace_context, meta, payload_ref,
+       COALESCE(weight, 1)
 FROM jobs
 WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state IN ({LEASED_SQL})
 """
@@ -520,7 +550,12 @@ def _finish(lock: str, held: frozenset[str]) -> str:
     # 'full'; the steps that would find nothing to release are not there.
     unfit = " OR ".join(
         g.HOLDS
-        for name, g in (("key", key), ("resource", resource), ("concurrency", concurrency))
+        for name, g in (
+            ("key", key),
+            ("resource", resource),
+            ("concurrency", concurrency),
+            ("weight", weight),
+        )
         if name not in held
     )
     # (only a lease that holds a slot of its limit has one to clear)

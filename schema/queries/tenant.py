@@ -98,7 +98,7 @@ ORDER BY l.tenant
 TENANT_USAGE_DRIFTED: Final = f"""
 SELECT u.tenant
 FROM tenant_usage AS u
-LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+LEFT JOIN (SELECT j.tenant, sum(COALESCE(j.weight, 1))::int AS held
            FROM jobs AS j
            WHERE j.state IN ({LEASED_SQL}) AND j.holds_slot
            GROUP BY j.tenant) AS h USING (tenant)
@@ -110,7 +110,8 @@ LIMIT %(limit)s
 # Then, in one transaction, for those tenants only: lock their usage rows (in tenant
 # order, as every statement that moves the counters does; claims and releases of
 # every other tenant go on), and, in a statement whose snapshot is taken after the
-# locks, set each count of held slots to the number of leases that hold one.
+# locks, set each count of held slots to the slots its leases hold (a weighed
+# lease its weight).
 # Returns the tenants that had drifted, with both figures.
 TENANT_USAGE_LOCK: Final = """
 SELECT tenant FROM tenant_usage
@@ -123,7 +124,7 @@ TENANT_USAGE_RECONCILE: Final = f"""
 WITH actual AS (
     SELECT u.tenant, u.running AS recorded, COALESCE(h.held, 0) AS held
     FROM tenant_usage AS u
-    LEFT JOIN (SELECT j.tenant, count(*)::int AS held
+    LEFT JOIN (SELECT j.tenant, sum(COALESCE(j.weight, 1))::int AS held
                FROM jobs AS j
                WHERE j.state IN ({LEASED_SQL}) AND j.holds_slot
                  AND j.tenant = ANY(%(tenants)s::text[])

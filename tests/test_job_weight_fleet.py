@@ -1,0 +1,119 @@
+"""Job weights across real consumer processes: a consumer never runs more slots than
+its ``--concurrency`` (from the handlers' own clock); a job heavier than its
+consumer's whole concurrency is turned down, logged and explained, and runs once a
+consumer large enough starts; and a heavy holder killed with SIGKILL gives its
+weight back to its tenant once its lease expires, so the jobs waiting for the
+tenant's cap run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from hybrid_jobs import outbox
+from hybrid_jobs.jobctl.check import check, violations
+from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from tests.apps.weights import MOST_SLOTS_AT_ONCE, RUNS_TABLE
+from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
+from tests.support.processes import fleet, running
+
+APP = ["--app", "tests.apps.weights"]
+
+
+def _one(pg: psycopg.Connection, sql: str) -> int:
+    row = pg.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_consumer_never_runs_more_slots_than_its_concurrency(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str], db_url: DatabaseUrl
+) -> None:
+    pg.execute(RUNS_TABLE)
+    jobs = (
+        [NewJob("weighed", {"seconds": 0.2}, weight=3) for _ in range(6)]
+        + [NewJob("weighed", {"seconds": 0.2}, weight=2) for _ in range(4)]
+        + [NewJob("weighed", {"seconds": 0.1}) for _ in range(16)]
+    )
+    with fleet(env, [*APP, "--concurrency", "4"], consumers=2):
+        enqueue_many(engine, jobs)
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", len(jobs), timeout=180))
+    # From the handlers' own clock: a heavy job ran, and never beside more than fit.
+    # (Not from the leases in PostgreSQL: a lease whose handler returned holds its
+    # slots of a tenant and a limit until its outcome is written, but no longer its
+    # consumer's, which starts the next job meanwhile.)
+    assert 3 <= _one(pg, MOST_SLOTS_AT_ONCE) <= 4
+    # each ran once: waiting for room spent no attempt
+    assert _one(pg, "SELECT max(attempt_count) FROM jobs") == 1
+    assert violations(check(db_url.conninfo)) == {}
+
+
+def test_a_job_heavier_than_the_consumer_is_explained_and_runs_on_a_larger_one(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    pg.execute(RUNS_TABLE)
+    small_args = [*APP, "--concurrency", "4"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", small_args, env, "consumer.started") as small,
+    ):
+        heavy = enqueue(engine, "weighed", {"seconds": 0.05}, weight=5)
+        light = enqueue(engine, "weighed", {"seconds": 0.05})
+        asyncio.run(
+            until(
+                lambda: (
+                    job(pg, heavy)["delay_reason"] == "WEIGHT_OVER_CONCURRENCY"
+                    and job(pg, light)["state"] == "SUCCEEDED"
+                ),
+                "the heavy job is turned down, the light one runs",
+                timeout=60,
+            )
+        )
+        warning = small.wait_for_event("consumer.job_heavier_than_concurrency")
+        assert warning["concurrency"] == 4
+        with Session(engine) as session:
+            why = outbox.explain(session, heavy)
+        assert "WEIGHT_OVER_CONCURRENCY" in why.codes, why
+        assert job(pg, heavy)["attempt_count"] == 0
+        with running("consumer", [*APP, "--concurrency", "6"], env, "consumer.started"):
+            # its wake-up comes back after the refusal backstop, and may meet the
+            # small consumer again first: a generous deadline
+            asyncio.run(wait_until_all(pg, "SUCCEEDED", 2, timeout=120))
+    assert job(pg, heavy)["attempt_count"] == 1
+
+
+def test_a_heavy_holder_killed_gives_its_weight_back_when_its_lease_expires(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str], db_url: DatabaseUrl
+) -> None:
+    pg.execute(RUNS_TABLE)
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "acme", max_running=4)
+    short = [*APP, "--lease-seconds", "3", "--heartbeat-seconds", "1", "--concurrency", "8"]
+    relay = ["--sweep-interval", "0.5", "--rewake-interval", "3"]
+    usage = "SELECT running FROM tenant_usage WHERE tenant = 'acme'"
+    with running("relay", relay, env, "relay.started"):
+        with running("consumer", short, env, "consumer.started") as killed:
+            heavy = enqueue(engine, "weighed", {"hang_once": True}, tenant="acme", weight=4)
+            asyncio.run(
+                until(lambda: job(pg, heavy)["state"] == "RUNNING", "the heavy job runs", 60)
+            )
+            waiting = [
+                enqueue(engine, "weighed", {"seconds": 0.05}, tenant="acme") for _ in range(2)
+            ]
+            # the relay holds their wake-ups back while the cap is full
+            assert _one(pg, usage) == 4
+            with Session(engine) as session:
+                assert all("TENANT_CAP" in outbox.explain(session, w).codes for w in waiting)
+            killed.kill()
+        with running("consumer", short, env, "consumer.started"):
+            asyncio.run(wait_until_all(pg, "SUCCEEDED", 3, timeout=120))
+    for w in waiting:
+        assert job(pg, w)["attempt_count"] == 1
+    # the killed lease cost an attempt, as any lost lease does
+    assert job(pg, heavy)["attempt_count"] == 2
+    assert _one(pg, usage) == 0
+    assert violations(check(db_url.conninfo)) == {}
