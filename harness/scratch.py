@@ -16,7 +16,7 @@ import psycopg
 
 from harness.broker import delete_topology
 from harness.services import ADMIN_URL, AMQP_URL
-from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.config import DatabaseUrl, instance_schema
 from hybrid_jobs.schema.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextlib.contextmanager
 def scratch_database(prefix: str = "scratch", *, migrate: bool = True) -> Iterator[DatabaseUrl]:
     """A new database, migrated to head with the real `alembic upgrade head` (or left
-    empty, for a benchmark peer that installs its own schema)."""
+    empty, for a benchmark peer that installs its own schema). Migrated, its URL
+    looks in the instance's schema (HYBRID_JOBS_SCHEMA, as the migration did), so a
+    benchmark's own connections find the tables as the daemons' do."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = DatabaseUrl.parse(f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}")
+    if migrate:
+        url = url.in_schema(instance_schema()[0])
     try:
         if migrate:
             subprocess.run(
