@@ -45,7 +45,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
+import psycopg
 from psycopg import sql
 
 from hybrid_jobs import defaults
@@ -76,10 +78,15 @@ from hybrid_jobs.relay.schedules import fire_due, seconds_until_due
 from hybrid_jobs.relay.settings import RelaySettings
 from hybrid_jobs.relay.wake import WakeLimits, due_queues, wake_queue
 from hybrid_jobs.relay.webhooks import Deliverer
-from hybrid_jobs.schema.queries import OUTBOX_BACKLOG
+from hybrid_jobs.schema.queries import OUTBOX_BACKLOG, WEBHOOK_DELIVERY_OWED
 from hybrid_jobs.schema.tables import INSTANCE_SCHEMA_SQL, OUTBOX_CHANNEL, channel
 
 log = logging.getLogger("relay")
+
+# A relay without a webhook secret looks for calls owed this often, and warns of
+# them at most this often.
+_OWED_CHECK_SECONDS: Final = 60.0
+_OWED_WARN_SECONDS: Final = 600.0
 
 
 @dataclass(frozen=True)
@@ -489,18 +496,31 @@ class Relay:
                 self.pool, keep_seconds=s.keep_effects, batch=s.retention_batch
             )
 
+    async def _webhooks_off(self) -> None:
+        """No secret, so no call: said quietly at start (most installations call no
+        URL), and as a warning whenever calls are owed, at most every ten minutes."""
+        detail = (
+            "no WEBHOOK_SECRET (or WEBHOOK_SECRET_FILE): this relay makes no webhook call,"
+            " and calls owed wait (jobctl webhooks list)"
+        )
+        log.info("relay.webhooks_off", extra={"detail": detail})
+        while True:
+            await asyncio.sleep(_OWED_CHECK_SECONDS)
+            try:
+                async with self.pool.connection() as conn:
+                    row = await (await conn.execute(WEBHOOK_DELIVERY_OWED)).fetchone()
+            except psycopg.Error:
+                continue  # the database is away: the wake-ups' loops say so
+            if row and row[0]:
+                log.warning("relay.webhook_calls_owed", extra={"count": row[0], "detail": detail})
+                await asyncio.sleep(_OWED_WARN_SECONDS - _OWED_CHECK_SECONDS)
+
     async def _webhooks(self) -> None:
         """Call the webhooks of jobs that ended (relay/webhooks.py), in tasks of
         their own: a slow endpoint holds none of the wake-ups' connections."""
         secret = self.settings.webhook_secret
         if secret is None:
-            log.warning(
-                "relay.webhooks_off",
-                extra={
-                    "detail": "no WEBHOOK_SECRET (or WEBHOOK_SECRET_FILE): this relay makes "
-                    "no webhook call, and calls owed wait (jobctl webhooks list)"
-                },
-            )
+            await self._webhooks_off()
             return
         self.webhooks = Deliverer(self.pool, self.settings, self.relay_id, secret)
         await self.webhooks.run()

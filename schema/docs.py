@@ -193,6 +193,7 @@ NOTES: Final[dict[str, str]] = {
     "WEBHOOK_DELIVERY_LIST": "list webhook calls, newest first, for jobctl and the API",
     "WEBHOOK_DELIVERY_COUNTS": "count webhook calls by state, for the metrics",
     "WEBHOOK_DELIVERY_RETRY": "deliver again a webhook call that was given up, for an operator",
+    "WEBHOOK_DELIVERY_OWED": "count the webhook calls owed, for a relay that has no secret",
     # dashboard
     "DASHBOARD_SESSION_CREATE": "open a dashboard session at sign-in (its secret's hash only)",
     "DASHBOARD_SESSION_VALID": "check a session is live and was opened with the current token",

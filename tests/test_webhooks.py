@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers import Registry
 from hybrid_jobs.jobctl.metrics import Collector
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay import service as relay_service
 from hybrid_jobs.relay import webhooks
 from hybrid_jobs.relay.service import Relay
 from hybrid_jobs.relay.webhooks import sign
@@ -404,14 +406,30 @@ async def test_without_a_secret_the_relay_makes_no_call(
     db_url: DatabaseUrl,
     amqp_url: AmqpUrl,
     topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """No secret, no call. Most installations call no URL, so the relay says so
+    quietly at start, and warns only while calls are owed."""
+    monkeypatch.setattr(relay_service, "_OWED_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(relay_service, "_OWED_WARN_SECONDS", 0.4)
+    caplog.set_level(logging.INFO, logger="relay")
+
+    def said(event: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == event]
+
     with receiving() as receiver:
-        job_id = enqueue(engine, "report", on_complete_url=receiver.url("/x"))
-        _cancel(engine, job_id)
         async with relay_running(db_url, amqp_url, topology, webhook_interval=0.2) as relay:
-            # Its other chores run on; the call waits, unsigned calls are never made.
             target = relay.rounds["sweep"] + 3
             await until(lambda: relay.rounds["sweep"] >= target, "three sweeps", 60)
+            assert [r.levelno for r in said("relay.webhooks_off")] == [logging.INFO]
+            assert said("relay.webhook_calls_owed") == [], "nothing owed, nothing to warn of"
+            job_id = enqueue(engine, "report", on_complete_url=receiver.url("/x"))
+            _cancel(engine, job_id)
+            # Its other chores run on; the call waits, unsigned calls are never made.
+            await until(lambda: said("relay.webhook_calls_owed"), "a warning of the call owed", 60)
+            (owed, *_) = said("relay.webhook_calls_owed")
+            assert owed.levelno == logging.WARNING and owed.count == 1  # type: ignore[attr-defined]
             assert relay.webhooks is None
         assert receiver.requests("/x") == []
     assert _delivery(pg, job_id)["state"] == "PENDING"

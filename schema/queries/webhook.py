@@ -195,3 +195,11 @@ SELECT state, count(*),
 FROM webhook_deliveries
 GROUP BY state
 """
+
+# How many calls wait to be made (at most 1,000 counted), for a relay that has no
+# secret and so makes none: it says so only when a call is owed.
+WEBHOOK_DELIVERY_OWED: Final = """
+SELECT count(*) FROM (
+    SELECT 1 FROM webhook_deliveries WHERE state = 'PENDING' LIMIT 1000
+) AS owed
+"""
