@@ -45,7 +45,9 @@ def webhook_url(value: object, what: str = "on_complete_url") -> str:
         raise ValueError(
             f"{what} must not carry credentials: the receiver checks the signature instead"
         )
-    return url
+    # yarl read the scheme case-blind; the URL is stored with it in lower case, as
+    # the relay and the tables' checks expect it
+    return parsed.scheme + url[len(parsed.scheme) :]
 
 
 def set_urls(conn: Connection, ids: Sequence[uuid.UUID], urls: Sequence[str | None]) -> None:

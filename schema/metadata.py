@@ -907,7 +907,7 @@ job_type_webhooks = Table(
     _ts("updated_at", nullable=False, default=True),
     Column("updated_by", Text, nullable=False),
     CheckConstraint(
-        f"url ~ '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
+        f"url ~* '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
         name="job_type_webhooks_url_valid",
     ),
 )
@@ -942,7 +942,7 @@ webhook_deliveries = Table(
         "state IN ('DELIVERED', 'GAVE_UP', 'PENDING')", name="webhook_deliveries_state_valid"
     ),
     CheckConstraint(
-        f"url ~ '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
+        f"url ~* '^https?://' AND char_length(url) <= {MAX_WEBHOOK_URL_LENGTH}",
         name="webhook_deliveries_url_valid",
     ),
     CheckConstraint("attempts >= 0", name="webhook_deliveries_attempts_non_negative"),

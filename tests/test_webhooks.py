@@ -141,6 +141,28 @@ def test_a_bad_url_is_refused_before_anything_is_written(
     assert pg.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
 
 
+def test_a_url_whose_scheme_is_in_capitals_ends_its_job_like_any_other(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """The scheme was checked case-blind and stored as written; the call's table
+    wanted it in lower case, so the end of such a job failed its trigger: the
+    outcome was refused, the job ran again, and its expired lease stopped the
+    sweeper for every other lease of the instance."""
+    job_id = enqueue(engine, "report", on_complete_url="HTTPS://Hooks.example.com/Done")
+    stored = pg.execute("SELECT webhook_url FROM jobs WHERE job_id = %s", [job_id]).fetchone()
+    assert stored == ("https://Hooks.example.com/Done",)
+    _cancel(engine, job_id)
+    assert _delivery(pg, job_id)["endpoint"] == "https://hooks.example.com"
+    # one written in capitals by SQL of the user's own ends its job too
+    other = enqueue(engine, "report")
+    pg.execute("UPDATE jobs SET webhook_url = 'HTTP://a.example/x' WHERE job_id = %s", [other])
+    _cancel(engine, other)
+    assert _delivery(pg, other)["url"] == "HTTP://a.example/x"
+    with pytest.raises(ValueError, match="webhook"):
+        Registry().handler("t", webhook="JAVASCRIPT:alert(1)")
+    assert Registry().handler("t", webhook="HTTPS://a.example/t")(lambda job: None)
+
+
 def test_a_handler_webhook_must_be_a_valid_url() -> None:
     with pytest.raises(ValueError, match="webhook"):
         Registry().handler("t", webhook="javascript:alert(1)")

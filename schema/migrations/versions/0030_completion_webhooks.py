@@ -86,7 +86,7 @@ def upgrade() -> None:
         sa.Column("updated_by", sa.Text, nullable=False),
         sa.PrimaryKeyConstraint("job_type", name="job_type_webhooks_pkey"),
         sa.CheckConstraint(
-            f"url ~ '^https?://' AND char_length(url) <= {_MAX_URL}",
+            f"url ~* '^https?://' AND char_length(url) <= {_MAX_URL}",
             name="job_type_webhooks_url_valid",
         ),
     )
@@ -127,7 +127,7 @@ def upgrade() -> None:
             "state IN ('DELIVERED', 'GAVE_UP', 'PENDING')", name="webhook_deliveries_state_valid"
         ),
         sa.CheckConstraint(
-            f"url ~ '^https?://' AND char_length(url) <= {_MAX_URL}",
+            f"url ~* '^https?://' AND char_length(url) <= {_MAX_URL}",
             name="webhook_deliveries_url_valid",
         ),
         sa.CheckConstraint("attempts >= 0", name="webhook_deliveries_attempts_non_negative"),
