@@ -468,10 +468,15 @@ def test_the_signature_is_an_hmac_of_the_timestamp_and_body() -> None:
 # ---------------------------------------------------------------- operating
 
 
+# A token in a URL's path, as a chat service's incoming hook has: no operator
+# surface shows it, only the endpoint.
+TOKEN = "T0123-B4567-s3cr3tTok3n"
+
+
 def _given_up(engine: Engine, pg: psycopg.Connection) -> tuple[uuid.UUID, int]:
     """A job whose call was made once, failed, and was given up (a bound of 1),
     through the relay's own statements."""
-    job_id = enqueue(engine, "report", on_complete_url="https://down.example/hook")
+    job_id = enqueue(engine, "report", on_complete_url=f"https://down.example/hook/{TOKEN}")
     _cancel(engine, job_id)
     claim = {
         "relay": "relay-a",
@@ -510,8 +515,10 @@ def test_jobctl_lists_a_given_up_call_and_retries_it(
     assert call["delivery_id"] == delivery_id and call["job_id"] == str(job_id)
     assert (call["state"], call["attempts"], call["last_status"]) == ("GAVE_UP", 1, 503)
     assert call["last_error"] == "HTTP 503"
+    assert call["endpoint"] == "https://down.example"
     text = jobctl("webhooks", "list", url=db_url, cwd=tmp_path).stdout
-    assert "GAVE_UP" in text and "HTTP 503" in text
+    assert "GAVE_UP" in text and "HTTP 503" in text and "https://down.example" in text
+    assert TOKEN not in listed.stdout + text
 
     retried = jobctl("webhooks", "retry", str(delivery_id), url=db_url, cwd=tmp_path)
     assert retried.returncode == 0, retried.stderr
@@ -534,6 +541,8 @@ async def test_the_api_and_the_metrics_show_a_given_up_call(
         listed = await api.get("/v1/webhooks", params={"state": "GAVE_UP"})
         assert listed.status_code == 200, listed.text
         assert [c["delivery_id"] for c in listed.json()] == [delivery_id]
+        assert listed.json()[0]["endpoint"] == "https://down.example"
+        assert TOKEN not in listed.text
         assert (await api.get("/v1/webhooks", params={"state": "LOST"})).status_code == 422
         by_job = await api.get("/v1/webhooks", params={"job_id": str(job_id)})
         assert [c["state"] for c in by_job.json()] == ["GAVE_UP"]

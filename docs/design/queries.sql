@@ -4358,7 +4358,7 @@ SELECT count(*) FROM gone;
 -- Run by jobctl.service.webhooks:_get, jobctl.service.webhooks:list_webhook_calls to
 -- list webhook calls, newest first, for jobctl and the API.
 -- Parameters: delivery_id, job_id, limit, state.
-SELECT delivery_id, job_id, url, state, attempts, next_attempt_at, last_status,
+SELECT delivery_id, job_id, endpoint, state, attempts, next_attempt_at, last_status,
        last_error, delivered_at, gave_up_at, created_at
 FROM webhook_deliveries
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)

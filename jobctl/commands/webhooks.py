@@ -20,7 +20,7 @@ def webhooks() -> None:
 
 def _rows(calls: list[WebhookCallView]) -> str:
     return table(
-        ["CALL", "JOB", "STATE", "ATTEMPTS", "LAST", "NEXT / DONE", "URL"],
+        ["CALL", "JOB", "STATE", "ATTEMPTS", "LAST", "NEXT / DONE", "ENDPOINT"],
         [
             [
                 c.delivery_id,
@@ -29,7 +29,7 @@ def _rows(calls: list[WebhookCallView]) -> str:
                 c.attempts,
                 c.last_error or (c.last_status if c.last_status is not None else "-"),
                 when(c.next_attempt_at if c.state == "PENDING" else c.delivered_at or c.gave_up_at),
-                c.url,
+                c.endpoint,
             ]
             for c in calls
         ],

@@ -676,7 +676,9 @@ class WebhookCallView:
     delivery_id: int
     """Sent as the Webhook-Id header: the same on every retry of the call."""
     job_id: uuid.UUID
-    url: str
+    endpoint: str
+    """Where the call goes: the URL's scheme, host and port. Its path and query are
+    not shown, as they often carry a token."""
     state: str
     """PENDING (due, or being called), DELIVERED, or GAVE_UP after the relay's
     --webhook-max-attempts."""

@@ -164,9 +164,10 @@ SELECT count(*) FROM gone
 """
 
 # An operator's look at the calls: the newest first, of one state and/or one job,
-# or the one named.
+# or the one named. The endpoint only, not the URL: a URL's path or query often
+# carries a token (a chat service's incoming hook), which no operator needs to see.
 WEBHOOK_DELIVERY_LIST: Final = """
-SELECT delivery_id, job_id, url, state, attempts, next_attempt_at, last_status,
+SELECT delivery_id, job_id, endpoint, state, attempts, next_attempt_at, last_status,
        last_error, delivered_at, gave_up_at, created_at
 FROM webhook_deliveries
 WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
