@@ -321,6 +321,12 @@ doubling with each failure in a row up to a minute; any success ends it."""
 RELAY_WEBHOOK_INTERVAL: Final = 1.0
 """Seconds between a relay's looks for due webhook calls when it has none in hand."""
 
+RELAY_WEBHOOK_ALLOW_HOSTS: Final = ""
+"""Hosts and networks webhook calls may go to though they are not public addresses
+(loopback, private, link-local), comma-separated: ``hooks.internal,10.1.0.0/16``.
+Empty: calls go to public addresses only, so a URL a producer took from its own user
+cannot reach into the network the relay runs in."""
+
 # ------------------------------------------------------------------ consumer
 
 CONSUMER_CONCURRENCY: Final = 10

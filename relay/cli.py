@@ -106,6 +106,12 @@ from hybrid_jobs.relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
     "signed with $WEBHOOK_SECRET (or the file named by $WEBHOOK_SECRET_FILE); "
     "without it the relay makes none.",
 )
+@setting_option(
+    RelaySettings,
+    "webhook_allow_hosts",
+    "Hosts and networks (CIDR) webhook calls may go to though they are not public "
+    "addresses, comma-separated; by default, calls go to public addresses only.",
+)
 def main(**kwargs: Any) -> None:
     """Publish due wake-ups from the outbox table to RabbitMQ, a window per queue in
     priority and fair-share order; sweep expired leases, send lost wake-ups again,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
+from hybrid_jobs.relay.webhook_hosts import AllowedHosts
 from hybrid_jobs.schema.queries import RELAY_LIVE_SECONDS
 from hybrid_jobs.schema.topology import Topology
 
@@ -59,6 +60,7 @@ class RelaySettings:
     webhook_backoff_cap: float = defaults.RELAY_WEBHOOK_BACKOFF_CAP
     webhook_endpoint_backoff: float = defaults.RELAY_WEBHOOK_ENDPOINT_BACKOFF
     webhook_interval: float = defaults.RELAY_WEBHOOK_INTERVAL
+    webhook_allow_hosts: str = defaults.RELAY_WEBHOOK_ALLOW_HOSTS
     # The key webhook calls are signed with ($WEBHOOK_SECRET or the file named by
     # $WEBHOOK_SECRET_FILE); None: the relay makes no call, and says so.
     webhook_secret: bytes | None = field(default=None, repr=False)
@@ -107,6 +109,7 @@ class RelaySettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive")
+        AllowedHosts.parse(self.webhook_allow_hosts)  # ConfigError for a bad list
         if self.keep_effects is not None and self.keep_effects <= 0:
             raise ConfigError("keep_effects must be positive (or unset, for ever)")
         if self.keep_effects is not None and self.keep_effects < self.keep_finished:

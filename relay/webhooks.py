@@ -45,6 +45,7 @@ import httpx
 from hybrid_jobs.plumbing.transient import retry_forever
 from hybrid_jobs.relay.maintenance import Pool
 from hybrid_jobs.relay.settings import RelaySettings
+from hybrid_jobs.relay.webhook_hosts import AllowedHosts
 from hybrid_jobs.schema.queries import (
     WEBHOOK_DELIVERY_CLAIM,
     WEBHOOK_DELIVERY_DELIVERED,
@@ -125,6 +126,9 @@ class Deliverer:
     # Set when a call ends: a slot is free, and its endpoint may be claimable again.
     freed: asyncio.Event = field(default_factory=asyncio.Event)
     spent_checked_at: float = float("-inf")  # monotonic
+
+    def __post_init__(self) -> None:
+        self.allowed = AllowedHosts.parse(self.settings.webhook_allow_hosts)
 
     async def run(self) -> None:
         s = self.settings
@@ -234,7 +238,10 @@ class Deliverer:
                 await self.record(call, outcome)
 
     async def call(self, client: httpx.AsyncClient, call: Call) -> Outcome:
-        """POST the body, signed; the status, or what went wrong."""
+        """POST the body, signed; the status, or what went wrong. A URL whose host is
+        not a public address (nor allowed) is not called: it fails, saying why."""
+        if (refused := await self.allowed.refusal(call.url)) is not None:
+            return Outcome(None, refused)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,

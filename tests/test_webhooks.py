@@ -45,6 +45,8 @@ SECRET = b"test-secret-0123456789abcdef"
 # Fast rounds and short back-offs, so retries come within a test's patience.
 FAST = {
     "webhook_secret": SECRET,
+    # the test's receivers listen on loopback, which no call may reach unless allowed
+    "webhook_allow_hosts": "127.0.0.1",
     "webhook_interval": 0.2,
     "webhook_backoff": 0.3,
     "webhook_endpoint_backoff": 0.1,
@@ -356,7 +358,7 @@ async def test_a_call_whose_relay_is_killed_is_made_again_by_another(
     env = service_env(db_url, amqp_url, topology, WEBHOOK_SECRET=SECRET.decode())
     # Long enough that the call is still open when the relay is killed, however
     # slow this machine is; its lease (twice that) is what the next relay waits out.
-    args = ["--webhook-timeout", "10"]
+    args = ["--webhook-timeout", "10", "--webhook-allow-hosts", "127.0.0.1"]
     with receiving(answers={"/once": ["hang"]}) as receiver:
         job_id = enqueue(engine, "report", on_complete_url=receiver.url("/once"))
         _cancel(engine, job_id)
@@ -420,6 +422,28 @@ async def test_a_job_type_webhook_is_recorded_at_start_and_a_job_url_overrides_i
     async with consumer_running(db_url, amqp_url, topology, plain):
         pass
     assert pg.execute("SELECT count(*) FROM job_type_webhooks").fetchone() == (0,)
+
+
+async def test_a_url_on_a_private_address_is_not_called_unless_allowed(
+    engine: Engine,
+    pg: psycopg.Connection,
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+) -> None:
+    """A URL a producer took from its own user must not reach into the relay's
+    network: a host that is not a public address is refused before any request,
+    and the call's row says why."""
+    with receiving() as receiver:
+        job_id = enqueue(engine, "report", on_complete_url=receiver.url("/inside"))
+        _cancel(engine, job_id)
+        closed = {**FAST, "webhook_allow_hosts": "", "webhook_max_attempts": 1}
+        async with relay_running(db_url, amqp_url, topology, **closed):
+            call = await _settled(pg, job_id)
+        assert receiver.requests("/inside") == []
+    assert call["state"] == "GAVE_UP" and call["last_status"] is None
+    assert "127.0.0.1 is 127.0.0.1, not a public address" in call["last_error"]
+    assert "--webhook-allow-hosts" in call["last_error"]
 
 
 async def test_without_a_secret_the_relay_makes_no_call(
