@@ -12,6 +12,7 @@ every waiter, reads 100,000 rows or more, a thousand times the bounds below."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,24 @@ def limited(template_db: str) -> Iterator[psycopg.Connection]:
             yield consumer
 
 
+def _waiters(pg: psycopg.Connection) -> str:
+    """The query of concurrency_limit_waiters, which an end of a lease calls for the
+    waiters of a freed slot (its reads are not in the calling statement's plan), with
+    its arguments as named parameters."""
+    row = pg.execute(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'concurrency_limit_waiters'"
+    ).fetchone()
+    assert row is not None
+    body = str(row[0])
+    for name, cast in (("job_type", "text"), ("n", "int"), ("free", "int"), ("ending", "uuid[]")):
+        body = re.sub(rf"\bp_{name}\b", f"%({name})s::{cast}", body)
+    return body
+
+
+def _waiters_params(holders: list[Any]) -> dict[str, Any]:
+    return {"job_type": "capped", "n": len(holders), "free": len(holders), "ending": holders}
+
+
 def _ids(pg: psycopg.Connection, sql: str) -> list[Any]:
     return [row[0] for row in pg.execute(sql).fetchall()]
 
@@ -100,6 +119,12 @@ def test_the_end_of_limited_leases_wakes_the_oldest_waiters_reading_a_few_rows_e
     assert total(read, "jobs") <= 10 * len(holders), read
     assert total(read, "concurrency_limits") <= 3, read
     assert total(read, "outbox") <= 3 * len(holders), read
+    # the waiters, read by the function the statement calls: the index's first entries
+    waiters = read_by(
+        explain_plan(pg, _waiters(pg), _waiters_params(holders), generic=generic), "jobs"
+    )
+    no_seq_scan(waiters, "jobs")
+    assert total(waiters, "jobs") <= 4 * len(holders), waiters
     oldest = _ids(
         pg,
         "SELECT job_id FROM jobs WHERE state = 'QUEUED' AND delay_reason = 'CONCURRENCY_LIMIT'"
@@ -159,14 +184,8 @@ def test_without_its_index_the_end_of_a_lease_reads_past_its_bound(
     # the next waiters are found by reading the type's jobs
     pg = limited
     holders = _ids(pg, "SELECT job_id FROM jobs WHERE state = 'RUNNING' ORDER BY job_id")[:10]
-    params = {
-        "outcomes": json.dumps(
-            [{"job_id": str(i), "generation": 1, "kind": "succeeded"} for i in holders]
-        ),
-        "worker": HOLDER,
-    }
     with pg.transaction(force_rollback=True):
         pg.execute("DROP INDEX jobs_limit_waiting_idx")
-        found = explain_plan(pg, q.job_finish_many({"concurrency"}), params)
+        found = explain_plan(pg, _waiters(pg), _waiters_params(holders))
     read = read_by(found, "jobs")
-    assert total(read, "jobs") > 10 * len(holders), read
+    assert total(read, "jobs") > 4 * len(holders), read

@@ -7,6 +7,8 @@ job of no limited type pays for none of it. Each test names what it guards."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -408,3 +410,47 @@ def test_jobctl_check_finds_a_limits_slot_leaked_or_released_twice(
     assert check(db_url.conninfo)["limit_slots_leaked_or_released_twice"] == 0
     pg.execute("UPDATE concurrency_limits SET running = 1 WHERE job_type = 'capped'")
     assert violations(check(db_url.conninfo))["limit_slots_leaked_or_released_twice"] == 1
+
+
+def test_a_waiter_turned_down_while_a_slot_was_being_given_back_is_woken(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """A claim turns a job down for the full limit, the type's row locked. An end
+    of a lease that began meanwhile waits for that lock, then gives its slot back
+    and looks for waiters in the jobs as they were when it began: the job was not
+    turned down yet, so it was not found, and it waited with no wake-up, the slot
+    free, until the orphan walk. The waiters are read as they are once the row is
+    locked."""
+    _record(pg)
+    holders = [enqueue(engine, "capped") for _ in range(2)]
+    assert set(_claim(pg, holders).values()) == {"claimed"}
+    late = enqueue(engine, "capped")
+    _sent(pg, [late])
+    generation = job(pg, holders[0])["lease_generation"]
+    with psycopg.connect(db_url.conninfo, autocommit=True) as claimer:
+        claimer.execute("BEGIN")
+        assert _claim(claimer, [late], "w2") == {late: "CONCURRENCY_LIMIT"}
+        ending: list[Any] = []
+        with psycopg.connect(db_url.conninfo, autocommit=True) as ender:
+            ender_pid = ender.info.backend_pid
+            worker = threading.Thread(
+                target=lambda: ending.extend(
+                    ender.execute(
+                        q.JOB_FINISH_MANY,
+                        finish_params("w1", [(holders[0], generation, Outcome.succeeded())]),
+                    ).fetchall()
+                )
+            )
+            worker.start()
+            deadline = time.monotonic() + 30
+            while not pg.execute(
+                "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", [ender_pid]
+            ).fetchone():
+                assert time.monotonic() < deadline, "the end of the lease never waited"
+                time.sleep(0.02)
+            claimer.execute("COMMIT")
+            worker.join(30)
+            assert not worker.is_alive()
+    assert [row[1] for row in ending] == ["SUCCEEDED"]
+    assert _running(pg) == 1
+    assert _pending(pg, late) == 1, "the slot came back: the job turned down for it is woken"

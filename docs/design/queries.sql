@@ -653,17 +653,21 @@ WITH types AS (
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
-), runnable AS (
+), ranked AS (
     -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
-    -- may serve, for a plain function a free thread
+    -- may serve, ranked by priority for the free threads
+    -- and, weighed, for this worker's free slots
+    SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
+           AS thread_rank,
+           sum(l.weight) OVER (ORDER BY l.priority DESC, l.job_id) AS room_used
+    FROM locked AS l
+    WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
+      AND NOT l.unfit AND NOT l.too_heavy
+), runnable AS (
+    -- and of those, for a plain function, the ones with a free thread
     -- and, weighed, as many of this worker's free slots as they weigh
     SELECT r.*
-    FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
-                 AS thread_rank,
-                 sum(l.weight) OVER (ORDER BY l.priority DESC, l.job_id) AS room_used
-          FROM locked AS l
-          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
-            AND NOT l.unfit AND NOT l.too_heavy) AS r
+    FROM ranked AS r
     WHERE (NOT r.sync OR r.thread_rank <= %(free_threads)s) AND r.room_used <= %(free_slots)s
 ), key_behind AS (
     -- 1c1. ordered jobs with an earlier one of their key still waiting, running or, for
@@ -1053,9 +1057,11 @@ SELECT CASE
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
-           -- left out of runnable: this worker's free slots (an async handler's job:
-           -- only they leave one out), or its threads, were fewer than it needs
-           WHEN l.job_id IS NOT NULL AND NOT l.sync THEN 'no_room'
+           -- left out of runnable: this worker's free slots were fewer than it needs
+           -- (whatever its handler), or else its threads
+           WHEN l.job_id IS NOT NULL
+                AND l.job_id IN (SELECT k.job_id FROM ranked AS k WHERE k.room_used > %(free_slots)s)
+           THEN 'no_room'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ('CANCEL_REQUESTED', 'RUNNING') AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -1311,37 +1317,13 @@ WITH h AS (
     FROM limit_releasing AS r
     WHERE c.job_type = r.job_type
 ), limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them: a
+    -- claim that held the row turned one down meanwhile (migration 0033)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM limit_releasing AS k
-    CROSS JOIN LATERAL (
-        SELECT c.job_id, c.queue, c.tenant, c.priority
-        FROM (
-            SELECT DISTINCT ON (c.job_id) c.*
-            FROM (
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-                UNION ALL
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM finished)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-            ) AS c
-            ORDER BY c.job_id, c.pass
-        ) AS c
-        ORDER BY c.pass, c.job_id
-        LIMIT k.n
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
@@ -1663,37 +1645,13 @@ WITH h AS (
     FROM limit_releasing AS r
     WHERE c.job_type = r.job_type
 ), limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them: a
+    -- claim that held the row turned one down meanwhile (migration 0033)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM limit_releasing AS k
-    CROSS JOIN LATERAL (
-        SELECT c.job_id, c.queue, c.tenant, c.priority
-        FROM (
-            SELECT DISTINCT ON (c.job_id) c.*
-            FROM (
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM finished) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-                UNION ALL
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM finished)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-            ) AS c
-            ORDER BY c.job_id, c.pass
-        ) AS c
-        ORDER BY c.pass, c.job_id
-        LIMIT k.n
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
@@ -1903,37 +1861,13 @@ WITH h AS (
     FROM limit_releasing AS r
     WHERE c.job_type = r.job_type
 ), limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them: a
+    -- claim that held the row turned one down meanwhile (migration 0033)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM limit_releasing AS k
-    CROSS JOIN LATERAL (
-        SELECT c.job_id, c.queue, c.tenant, c.priority
-        FROM (
-            SELECT DISTINCT ON (c.job_id) c.*
-            FROM (
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM returned) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-                UNION ALL
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM returned)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-            ) AS c
-            ORDER BY c.job_id, c.pass
-        ) AS c
-        ORDER BY c.pass, c.job_id
-        LIMIT k.n
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM returned AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
@@ -2128,37 +2062,13 @@ WITH expired AS (
     FROM limit_releasing AS r
     WHERE c.job_type = r.job_type
 ), limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them: a
+    -- claim that held the row turned one down meanwhile (migration 0033)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM limit_releasing AS k
-    CROSS JOIN LATERAL (
-        SELECT c.job_id, c.queue, c.tenant, c.priority
-        FROM (
-            SELECT DISTINCT ON (c.job_id) c.*
-            FROM (
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM swept) AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-                UNION ALL
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
-                   AND w.delay_reason = 'CONCURRENCY_LIMIT'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM swept)
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-            ) AS c
-            ORDER BY c.job_id, c.pass
-        ) AS c
-        ORDER BY c.pass, c.job_id
-        LIMIT k.n
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM swept AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch

@@ -8,7 +8,6 @@ from typing import Final
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema.gates import HELD_GATES
-from hybrid_jobs.schema.states import DelayReason
 from hybrid_jobs.schema.tables import (
     CLAIMABLE_SQL,
     DEFAULT_MAX_ATTEMPTS,
@@ -225,7 +224,10 @@ def limit_wake_next(source: str, slots: str = "count(*)") -> str:
     shows it: the ending statement clears it), the slots given back and a wake-up
     for as many of the type's jobs turned down for it (CONCURRENCY_LIMIT), oldest
     first, unless one is pending for them already. Such a job got no wake-up back:
-    this is what starts it, so nothing polls a full limit. One probe of
+    this is what starts it, so nothing polls a full limit. The waiters are read by
+    concurrency_limit_waiters (migration 0033) once the type's row is locked, with a
+    snapshot of the function's own: the statement's, taken before it waited for the
+    row, misses a job a claim holding the row turned down meanwhile. One probe of
     jobs_limit_waiting_idx per type, and a second for the waiters of paused queues:
     a job whose queue runs goes first (a paused queue's wake-up waits for the
     resume). A waiter heavier than the slots free once these come back is passed
@@ -251,37 +253,13 @@ def limit_wake_next(source: str, slots: str = "count(*)") -> str:
     FROM limit_releasing AS r
     WHERE c.job_type = r.job_type
 ), limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them: a
+    -- claim that held the row turned one down meanwhile (migration 0033)
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM limit_releasing AS k
-    CROSS JOIN LATERAL (
-        SELECT c.job_id, c.queue, c.tenant, c.priority
-        FROM (
-            SELECT DISTINCT ON (c.job_id) c.*
-            FROM (
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 1 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
-                   AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM {source}) AND {QUEUE_RUNS}
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-                UNION ALL
-                (SELECT w.job_id, w.queue, w.tenant, w.priority, 2 AS pass
-                 FROM jobs AS w
-                 WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
-                   AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
-                   AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-                   AND w.job_id NOT IN (SELECT job_id FROM {source})
-                 ORDER BY w.job_id
-                 LIMIT k.n)
-            ) AS c
-            ORDER BY c.job_id, c.pass
-        ) AS c
-        ORDER BY c.pass, c.job_id
-        LIMIT k.n
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM {source} AS s)) AS n
     WHERE {no_pending_wakeup("n.job_id")}
 )"""
 
