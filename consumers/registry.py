@@ -194,6 +194,12 @@ class Registry:
             raise ValueError(f"global_limit must be an int from 1 to {MAX_GLOBAL_LIMIT}")
         if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= MAX_WEIGHT:
             raise ValueError(f"weight must be an int from 1 to {MAX_WEIGHT}")
+        if global_limit is not None and weight > global_limit:
+            # its jobs could never start: no lease ends to make room that is not there
+            raise ValueError(
+                f"weight {weight} is more than global_limit {global_limit}: no job of"
+                f" {job_type!r} could ever start"
+            )
         if reconcile is not None and not callable(reconcile):
             raise TypeError("reconcile must be a function of the uncertain hold")
         if batch is not None and (

@@ -705,6 +705,9 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
     Why.TENANT_CAP: lambda f: (
         f"tenant {f['tenant']!r} is at its cap ({f['running']}/{f['max_running']} running)"
         if f.get("weight", 1) == 1
+        else f"the job weighs {f['weight']}, more than tenant {f['tenant']!r}'s whole cap"
+        f" of {f['max_running']}: it cannot start until the cap is raised"
+        if f["weight"] > f["max_running"]
         else f"tenant {f['tenant']!r} has {max(f['max_running'] - f['running'], 0)} free"
         f" slot(s) of its cap ({f['running']}/{f['max_running']} running),"
         f" and the job weighs {f['weight']}"
@@ -738,7 +741,11 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         f" held by job {f['held_by']})"
     ),
     Why.CONCURRENCY_LIMIT: lambda f: (
-        f"job type {f['job_type']!r} is at its concurrency limit"
+        f"the job weighs {f['weight']}, more than job type {f['job_type']!r}'s whole"
+        f" concurrency limit of {f['global_limit']}: it cannot start until the limit is"
+        " raised (its handler's global_limit)"
+        if f.get("weight", 1) > f["global_limit"]
+        else f"job type {f['job_type']!r} is at its concurrency limit"
         f" ({f['running']}/{f['global_limit']} running across all consumers)"
         + (f", and the job weighs {f['weight']}" if f.get("weight", 1) > 1 else "")
     ),

@@ -454,3 +454,33 @@ def test_a_waiter_turned_down_while_a_slot_was_being_given_back_is_woken(
     assert [row[1] for row in ending] == ["SUCCEEDED"]
     assert _running(pg) == 1
     assert _pending(pg, late) == 1, "the slot came back: the job turned down for it is woken"
+
+
+def test_a_job_heavier_than_the_whole_limit_or_cap_says_it_cannot_start(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """A job weighing more than its type's whole limit, or its tenant's whole cap,
+    can never start: no end of a lease makes room that is not there. explain said
+    the limit was full (0/2 running) and left the rest to be guessed; it says why
+    now, and a handler whose own weight is more than its own limit is refused."""
+    _record(pg)
+    heavy = enqueue(engine, "capped", weight=3)
+    _sent(pg, [heavy])
+    weighed = q.job_claim_many({"concurrency", "weight"})
+    assert _claim(pg, [heavy], statement=weighed) == {heavy: "CONCURRENCY_LIMIT"}
+    with Session(engine) as session:
+        why = outbox.explain(session, heavy)
+    assert "more than job type 'capped''s whole concurrency limit of 2" in why.summary
+    assert "cannot start until the limit is raised" in why.summary
+
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "acme", max_running=2)
+    over_cap = enqueue(engine, "noop", tenant="acme", weight=3)
+    _sent(pg, [over_cap])
+    assert _claim(pg, [over_cap], statement=weighed) == {over_cap: "TENANT_CAP"}
+    with Session(engine) as session:
+        why = outbox.explain(session, over_cap)
+    assert "more than tenant 'acme''s whole cap of 2" in why.summary, why.summary
+
+    with pytest.raises(ValueError, match="weight 3 is more than global_limit 2"):
+        Registry().handler("t", global_limit=2, weight=3)
