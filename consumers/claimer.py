@@ -22,11 +22,14 @@ What comes back unclaimed is handled by why:
 - no free thread for a plain-function handler (every thread held by a handler
   past its time limit): its wake-up goes back to the outbox's backlog, due a little
   later, for this consumer or another with a free thread;
-- a weighed job heavier than the free slots (``no_room``): it waits here, and is
-  tried again once more slots are free than when it was turned away. Meanwhile
-  nothing else is claimed, so a stream of light jobs cannot starve it: the slots
-  it needs are kept for it as they free. One heavier than the whole concurrency is
-  turned down and recorded (WEIGHT_OVER_CONCURRENCY), with a warning.
+- a weighed job heavier than the free slots (``no_room``, a plain function's too):
+  it waits here, and is tried again once more slots are free than when it was
+  turned away. Meanwhile nothing else is claimed, so a stream of light jobs cannot
+  starve it: the slots it needs are kept for it as they free. The lighter ids
+  buffered here go back to the outbox's backlog, due now, and consuming pauses
+  until it has started, so that other consumers run them meanwhile. One heavier
+  than the whole concurrency is turned down and recorded
+  (WEIGHT_OVER_CONCURRENCY), with a warning.
 
 A database that cannot be reached pauses consuming (deliveries go back) until it
 answers; a lock or statement timeout is contention, not an outage, and only defers
@@ -156,7 +159,7 @@ class Claimer:
         if self.stopping or self.paused:
             await give_back(delivery)
             return
-        room = self.intake.room(self.held)
+        room = self.intake.room(self._intake_load())
         excess: dict[uuid.UUID, None] = {}
         for job_id in delivery.job_ids:
             waiting = self.waiting.get(job_id)
@@ -190,6 +193,16 @@ class Claimer:
         """Job ids this worker holds: running, or waiting here for a slot."""
         return self.ledger.running + len(self.waiting)
 
+    def _holding_room(self) -> bool:
+        """A weighed job waits here for slots: nothing lighter is claimed meanwhile."""
+        return any(w.room_at_refusal is not None for w in self.waiting.values())
+
+    def _intake_load(self) -> int:
+        """What the intake counts as held: while slots are held for a weighed job,
+        all of its room, for the lighter wake-ups would only wait here behind it,
+        unacknowledged and marked sent, while other consumers could run them."""
+        return self.intake.capacity if self._holding_room() else self.held
+
     @property
     def buffered(self) -> int:
         return len(self.waiting)
@@ -221,7 +234,9 @@ class Claimer:
                     failure = await self._claim(batch)
                 if failure is not None:
                     await self._pause_until_database_answers(failure)
-            await self.intake.resume_if_room(self.held, not self.stopping and not self.paused)
+            await self.intake.resume_if_room(
+                self._intake_load(), not self.stopping and not self.paused
+            )
 
     def _next_retry(self) -> float | None:
         """How long to sleep before a waiting id can be tried: None (until woken)
@@ -347,6 +362,8 @@ class Claimer:
             else:
                 await self._done(job_id)
         self._note_threads(bool(no_thread))
+        if NO_ROOM in missed.values():
+            await self._make_room_for_heavy()
         heavy = [i for i, why in missed.items() if why == DelayReason.WEIGHT_OVER_CONCURRENCY]
         if heavy:
             self._warn_heavy(len(heavy))
@@ -429,6 +446,17 @@ class Claimer:
             return
         waiting.room_at_refusal = self._free()
         waiting.retry_at = time.monotonic() + NO_ROOM_RETRY
+
+    async def _make_room_for_heavy(self) -> None:
+        """Slots are held for a weighed job: the lighter ids buffered here go back to
+        the outbox's backlog, due now, for a consumer with room (held, they would
+        wait here as long as the longest job running here), and consuming pauses
+        until it has started, so that they are not sent here again meanwhile."""
+        await self.intake.stop_while_full()
+        lighter = [i for i, w in self.waiting.items() if w.room_at_refusal is None]
+        if lighter:
+            self.counts["wakeup_handed_back"] += len(lighter)
+            await self._return_to_backlog(lighter, 0.0)
 
     def _warn_heavy(self, count: int) -> None:
         """Jobs heavier than this consumer's whole concurrency were turned down: say

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.consumers.registry import Registry
-from hybrid_jobs.consumers.store import NO_ROOM, JobStore, finish_params
+from hybrid_jobs.consumers.store import NO_ROOM, NO_THREAD, JobStore, finish_params
 from hybrid_jobs.consumers.testing import run_jobs
 from hybrid_jobs.jobctl.check import check, violations
 from hybrid_jobs.plumbing.config import DatabaseUrl
@@ -49,13 +49,23 @@ async def _render(job: consumers.Job) -> None:
     return None
 
 
+@_REGISTRY.handler("plain", max_attempts=3)
+def _plain(job: consumers.Job) -> None:
+    return None
+
+
 def _params(
-    ids: list[uuid.UUID], worker: str = "w1", *, concurrency: int = 10, free: int | None = None
+    ids: list[uuid.UUID],
+    worker: str = "w1",
+    *,
+    concurrency: int = 10,
+    free: int | None = None,
+    threads: int = 0,
 ) -> dict[str, Any]:
     return {
         "job_ids": list(ids),
         "types": json.dumps(_REGISTRY.claim_terms()),
-        "free_threads": 0,
+        "free_threads": threads,
         "concurrency": concurrency,
         "free_slots": concurrency if free is None else free,
         "worker": worker,
@@ -73,11 +83,13 @@ def _claim(
     *,
     concurrency: int = 10,
     free: int | None = None,
+    threads: int = 0,
 ) -> dict[uuid.UUID, str]:
     # sent, as the relay marks its wake-ups: the claim then uses them up
     pg.execute("UPDATE outbox SET sent_at = now() WHERE job_id = ANY(%s)", [ids])
     rows = pg.execute(
-        q.JOB_CLAIM_MANY, _params(ids, worker, concurrency=concurrency, free=free)
+        q.JOB_CLAIM_MANY,
+        _params(ids, worker, concurrency=concurrency, free=free, threads=threads),
     ).fetchall()
     return {row[1]: row[0] for row in rows}
 
@@ -402,6 +414,26 @@ def test_a_job_heavier_than_the_free_slots_is_not_claimed_and_not_written(
     assert _claim(pg, [heavy], free=2) == {heavy: NO_ROOM}
     assert versions(pg, [heavy]) == before
     assert _claim(pg, [heavy], free=3) == {heavy: "claimed"}
+
+
+def test_a_plain_functions_job_short_of_slots_waits_for_them_not_for_a_thread(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # told 'no_thread', the consumer would send it away and let lighter jobs take
+    # the slots it needs; told 'no_room', it holds them for it as they free
+    heavy = enqueue(engine, "plain", weight=3)
+    assert _claim(pg, [heavy], free=2, threads=4) == {heavy: NO_ROOM}
+    assert _claim(pg, [heavy], free=2, threads=0) == {heavy: NO_ROOM}
+    # room for it, but no free thread: that is the threads' answer
+    assert _claim(pg, [heavy], free=3, threads=0) == {heavy: NO_THREAD}
+    assert _claim(pg, [heavy], free=3, threads=1) == {heavy: "claimed"}
+
+
+def test_a_plain_functions_job_the_batch_left_no_room_for_is_told_no_room(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    first, second = sorted(enqueue(engine, "plain", weight=2) for _ in range(2))
+    assert _claim(pg, [first, second], free=3, threads=4) == {first: "claimed", second: NO_ROOM}
 
 
 def test_a_batch_takes_no_more_weight_than_the_free_slots(

@@ -3,11 +3,15 @@ its ``--concurrency`` (from the handlers' own clock); a job heavier than its
 consumer's whole concurrency is turned down, logged and explained, and runs once a
 consumer large enough starts; and a heavy holder killed with SIGKILL gives its
 weight back to its tenant once its lease expires, so the jobs waiting for the
-tenant's cap run."""
+tenant's cap run. A heavy job of a plain function is not starved by a stream of
+light ones, and light jobs buffered behind a heavy one waiting for room go to a
+consumer with room."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 
 import psycopg
 from sqlalchemy import Engine
@@ -19,7 +23,7 @@ from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.apps.weights import MOST_SLOTS_AT_ONCE, RUNS_TABLE
 from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
-from tests.support.processes import fleet, running
+from tests.support.processes import Daemon, fleet, running
 
 APP = ["--app", "tests.apps.weights"]
 
@@ -117,3 +121,73 @@ def test_a_heavy_holder_killed_gives_its_weight_back_when_its_lease_expires(
     assert job(pg, heavy)["attempt_count"] == 2
     assert _one(pg, usage) == 0
     assert violations(check(db_url.conninfo)) == {}
+
+
+def _delivered(daemon: Daemon) -> set[str]:
+    """The job ids the consumer was sent (its debug trace of each wake-up)."""
+    return {
+        i for e in daemon.events() if e.get("event") == "consumer.delivered" for i in e["job_ids"]
+    }
+
+
+def test_a_plain_functions_heavy_job_runs_amid_a_stream_of_light_ones(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    light = [NewJob("weighed_sync", {"seconds": 0.3}) for _ in range(4)]
+    waiting = "SELECT count(*) FROM jobs WHERE state = 'QUEUED' AND weight IS NULL"
+    with fleet(env, [*APP, "--concurrency", "4"]) as (_, [consumer]):
+        enqueue_many(engine, light + light)
+        asyncio.run(wait_until_all(pg, "RUNNING", 4, timeout=60))
+        heavy = enqueue(engine, "weighed_sync", {"seconds": 0.05}, weight=3)
+        deadline = time.monotonic() + 90
+        while job(pg, heavy)["state"] != "SUCCEEDED":
+            # a plain function's job short of slots waits for them: it is not sent
+            # away as if no thread were free
+            assert not consumer.has_event("consumer.threads_exhausted"), consumer.text()
+            assert time.monotonic() < deadline, "the heavy job waited behind the light ones"
+            # always more light jobs waiting than the consumer has slots
+            if _one(pg, waiting) < 6:
+                enqueue_many(engine, light)
+            time.sleep(0.1)
+    assert job(pg, heavy)["attempt_count"] == 1
+    assert not consumer.has_event("consumer.threads_exhausted"), consumer.text()
+
+
+def test_light_jobs_buffered_behind_a_heavy_one_are_run_by_another_consumer(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    pg.execute(RUNS_TABLE)
+    args = [*APP, "--concurrency", "4", "--heartbeat-seconds", "1"]
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", [*args, "--log-level", "debug"], env, "consumer.started") as busy,
+    ):
+        long = enqueue(engine, "weighed", {"seconds": 600})
+        asyncio.run(until(lambda: job(pg, long)["state"] == "RUNNING", "the long job runs", 60))
+        heavy = enqueue(engine, "weighed", {"seconds": 0.05}, weight=4)
+        asyncio.run(until(lambda: str(heavy) in _delivered(busy), "the heavy job is sent", 60))
+        with running("consumer", args, env, "consumer.started") as idle:
+            # sent now that the fleet has room, round the two consumers: those the busy
+            # one buffered must not wait there for the long job's end
+            lights = enqueue_many(engine, [NewJob("weighed", {"seconds": 0.05}) for _ in range(8)])
+            asyncio.run(
+                until(
+                    lambda: all(job(pg, i)["state"] == "SUCCEEDED" for i in lights),
+                    "the light jobs run on the idle consumer",
+                    60,
+                )
+            )
+            # the heavy one still waits on the busy consumer, for the long job's slot
+            assert job(pg, heavy)["state"] == "QUEUED"
+            with Session(engine) as session, session.begin():
+                outbox.request_cancel(session, long)
+            asyncio.run(
+                until(lambda: job(pg, heavy)["state"] == "SUCCEEDED", "the heavy job runs", 60)
+            )
+        ran_on = {
+            uuid.UUID(str(row[0])): row[1]
+            for row in pg.execute("SELECT job_id, worker FROM weight_runs").fetchall()
+        }
+    worker = busy.wait_for_event("consumer.started")["worker"]
+    assert ran_on[long] == ran_on[heavy] == worker
+    assert {ran_on[i] for i in lights} == {idle.wait_for_event("consumer.started")["worker"]}

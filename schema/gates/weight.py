@@ -45,8 +45,14 @@ LOCKED_COLUMN_ABSENT: Final = "1 AS weight, false AS too_heavy"
 
 # Of the runnable jobs, by priority: the slots they take of this consumer, summed.
 ROOM_USED: Final = (
-    ",\n                 sum(l.weight) OVER (ORDER BY l.priority DESC, l.job_id) AS room_used"
+    ",\n           sum(l.weight) OVER (ORDER BY l.priority DESC, l.job_id) AS room_used"
 )
 ROOM_FITS: Final = " AND r.room_used <= %(free_slots)s"
+# In the claim's answer: a job the free slots left out, whatever its handler (a plain
+# function's too, though it may have found no thread either), is told 'no_room', for
+# the consumer to hold the slots it needs as they free.
+LEFT_OUT_FOR_ROOM: Final = (
+    "l.job_id IN (SELECT k.job_id FROM ranked AS k WHERE k.room_used > %(free_slots)s)"
+)
 
 REFUSED: Final = f"WHEN l.too_heavy THEN '{DelayReason.WEIGHT_OVER_CONCURRENCY}'"

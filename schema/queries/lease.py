@@ -154,10 +154,17 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
 )"""
 
 # Step 1c's words for a claim composed with the weight.
-_ROOM_NOTE: Final = "\n    -- and, weighed, as many of this worker's free slots as they weigh"
+_ROOM_NOTE: Final = "\n    -- and, weighed, for this worker's free slots"
+_ROOM_FIT_NOTE: Final = "\n    -- and, weighed, as many of this worker's free slots as they weigh"
 
-# Step 5 of every composed claim.
-_ANSWER: Final = f"""-- 5. one row per requested id: the claimed job, or why it was not claimed
+
+# Step 5 of every composed claim; ``weighed``, of one composed with the weight.
+def _answer(weighed: bool) -> str:
+    # Answered 'no_thread', a plain function's job short of slots would go back to
+    # the backlog, and lighter jobs would take the slots it needs as they free: the
+    # claimer holds them for it only on 'no_room'.
+    room = weight.LEFT_OUT_FOR_ROOM if weighed else "NOT l.sync"
+    return f"""-- 5. one row per requested id: the claimed job, or why it was not claimed
 SELECT 'claimed' AS status, c.* FROM claimed AS c
 UNION ALL
 SELECT CASE
@@ -169,9 +176,11 @@ SELECT CASE
            WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
-           -- left out of runnable: this worker's free slots (an async handler's job:
-           -- only they leave one out), or its threads, were fewer than it needs
-           WHEN l.job_id IS NOT NULL AND NOT l.sync THEN 'no_room'
+           -- left out of runnable: this worker's free slots were fewer than it needs
+           -- (whatever its handler), or else its threads
+           WHEN l.job_id IS NOT NULL
+                AND {room}
+           THEN 'no_room'
            WHEN l.job_id IS NOT NULL THEN 'no_thread'
            -- this worker's already: a claim of it that committed, whose answer was lost
            WHEN j.state IN ({LEASED_SQL}) AND j.lease_owner = %(worker)s THEN 'held_here'
@@ -271,15 +280,18 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
       AND (j.max_attempts IS NULL OR j.attempt_count < j.max_attempts)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
-), runnable AS (
+), ranked AS (
     -- 1c. of those, the ones with a handler, an unpaused queue, a tenant this worker
-    -- may serve, for a plain function a free thread{_ROOM_NOTE if w else ""}
+    -- may serve, ranked by priority for the free threads{_ROOM_NOTE if w else ""}
+    SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
+           AS thread_rank{weight.ROOM_USED if w else ""}
+    FROM locked AS l
+    WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
+      AND NOT l.unfit AND NOT l.too_heavy
+), runnable AS (
+    -- and of those, for a plain function, the ones with a free thread{_ROOM_FIT_NOTE if w else ""}
     SELECT r.*
-    FROM (SELECT l.*, row_number() OVER (PARTITION BY l.sync ORDER BY l.priority DESC, l.job_id)
-                 AS thread_rank{weight.ROOM_USED if w else ""}
-          FROM locked AS l
-          WHERE l.known AND NOT l.paused AND NOT l.expired AND NOT l.unauthorized
-            AND NOT l.unfit AND NOT l.too_heavy) AS r
+    FROM ranked AS r
     WHERE (NOT r.sync OR r.thread_rank <= %(free_threads)s){weight.ROOM_FITS if w else ""}
 ), {admit}, admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
@@ -324,7 +336,7 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
             ", COALESCE(j.weight, 1) AS weight",
         )
     }
-{_ANSWER}"""
+{_answer(w)}"""
 
 
 _MODULES: Final = {

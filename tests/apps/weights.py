@@ -5,11 +5,14 @@ as it starts and stamps it as it ends, each in a connection of its own that comm
 at once, so the most slots a worker's running jobs took at once can be read from the
 handlers' own clock. ``payload.seconds``: how long it runs (while not asked to
 cancel); ``payload.hang_once``: its first run (by this table) runs for ten minutes.
+``weighed_sync`` is a plain function (it runs on a thread) that sleeps
+``payload.seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from hybrid_jobs import consumers
 
@@ -64,3 +67,8 @@ async def weighed(job: consumers.Job) -> None:
                 " WHERE job_id = %s AND attempt = %s AND worker = %s",
                 [job.id, job.attempt, job.worker],
             )
+
+
+@consumers.handler("weighed_sync", max_attempts=3)
+def weighed_sync(job: consumers.Job) -> None:
+    time.sleep(float((job.payload or {}).get("seconds", 0.05)))
