@@ -116,6 +116,36 @@ async def test_enqueue_takes_a_deadline_and_a_rate_limit(db_url: DatabaseUrl, pg
     assert row == (expires, "stripe")
 
 
+async def test_enqueue_takes_a_weight_a_stored_input_and_a_webhook(
+    db_url: DatabaseUrl, engine: Engine, pg
+) -> None:
+    """What outbox.enqueue takes, POST /v1/jobs takes: a weight, a stored input in
+    place of a payload (none given is none, not {}), and a URL to call at the end."""
+    with Session(engine) as session, session.begin():
+        ref = outbox.store_input(session, {"scan": "big"}, sensitive=True)
+    async with api_client(db_url) as client:
+        sent = await post_job(
+            client,
+            weight=3,
+            payload_ref=str(ref),
+            on_complete_url="HTTPS://hooks.example.com/done",
+        )
+        assert sent.status_code == 202, sent.text
+        both = await post_job(client, payload={"x": 1}, payload_ref=str(ref))
+        assert both.status_code == 422, both.text
+        missing = await post_job(client, payload_ref=str(uuid.uuid4()))
+        assert missing.status_code == 422, missing.text
+        bad_url = await post_job(client, on_complete_url="ftp://example.com/x")
+        assert bad_url.status_code == 422 and "on_complete_url" in bad_url.text
+        too_heavy = await post_job(client, weight=101)
+        assert too_heavy.status_code == 422, too_heavy.text
+    row = pg.execute(
+        "SELECT weight, payload_ref, payload, webhook_url FROM jobs WHERE job_id = %s",
+        (sent.json()["id"],),
+    ).fetchone()
+    assert row == (3, ref, None, "https://hooks.example.com/done")
+
+
 async def test_enqueue_debounces_like_outbox(db_url: DatabaseUrl, pg) -> None:
     async with api_client(db_url) as client:
         body = {"dedup_key": "reindex:42", "debounce": 30, "debounce_max": 60}

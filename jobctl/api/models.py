@@ -24,6 +24,8 @@ from hybrid_jobs.schema.tables import (
     MAX_SCHEDULE_NAME_LENGTH,
     MAX_TAG_LENGTH,
     MAX_TAGS,
+    MAX_WEBHOOK_URL_LENGTH,
+    MAX_WEIGHT,
     QUEUE_NAME_PATTERN,
     TAG_PATTERN,
 )
@@ -168,6 +170,16 @@ class EnqueueBody(BaseModel):
     meta: dict[str, Any] | None = None
     """A small JSON object shown with the job and searchable by key and value
     (GET /v1/jobs?meta.customer=42): at most 4096 bytes as JSON."""
+    weight: Annotated[int, Field(ge=1, le=MAX_WEIGHT)] = 1
+    """How many of its consumer's slots, of its tenant's cap and of its type's
+    concurrency limit one lease of it takes (enqueue's weight=)."""
+    payload_ref: uuid.UUID | None = None
+    """A stored input (outbox.store_input) the job runs on, in place of a payload:
+    its handler reads the input's content as the payload. Give no payload with it;
+    an input that does not exist, or was redacted, is refused (422)."""
+    on_complete_url: Annotated[str, Field(max_length=MAX_WEBHOOK_URL_LENGTH)] | None = None
+    """A URL the relay calls, signed, when the job ends (enqueue's on_complete_url=):
+    http or https, with a host, no credentials."""
 
 
 class CancelBody(BaseModel):

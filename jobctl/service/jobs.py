@@ -160,6 +160,9 @@ class NewJobRequest:
     resource: str | None = None
     tags: tuple[str, ...] = ()
     meta: dict[str, Any] | None = None
+    weight: int = 1
+    payload_ref: uuid.UUID | None = None
+    on_complete_url: str | None = None
 
     def fingerprint(self) -> str:
         """What the request asked for, as a hash: the same request gives the same
@@ -201,6 +204,12 @@ class NewJobRequest:
             document["tags"] = list(self.tags)
         if self.meta:
             document["meta"] = self.meta
+        if self.weight != 1:
+            document["weight"] = self.weight
+        if self.payload_ref is not None:
+            document["payload_ref"] = str(self.payload_ref)
+        if self.on_complete_url is not None:
+            document["on_complete_url"] = self.on_complete_url
         text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -481,6 +490,9 @@ async def _enqueue(session: AsyncSession, request: NewJobRequest) -> tuple[uuid.
             resource=request.resource,
             tags=request.tags,
             meta=request.meta,
+            weight=request.weight,
+            payload_ref=request.payload_ref,
+            on_complete_url=request.on_complete_url,
         )
     except (ValueError, TypeError) as exc:
         raise invalid_argument(exc, _argument_named(exc)) from None

@@ -153,9 +153,11 @@ async def enqueue(
 ) -> JobView:
     """Enqueue one job; 202 with the job, and its URL in Location (200 when its
     dedup_key found a job enqueued before, or, debounced, replaced the waiting one)."""
+    # A job on a stored input takes no payload: one left out is none, not {}.
+    on_input = body.payload_ref is not None and "payload" not in body.model_fields_set
     wanted = service.NewJobRequest(
         body.job_type,
-        body.payload,
+        None if on_input else body.payload,
         body.queue,
         body.tenant,
         body.priority,
@@ -175,6 +177,9 @@ async def enqueue(
         body.resource,
         tags=tuple(body.tags),
         meta=body.meta,
+        weight=body.weight,
+        payload_ref=body.payload_ref,
+        on_complete_url=body.on_complete_url,
     )
     try:
         async with database(request).writing() as session:
