@@ -412,31 +412,25 @@ class JobStore:
     async def record_policies(self, policies: list[dict[str, Any]]) -> list[str]:
         """Record what the handlers' job types allow (JOB_TYPE_POLICY_RECORD_MANY);
         the types whose recorded policy this changed."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                q.JOB_TYPE_POLICY_RECORD_MANY,
-                {"policies": json.dumps(policies), "worker": self.worker},
-            )
-            return [row[0] for row in await cur.fetchall()]
+        return await self._record_per_type(q.JOB_TYPE_POLICY_RECORD_MANY, "policies", policies)
 
     async def record_limits(self, limits: list[dict[str, Any]]) -> list[str]:
         """Record the handlers' concurrency limits (CONCURRENCY_LIMIT_RECORD_MANY);
         the types whose recorded limit this changed."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                q.CONCURRENCY_LIMIT_RECORD_MANY,
-                {"limits": json.dumps(limits), "worker": self.worker},
-            )
-            return [row[0] for row in await cur.fetchall()]
+        return await self._record_per_type(q.CONCURRENCY_LIMIT_RECORD_MANY, "limits", limits)
 
     async def record_webhooks(self, webhooks: list[dict[str, Any]]) -> list[str]:
         """Record the handlers' webhook URLs (JOB_TYPE_WEBHOOK_RECORD_MANY); the
         types whose recorded URL this changed."""
+        return await self._record_per_type(q.JOB_TYPE_WEBHOOK_RECORD_MANY, "webhooks", webhooks)
+
+    async def _record_per_type(
+        self, statement: str, name: str, rows: list[dict[str, Any]]
+    ) -> list[str]:
+        """What a consumer records of its handlers at start-up, a row per job type,
+        the last to start winning: the types whose recorded row this changed."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                q.JOB_TYPE_WEBHOOK_RECORD_MANY,
-                {"webhooks": json.dumps(webhooks), "worker": self.worker},
-            )
+            cur = await conn.execute(statement, {name: json.dumps(rows), "worker": self.worker})
             return [row[0] for row in await cur.fetchall()]
 
     async def gone(self) -> None:
