@@ -18,8 +18,8 @@ import click
 import uvicorn
 
 from hybrid_jobs import defaults
-from hybrid_jobs.jobctl.api import ApiSettings, PublicUrl, create_app, token_from_environment
-from hybrid_jobs.jobctl.api.settings import is_loopback
+from hybrid_jobs.jobctl.api.settings import ApiSettings, PublicUrl, is_loopback
+from hybrid_jobs.jobctl.api.tokens import token_from_environment
 from hybrid_jobs.jobctl.metrics import CollectorSettings
 from hybrid_jobs.plumbing.cli import (
     connection_options,
@@ -261,6 +261,9 @@ def serve(
             " set JOBCTL_API_TOKEN (or JOBCTL_API_TOKEN_FILE), or pass --allow-open-reads"
         )
     warn_about_passwords_in_flags(log, settings.database, settings.amqp)
+    # Loaded only now that the settings hold: a refusal above costs no web framework.
+    from hybrid_jobs.jobctl.api.app import create_app
+
     config = uvicorn.Config(
         create_app(settings),
         host=host,

@@ -20,7 +20,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 
-from hybrid_jobs.jobctl import cli, metrics, service
+from hybrid_jobs.jobctl import api, cli, metrics, service
 from hybrid_jobs.schema import metadata, revisions, tables
 
 # ------------------------------------------------------------------ revisions
@@ -99,7 +99,7 @@ def test_the_tables_module_gives_every_object_of_the_metadata() -> None:
 # ------------------------------------------------------------------ lazy packages
 
 
-@pytest.mark.parametrize("package", [service, metrics])
+@pytest.mark.parametrize("package", [service, metrics, api])
 def test_each_lazily_exported_name_is_its_modules(package: ModuleType) -> None:
     modules: dict[str, str] = package._MODULES
     assert sorted(modules) == sorted(package.__all__)
@@ -183,3 +183,11 @@ def test_a_jobctl_command_imports_only_what_it_runs() -> None:
     found = _tops(_imported("import hybrid_jobs.jobctl.cli, hybrid_jobs.jobctl.commands.workers"))
     assert "sqlalchemy" in found
     assert found & (HEAVY - {"sqlalchemy"} | {"prometheus_client", "aio_pika"}) == set()
+
+
+def test_jobctl_serve_checks_its_settings_before_it_loads_the_web_framework() -> None:
+    # A weak token or a missing setting is refused at start in a third of a second,
+    # not after FastAPI, the routes and the dashboard have loaded.
+    found = _imported("import hybrid_jobs.jobctl.cli, hybrid_jobs.jobctl.commands.serve")
+    assert _tops(found) & {"fastapi", "jinja2"} == set()
+    assert {"hybrid_jobs.jobctl.api.app", "hybrid_jobs.jobctl.dashboard"} & found == set()
