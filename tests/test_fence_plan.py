@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from hybrid_jobs.schema import queries as q
+from tests.conftest import _database, _url_for
 from tests.support.plans import plan as explain_plan
 
 JOBS = 20_000
@@ -28,33 +29,48 @@ BATCH = 30
 WORKER = "test-fence-plan"
 
 
-@pytest.fixture(params=["analyzed_idle", "never_analyzed"])
-def running(pg: psycopg.Connection, request: pytest.FixtureRequest) -> list[str]:
-    """JOBS jobs, analyzed while none ran (or never, as on a new database); then
-    FINISHED of them claimed and finished (leaving their dead entries in
-    jobs_leased_idx), and the next ones running."""
-    pg.execute(
-        "INSERT INTO jobs (job_id, job_type) SELECT gen_random_uuid(), 'noop'"
-        " FROM generate_series(1, %s)",
-        [JOBS],
-    )
-    if request.param == "analyzed_idle":
-        pg.execute("VACUUM ANALYZE jobs")
-    ids = [str(r[0]) for r in pg.execute("SELECT job_id FROM jobs ORDER BY job_id").fetchall()]
-    claim = (
-        "UPDATE jobs SET state = 'RUNNING', attempt_count = 1, lease_owner = %s,"
-        " lease_expires_at = now() + interval '1 hour', lease_generation = 1,"
-        " started_at = now() WHERE job_id = ANY(%s::uuid[])"
-    )
-    finish = (
-        "UPDATE jobs SET state = 'SUCCEEDED', lease_owner = NULL, lease_expires_at = NULL,"
-        " finished_at = now() WHERE job_id = ANY(%s::uuid[])"
-    )
-    for i in range(0, FINISHED + 4 * BATCH, 500):
-        pg.execute(claim, [WORKER, ids[i : i + 500]])
-        if i < FINISHED:
-            pg.execute(finish, [ids[i : i + 500]])
-    return ids[FINISHED : FINISHED + 4 * BATCH]
+@pytest.fixture(scope="module", params=["analyzed_idle", "never_analyzed"])
+def _fenced(template_db: str, request: pytest.FixtureRequest) -> Iterator[tuple[str, list[str]]]:
+    """A database of this module's own (its tests only read it: each plan is taken
+    in a transaction rolled back) with JOBS jobs, analyzed while none ran (or never,
+    as on a new database); then FINISHED of them claimed and finished (leaving their
+    dead entries in jobs_leased_idx), and the next ones running."""
+    with _database("hj_fence", template=template_db) as name:
+        url = _url_for(name).conninfo
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute(
+                "INSERT INTO jobs (job_id, job_type) SELECT gen_random_uuid(), 'noop'"
+                " FROM generate_series(1, %s)",
+                [JOBS],
+            )
+            if request.param == "analyzed_idle":
+                pg.execute("VACUUM ANALYZE jobs")
+            ids = [str(r[0]) for r in pg.execute("SELECT job_id FROM jobs ORDER BY job_id")]
+            claim = (
+                "UPDATE jobs SET state = 'RUNNING', attempt_count = 1, lease_owner = %s,"
+                " lease_expires_at = now() + interval '1 hour', lease_generation = 1,"
+                " started_at = now() WHERE job_id = ANY(%s::uuid[])"
+            )
+            finish = (
+                "UPDATE jobs SET state = 'SUCCEEDED', lease_owner = NULL,"
+                " lease_expires_at = NULL, finished_at = now() WHERE job_id = ANY(%s::uuid[])"
+            )
+            for i in range(0, FINISHED + 4 * BATCH, 500):
+                pg.execute(claim, [WORKER, ids[i : i + 500]])
+                if i < FINISHED:
+                    pg.execute(finish, [ids[i : i + 500]])
+        yield url, ids[FINISHED : FINISHED + 4 * BATCH]
+
+
+@pytest.fixture
+def running(_fenced: tuple[str, list[str]]) -> Iterator[list[str]]:
+    yield _fenced[1]
+
+
+@pytest.fixture
+def fenced_pg(_fenced: tuple[str, list[str]]) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(_fenced[0], autocommit=True) as pg:
+        yield pg
 
 
 def _handles(ids: list[str], **extra: Any) -> str:
@@ -95,10 +111,10 @@ def _scans_of_jobs(plan: list[dict[str, Any]]) -> Iterator[tuple[str, str | None
     ],
 )
 def test_a_fenced_write_looks_its_jobs_up_by_id(
-    pg: psycopg.Connection, running: list[str], statement: str, generic: bool
+    fenced_pg: psycopg.Connection, running: list[str], statement: str, generic: bool
 ) -> None:
     params = _params(statement, running[:BATCH])
-    found = explain_plan(pg, getattr(q, statement), params, generic=generic)
+    found = explain_plan(fenced_pg, getattr(q, statement), params, generic=generic)
     scans = list(_scans_of_jobs(found))
     assert scans, "the statement reads jobs"
     # Never jobs_leased_idx, which holds 15,000 dead entries here (a bitmap scan of

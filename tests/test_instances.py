@@ -32,9 +32,19 @@ from hybrid_jobs.schema.locks import LockKey
 from hybrid_jobs.schema.queries.outbox import OUTBOX_WAKE_QUEUE
 from hybrid_jobs.schema.queries.worker import MAINTENANCE_TRY_LOCK
 from hybrid_jobs.schema.topology import Topology
-from tests.support import pgbouncer
+from tests.conftest import _admin, _database, _url_for
+from tests.support import databases, pgbouncer
 from tests.support.broker import delete_topology
-from tests.support.processes import BIN, ROOT, fleet, jobctl, jobctl_env, refused, service_env
+from tests.support.processes import (
+    BIN,
+    ROOT,
+    fleet,
+    jobctl,
+    jobctl_env,
+    jobctl_process,
+    refused,
+    service_env,
+)
 from tests.support.services import AMQP_URL
 
 A, B = "inst_a", "inst_b"
@@ -43,16 +53,29 @@ APP = ["--app", "tests.apps.basic"]
 
 def _migrate(url: DatabaseUrl, schema: str | None) -> None:
     env = {"HYBRID_JOBS_SCHEMA": schema} if schema else {}
-    done = jobctl("migrate", url=url, cwd=Path(ROOT), **env)
+    # A process of its own, as a user runs it, which leaves no connection behind: the
+    # database is then copied, which PostgreSQL refuses while one is open.
+    done = jobctl_process("migrate", url=url, cwd=Path(ROOT), **env)
     assert done.returncode == 0, done.stderr
 
 
+@pytest.fixture(scope="module")
+def _two_instances(postgres_up: None) -> Iterator[str]:
+    """A database holding two instances, in schemas inst_a and inst_b, each made by
+    `jobctl migrate`: the template of each test's own copy."""
+    with _database("hj_inst") as name:
+        _migrate(_url_for(name), A)
+        _migrate(_url_for(name), B)
+        yield name
+
+
 @pytest.fixture
-def shared(empty_db_url: DatabaseUrl) -> DatabaseUrl:
+def shared(_two_instances: str, _dropper: databases.Dropper) -> Iterator[DatabaseUrl]:
     """One database holding two instances, in schemas inst_a and inst_b."""
-    _migrate(empty_db_url, A)
-    _migrate(empty_db_url, B)
-    return empty_db_url
+    name = databases.new_name("hj_i")
+    databases.create(_admin, name, _two_instances)
+    yield _url_for(name)
+    _dropper.drop_later(name)
 
 
 @pytest.fixture

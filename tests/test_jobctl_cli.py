@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from hybrid_jobs import outbox
 from hybrid_jobs.plumbing.config import DatabaseUrl
+from tests.support import processes
 from tests.support.jobs import enqueue
 from tests.support.processes import jobctl
 
@@ -298,6 +299,8 @@ def test_errors_are_one_line_and_exit_non_zero(
     as_json: bool, db_url: DatabaseUrl, empty_db_url: DatabaseUrl, tmp_path: Path
 ) -> None:
     flags = ["--json"] if as_json else []
+    # Processes of their own: how the real entry point reports an error and exits.
+    jobctl = processes.jobctl_process
 
     def one_line(done: subprocess.CompletedProcess[str], code: int, command: str) -> str:
         assert done.returncode == code, (done.stdout, done.stderr)

@@ -23,6 +23,7 @@ from hybrid_jobs.jobctl.metrics.queries import (
 )
 from hybrid_jobs.jobctl.service import JobFilter, list_jobs, queries
 from hybrid_jobs.schema.states import JobState
+from tests.conftest import _database, _url_for
 from tests.support.history import fill, job_lists, middle_of_the_failed
 from tests.support.plans import plan as explain_plan
 
@@ -32,16 +33,37 @@ SCAN = 100
 LIMIT = 10
 
 
-@pytest.fixture(params=["spread", "old"], ids=["failures-spread", "failures-old"])
-def history(pg: psycopg.Connection, request: pytest.FixtureRequest) -> psycopg.Connection:
+def _fill(pg: psycopg.Connection, old: bool) -> psycopg.Connection:
     # Failures spread through the history, or all in its oldest tenth (an incident
     # weeks ago, none since): the case a plan that assumes an even spread gets wrong.
-    old = request.param == "old"
     fill(pg, HISTORY, BACKLOG, failures_until=HISTORY // 10 if old else None)
     # A history as autovacuum leaves it: statistics, and old rows all-visible (an
     # index-only scan of failed jobs' keys then costs what it reads).
     pg.execute("VACUUM ANALYZE jobs")
     return pg
+
+
+@pytest.fixture(scope="module", params=["spread", "old"], ids=["failures-spread", "failures-old"])
+def _history_url(template_db: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A long history in a database of this module's own, for the tests that only
+    read it (each plan is taken in a transaction rolled back)."""
+    with _database("hj_history", template=template_db) as name:
+        url = _url_for(name).conninfo
+        with psycopg.connect(url, autocommit=True) as pg:
+            _fill(pg, old=request.param == "old")
+        yield url
+
+
+@pytest.fixture
+def history(_history_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(_history_url, autocommit=True) as pg:
+        yield pg
+
+
+@pytest.fixture(params=["spread", "old"], ids=["failures-spread", "failures-old"])
+def own_history(pg: psycopg.Connection, request: pytest.FixtureRequest) -> psycopg.Connection:
+    """A long history in the test's own database, for a test that changes it."""
+    return _fill(pg, old=request.param == "old")
 
 
 def rows_read(plan: list[dict[str, Any]]) -> int:
@@ -109,8 +131,9 @@ def test_per_queue_figures_read_the_backlog_only(
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_the_key_reads_read_what_runs_and_waits_not_the_keys_history(
-    history: psycopg.Connection, generic: bool
+    own_history: psycopg.Connection, generic: bool
 ) -> None:
+    history = own_history
     # Every job has one of 50 keys, the history's too; the backlog is ordered and
     # the history's failures are strict heads; the running ones hold their keys.
     history.execute(

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -120,7 +122,20 @@ def jobctl_env(url: DatabaseUrl | str, **env: str) -> dict[str, str]:
 def jobctl(
     *args: str, url: DatabaseUrl | str, cwd: Path, executable: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`jobctl ...` as a user runs it, from ``cwd``: its exit and its output."""
+    """`jobctl ...` as a user runs it, from ``cwd`` with ``env``: its exit and its
+    output. Run here, by click's test runner, unless ``executable`` names another
+    copy: a process of its own costs half a second of CPU to start, and the suite
+    runs hundreds of commands. What a process boundary changes (the entry point,
+    what it imports, signals) is checked through :func:`jobctl_process`."""
+    if executable is not None:
+        return jobctl_process(*args, url=url, cwd=cwd, executable=executable, **env)
+    return _jobctl_here(list(args), jobctl_env(url, **env), cwd)
+
+
+def jobctl_process(
+    *args: str, url: DatabaseUrl | str, cwd: Path, executable: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`jobctl ...` in a process of its own, from ``cwd``: its exit and its output."""
     return subprocess.run(
         [str(executable or BIN / "jobctl"), *args],
         cwd=cwd,
@@ -129,6 +144,41 @@ def jobctl(
         text=True,
         timeout=60,
     )
+
+
+def _jobctl_here(
+    args: list[str], environment: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`jobctl` in this process, on a thread of its own (its commands run their own
+    event loop, which a test's running loop would refuse), in ``cwd`` and with this
+    process's environment made ``environment`` meanwhile; an unexpected exception
+    reads as the process's would: a traceback on stderr, exit status 1."""
+    from click.testing import CliRunner
+
+    from hybrid_jobs.jobctl.cli import main
+
+    changes: dict[str, str | None] = {k: None for k in os.environ if k not in environment}
+    changes.update(environment)
+    done: list[Any] = []
+
+    def invoke() -> None:
+        before = os.getcwd()
+        os.chdir(cwd)
+        try:
+            done.append(CliRunner().invoke(main, args, env=changes, prog_name="jobctl"))
+        finally:
+            os.chdir(before)
+
+    thread = threading.Thread(target=invoke, name="jobctl")
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        raise subprocess.TimeoutExpired(["jobctl", *args], 60)
+    (result,) = done
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["jobctl", *args], result.exit_code, result.stdout, stderr)
 
 
 def refused(command: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
