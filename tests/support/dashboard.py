@@ -5,8 +5,12 @@ metrics collector), and Debian's Chromium driven by Playwright."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -94,19 +98,69 @@ async def serving(app: ASGIApp, port: int | None = None, **config: Any) -> Async
         await asyncio.wait_for(task, 30)
 
 
+class _Browser:
+    """One headless Chromium per test process, started at its first use and shared:
+    each test gets a context of its own in it (its own cookies, storage and cache,
+    as a fresh profile would have). Launching one per test cost about two seconds
+    of CPU each, on a runner the suite keeps busy."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._profile: tempfile.TemporaryDirectory[str] | None = None
+        self._endpoint = ""
+        atexit.register(self.stop)
+
+    def endpoint(self) -> str:
+        """The running browser's DevTools address (started again if it died)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self._endpoint
+        self.stop()
+        self._profile = tempfile.TemporaryDirectory(prefix="hj-chromium-")
+        port = free_port()
+        self._proc = subprocess.Popen(
+            [
+                str(CHROMIUM),
+                *CHROMIUM_ARGS,
+                f"--remote-debugging-port={port}",
+                f"--user-data-dir={self._profile.name}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self._endpoint}/json/version", timeout=1):
+                    break
+            except OSError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"chromium did not start ({self._proc.poll()})") from None
+                time.sleep(0.05)
+        return self._endpoint
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        if self._profile is not None:
+            self._profile.cleanup()
+            self._profile = None
+
+
+_BROWSER = _Browser()
+
+
 @asynccontextmanager
 async def chromium(refresh_seconds: float | None = None) -> AsyncIterator[BrowserContext]:
-    """A fresh headless Chromium profile; ``refresh_seconds`` sets the dashboard's
+    """A fresh headless Chromium context; ``refresh_seconds`` sets the dashboard's
     auto-refresh before any page loads (the person's choice, in localStorage)."""
     async with async_playwright() as playwright:
-        with tempfile.TemporaryDirectory(prefix="hj-chromium-") as profile:
-            context = await playwright.chromium.launch_persistent_context(
-                profile,
-                executable_path=str(CHROMIUM),
-                args=CHROMIUM_ARGS,
-                headless=True,
-                viewport=VIEWPORT,  # type: ignore[arg-type]
-            )
+        browser = await playwright.chromium.connect_over_cdp(_BROWSER.endpoint())
+        try:
+            context = await browser.new_context(viewport=VIEWPORT)  # type: ignore[arg-type]
             context.set_default_timeout(30_000)
             if refresh_seconds is not None:
                 await context.add_init_script(
@@ -117,6 +171,8 @@ async def chromium(refresh_seconds: float | None = None) -> AsyncIterator[Browse
                 yield context
             finally:
                 await context.close()
+        finally:
+            await browser.close()
 
 
 async def sign_in(page: Page, base: str, token: str = TOKEN, *, then: str = "/") -> None:
