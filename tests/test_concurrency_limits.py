@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.async_api import expect
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
@@ -29,6 +30,8 @@ from hybrid_jobs.jobctl.check import check, violations
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from tests.support.api import api_client
+from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import enqueue, job
 from tests.support.metrics import scrape_once
 from tests.support.processes import jobctl
@@ -385,6 +388,40 @@ def test_jobctl_limits_shows_each_limit_with_its_running_and_waiting_jobs(
         (c["job_type"], c["global_limit"], c["running"], c["waiting"])
         for c in shown["concurrency_limits"]
     ] == [("capped", 2, 2, 3), ("capped_rated", 1, 0, 0)]
+
+
+async def test_the_api_and_the_dashboard_show_each_limit_with_its_running_and_waiting_jobs(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    _waiting_for_the_limit(engine, pg, 3)
+    with Session(engine) as session, session.begin():
+        outbox.set_rate_limit(session, "stripe", rate=5)
+    async with api_client(db_url) as client:
+        answer = await client.get("/v1/limits")
+    assert answer.status_code == 200, answer.text
+    shown = answer.json()
+    assert [
+        (c["job_type"], c["global_limit"], c["running"], c["waiting"], c["updated_by"])
+        for c in shown["concurrency_limits"]
+    ] == [("capped", 2, 2, 3, "w0"), ("capped_rated", 1, 0, 0, "w0")]
+    assert [(r["name"], r["rate"], r["burst"]) for r in shown["rate_limits"]] == [
+        ("stripe", 5.0, 5.0)
+    ]
+
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed")
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base)
+        await page.get_by_role("link", name="Keys & limits").click()
+        capped = page.locator("[data-testid=concurrency-limit-row][data-job-type=capped]")
+        await expect(capped.locator("td").nth(0)).to_have_text("2 / 2")
+        await expect(capped.get_by_test_id("limit-waiting")).to_have_text("3")
+        await expect(capped).to_contain_text("w0")
+        await page.screenshot(path=str(tmp_path / "limits.png"), full_page=True)
+        # The type's name opens its jobs.
+        await capped.get_by_role("link", name="capped").click()
+        await expect(page).to_have_url(f"{served.base}/jobs?job_type=capped")
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", 10_000_001])

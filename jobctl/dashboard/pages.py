@@ -27,6 +27,7 @@ from hybrid_jobs.jobctl.service import (
     get_job,
     list_jobs,
     list_keys,
+    list_limits,
     list_schedules,
     list_tenants,
     list_workers,
@@ -267,10 +268,17 @@ async def tenants(request: Request, looker: Looker) -> Response:
 async def keys(request: Request, looker: Looker) -> Response:
     async with _database(request).reading() as session:
         found, now = await list_keys(session), await _clock(session)
-        limits = await outbox.rate_limits_async(session)
+        limits = await list_limits(session)
         held = await outbox.resource_holds_async(session)
     return render.page(
-        request, "keys.html", looker, keys=found, now=now, rate_limits=limits, resources=held
+        request,
+        "keys.html",
+        looker,
+        keys=found,
+        now=now,
+        rate_limits=limits.rate_limits,
+        concurrency_limits=limits.concurrency_limits,
+        resources=held,
     )
 
 

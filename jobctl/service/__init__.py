@@ -29,6 +29,7 @@ What a dashboard needs, and where it is:
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
 - tenants: :func:`list_tenants`, :func:`set_tenant`;
+- limits: :func:`list_limits` (rate limits, the job types' concurrency limits);
 - keys: :func:`list_keys` (busy keys and their holders, keys a failed strict head
   holds);
 - workers: :func:`list_workers`; health: :func:`readiness`.
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
         retry_matching,
     )
     from hybrid_jobs.jobctl.service.keys import list_keys
+    from hybrid_jobs.jobctl.service.limits import list_limits
     from hybrid_jobs.jobctl.service.models import jsonable
     from hybrid_jobs.jobctl.service.queues import pause_queue, resume_queue, stats
     from hybrid_jobs.jobctl.service.schedules import (
@@ -127,6 +129,7 @@ _MODULES: dict[str, str] = {
     "retry_jobs": "jobs",
     "retry_matching": "jobs",
     "list_keys": "keys",
+    "list_limits": "limits",
     "jsonable": "models",
     "pause_queue": "queues",
     "resume_queue": "queues",
@@ -172,6 +175,7 @@ __all__ = [
     "jsonable",
     "list_jobs",
     "list_keys",
+    "list_limits",
     "list_schedules",
     "list_tenants",
     "list_webhook_calls",

@@ -696,6 +696,56 @@ class WebhookCallView:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class RateLimitView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    name: str
+    """A rate limit's name; one ending in ':*' is a prefix, each name under it with
+    a bucket of its own."""
+    rate: float
+    per_seconds: float
+    """``rate`` tokens every ``per_seconds``."""
+    burst: float
+    """What the bucket holds at most."""
+    tokens: float | None
+    """What an exact name's bucket holds now; null for a prefix."""
+    next_token_in_seconds: float | None
+    """How long until the bucket holds a whole token (0: it has one); null for a
+    prefix."""
+    refilled_at: datetime | None
+    """When a claim last took from the bucket; null: never, or a prefix."""
+    buckets: int
+    """Names with a bucket (for a prefix, those under it, counted up to 10,000)."""
+
+
+@dataclass(frozen=True)
+class ConcurrencyLimitView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    job_type: str
+    global_limit: int
+    """At most this many of the type's jobs hold a lease at once, across every
+    consumer (the handler's ``global_limit``)."""
+    running: int
+    """Slots held now (a job of weight N holds N)."""
+    waiting: int
+    """Jobs turned down for the limit that wait for a slot (CONCURRENCY_LIMIT),
+    counted up to 10,000."""
+    updated_at: datetime
+    updated_by: str
+    """The consumer that recorded the limit last (the last one to start)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    rate_limits: tuple[RateLimitView, ...]
+    concurrency_limits: tuple[ConcurrencyLimitView, ...]
+    """Per job type, by name."""
+
+
 def jsonable(value: Any) -> Any:
     """The JSON form of a service result (or a list of them), as the API sends it."""
     from pydantic import TypeAdapter

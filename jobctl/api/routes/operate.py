@@ -1,4 +1,4 @@
-"""/v1/queues, /v1/schedules, /v1/tenants, /v1/workers."""
+"""/v1/queues, /v1/schedules, /v1/tenants, /v1/limits, /v1/workers."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from hybrid_jobs.jobctl.api.routes.common import F, actor, database
 from hybrid_jobs.jobctl.api.routes.jobs import location, say_when_to_poll
 from hybrid_jobs.jobctl.service import (
     has_limits,
+    list_limits,
     list_schedules,
     list_tenants,
     list_workers,
@@ -32,7 +33,14 @@ from hybrid_jobs.jobctl.service import (
     stats,
     trigger_schedule,
 )
-from hybrid_jobs.jobctl.service.models import JobView, QueueState, ScheduleView, Stats, TenantView
+from hybrid_jobs.jobctl.service.models import (
+    JobView,
+    Limits,
+    QueueState,
+    ScheduleView,
+    Stats,
+    TenantView,
+)
 
 router = APIRouter(prefix="/v1", route_class=GuardedRoute)
 
@@ -179,6 +187,15 @@ async def put_tenant(
     if not existed:
         response.status_code = 201
     return found
+
+
+@_reads("/limits", Limits, "limits", "Rate and concurrency limits")
+async def limits(request: Request) -> Limits:
+    """Every rate limit with its bucket now, and every job type's concurrency limit
+    (a handler's global_limit) with the slots its leases hold and the jobs waiting
+    for one. Reads the limits' rows and the waiting jobs' partial index only."""
+    async with database(request).reading() as session:
+        return await list_limits(session)
 
 
 @_reads("/workers", WorkerList, "workers", "Consumers")
