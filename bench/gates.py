@@ -24,6 +24,8 @@ their bookkeeping, not waiting.
 - deadline: every job with an expiry one hour away (expires=);
 - concurrency: every job of a type whose handler declares global_limit=100,000
   (every claim takes a slot of its one row, every outcome gives it back);
+- queue-limit: every job of a queue with a concurrency limit of 100,000
+  (every claim takes a slot of the queue's one row, every outcome gives it back);
 - weight: every job of weight 2 (every claim counts its consumer's free slots by
   weight, every outcome is composed with the weight; each consumer runs half as
   many no-op jobs at once).
@@ -104,6 +106,13 @@ def concurrency(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob
     return [outbox.NewJob("noop_limited", {}) for _ in range(args.jobs)]
 
 
+def queue_limited(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob]:
+    # far above the load: the limit's bookkeeping, never its waiting
+    with committing(db) as session:
+        outbox.set_queue_limit(session, "default", 100_000, by="bench")
+    return [outbox.NewJob("noop", {}) for _ in range(args.jobs)]
+
+
 def weighed(args: argparse.Namespace, db: DatabaseUrl) -> list[outbox.NewJob]:
     return [outbox.NewJob("noop", {}, weight=2) for _ in range(args.jobs)]
 
@@ -117,6 +126,7 @@ VARIANTS: dict[str, Variant] = {
     "resource": resource,
     "deadline": deadline,
     "concurrency": concurrency,
+    "queue-limit": queue_limited,
     "weight": weighed,
 }
 

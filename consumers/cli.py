@@ -79,6 +79,16 @@ def _where(exc: Exception) -> str:
     "serve (repeatable). Only consumers naming such a tenant take its jobs; every consumer, "
     "these too, takes the jobs of shared tenants.",
 )
+@click.option(
+    "--queue-limit",
+    "queue_limits",
+    multiple=True,
+    default=(),
+    metavar="QUEUE=N",
+    help="At most N jobs of QUEUE hold a lease at once, across every consumer (repeatable). "
+    "Recorded when this consumer starts; the last to start wins, and a consumer naming none "
+    "leaves the recorded limit as it is (jobctl limits shows and removes it).",
+)
 @setting_option(ConsumerSettings, "concurrency", "Jobs run at once.")
 @setting_option(
     ConsumerSettings,
@@ -169,6 +179,7 @@ def main(**kwargs: Any) -> None:
             tenants = tuple(dict.fromkeys(names.tenant(t) for t in kwargs["tenants"]))
         except ValueError as exc:
             raise ConfigError(f"--tenant: {exc}") from None
+        queue_limits = parse_queue_limits(kwargs["queue_limits"])
         if not len(default_registry):
             raise ConfigError(f"--app {kwargs['app']} registered no handlers")
         return settings_from(
@@ -179,9 +190,24 @@ def main(**kwargs: Any) -> None:
             topology=topology(kwargs["amqp_prefix"], kwargs["queue_type"]),
             queues=queues,
             tenants=tenants,
+            queue_limits=queue_limits,
         )
 
     run_daemon("consumer", kwargs["log_level"], build)
+
+
+def parse_queue_limits(given: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """``--queue-limit QUEUE=N`` options as (queue, N) pairs."""
+    found: list[tuple[str, int]] = []
+    for item in given:
+        queue, sep, number = item.rpartition("=")
+        try:
+            if not sep:
+                raise ValueError("expected QUEUE=N")
+            found.append((names.queue(queue), int(number)))
+        except ValueError as exc:
+            raise ConfigError(f"--queue-limit {item}: {exc}") from None
+    return tuple(found)
 
 
 def recycle_limits(kwargs: dict[str, Any]) -> RecycleLimits:

@@ -103,6 +103,11 @@ class LeaseKeeper:
             for limit in self.limits:
                 if limit["job_type"] in changed:
                     log.info("consumer.concurrency_limit_recorded", extra=limit)
+        if self.settings.queue_limits:
+            recorded = await self.store.record_queue_limits(self.settings.queue_limits)
+            for queue, n in self.settings.queue_limits:
+                if queue in recorded:
+                    log.info("consumer.queue_limit_recorded", extra={"queue": queue, "limit": n})
         woken = await self.store.wake_parked(self.settings.queues, self.job_types)
         if woken:
             log.info(

@@ -35,6 +35,7 @@ class ConsumerSettings:
     stats_interval: float = defaults.CONSUMER_STATS_INTERVAL
     worker_ttl: float = defaults.CONSUMER_WORKER_TTL
     tenants: tuple[str, ...] = defaults.CONSUMER_TENANTS
+    queue_limits: tuple[tuple[str, int], ...] = defaults.CONSUMER_QUEUE_LIMITS
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -57,6 +58,18 @@ class ConsumerSettings:
             raise ConfigError("the worker TTL must be positive")
         if self.claim_batch < 1 or self.report_batch < 1 or self.stats_interval <= 0:
             raise ConfigError("batch sizes and the stats interval must be positive")
+        named = [queue for queue, _ in self.queue_limits]
+        if len(set(named)) != len(named):
+            raise ConfigError("a queue limit names the same queue twice")
+        for queue, limit in self.queue_limits:
+            # A limit of a queue this consumer does not serve would be recorded by
+            # a process that never claims from it: a typo, most likely.
+            if queue not in self.queues:
+                raise ConfigError(f"queue limit of {queue!r}: this consumer does not serve it")
+            if isinstance(limit, bool) or not 1 <= limit <= defaults.MAX_QUEUE_LIMIT:
+                raise ConfigError(
+                    f"queue limit of {queue!r} must be from 1 to {defaults.MAX_QUEUE_LIMIT}"
+                )
 
     @property
     def effective_prefetch(self) -> int:

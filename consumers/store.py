@@ -419,6 +419,12 @@ class JobStore:
         the types whose recorded limit this changed."""
         return await self._record_per_type(q.CONCURRENCY_LIMIT_RECORD_MANY, "limits", limits)
 
+    async def record_queue_limits(self, limits: Sequence[tuple[str, int]]) -> list[str]:
+        """Record this consumer's queue limits (QUEUE_LIMIT_RECORD_MANY); the queues
+        whose recorded limit this changed."""
+        rows = [{"queue": queue, "max_running": n} for queue, n in limits]
+        return await self._record_per_type(q.QUEUE_LIMIT_RECORD_MANY, "limits", rows)
+
     async def record_webhooks(self, webhooks: list[dict[str, Any]]) -> list[str]:
         """Record the handlers' webhook URLs (JOB_TYPE_WEBHOOK_RECORD_MANY); the
         types whose recorded URL this changed."""
@@ -427,8 +433,9 @@ class JobStore:
     async def _record_per_type(
         self, statement: str, name: str, rows: list[dict[str, Any]]
     ) -> list[str]:
-        """What a consumer records of its handlers at start-up, a row per job type,
-        the last to start winning: the types whose recorded row this changed."""
+        """What a consumer records at start-up, a row per job type of its handlers
+        (or per queue of its --queue-limit), the last to start winning: the names
+        whose recorded row this changed."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(statement, {name: json.dumps(rows), "worker": self.worker})
             return [row[0] for row in await cur.fetchall()]

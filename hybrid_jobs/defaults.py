@@ -376,6 +376,15 @@ CONSUMER_TENANTS: Final[tuple[str, ...]] = ()
 """Dedicated tenants (``runners="dedicated"``) this consumer serves besides every
 shared one (``consumer --tenant``, repeated)."""
 
+CONSUMER_QUEUE_LIMITS: Final[tuple[tuple[str, int], ...]] = ()
+"""Concurrency limits of queues this consumer records when it starts, as (queue,
+limit) pairs (``consumer --queue-limit QUEUE=N``, repeated): at most that many of a
+queue's jobs hold a lease at once, across every consumer. The last to record a
+queue's limit wins; a consumer that names none leaves the recorded ones as they are."""
+
+MAX_QUEUE_LIMIT: Final = 1_000_000
+"""The largest concurrency limit a queue may be given (far past any fleet)."""
+
 UNKNOWN_TYPE_RETRY_SECONDS: Final = 60.0
 """A job claimed for a type this consumer has no handler for (its registry changed
 under it) is retried this many seconds later."""

@@ -90,6 +90,16 @@ CHECKS = {
              + (SELECT count(*) FROM jobs
                 WHERE limit_held AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED'))::int
         FROM concurrency_limits AS c""",
+    # And so a queue's: its running count against the leases of its jobs that hold a
+    # slot of it.
+    "queue_limit_slots_leaked_or_released_twice": """
+        SELECT coalesce(sum(abs(c.running - (
+            SELECT coalesce(sum(coalesce(j.weight, 1)), 0) FROM jobs AS j
+            WHERE j.queue = c.queue AND j.queue_limit_held
+              AND j.state IN ('RUNNING', 'CANCEL_REQUESTED')))), 0)::int
+             + (SELECT count(*) FROM jobs
+                WHERE queue_limit_held AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED'))::int
+        FROM queue_limits AS c""",
     "attempts_over_budget": "SELECT count(*) FROM jobs WHERE attempt_count > max_attempts",
     # A key's count of leases (key_usage) must equal the leases of its jobs, and a
     # key no lease holds keeps no row: a lease released twice makes it lower, a

@@ -55,9 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hybrid_jobs.jobctl.commands.limits:limits",
         "Rate limits: each one's rate, burst, the tokens its bucket holds now and when the next"
         " is due (a 'prefix:*' limit: how many names have a bucket); the concurrency limits of"
-        " job types (a handler's global_limit), with the jobs of each running and waiting for"
-        " it; and, per queue, the jobs that expired (code EXPIRED) before they started, as long"
-        " as retention keeps them.",
+        " job types (a handler's global_limit) and of queues (consumer --queue-limit, or"
+        " --set-queue here), with the jobs of each running and waiting for it; and, per queue,"
+        " the jobs that expired (code EXPIRED) before they started, as long as retention keeps"
+        " them.",
     ),
     "migrate": (
         "hybrid_jobs.jobctl.commands.migrate:migrate",

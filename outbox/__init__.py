@@ -16,6 +16,8 @@ waiting?), alongside ``request_cancel``, tenant limits and schedules; and
 ``update_job`` (change a job that has not started yet);
 ``resolve_resource``/``resource_holds`` for exclusive resources (``resource=``);
 ``concurrency_limits`` (each job type's ``global_limit``, its running and waiting jobs);
+``queue_limits``, ``set_queue_limit``, ``remove_queue_limit`` (a queue's concurrency
+limit across every consumer);
 ``job_type_policy`` (what a job type allows: replay, cancelling it running;
 ``NotAllowed`` when a call would do what it forbids).
 ``store_input`` (a large or sensitive input stored once, run on by the jobs
@@ -72,6 +74,15 @@ from hybrid_jobs.outbox.policies import (
     NotAllowed,
     job_type_policy,
     job_type_policy_async,
+)
+from hybrid_jobs.outbox.queue_limits import (
+    QueueLimit,
+    queue_limits,
+    queue_limits_async,
+    remove_queue_limit,
+    remove_queue_limit_async,
+    set_queue_limit,
+    set_queue_limit_async,
 )
 from hybrid_jobs.outbox.queues import (
     PausedQueue,
@@ -151,6 +162,7 @@ __all__ = [
     "NotAwaitingApproval",
     "NotUncertain",
     "PausedQueue",
+    "QueueLimit",
     "RateLimit",
     "Replayed",
     "Resolved",
@@ -180,12 +192,16 @@ __all__ = [
     "paused_queues_async",
     "queue_in_use",
     "queue_in_use_async",
+    "queue_limits",
+    "queue_limits_async",
     "rate_limits",
     "rate_limits_async",
     "redact_input",
     "redact_input_async",
     "reject",
     "reject_async",
+    "remove_queue_limit",
+    "remove_queue_limit_async",
     "remove_rate_limit",
     "remove_rate_limit_async",
     "request_cancel",
@@ -205,6 +221,8 @@ __all__ = [
     "retry_jobs_async",
     "schedule",
     "schedule_async",
+    "set_queue_limit",
+    "set_queue_limit_async",
     "set_rate_limit",
     "set_rate_limit_async",
     "set_tenant_limit",

@@ -493,8 +493,9 @@ def enqueue(
     attempts, end time and error, never its payload.
 
     ``weight``: how many slots one run of the job takes (1 to 100): of its
-    consumer's ``--concurrency``, of its tenant's cap and of its type's concurrency
-    limit (a handler's ``global_limit``), all given back when its lease ends. A
+    consumer's ``--concurrency``, of its tenant's cap and of its type's and its
+    queue's concurrency limits (a handler's ``global_limit``, a consumer's
+    ``--queue-limit``), all given back when its lease ends. A
     consumer claims it only when that many of its slots are free; one whose whole
     ``--concurrency`` is smaller turns it down (``WEIGHT_OVER_CONCURRENCY``, and a
     warning in its log).

@@ -41,6 +41,9 @@ KEY_BUSY              key, running, key_limit, held_by (the job holding the key
 CONCURRENCY_LIMIT     job_type, running, global_limit (and weight): the slots its type's
                       leases hold leave fewer free than its weight, across every
                       consumer; it starts when enough of them end
+QUEUE_CONCURRENCY_LIMIT  queue, running, queue_limit (and weight): the slots its
+                      queue's leases hold leave fewer free than its weight, across
+                      every consumer; it starts when enough of them end
 WEIGHT_OVER_CONCURRENCY  weight, largest_concurrency: no live consumer with its
                       handler has a --concurrency as large as its weight (the
                       largest, None when none is live), so none can ever claim it
@@ -155,6 +158,7 @@ class Why(StrEnum):
     KEY_ORDER = "KEY_ORDER"
     KEY_BUSY = "KEY_BUSY"
     CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
+    QUEUE_CONCURRENCY_LIMIT = "QUEUE_CONCURRENCY_LIMIT"
     WEIGHT_OVER_CONCURRENCY = "WEIGHT_OVER_CONCURRENCY"
     RESOURCE_BUSY = "RESOURCE_BUSY"
     RESOURCE_UNCERTAIN = "RESOURCE_UNCERTAIN"
@@ -368,7 +372,7 @@ def _waiting(job: Mapping[str, Any], backlog: Mapping[str, Any] | None) -> list[
         # Held never due until approved: no wake-up, relay or consumer counts yet.
         return [Blocker(Why.APPROVAL_REQUIRED, {"enqueued_at": job["created_at"]}), *_held(job)]
     parked = job["delay_reason"] in (DelayReason.NO_HANDLER, DelayReason.NO_AUTHORIZED_RUNNER)
-    keyed = _key(job) + _resource(job) + _concurrency(job)
+    keyed = _key(job) + _resource(job) + _concurrency(job) + _queue_limit(job)
     found = (
         _too_heavy(job) + _expired(job) + _not_yet(job) + _held(job) + _rate_limited(job) + keyed
     )
@@ -530,6 +534,26 @@ def _concurrency(job: Mapping[str, Any]) -> list[Blocker]:
         **_weighed(weight),
     }
     return [Blocker(Why.CONCURRENCY_LIMIT, facts)]
+
+
+def _queue_limit(job: Mapping[str, Any]) -> list[Blocker]:
+    """Turned down for its queue's concurrency limit, which is still full (from the
+    limit's count now, not the last refusal)."""
+    if (
+        job["delay_reason"] != DelayReason.QUEUE_CONCURRENCY_LIMIT
+        or job["queue_limit_max_running"] is None
+    ):
+        return []
+    weight = job.get("weight", 1)
+    if job["queue_limit_running"] + weight <= job["queue_limit_max_running"]:
+        return []
+    facts = {
+        "queue": job["queue"],
+        "running": job["queue_limit_running"],
+        "queue_limit": job["queue_limit_max_running"],
+        **_weighed(weight),
+    }
+    return [Blocker(Why.QUEUE_CONCURRENCY_LIMIT, facts)]
 
 
 def _weighed(weight: int) -> dict[str, int]:
@@ -747,6 +771,15 @@ _PHRASES: dict[Why, Callable[[dict[str, Any]], str]] = {
         if f.get("weight", 1) > f["global_limit"]
         else f"job type {f['job_type']!r} is at its concurrency limit"
         f" ({f['running']}/{f['global_limit']} running across all consumers)"
+        + (f", and the job weighs {f['weight']}" if f.get("weight", 1) > 1 else "")
+    ),
+    Why.QUEUE_CONCURRENCY_LIMIT: lambda f: (
+        f"the job weighs {f['weight']}, more than queue {f['queue']!r}'s whole"
+        f" concurrency limit of {f['queue_limit']}: it cannot start until the limit is"
+        " raised (consumer --queue-limit)"
+        if f.get("weight", 1) > f["queue_limit"]
+        else f"queue {f['queue']!r} is at its concurrency limit"
+        f" ({f['running']}/{f['queue_limit']} running across all consumers)"
         + (f", and the job weighs {f['weight']}" if f.get("weight", 1) > 1 else "")
     ),
     Why.WEIGHT_OVER_CONCURRENCY: lambda f: (

@@ -152,6 +152,12 @@ NOTES: Final[dict[str, str]] = {
         " waiters a raised limit has room for"
     ),
     "CONCURRENCY_LIMIT_LIST": "list the concurrency limits with their running and waiting jobs",
+    "QUEUE_LIMIT_RECORD_MANY": (
+        "record queues' concurrency limits (a consumer's --queue-limit at start, or an"
+        " operator's); wake waiters a raised limit has room for"
+    ),
+    "QUEUE_LIMIT_REMOVE": "remove a queue's concurrency limit and wake the jobs waiting for it",
+    "QUEUE_LIMIT_LIST": "list the queues' concurrency limits with their running and waiting jobs",
     # schedule
     "SCHEDULE_CLOCK": "read the database clock a new or changed rule counts from",
     "SCHEDULE_UPSERT": "create or update a schedule by name",

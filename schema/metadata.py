@@ -106,6 +106,9 @@ jobs = Table(
     # True while this lease holds one of its job type's concurrency_limits slots:
     # set by a claim through the limit, cleared by the statement that ends the lease.
     Column("limit_held", Boolean, nullable=False, server_default=text("false")),
+    # True while this lease holds one of its queue's queue_limits slots: set by a
+    # claim through the queue's limit, cleared by the statement that ends the lease.
+    Column("queue_limit_held", Boolean, nullable=False, server_default=text("false")),
     # The slots one lease of the job takes (enqueue's weight=): of its consumer's
     # concurrency, its tenant's cap and its type's concurrency limit. NULL is one,
     # so a plain job's row and statements never mention it.
@@ -419,6 +422,17 @@ Index(
         f"state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'"
     ),
 )
+# The jobs turned down for their queue's concurrency limit, oldest first: the ones
+# a freed slot wakes are the first entries, however many wait
+# (queue_limit_wake_next).
+Index(
+    "jobs_queue_limit_waiting_idx",
+    jobs.c.queue,
+    jobs.c.job_id,
+    postgresql_where=text(
+        f"state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.QUEUE_CONCURRENCY_LIMIT}'"
+    ),
+)
 # The jobs turned down for their resource, oldest first: the one a freed resource
 # wakes is the first entry, however many wait (resource_wake_next).
 Index(
@@ -650,6 +664,10 @@ queues = Table(
     _ts("updated_at", nullable=False, default=True),
     _ts("resumed_at"),
     Column("resumed_by", Text),
+    # The queue has a concurrency limit (a row in queue_limits, written with it):
+    # every claim reads this row already, so the mark sends the queue's jobs to the
+    # claim composed with the limit at no cost to a queue without one.
+    Column("limited", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queues_name_valid"),
 )
 
@@ -879,6 +897,25 @@ concurrency_limits = Table(
     Column("updated_by", Text, nullable=False),
     CheckConstraint("max_running >= 1", name="concurrency_limits_max_running_positive"),
     CheckConstraint("running >= 0", name="concurrency_limits_running_not_negative"),
+)
+
+# The concurrency limit of a queue across all consumers (consumer --queue-limit,
+# or an operator's): at most max_running leases of its jobs at once; running
+# counts the leases that hold a slot (jobs.queue_limit_held). queues.limited marks
+# the queues whose row here has a max_running.
+queue_limits = Table(
+    "queue_limits",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    # NULL once the limit is removed: the row stays, still counting the leases
+    # that hold a slot until they end, for a limit set again to count them.
+    Column("max_running", Integer),
+    Column("running", Integer, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, default=True),
+    # The consumer (worker id) or operator that wrote the limit last.
+    Column("updated_by", Text, nullable=False),
+    CheckConstraint("max_running >= 1", name="queue_limits_max_running_positive"),
+    CheckConstraint("running >= 0", name="queue_limits_running_not_negative"),
 )
 
 job_type_policies = Table(

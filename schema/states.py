@@ -61,6 +61,8 @@ class DelayReason(StrEnum):
     SNOOZED = "SNOOZED"  # its handler said "not yet": it waits for run_after, attempt refunded
     # its job type's concurrency limit (a handler's global_limit) had no free slot
     CONCURRENCY_LIMIT = "CONCURRENCY_LIMIT"
+    # its queue's concurrency limit (consumer --queue-limit) had no free slot
+    QUEUE_CONCURRENCY_LIMIT = "QUEUE_CONCURRENCY_LIMIT"
     # its weight is above the whole concurrency of the consumer it met
     WEIGHT_OVER_CONCURRENCY = "WEIGHT_OVER_CONCURRENCY"
 
@@ -170,6 +172,12 @@ WAITS: Final[tuple[Wait, ...]] = (
         DelayReason.CONCURRENCY_LIMIT,
         "`delay_reason`, and `concurrency_limits` counts its type's leases",
         "`JOB_CLAIM_MANY` while its type's `global_limit` jobs hold a lease",
+        "the end of one of those leases wakes the next",
+    ),
+    Wait(
+        DelayReason.QUEUE_CONCURRENCY_LIMIT,
+        "`delay_reason`, and `queue_limits` counts its queue's leases",
+        "`JOB_CLAIM_MANY` while its queue's limit (`consumer --queue-limit`) of jobs hold a lease",
         "the end of one of those leases wakes the next",
     ),
     Wait(

@@ -17,6 +17,7 @@ from hybrid_jobs.schema.gates import (
     deadline,
     dedicated,
     key,
+    queue_limit,
     rate,
     resource,
     tenant,
@@ -26,7 +27,17 @@ from hybrid_jobs.schema.states import WAITS
 from tests.support.jobs import enqueue
 from tests.support.metrics import scrape_once
 
-GATE_MODULES = (key, rate, resource, deadline, tenant, dedicated, concurrency, weight)
+GATE_MODULES = (
+    key,
+    rate,
+    resource,
+    deadline,
+    tenant,
+    dedicated,
+    concurrency,
+    queue_limit,
+    weight,
+)
 REASONS = sorted({str(r) for g in GATE_MODULES for r in g.REASONS})
 
 

@@ -212,6 +212,7 @@ _OWN = {
     "rate": ("rate_buckets", "rate_limits"),
     "resource": ("resource_holds",),
     "deadline": ("expired_ended", "expires_at <= now()"),
+    "queue_limit": ("queue_limits", "queue_limit_level"),
 }
 
 
@@ -238,11 +239,15 @@ def test_a_job_using_a_gate_its_claim_leaves_out_is_left_as_it_was(
         "rate": enqueue(engine, "noop", rate_limit="api"),
         "resource": enqueue(engine, "noop", resource="deploy:prod"),
         "deadline": enqueue(engine, "noop", expires=timedelta(hours=1)),
+        "queue_limit": enqueue(engine, "noop", queue="limited"),
     }
+    with Session(engine) as session, session.begin():
+        outbox.set_queue_limit(session, "limited", 5)
     before = versions(pg, list(jobs.values()))
     for gate, job_id in jobs.items():
         others = [g for g in GATES if g != gate]
-        rows = pg.execute(q.job_claim_many(others), claim_params([job_id], "w1")).fetchall()
+        params = {**claim_params([job_id], "w1"), "queues": ["default", "limited"]}
+        rows = pg.execute(q.job_claim_many(others), params).fetchall()
         assert [row[0] for row in rows] == ["locked"], gate
     assert versions(pg, list(jobs.values())) == before
 
@@ -278,7 +283,11 @@ async def test_the_store_runs_the_claim_of_the_gates_its_jobs_use(
     assert ran == [q.JOB_CLAIM_PLAIN_MANY], "a plain job runs no gate's statement"
 
 
-_HELD_OWN = {"key": ("key_usage", "key_woken"), "resource": ("resource_holds", "resource_woken")}
+_HELD_OWN = {
+    "key": ("key_usage", "key_woken"),
+    "resource": ("resource_holds", "resource_woken"),
+    "queue_limit": ("queue_limits", "queue_limit_woken"),
+}
 
 
 def test_an_end_of_a_lease_composed_of_some_gates_has_no_other_gates_sql(

@@ -2,7 +2,8 @@
 
 Hypothesis enqueues jobs through the producer, each with a random set of gates (a
 key with its limit and order, a resource, a rate limit, a capped tenant, a
-deadline, a type under a concurrency limit, a weight), and runs in arbitrary order the
+deadline, a type under a concurrency limit, a weight; and queue "reports" has a
+concurrency limit of its own), and runs in arbitrary order the
 statements that move them: claims of random batches by two workers (the plain claim
 first, then the whole claim composed of the gates the rest use, as the consumer runs
 them), each end of a lease (composed of what the lease holds) (success, failure,
@@ -22,6 +23,8 @@ After every step it checks that:
   above the cap;
 - a concurrency limit's running count is the weights of its type's leases holding
   a slot, never above the limit;
+- the queue's limit likewise: its running count is the weights of its leases
+  holding a slot, never above the limit;
 - the rate limit's tokens spent are its jobs' starts (no token for a refused claim);
 - no hand-off is lost: a waiting job without a key or resource has a wake-up on its
   way; a key or resource whose waiting jobs have none is held by a lease (whose end
@@ -30,7 +33,8 @@ After every step it checks that:
   wake-up on its way for one of those (not only for one of a paused queue); a
   concurrency limit with free slots and jobs turned down for it that fit them has a
   job of its type on its way (woken, or waiting for its key or resource, whose
-  hand-off comes).
+  hand-off comes); and so the queue's limit, with a job of the queue on its way
+  (or waiting for its type's limit, whose hand-off comes).
 At the end of each run, ``jobctl check`` finds nothing wrong.
 """
 
@@ -85,6 +89,9 @@ def _chosen(items: list[Any], picks: list[int]) -> list[Any]:
 LIMITED = "c"
 LIMIT = 3
 CAP = 3
+# The queue under a concurrency limit of its own (consumer --queue-limit).
+LIMITED_QUEUE = "default"
+QUEUE_LIMIT = 3
 
 
 def _terms(*, limited: bool = True) -> str:
@@ -139,7 +146,7 @@ class GateMachine(RuleBasedStateMachine):
         self.other = psycopg.connect(db.conninfo, autocommit=True)
         self.conn.execute(
             "TRUNCATE jobs, outbox, key_usage, resource_holds, rate_limits, rate_buckets,"
-            " tenant_limits, tenant_usage, concurrency_limits CASCADE"
+            " tenant_limits, tenant_usage, concurrency_limits, queue_limits CASCADE"
         )
         self.conn.execute(
             q.CONCURRENCY_LIMIT_RECORD_MANY,
@@ -151,6 +158,7 @@ class GateMachine(RuleBasedStateMachine):
         self.engine = create_engine(db.sqlalchemy)
         with Session(self.engine) as session, session.begin():
             outbox.set_tenant_limit(session, "capped", max_running=CAP)
+            outbox.set_queue_limit(session, LIMITED_QUEUE, QUEUE_LIMIT)
             outbox.set_rate_limit(session, "api", rate=1, per=timedelta(hours=1), burst=BURST)
         self.jobs: list[uuid.UUID] = []
         # (job, worker, generation) of every lease a claim started; some go stale
@@ -539,6 +547,27 @@ class GateMachine(RuleBasedStateMachine):
         assert leased <= LIMIT, "the concurrency limit was exceeded"
 
     @invariant()
+    def a_queue_limits_slots_are_its_leases(self) -> None:
+        ((recorded,),) = self._all(
+            f"SELECT COALESCE(sum(running), 0) FROM queue_limits WHERE queue = '{LIMITED_QUEUE}'"
+        )
+        ((held,),) = self._all(
+            "SELECT COALESCE(sum(COALESCE(weight, 1)), 0) FROM jobs"
+            f" WHERE queue = '{LIMITED_QUEUE}' AND queue_limit_held"
+            " AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        ((stray,),) = self._all(
+            "SELECT count(*) FROM jobs"
+            " WHERE queue_limit_held AND state NOT IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        assert (recorded, stray) == (held, 0), "a queue's slot leaked or was released twice"
+        ((leased,),) = self._all(
+            "SELECT COALESCE(sum(COALESCE(weight, 1)), 0) FROM jobs"
+            f" WHERE queue = '{LIMITED_QUEUE}' AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+        )
+        assert leased <= QUEUE_LIMIT, "the queue's concurrency limit was exceeded"
+
+    @invariant()
     def tokens_spent_are_starts(self) -> None:
         ((tokens,),) = self._all("SELECT tokens FROM rate_buckets WHERE name = 'api'")
         assert abs(BURST - tokens - self.api_starts) < 0.5, (BURST - tokens, self.api_starts)
@@ -551,16 +580,22 @@ class GateMachine(RuleBasedStateMachine):
             f"""SELECT w.job_id FROM jobs AS w
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NULL
                   AND w.resource IS NULL AND NOT {woken}
-                  AND w.delay_reason IS DISTINCT FROM 'CONCURRENCY_LIMIT'"""
+                  AND w.delay_reason IS DISTINCT FROM 'CONCURRENCY_LIMIT'
+                  AND w.delay_reason IS DISTINCT FROM 'QUEUE_CONCURRENCY_LIMIT'"""
         )
         assert stranded == [], "a job without a key or resource waits with no wake-up"
         # one turned down for its type's concurrency limit while it has fewer free
         # slots than the job weighs: the end of a lease of its type wakes it (and with
         # it the turn of its key or resource)
-        limited = """(w.delay_reason = 'CONCURRENCY_LIMIT'
-                       AND EXISTS (SELECT 1 FROM concurrency_limits AS c
-                                   WHERE c.job_type = w.job_type
-                                     AND c.max_running - c.running < COALESCE(w.weight, 1)))"""
+        limited = """((w.delay_reason = 'CONCURRENCY_LIMIT'
+                        AND EXISTS (SELECT 1 FROM concurrency_limits AS c
+                                    WHERE c.job_type = w.job_type
+                                      AND c.max_running - c.running < COALESCE(w.weight, 1)))
+                       OR (w.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
+                           AND EXISTS (SELECT 1 FROM queue_limits AS c
+                                       WHERE c.queue = w.queue
+                                         AND c.max_running - c.running
+                                             < COALESCE(w.weight, 1))))"""
         limits = self._all(
             f"""SELECT c.job_type FROM concurrency_limits AS c
                 WHERE c.running < c.max_running
@@ -577,6 +612,22 @@ class GateMachine(RuleBasedStateMachine):
                                         'RESOURCE_UNCERTAIN')))"""
         )
         assert limits == [], "a free concurrency limit's waiting jobs wait with no wake-up"
+        queues = self._all(
+            f"""SELECT c.queue FROM queue_limits AS c
+                WHERE c.running < c.max_running
+                  AND EXISTS (SELECT 1 FROM jobs AS w
+                              WHERE w.queue = c.queue
+                                AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                AND COALESCE(w.weight, 1) <= c.max_running - c.running
+                                AND w.delay_reason = 'QUEUE_CONCURRENCY_LIMIT' AND NOT {woken})
+                  AND NOT EXISTS (SELECT 1 FROM jobs AS w
+                                  WHERE w.queue = c.queue
+                                    AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                    AND ({woken} OR w.delay_reason IN (
+                                        'KEY_BUSY', 'KEY_ORDER', 'RESOURCE_BUSY',
+                                        'RESOURCE_UNCERTAIN')))"""
+        )
+        assert queues == [], "a free queue limit's waiting jobs wait with no wake-up"
         keys = self._all(
             f"""SELECT w.key FROM jobs AS w
                 WHERE w.state IN ('QUEUED', 'RETRY_WAIT') AND w.key IS NOT NULL

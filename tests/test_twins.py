@@ -114,6 +114,12 @@ def _concurrency_limited(
     return (), {}
 
 
+def _queue_limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    outbox.set_queue_limit(s, "reports", 3, by="ops")
+    s.commit()
+    return (), {}
+
+
 def _limited(s: Session, pg: psycopg.Connection) -> tuple[tuple[Any, ...], dict[str, Any]]:
     outbox.set_tenant_limit(s, "acme", max_running=3, weight=2.0, max_queued=100)
     s.commit()
@@ -213,6 +219,11 @@ SCENARIOS: dict[str, Scenario] = {
     "set_rate_limit": Scenario(("stripe",), {"rate": 100, "per": timedelta(seconds=1)}),
     "rate_limits": Scenario(setup=_rate_limited),
     "concurrency_limits": Scenario(setup=_concurrency_limited),
+    "set_queue_limit": Scenario(("reports", 4), {"by": "ops"}),
+    "queue_limits": Scenario(setup=_queue_limited),
+    "remove_queue_limit": Scenario(
+        setup=lambda s, pg: (_queue_limited(s, pg)[0] + ("reports",), {})
+    ),
     "remove_rate_limit": Scenario(setup=lambda s, pg: (_rate_limited(s, pg)[0] + ("sms:*",), {})),
     "resolve_resource": Scenario(setup=_uncertain, view=lambda r: r.resource),
     "resource_holds": Scenario(

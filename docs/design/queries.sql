@@ -632,9 +632,10 @@ WITH types AS (
            COALESCE(j.expires_at <= now(), false) AS expired,
            COALESCE(j.rate_limit, t.rate_limit) AS rate_name,
            t.global_limit,
+           COALESCE(q.limited, false) AS queue_limited,
            COALESCE(j.weight, t.weight, 1) AS weight, COALESCE(j.weight, t.weight, 1) > %(concurrency)s AS too_heavy,
            COALESCE(t.sync, false) AS sync,
-           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
+           COALESCE(q.paused, false) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
            -- (%(tenants)s, consumer --tenant): its jobs are not this worker's to take.
            -- One probe of the tenant's row per job, however many tenants are dedicated.
@@ -644,6 +645,8 @@ WITH types AS (
            -- it uses a gate this statement leaves out: not this statement's to decide
            (false) AS unfit
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
+    -- its queue's row, read once for its pause and its limit (queues.limited)
+    LEFT JOIN queues AS q ON q.queue = j.queue
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
@@ -772,22 +775,52 @@ WITH types AS (
 ), limit_fit AS (
     -- 1j. the runnable jobs with a slot of their limit to have, or under none
     SELECT r.* FROM rated AS r WHERE r.job_id NOT IN (SELECT job_id FROM limit_refused)
+), queue_limit_level AS MATERIALIZED (
+    -- 1k. the limited queues' rows, locked in queue order after the types' limits
+    -- and before the tenants' slots (every end of a lease takes them in that order
+    -- too), at their latest version: their free slots. Nothing is taken here: a slot
+    -- goes only to a job every gate admits (queue_limit_taken). A queue marked
+    -- limited whose limit was removed meanwhile (max_running NULL, the row kept for
+    -- the leases still holding a slot) limits nothing, and its jobs take no slot.
+    SELECT c.queue, c.max_running - c.running AS free
+    FROM queue_limits AS c
+    WHERE c.queue IN (SELECT r.queue FROM limit_fit AS r WHERE r.queue_limited)
+      AND c.max_running IS NOT NULL
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_refused AS (
+    -- 1l. of the jobs their type's limit admitted, those past their queue's free
+    -- slots, in their turn, each counted for its weight (one waiting for its key
+    -- takes no turn). ``at_limit``: the queue had fewer free slots than the job
+    -- weighs, so leases of it hold them and their end wakes it; the others (past
+    -- this batch's share) get their wake-up back.
+    SELECT x.job_id, x.queue, x.free < x.weight AS at_limit
+    FROM (SELECT r.job_id, r.queue, r.weight, l.free,
+                 sum(r.weight) OVER (PARTITION BY r.queue ORDER BY r.priority DESC, r.job_id)
+                     AS queue_rank
+          FROM limit_fit AS r JOIN queue_limit_level AS l USING (queue)
+          WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS x
+    WHERE x.queue_rank > x.free
+), queue_limit_fit AS (
+    -- 1m. the runnable jobs with a slot of their queue's limit to have, or under none
+    SELECT r.* FROM limit_fit AS r
+    WHERE r.job_id NOT IN (SELECT job_id FROM queue_limit_refused)
 ), usage AS MATERIALIZED (
     -- 2a. their tenants' free slots, locked in tenant order (every statement that
     -- moves these counters does so)
     SELECT u.tenant, l.max_running - u.running AS free
     FROM tenant_usage AS u JOIN tenant_limits AS l USING (tenant)
-    WHERE u.tenant IN (SELECT tenant FROM limit_fit)
+    WHERE u.tenant IN (SELECT tenant FROM queue_limit_fit)
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), admitted AS (
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority, each counted for its weight
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority, a.job_type, a.weight
+           a.lease_generation, a.priority, a.job_type, a.weight, a.queue
     FROM (SELECT r.*, sum(r.weight) OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
+          FROM queue_limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), key_wanted AS (
@@ -895,6 +928,14 @@ WITH types AS (
     GROUP BY r.job_type
     ORDER BY r.job_type
     ON CONFLICT (job_type) DO NOTHING
+), queue_limit_taken AS (
+    -- 2h. the slots of the jobs every gate admitted (their weights), taken from the
+    -- rows locked in 1k
+    UPDATE queue_limits AS c SET running = c.running + n.n
+    FROM (SELECT a.queue, sum(a.weight)::int AS n
+          FROM resource_admitted AS a JOIN queue_limit_level AS l USING (queue)
+          GROUP BY a.queue) AS n
+    WHERE c.queue = n.queue
 ), refused AS (
     -- 3a. the jobs turned down, and why (deadline passed, paused queue, no handler,
     -- no token, key, resource, tenant's cap)
@@ -908,6 +949,8 @@ WITH types AS (
                 THEN 'RATE_LIMITED'
                 WHEN l.job_id IN (SELECT job_id FROM limit_refused)
                 THEN 'CONCURRENCY_LIMIT'
+                WHEN l.job_id IN (SELECT job_id FROM queue_limit_refused)
+                THEN 'QUEUE_CONCURRENCY_LIMIT'
                 WHEN l.job_id IN (SELECT job_id FROM key_behind) THEN 'KEY_ORDER'
                 -- its resource held (by this batch's first, or a lease): uncertain
                 -- when its hold says so, as far as this snapshot sees it
@@ -937,7 +980,12 @@ WITH types AS (
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
         -- the handler's rate limit, for explain to name
         rate_limit = CASE WHEN r.reason = 'RATE_LIMITED' THEN r.rate_name
-                          ELSE j.rate_limit END
+                          ELSE j.rate_limit END,
+        weight = CASE WHEN r.reason IN ('CONCURRENCY_LIMIT',
+                                        'QUEUE_CONCURRENCY_LIMIT')
+                      THEN COALESCE(j.weight, (SELECT t.weight FROM types AS t
+                                               WHERE t.job_type = j.job_type))
+                      ELSE j.weight END
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
 ), expired_ended AS (
@@ -1021,8 +1069,10 @@ WITH types AS (
       -- frees (or, an uncertain resource, is resolved)
       AND r.reason NOT IN ('KEY_BUSY', 'KEY_ORDER',
                            'RESOURCE_BUSY', 'RESOURCE_UNCERTAIN')
-      -- and one turned down by a full concurrency limit, when a lease of its type ends
+      -- and one turned down by a full concurrency limit, when a lease of its type
+      -- (or of its queue) ends
       AND r.job_id NOT IN (SELECT job_id FROM limit_refused WHERE at_limit)
+      AND r.job_id NOT IN (SELECT job_id FROM queue_limit_refused WHERE at_limit)
 ), claimed AS (
     -- 4. the admitted jobs claimed: RUNNING under this worker's lease
     UPDATE jobs AS j
@@ -1034,7 +1084,7 @@ WITH types AS (
         max_attempts = COALESCE(j.max_attempts, GREATEST(t.max_attempts, j.attempt_count + 1)),
         expiry_backoff = LEAST(t.backoff_cap, t.backoff_base * power(2, LEAST(j.attempt_count, 60)))
                          * (1 + t.backoff_jitter * (2 * random() - 1)),
-        holds_slot = a.holds,limit_held = j.job_type IN (SELECT job_type FROM limit_level),weight = COALESCE(j.weight, t.weight),
+        holds_slot = a.holds,limit_held = j.job_type IN (SELECT job_type FROM limit_level),queue_limit_held = j.queue IN (SELECT queue FROM queue_limit_level),weight = COALESCE(j.weight, t.weight),
         delay_reason = NULL,
         delay_since = NULL,
         started_at = now(),
@@ -1110,7 +1160,9 @@ WITH types AS (
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
       AND j.expires_at IS NULL AND j.rate_limit IS NULL AND t.rate_limit IS NULL
       AND j.weight IS NULL
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused)
+      -- (a queue's limit is read from the row of the queue read for its pause)
+      AND NOT EXISTS (SELECT 1 FROM queues AS q
+                      WHERE q.queue = j.queue AND (q.paused OR q.limited))
       AND (j.tenant IS NULL OR NOT EXISTS (
                SELECT 1 FROM tenant_limits AS d
                WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
@@ -1175,10 +1227,12 @@ WITH types AS (
 SELECT 'claimed' AS status, c.*, NULL::text[] AS gates FROM claimed AS c
 UNION ALL
 SELECT 'full', ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END, CASE WHEN j.weight IS NOT NULL THEN 'weight' END], NULL)
+       NULL, array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END, CASE WHEN COALESCE(q.limited, false) THEN 'queue_limit' END, CASE WHEN j.weight IS NOT NULL THEN 'weight' END], NULL)
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN types AS t ON t.job_type = j.job_type
+-- (its queue's row, once, for its limit: queue_limit.USES)
+LEFT JOIN queues AS q ON q.queue = j.queue
 WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 
 -- name: JOB_HELD_BY
@@ -1268,6 +1322,7 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
         -- a snooze is no error, even one that a cancel request turned into CANCELLED
         last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
@@ -1325,13 +1380,38 @@ WITH h AS (
     CROSS JOIN LATERAL concurrency_limit_waiters(
         k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), queue_limit_left AS (
+    SELECT j.queue, sum(COALESCE(j.weight, 1))::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.queue_limit_held
+    GROUP BY j.queue
+), queue_limit_releasing AS MATERIALIZED (
+    -- free: the slots free once these come back
+    SELECT c.queue, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
+    FROM queue_limits AS c JOIN queue_limit_left AS k USING (queue)
+    WHERE (SELECT count(*) FROM limit_releasing) >= 0
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE queue_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM queue_limit_releasing AS r
+    WHERE c.queue = r.queue
+), queue_limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM queue_limit_releasing AS k
+    CROSS JOIN LATERAL queue_limit_waiters(
+        k.queue, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
-      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM queue_limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -1484,7 +1564,7 @@ WITH h AS (
                ELSE 'RETRY_WAIT'
            END AS state
     FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.weight IS NOT NULL)
+    WHERE NOT (j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.queue_limit_held OR j.weight IS NOT NULL)
     ORDER BY j.job_id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), finished AS (
@@ -1549,7 +1629,7 @@ WITH h AS (
 )
 SELECT job_id, state FROM finished
 UNION ALL
-SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.weight IS NOT NULL THEN 'full' ELSE 'LOCKED' END
+SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.queue_limit_held OR j.weight IS NOT NULL THEN 'full' ELSE 'LOCKED' END
 FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
 WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 
@@ -1596,6 +1676,7 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         -- a snooze is no error: the job's last error stays (its history row says it)
         -- a snooze is no error, even one that a cancel request turned into CANCELLED
         last_error_code = CASE WHEN d.kind = 'snoozed' THEN j.last_error_code
@@ -1653,13 +1734,38 @@ WITH h AS (
     CROSS JOIN LATERAL concurrency_limit_waiters(
         k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), queue_limit_left AS (
+    SELECT j.queue, sum(COALESCE(j.weight, 1))::int AS n
+    FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.queue_limit_held
+    GROUP BY j.queue
+), queue_limit_releasing AS MATERIALIZED (
+    -- free: the slots free once these come back
+    SELECT c.queue, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
+    FROM queue_limits AS c JOIN queue_limit_left AS k USING (queue)
+    WHERE (SELECT count(*) FROM limit_releasing) >= 0
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE queue_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM queue_limit_releasing AS r
+    WHERE c.queue = r.queue
+), queue_limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM queue_limit_releasing AS k
+    CROSS JOIN LATERAL queue_limit_waiters(
+        k.queue, k.n, k.free, ARRAY(SELECT s.job_id FROM finished AS s)) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM finished AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
-      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM queue_limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -1823,6 +1929,7 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM giving AS g
@@ -1869,13 +1976,38 @@ WITH h AS (
     CROSS JOIN LATERAL concurrency_limit_waiters(
         k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM returned AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), queue_limit_left AS (
+    SELECT j.queue, sum(COALESCE(j.weight, 1))::int AS n
+    FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.queue_limit_held
+    GROUP BY j.queue
+), queue_limit_releasing AS MATERIALIZED (
+    -- free: the slots free once these come back
+    SELECT c.queue, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
+    FROM queue_limits AS c JOIN queue_limit_left AS k USING (queue)
+    WHERE (SELECT count(*) FROM limit_releasing) >= 0
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE queue_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM queue_limit_releasing AS r
+    WHERE c.queue = r.queue
+), queue_limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM queue_limit_releasing AS k
+    CROSS JOIN LATERAL queue_limit_waiters(
+        k.queue, k.n, k.free, ARRAY(SELECT s.job_id FROM returned AS s)) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM returned AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
-      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM queue_limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -2025,6 +2157,7 @@ WITH expired AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         last_error_code = 'LEASE_EXPIRED',
         last_error_message = 'the lease of ' || e.worker || ' expired without a report',
         finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,
@@ -2070,13 +2203,38 @@ WITH expired AS (
     CROSS JOIN LATERAL concurrency_limit_waiters(
         k.job_type, k.n, k.free, ARRAY(SELECT s.job_id FROM swept AS s)) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), queue_limit_left AS (
+    SELECT j.queue, sum(COALESCE(j.weight, 1))::int AS n
+    FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.queue_limit_held
+    GROUP BY j.queue
+), queue_limit_releasing AS MATERIALIZED (
+    -- free: the slots free once these come back
+    SELECT c.queue, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
+    FROM queue_limits AS c JOIN queue_limit_left AS k USING (queue)
+    WHERE (SELECT count(*) FROM limit_releasing) >= 0
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE queue_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM queue_limit_releasing AS r
+    WHERE c.queue = r.queue
+), queue_limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM queue_limit_releasing AS k
+    CROSS JOIN LATERAL queue_limit_waiters(
+        k.queue, k.n, k.free, ARRAY(SELECT s.job_id FROM swept AS s)) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 ), releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots
     FROM tenant_usage AS u
     JOIN (SELECT s.tenant, sum(COALESCE(j.weight, 1)) AS slots FROM swept AS s JOIN jobs AS j ON j.job_id = s.job_id WHERE s.held_slot GROUP BY s.tenant) AS r
-      ON r.tenant = u.tenant AND (SELECT count(*) FROM limit_releasing) >= 0
+      ON r.tenant = u.tenant AND (SELECT count(*) FROM queue_limit_releasing) >= 0
     ORDER BY u.tenant
     FOR NO KEY UPDATE OF u
 ), released AS (
@@ -2611,7 +2769,7 @@ RETURNING o.job_id;
 -- Parameters: after, grace_seconds, slice, worker_ttl.
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource
+           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource, j.weight
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -2651,10 +2809,18 @@ WITH slice AS MATERIALIZED (
                                            'RESOURCE_UNCERTAIN'), false)
                AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
       -- and one waiting for its type's concurrency limit, by the end of a lease of
-      -- its type, while the limit is full
+      -- its type, while the limit has fewer free slots than it weighs (woken for
+      -- one, a heavy job would be turned down again on every pass)
       AND NOT (s.delay_reason = 'CONCURRENCY_LIMIT'
                AND EXISTS (SELECT 1 FROM concurrency_limits AS c
-                           WHERE c.job_type = s.job_type AND c.running >= c.max_running))
+                           WHERE c.job_type = s.job_type
+                             AND c.max_running - c.running < COALESCE(s.weight, 1)))
+      -- and one waiting for its queue's concurrency limit, likewise (a limit removed,
+      -- max_running NULL, holds nothing back)
+      AND NOT (s.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
+               AND EXISTS (SELECT 1 FROM queue_limits AS c
+                           WHERE c.queue = s.queue
+                             AND c.max_running - c.running < COALESCE(s.weight, 1)))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken
@@ -3556,6 +3722,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since,
        cl.max_running AS limit_max_running, cl.running AS limit_running,
+       ql.max_running AS queue_limit_max_running, ql.running AS queue_limit_running,
        COALESCE(j.weight, 1) AS weight,
        -- the most slots a live consumer with its handler has, for a weighed job
        (SELECT max(w.concurrency) FROM workers AS w
@@ -3565,6 +3732,9 @@ FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl
   ON cl.job_type = j.job_type AND j.delay_reason = 'CONCURRENCY_LIMIT'
+-- its queue's concurrency limit, when its last claim turned it down for it
+LEFT JOIN queue_limits AS ql
+  ON ql.queue = j.queue AND j.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
 -- the hold of its resource, if another job has it (or it does, uncertain)
 LEFT JOIN resource_holds AS rh
   ON rh.resource = j.resource
@@ -3747,17 +3917,16 @@ WITH given AS (
     WHERE c.max_running <> EXCLUDED.max_running
     RETURNING c.job_type, c.max_running, c.running
 ), woken AS (
+    -- the waiters as they are now, read by concurrency_limit_waiters (migration
+    -- 0033) with a snapshot of its own taken after the row was locked: this
+    -- statement's, taken before it waited for the lock, misses a job a claim
+    -- holding the row just turned down
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM written AS w
-    CROSS JOIN LATERAL (
-        SELECT x.job_id, x.queue, x.tenant, x.priority
-        FROM jobs AS x
-        WHERE x.job_type = w.job_type AND x.state IN ('QUEUED', 'RETRY_WAIT')
-          AND x.delay_reason = 'CONCURRENCY_LIMIT' AND x.run_after <= now()
-        ORDER BY x.job_id
-        LIMIT GREATEST(w.max_running - w.running, 0)
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        w.job_type, GREATEST(w.max_running - w.running, 0), w.max_running - w.running,
+        '{}'::uuid[]) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )
 SELECT job_type FROM written;
@@ -3973,6 +4142,87 @@ SELECT j.state, p.job_type, p.replay, p.cancel_running, p.on_cancel, p.updated_a
        p.updated_by, j.job_type
 FROM jobs AS j LEFT JOIN job_type_policies AS p ON p.job_type = j.job_type
 WHERE j.job_id = %(job_id)s;
+
+
+-- ======================================================================================
+-- hybrid_jobs/schema/queries/queue_limit.py: Concurrency limits per queue
+-- (queue_limits): written by consumers from their ``--queue-limit`` options and by
+-- operators, taken and given back by the claim and the end of a lease
+-- (schema/gates/queue_limit.py, fragments.queue_limit_wake_next), listed for operators.
+-- ======================================================================================
+
+-- name: QUEUE_LIMIT_RECORD_MANY
+-- Run by consumers.store:JobStore.record_queue_limits,
+-- outbox.queue_limits:set_queue_limit(_async) to record queues' concurrency limits (a
+-- consumer's --queue-limit at start, or an operator's); wake waiters a raised limit has
+-- room for.
+-- Built with WHO, no_pending_wakeup.
+-- Parameters: limits, worker.
+WITH given AS (
+    SELECT g.queue, g.max_running
+    FROM jsonb_to_recordset(%(limits)s::jsonb) AS g(queue text, max_running int)
+), written AS (
+    INSERT INTO queue_limits AS c (queue, max_running, updated_by)
+    SELECT queue, max_running, COALESCE(%(worker)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')) FROM given
+    ORDER BY queue
+    ON CONFLICT (queue) DO UPDATE
+    SET max_running = EXCLUDED.max_running, updated_at = now(),
+        updated_by = EXCLUDED.updated_by
+    WHERE c.max_running IS DISTINCT FROM EXCLUDED.max_running
+    RETURNING c.queue, c.max_running, c.running
+), marked AS (
+    INSERT INTO queues AS q (queue, limited, updated_at)
+    SELECT queue, true, now() FROM given
+    ORDER BY queue
+    ON CONFLICT (queue) DO UPDATE SET limited = true, updated_at = now()
+    WHERE NOT q.limited
+), woken AS (
+    -- the waiters as they are now, read by queue_limit_waiters with a snapshot of
+    -- its own taken after the row was locked: this statement's, taken before it
+    -- waited for the lock, misses a job a claim holding the row just turned down
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM written AS w
+    CROSS JOIN LATERAL queue_limit_waiters(
+        w.queue, GREATEST(w.max_running - w.running, 0), w.max_running - w.running,
+        '{}'::uuid[]) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+)
+SELECT queue FROM written;
+
+-- name: QUEUE_LIMIT_REMOVE
+-- Run by outbox.queue_limits:remove_queue_limit(_async) to remove a queue's concurrency
+-- limit and wake the jobs waiting for it.
+-- Built with no_pending_wakeup.
+-- Parameters: queue.
+WITH removed AS (
+    UPDATE queue_limits AS c SET max_running = NULL, updated_at = now()
+    WHERE c.queue = %(queue)s AND c.max_running IS NOT NULL
+    RETURNING c.queue
+), unmarked AS (
+    UPDATE queues AS q SET limited = false, updated_at = now()
+    WHERE q.queue = %(queue)s AND q.limited
+), woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM removed AS r
+    CROSS JOIN LATERAL queue_limit_waiters(r.queue, NULL, NULL, '{}'::uuid[]) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+)
+SELECT queue FROM removed;
+
+-- name: QUEUE_LIMIT_LIST
+-- Run by outbox.queue_limits:queue_limits(_async) to list the queues' concurrency limits
+-- with their running and waiting jobs.
+-- Parameters: limit.
+SELECT c.queue, c.max_running, c.running,
+       (SELECT count(*) FROM (SELECT 1 FROM jobs AS x
+                              WHERE x.queue = c.queue AND x.state IN ('QUEUED', 'RETRY_WAIT') AND x.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
+                              LIMIT %(limit)s) AS w)::int AS waiting,
+       c.updated_at, c.updated_by
+FROM queue_limits AS c
+WHERE c.max_running IS NOT NULL
+ORDER BY c.queue;
 
 
 -- ======================================================================================

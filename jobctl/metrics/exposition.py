@@ -158,6 +158,15 @@ def snapshot_families(s: Snapshot) -> Iterable[Metric]:
         _by_queue(s.concurrency_limit),
     )
     yield _gauge(
+        "jobs_waiting_for_queue_concurrency_limit",
+        "Waiting jobs a consumer last turned down for their queue's concurrency limit"
+        " (QUEUE_CONCURRENCY_LIMIT: the queue's limit of its jobs hold leases, across all"
+        " consumers), per queue. Each starts when a lease of its queue ends; the count is"
+        " of the last refusals, not a live test of the limits.",
+        ["queue"],
+        _by_queue(s.queue_limit),
+    )
+    yield _gauge(
         "jobs_waiting_for_larger_consumer",
         "Waiting jobs a consumer last turned down because their weight is above its"
         " whole --concurrency (WEIGHT_OVER_CONCURRENCY), per queue. Each starts only on a"

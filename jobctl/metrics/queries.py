@@ -115,6 +115,16 @@ WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.CONCURRENCY_LI
 GROUP BY queue
 """
 
+# Per queue: the waiting jobs a consumer last turned down for their queue's
+# concurrency limit (QUEUE_CONCURRENCY_LIMIT), through jobs_queue_limit_waiting_idx.
+# The end of a lease of the queue wakes the next.
+METRICS_QUEUE_LIMIT_WAITS: Final = f"""
+SELECT queue, count(*)
+FROM jobs
+WHERE state IN ({CLAIMABLE_SQL}) AND delay_reason = '{DelayReason.QUEUE_CONCURRENCY_LIMIT}'
+GROUP BY queue
+"""
+
 # Per queue: the waiting jobs a consumer last turned down for a weight above its
 # whole concurrency (WEIGHT_OVER_CONCURRENCY), from the same waiting jobs.
 METRICS_WEIGHT_WAITS: Final = f"""

@@ -96,6 +96,8 @@ class Reading:
     tenant_cap: list[tuple[str, int]] = field(default_factory=list)
     # (queue, waiting jobs turned down for their type's limit: CONCURRENCY_LIMIT)
     concurrency_limit: list[tuple[str, int]] = field(default_factory=list)
+    # (queue, waiting jobs turned down for their queue's limit: QUEUE_CONCURRENCY_LIMIT)
+    queue_limit: list[tuple[str, int]] = field(default_factory=list)
     # (queue, waiting jobs heavier than the consumer they met: WEIGHT_OVER_CONCURRENCY)
     too_heavy: list[tuple[str, int]] = field(default_factory=list)
     # Webhook calls per state: how many, and how many of their attempts failed.
@@ -177,6 +179,9 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         concurrency_limit = [
             (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_CONCURRENCY_LIMIT_WAITS)
         ]
+        queue_limit = [
+            (queue, int(n)) for queue, n in await _rows(conn, q.METRICS_QUEUE_LIMIT_WAITS)
+        ]
         too_heavy = [(queue, int(n)) for queue, n in await _rows(conn, q.METRICS_WEIGHT_WAITS)]
         ((uncertain,),) = await _rows(conn, q.METRICS_RESOURCES_UNCERTAIN)
         webhook_calls = [
@@ -220,6 +225,7 @@ async def read_round(conn: AsyncConnection, cursors: Cursors, timeout_s: float) 
         resource_waits=resource_waits,
         tenant_cap=tenant_cap,
         concurrency_limit=concurrency_limit,
+        queue_limit=queue_limit,
         too_heavy=too_heavy,
         webhook_calls=webhook_calls,
         leased=leased,

@@ -100,6 +100,7 @@ class Snapshot:
     resource_waits: Mapping[tuple[str, str], int] = field(default_factory=dict)
     tenant_cap: Mapping[str, int] = field(default_factory=dict)
     concurrency_limit: Mapping[str, int] = field(default_factory=dict)
+    queue_limit: Mapping[str, int] = field(default_factory=dict)
     too_heavy: Mapping[str, int] = field(default_factory=dict)
     # Webhook calls per state (PENDING, DELIVERED, GAVE_UP), and their failed attempts.
     webhook_calls: Mapping[str, int] = field(default_factory=dict)
@@ -311,6 +312,7 @@ class Totals:
             ("waiting_for_parents", reading.waiting_for_parents),
             ("tenant_cap", reading.tenant_cap),
             ("concurrency_limit", reading.concurrency_limit),
+            ("queue_limit", reading.queue_limit),
             ("too_heavy", reading.too_heavy),
         ):
             counts = waits.setdefault(kind, dict.fromkeys(self.queues, 0))
@@ -324,6 +326,7 @@ class Totals:
             waiting_for_parents=MappingProxyType(waits["waiting_for_parents"]),
             tenant_cap=MappingProxyType(waits["tenant_cap"]),
             concurrency_limit=MappingProxyType(waits["concurrency_limit"]),
+            queue_limit=MappingProxyType(waits["queue_limit"]),
             too_heavy=MappingProxyType(waits["too_heavy"]),
             resource_waits=MappingProxyType(resource_waits),
             jobs=MappingProxyType(jobs),

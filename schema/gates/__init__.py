@@ -41,11 +41,13 @@ from typing import Final
 # tenants' slots. A new gate adds its module and its name here. A concurrency
 # limit's row (concurrency_limits) ranks before the tenants' slots: the claim locks
 # it after the rate limits' buckets and before the tenants, and every end of a
-# lease releases it before the tenants' slots (fragments.lease_ended).
+# lease releases it before the tenants' slots (fragments.lease_ended). A queue's
+# concurrency limit (queue_limits) ranks right after the types' limits and before
+# the tenants', in the claim and in every end of a lease alike.
 # A job's weight locks nothing: it changes how many slots the others count it for.
-GATES: Final = ("key", "rate", "resource", "deadline", "concurrency", "weight")
+GATES: Final = ("key", "rate", "resource", "deadline", "concurrency", "queue_limit", "weight")
 
 # The gates whose lease holds something until it ends (a key's lease, a resource's
-# hold, a slot of a concurrency limit, a weight's slots): the ones the end of a lease
-# releases, and is composed of.
-HELD_GATES: Final = frozenset({"key", "resource", "concurrency", "weight"})
+# hold, a slot of a type's or a queue's concurrency limit, a weight's slots): the
+# ones the end of a lease releases, and is composed of.
+HELD_GATES: Final = frozenset({"key", "resource", "concurrency", "queue_limit", "weight"})

@@ -146,6 +146,11 @@ from hybrid_jobs.schema.queries.policy import (
     JOB_TYPE_POLICY_RECORD_MANY,
     JOB_TYPE_POLICY_REFUSAL,
 )
+from hybrid_jobs.schema.queries.queue_limit import (
+    QUEUE_LIMIT_LIST,
+    QUEUE_LIMIT_RECORD_MANY,
+    QUEUE_LIMIT_REMOVE,
+)
 from hybrid_jobs.schema.queries.rate import RATE_LIMIT_REMOVE, RATE_LIMIT_SET, RATE_LIMITS
 from hybrid_jobs.schema.queries.resource import (
     RESOURCE_HOLD_LIST,
@@ -289,6 +294,9 @@ __all__ = [
     "OUTBOX_WAKE_QUEUE",
     "OUTBOX_WAKE_REFUSED",
     "QUEUE_IN_USE",
+    "QUEUE_LIMIT_LIST",
+    "QUEUE_LIMIT_RECORD_MANY",
+    "QUEUE_LIMIT_REMOVE",
     "QUEUE_PAUSE",
     "QUEUE_PAUSED_LIST",
     "QUEUE_RESUME",

@@ -32,17 +32,16 @@ WITH given AS (
     WHERE c.max_running <> EXCLUDED.max_running
     RETURNING c.job_type, c.max_running, c.running
 ), woken AS (
+    -- the waiters as they are now, read by concurrency_limit_waiters (migration
+    -- 0033) with a snapshot of its own taken after the row was locked: this
+    -- statement's, taken before it waited for the lock, misses a job a claim
+    -- holding the row just turned down
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
     FROM written AS w
-    CROSS JOIN LATERAL (
-        SELECT x.job_id, x.queue, x.tenant, x.priority
-        FROM jobs AS x
-        WHERE x.job_type = w.job_type AND x.state IN ({CLAIMABLE_SQL})
-          AND x.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}' AND x.run_after <= now()
-        ORDER BY x.job_id
-        LIMIT GREATEST(w.max_running - w.running, 0)
-    ) AS n
+    CROSS JOIN LATERAL concurrency_limit_waiters(
+        w.job_type, GREATEST(w.max_running - w.running, 0), w.max_running - w.running,
+        '{{}}'::uuid[]) AS n
     WHERE {no_pending_wakeup("n.job_id")}
 )
 SELECT job_type FROM written

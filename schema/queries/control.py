@@ -411,6 +411,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        j.resource, rh.job_id AS resource_holder, rh.held_since AS resource_held_since,
        rh.uncertain_since AS resource_uncertain_since,
        cl.max_running AS limit_max_running, cl.running AS limit_running,
+       ql.max_running AS queue_limit_max_running, ql.running AS queue_limit_running,
        COALESCE(j.weight, 1) AS weight,
        -- the most slots a live consumer with its handler has, for a weighed job
        (SELECT max(w.concurrency) FROM workers AS w
@@ -420,6 +421,9 @@ FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl
   ON cl.job_type = j.job_type AND j.delay_reason = 'CONCURRENCY_LIMIT'
+-- its queue's concurrency limit, when its last claim turned it down for it
+LEFT JOIN queue_limits AS ql
+  ON ql.queue = j.queue AND j.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
 -- the hold of its resource, if another job has it (or it does, uncertain)
 LEFT JOIN resource_holds AS rh
   ON rh.resource = j.resource

@@ -264,6 +264,44 @@ def limit_wake_next(source: str, slots: str = "count(*)") -> str:
 )"""
 
 
+def queue_limit_wake_next(source: str, slots: str = "count(*)", after: str = "") -> str:
+    """CTEs ending in ``queue_limit_woken``: :func:`limit_wake_next` for the leases
+    of ``source`` that held a slot of their queue's concurrency limit
+    (jobs.queue_limit_held): the slots given back and a wake-up for as many of the
+    queue's jobs turned down for it (QUEUE_CONCURRENCY_LIMIT), oldest first, that
+    fit the slots free then. The waiters are read by queue_limit_waiters (migration
+    0034) once the queue's row is locked, with a snapshot taken then: a claim
+    holding the row may have turned one down meanwhile. The rows are locked in
+    queue order after the types' limits (``after``, their CTE, when this statement
+    releases some) and before the tenants', as the claim locks them."""
+    first = f"\n    WHERE (SELECT count(*) FROM {after}) >= 0" if after else ""
+    return f"""queue_limit_left AS (
+    SELECT j.queue, {slots}::int AS n
+    FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
+    WHERE j.queue_limit_held
+    GROUP BY j.queue
+), queue_limit_releasing AS MATERIALIZED (
+    -- free: the slots free once these come back
+    SELECT c.queue, k.n, c.max_running - GREATEST(c.running - k.n, 0) AS free
+    FROM queue_limits AS c JOIN queue_limit_left AS k USING (queue){first}
+    ORDER BY c.queue
+    FOR NO KEY UPDATE OF c
+), queue_limit_released AS (
+    -- never below zero, as the tenants' slots
+    UPDATE queue_limits AS c SET running = GREATEST(c.running - r.n, 0)
+    FROM queue_limit_releasing AS r
+    WHERE c.queue = r.queue
+), queue_limit_woken AS (
+    -- the waiters as they are now, not as this statement's snapshot has them
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM queue_limit_releasing AS k
+    CROSS JOIN LATERAL queue_limit_waiters(
+        k.queue, k.n, k.free, ARRAY(SELECT s.job_id FROM {source} AS s)) AS n
+    WHERE {no_pending_wakeup("n.job_id")}
+)"""
+
+
 def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = HELD_GATES) -> str:
     """The tail of every statement that ends a lease (outcome, give-back, sweep):
     the attempt's history row, a wake-up for a job that will run again, and the
@@ -289,9 +327,11 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
     caller's statement made sure they hold nothing else): the steps of the others
     are left out, so a lease that held nothing ends with the tenant slots. A lease
     that held a slot of its type's concurrency limit gives it back, first
-    (:func:`limit_wake_next`).
+    (:func:`limit_wake_next`), and one of its queue's limit next
+    (:func:`queue_limit_wake_next`).
     """
     limit = "concurrency" in gates
+    queue_limited = "queue_limit" in gates
     # A weighed lease gives back its weight of every slot it took (jobs.weight never
     # changes, so the statement's snapshot says it).
     slots = "sum(COALESCE(j.weight, 1))" if "weight" in gates else "count(*)"
@@ -302,7 +342,13 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
         else f"SELECT tenant, count(*) AS slots FROM {source} WHERE held_slot GROUP BY tenant"
     )
     # the limits' rows before the tenants' (the scalar subquery makes them go first)
-    limits_first = " AND (SELECT count(*) FROM limit_releasing) >= 0" if limit else ""
+    last_limit = "queue_limit_releasing" if queue_limited else "limit_releasing" if limit else ""
+    limits_first = f" AND (SELECT count(*) FROM {last_limit}) >= 0" if last_limit else ""
+    queue_wake = (
+        queue_limit_wake_next(source, slots, "limit_releasing" if limit else "") + ", "
+        if queue_limited
+        else ""
+    )
     ended = f"""history AS (
     INSERT INTO job_attempts (job_id, attempt, lease_generation, worker, ready_at, started_at,
                               finished_at, outcome, error_code, error_message, traceback)
@@ -313,7 +359,7 @@ def lease_ended(source: str, *, expired: bool = False, gates: frozenset[str] = H
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT job_id, queue, COALESCE(tenant, ''), priority, run_after
     FROM {source} WHERE state IN ({CLAIMABLE_SQL})
-), {limit_wake_next(source, slots) + ", " if limit else ""}releasing AS MATERIALIZED (
+), {limit_wake_next(source, slots) + ", " if limit else ""}{queue_wake}releasing AS MATERIALIZED (
     -- Locked in tenant order, as the claim locks them: two statements that touch
     -- several tenants never wait for each other in a circle.
     SELECT u.tenant, r.slots

@@ -15,6 +15,7 @@ from hybrid_jobs.schema.gates import (
     deadline,
     dedicated,
     key,
+    queue_limit,
     rate,
     resource,
     tenant,
@@ -149,9 +150,23 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
       -- frees (or, an uncertain resource, is resolved)
       AND r.reason NOT IN ('{DelayReason.KEY_BUSY}', '{DelayReason.KEY_ORDER}',
                            '{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_UNCERTAIN}')
-      -- and one turned down by a full concurrency limit, when a lease of its type ends
+      -- and one turned down by a full concurrency limit, when a lease of its type
+      -- (or of its queue) ends
       AND r.job_id NOT IN (SELECT job_id FROM limit_refused WHERE at_limit)
+      AND r.job_id NOT IN (SELECT job_id FROM queue_limit_refused WHERE at_limit)
 )"""
+
+# In a claim composed with the weight, a job a concurrency limit (its type's, its
+# queue's) turns down gets its handler's weight now, as its first claim would fix
+# it: the ends of leases that wake the limit's waiters read jobs.weight, and a
+# heavy job never claimed yet, its weight NULL there, would be woken for a single
+# free slot, turned down again, and the slot left idle while a lighter one slept.
+_LIMIT_WEIGHT_NOTED: Final = f""",
+        weight = CASE WHEN r.reason IN ('{DelayReason.CONCURRENCY_LIMIT}',
+                                        '{DelayReason.QUEUE_CONCURRENCY_LIMIT}')
+                      THEN COALESCE(j.weight, (SELECT t.weight FROM types AS t
+                                               WHERE t.job_type = j.job_type))
+                      ELSE j.weight END"""
 
 # Step 1c's words for a claim composed with the weight.
 _ROOM_NOTE: Final = "\n    -- and, weighed, for this worker's free slots"
@@ -214,7 +229,7 @@ def _composed(used: frozenset[str]) -> str:
     if unknown:
         raise ValueError(f"no such gate: {sorted(unknown)}")
     k, r, s, d = ("key" in used, "rate" in used, "resource" in used, "deadline" in used)
-    c, w = "concurrency" in used, "weight" in used
+    c, w, ql = "concurrency" in used, "weight" in used, "queue_limit" in used
     absent = [
         weight.USES_WITH_TERMS if name == "weight" else g.USES
         for name, g in _MODULES.items()
@@ -226,7 +241,8 @@ def _composed(used: frozenset[str]) -> str:
             key.CLAIM_ADMIT if k else key.CLAIM_ADMIT_ABSENT,
             rate.CLAIM_ADMIT if r else rate.CLAIM_ADMIT_ABSENT,
             concurrency.CLAIM_ADMIT if c else concurrency.CLAIM_ADMIT_ABSENT,
-            tenant.claim_admit("limit_fit"),
+            queue_limit.CLAIM_ADMIT if ql else queue_limit.CLAIM_ADMIT_ABSENT,
+            tenant.claim_admit("queue_limit_fit"),
         ]
     )
     take = ", ".join(
@@ -236,6 +252,7 @@ def _composed(used: frozenset[str]) -> str:
             tenant.claim_take("resource_admitted", "sum(a.weight)"),
             rate.CLAIM_TAKE if r else rate.CLAIM_TAKE_ABSENT,
             *([concurrency.CLAIM_TAKE] if c else []),
+            *([queue_limit.CLAIM_TAKE] if ql else []),
         ]
     )
     reasons = [
@@ -246,6 +263,7 @@ def _composed(used: frozenset[str]) -> str:
         weight.REFUSED if w else None,
         rate.REFUSED if r else None,
         concurrency.REFUSED if c else None,
+        queue_limit.REFUSED if ql else None,
         key.REFUSED_ORDER if k else None,
         resource.REFUSED if s else None,
         key.REFUSED_BUSY if k else None,
@@ -261,9 +279,10 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
            {deadline.LOCKED_COLUMN if d else deadline.LOCKED_COLUMN_ABSENT},
            {rate.LOCKED_COLUMN if r else rate.LOCKED_COLUMN_ABSENT},
            {concurrency.LOCKED_COLUMN if c else concurrency.LOCKED_COLUMN_ABSENT},
+           {queue_limit.LOCKED_COLUMN if ql else queue_limit.LOCKED_COLUMN_ABSENT},
            {weight.LOCKED_COLUMN if w else weight.LOCKED_COLUMN_ABSENT},
            COALESCE(t.sync, false) AS sync,
-           EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused) AS paused,
+           COALESCE(q.paused, false) AS paused,
            -- a dedicated tenant (tenant_limits.runners) this worker does not name
            -- (%(tenants)s, consumer --tenant): its jobs are not this worker's to take.
            -- One probe of the tenant's row per job, however many tenants are dedicated.
@@ -271,6 +290,8 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
            -- it uses a gate this statement leaves out: not this statement's to decide
            ({unfit}) AS unfit
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
+    -- its queue's row, read once for its pause and its limit (queues.limited)
+    LEFT JOIN queues AS q ON q.queue = j.queue
     -- (the ids through a sub-select, as in JOB_CLAIM_PLAIN_MANY: on a table never
     -- analyzed, a plan made for the values took a scan of every job over 25 lookups)
     WHERE j.job_id = ANY((SELECT %(job_ids)s::uuid[])::uuid[])
@@ -297,10 +318,10 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
     -- 2b. the runnable jobs not waiting for their key that fit their tenant's free
     -- slots, by priority, each counted for its weight
     SELECT a.job_id, a.tenant, u.free IS NOT NULL AS holds, a.key, a.key_limit, a.resource,
-           a.lease_generation, a.priority, a.job_type, a.weight
+           a.lease_generation, a.priority, a.job_type, a.weight, a.queue
     FROM (SELECT r.*, sum(r.weight) OVER (PARTITION BY r.tenant ORDER BY r.priority DESC, r.job_id)
                  AS slot_rank
-          FROM limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
+          FROM queue_limit_fit AS r WHERE r.job_id NOT IN (SELECT job_id FROM key_waiting)) AS a
     LEFT JOIN usage AS u ON u.tenant = a.tenant
     WHERE u.free IS NULL OR a.slot_rank <= u.free
 ), {take}, refused AS (
@@ -326,13 +347,15 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
     UPDATE jobs AS j SET delay_reason = r.reason, delay_since = now(), updated_at = now(),
         -- the handler's rate limit, for explain to name
         rate_limit = CASE WHEN r.reason = '{DelayReason.RATE_LIMITED}' THEN r.rate_name
-                          ELSE j.rate_limit END
+                          ELSE j.rate_limit END{_LIMIT_WEIGHT_NOTED if w else ""}
     FROM refused AS r
     WHERE j.job_id = r.job_id AND r.reason <> 'EXPIRED'
 ), {deadline.CLAIM_END + ", " if d else ""}{_REFUSALS_WOKEN}, {
         _claimed(
             "resource_admitted",
-            (concurrency.CLAIMED_SET if c else "") + (weight.CLAIMED_SET if w else ""),
+            (concurrency.CLAIMED_SET if c else "")
+            + (queue_limit.CLAIMED_SET if ql else "")
+            + (weight.CLAIMED_SET if w else ""),
             ", COALESCE(j.weight, 1) AS weight",
         )
     }
@@ -345,13 +368,15 @@ _MODULES: Final = {
     "resource": resource,
     "deadline": deadline,
     "concurrency": concurrency,
+    "queue_limit": queue_limit,
     "weight": weight,
 }
 
 # Each gate a job uses, named (NULL for one it does not). Not the concurrency
 # limit's: the plain claim is given no limited type's terms, and the consumer, which
 # knows its handlers' limits, adds it for a job of such a type (the answer's
-# job_type).
+# job_type). A queue's limit is the database's: its mark on the queue's row names
+# it here, read only for the jobs the plain claim leaves.
 _USED_GATES: Final = ", ".join(
     f"CASE WHEN {module.USES} THEN '{name}' END"
     for name, module in _MODULES.items()
@@ -454,7 +479,9 @@ WITH {_HANDLERS}, locked AS (
       AND j.key IS NULL AND j.key_seq IS NULL AND j.resource IS NULL
       AND j.expires_at IS NULL AND j.rate_limit IS NULL AND t.rate_limit IS NULL
       AND j.weight IS NULL
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.queue = j.queue AND q.paused)
+      -- (a queue's limit is read from the row of the queue read for its pause)
+      AND NOT EXISTS (SELECT 1 FROM queues AS q
+                      WHERE q.queue = j.queue AND (q.paused OR {queue_limit.PLAIN_SKIP}))
       AND (j.tenant IS NULL OR NOT EXISTS (
                SELECT 1 FROM tenant_limits AS d
                WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
@@ -487,6 +514,8 @@ SELECT 'full', ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN types AS t ON t.job_type = j.job_type
+-- (its queue's row, once, for its limit: queue_limit.USES)
+LEFT JOIN queues AS q ON q.queue = j.queue
 WHERE ids.job_id NOT IN (SELECT job_id FROM claimed)
 """
 
@@ -566,12 +595,15 @@ def _finish(lock: str, held: frozenset[str]) -> str:
             ("key", key),
             ("resource", resource),
             ("concurrency", concurrency),
+            ("queue_limit", queue_limit),
             ("weight", weight),
         )
         if name not in held
     )
     # (only a lease that holds a slot of its limit has one to clear)
     released = "\n        limit_held = false," if "concurrency" in held else ""
+    if "queue_limit" in held:
+        released += "\n        queue_limit_held = false,"
     only_fit = f"\n    WHERE NOT ({unfit})" if unfit else ""
     left = f"CASE WHEN {unfit} THEN 'full' ELSE 'LOCKED' END" if unfit else "'LOCKED'"
     return f"""
@@ -700,6 +732,7 @@ WITH h AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         finished_at = CASE WHEN g.state = 'QUEUED' THEN NULL ELSE statement_timestamp() END,
         updated_at = now()
     FROM giving AS g
@@ -751,6 +784,7 @@ WITH expired AS (
         lease_expires_at = NULL,
         holds_slot = false,
         limit_held = false,
+        queue_limit_held = false,
         last_error_code = 'LEASE_EXPIRED',
         last_error_message = 'the lease of ' || e.worker || ' expired without a report',
         finished_at = CASE WHEN e.state = 'RETRY_WAIT' THEN NULL ELSE statement_timestamp() END,

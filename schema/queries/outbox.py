@@ -524,7 +524,7 @@ RETURNING o.job_id
 JOB_WAKE_ORPHANS: Final = f"""
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
-           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource
+           j.delay_reason, j.key, j.key_limit, j.key_seq, j.resource, j.weight
     FROM jobs AS j
     WHERE j.job_id > %(after)s::uuid
     ORDER BY j.job_id
@@ -564,10 +564,18 @@ WITH slice AS MATERIALIZED (
                                            '{DelayReason.RESOURCE_UNCERTAIN}'), false)
                AND s.resource IN (SELECT h.resource FROM resource_holds AS h))
       -- and one waiting for its type's concurrency limit, by the end of a lease of
-      -- its type, while the limit is full
+      -- its type, while the limit has fewer free slots than it weighs (woken for
+      -- one, a heavy job would be turned down again on every pass)
       AND NOT (s.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
                AND EXISTS (SELECT 1 FROM concurrency_limits AS c
-                           WHERE c.job_type = s.job_type AND c.running >= c.max_running))
+                           WHERE c.job_type = s.job_type
+                             AND c.max_running - c.running < COALESCE(s.weight, 1)))
+      -- and one waiting for its queue's concurrency limit, likewise (a limit removed,
+      -- max_running NULL, holds nothing back)
+      AND NOT (s.delay_reason = '{DelayReason.QUEUE_CONCURRENCY_LIMIT}'
+               AND EXISTS (SELECT 1 FROM queue_limits AS c
+                           WHERE c.queue = s.queue
+                             AND c.max_running - c.running < COALESCE(s.weight, 1)))
     RETURNING job_id, queue
 )
 SELECT 'woken' AS kind, job_id, queue, NULL::int AS read FROM woken

@@ -1,0 +1,104 @@
+"""A queue's concurrency limit held across real consumer processes: two consumers
+draining a limited queue of two job types never run more than its limit at once
+(sampled from PostgreSQL while they drain, and from the handlers' own clock), though
+only the first declared it; and a holder killed with SIGKILL gives its slots back
+once its leases expire, so the jobs waiting for them run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+from sqlalchemy import Engine
+
+from hybrid_jobs.outbox import NewJob
+from tests.apps.queue_limit import LIMIT, MOST_AT_ONCE, QUEUE, RUNS_TABLE
+from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
+from tests.support.processes import running
+
+APP = ["--app", "tests.apps.queue_limit"]
+DECLARED = [*APP, "--queue-limit", f"{QUEUE}={LIMIT}"]
+
+_LEASED = (
+    "SELECT count(*) FROM jobs"
+    f" WHERE queue = '{QUEUE}' AND state IN ('RUNNING', 'CANCEL_REQUESTED')"
+)
+
+
+def _one(pg: psycopg.Connection, sql: str) -> int:
+    row = pg.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_two_consumers_never_run_more_of_the_queue_than_its_limit_at_once(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    pg.execute(RUNS_TABLE)
+    limited = 30
+    with (
+        running("relay", [], env, "relay.started"),
+        running("consumer", [*DECLARED, "--concurrency", "8"], env, "consumer.started"),
+        # the second names no limit: the one recorded holds it all the same
+        running("consumer", [*APP, "--concurrency", "8"], env, "consumer.started"),
+    ):
+        enqueue_many(
+            engine,
+            [
+                NewJob("report" if i % 2 else "chart", {"seconds": 0.3}, queue=QUEUE)
+                for i in range(limited)
+            ]
+            + [NewJob("free", {}) for _ in range(20)],
+        )
+        most = held_most = 0
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            most = max(most, _one(pg, _LEASED))
+            held_most = max(
+                held_most, _one(pg, "SELECT COALESCE(max(running), 0) FROM queue_limits")
+            )
+            if _one(pg, "SELECT count(*) FROM jobs WHERE state = 'SUCCEEDED'") == limited + 20:
+                break
+            time.sleep(0.02)
+        asyncio.run(wait_until_all(pg, "SUCCEEDED", limited + 20, timeout=30))
+    assert 1 <= most <= LIMIT, most
+    assert held_most <= LIMIT, held_most
+    assert 1 <= _one(pg, MOST_AT_ONCE) <= LIMIT
+    assert _one(pg, f"SELECT running FROM queue_limits WHERE queue = '{QUEUE}'") == 0
+    # each ran once: waiting for the limit spent no attempt
+    assert _one(pg, "SELECT max(attempt_count) FROM jobs") == 1
+    assert _one(pg, "SELECT count(*) FROM jobs WHERE queue_limit_held") == 0
+
+
+def test_a_holder_killed_gives_its_queue_slots_back_when_its_leases_expire(
+    engine: Engine, pg: psycopg.Connection, env: dict[str, str]
+) -> None:
+    pg.execute(RUNS_TABLE)
+    short = ["--lease-seconds", "3", "--heartbeat-seconds", "1", "--concurrency", "8"]
+    relay = ["--sweep-interval", "0.5", "--rewake-interval", "3"]
+    with running("relay", relay, env, "relay.started"):
+        with running("consumer", [*DECLARED, *short], env, "consumer.started") as killed:
+            holders = [
+                enqueue(engine, "report", {"hang_once": True}, queue=QUEUE) for _ in range(LIMIT)
+            ]
+            asyncio.run(until(lambda: _one(pg, _LEASED) == LIMIT, "the holders run", timeout=60))
+            waiting = [enqueue(engine, "chart", {"seconds": 0.05}, queue=QUEUE) for _ in range(2)]
+            asyncio.run(
+                until(
+                    lambda: all(
+                        job(pg, w)["delay_reason"] == "QUEUE_CONCURRENCY_LIMIT" for w in waiting
+                    ),
+                    "the others are turned down for the queue's limit",
+                    timeout=60,
+                )
+            )
+            killed.kill()
+        with running("consumer", [*APP, *short], env, "consumer.started"):
+            asyncio.run(wait_until_all(pg, "SUCCEEDED", LIMIT + 2, timeout=120))
+    for w in waiting:
+        assert job(pg, w)["attempt_count"] == 1
+    for h in holders:
+        # the killed lease cost an attempt, as any lost lease does
+        assert job(pg, h)["attempt_count"] == 2
+    assert _one(pg, f"SELECT running FROM queue_limits WHERE queue = '{QUEUE}'") == 0
