@@ -49,7 +49,7 @@ def test_two_consumers_never_run_more_of_the_queue_than_its_limit_at_once(
                 NewJob("report" if i % 2 else "chart", {"seconds": 0.3}, queue=QUEUE)
                 for i in range(limited)
             ]
-            + [NewJob("free", {}) for _ in range(20)],
+            + [NewJob("unlimited", {}) for _ in range(20)],
         )
         most = held_most = 0
         deadline = time.monotonic() + 180

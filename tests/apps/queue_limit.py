@@ -79,6 +79,6 @@ async def chart(job: consumers.Job) -> None:
     await _run(job)
 
 
-@consumers.handler("free")
-async def free(job: consumers.Job) -> None:
+@consumers.handler("unlimited")
+async def unlimited(job: consumers.Job) -> None:
     await asyncio.sleep(float((job.payload or {}).get("seconds", 0.01)))
