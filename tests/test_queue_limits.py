@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.async_api import expect
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
@@ -37,6 +38,8 @@ from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from hybrid_jobs.plumbing.db import Native
 from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
+from tests.support.api import api_client
+from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
 from tests.support.jobs import enqueue, job
 from tests.support.metrics import scrape_once
 from tests.support.processes import BIN, jobctl, jobctl_env
@@ -526,6 +529,65 @@ def test_jobctl_limits_shows_sets_and_removes_a_queues_limit(
         "limits", "--set-queue", f"{QUEUE}=3", "--remove-queue", QUEUE, url=db_url, cwd=tmp_path
     )
     assert both.returncode != 0 and "both name" in both.stderr
+
+
+async def test_the_api_and_the_dashboard_show_set_and_remove_a_queues_limit(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl, tmp_path: Path
+) -> None:
+    _, waiting = _waiting_for_the_limit(engine, pg, 3)
+    async with api_client(db_url) as client:
+        shown = (await client.get("/v1/limits")).json()["queue_limits"]
+        assert [(c["queue"], c["limit"], c["running"], c["waiting"]) for c in shown] == [
+            (QUEUE, 2, 2, 3)
+        ]
+        # Raised by one: the oldest waiter is woken for the slot, and the API names
+        # who set it.
+        raised = await client.put(f"/v1/queues/{QUEUE}/limit", json={"limit": 3})
+        assert raised.status_code == 200, raised.text
+        assert raised.json()["limit"] == 3
+        assert raised.json()["updated_by"].startswith("api")
+        assert [_pending(pg, w) for w in waiting] == [1, 0, 0]
+        for bad in ({"limit": 0}, {"limit": 1.5}, {"limit": 3, "extra": 1}, {}):
+            refused = await client.put(f"/v1/queues/{QUEUE}/limit", json=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+        created = await client.put("/v1/queues/mail/limit", json={"limit": 5})
+        assert created.status_code == 201, created.text
+        # Removed: every waiter is woken, and a second removal finds none.
+        assert (await client.delete(f"/v1/queues/{QUEUE}/limit")).status_code == 204
+        assert [_pending(pg, w) for w in waiting] == [1, 1, 1]
+        assert (await client.delete(f"/v1/queues/{QUEUE}/limit")).status_code == 404
+        assert (await client.delete("/v1/queues/mail/limit")).status_code == 204
+        unauthorised = await client.put(
+            "/v1/queues/mail/limit", json={"limit": 5}, headers={"Authorization": ""}
+        )
+        assert unauthorised.status_code == 401
+    assert _queue_limits(pg) == []
+
+    # Recorded again (a consumer starting with --queue-limit): the leases that held
+    # its slots before the removal still count.
+    _record(pg)
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed")
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base)
+        await page.get_by_role("link", name="Keys & limits").click()
+        row = page.locator(f"[data-testid=queue-limit-row][data-queue={QUEUE}]")
+        await expect(row.locator("td").nth(0)).to_have_text("2 / 2")
+        await expect(row.get_by_test_id("limit-waiting")).to_have_text("3")
+        await expect(row).to_contain_text("w0")
+        await page.screenshot(path=str(tmp_path / "queue-limits.png"), full_page=True)
+        await row.get_by_role("link", name=QUEUE).click()
+        await expect(page).to_have_url(f"{served.base}/jobs?queue={QUEUE}")
+
+
+def _queue_limits(pg: psycopg.Connection) -> list[tuple[str, int]]:
+    """The queues with a limit, as the list shows them (a removed one's row is kept,
+    without a limit, for the leases still holding its slots)."""
+    rows = pg.execute(
+        "SELECT queue, max_running FROM queue_limits WHERE max_running IS NOT NULL"
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
 
 
 async def test_the_metrics_count_the_jobs_waiting_for_a_queue_limit(

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from hybrid_jobs import defaults
 from hybrid_jobs.jobctl.service.models import ScheduleView, TenantView, WorkerView
 from hybrid_jobs.outbox.validation import (
     MAX_ATTEMPTS_LIMIT,
@@ -268,6 +269,15 @@ class TenantLimits(BaseModel):
     runners: Literal["shared", "dedicated"] = "shared"
     """"dedicated": only consumers started with `--tenant` naming it take its jobs
     (they wait as NO_AUTHORIZED_RUNNER while none is live); "shared": any."""
+
+
+class QueueLimitRequest(BaseModel):
+    """A queue's concurrency limit, across every consumer."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    limit: int = Field(ge=1, le=defaults.MAX_QUEUE_LIMIT)
+    """At most this many of the queue's jobs hold a lease at once."""
 
 
 class RetryRequest(BaseModel):

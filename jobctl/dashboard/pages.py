@@ -278,6 +278,7 @@ async def keys(request: Request, looker: Looker) -> Response:
         now=now,
         rate_limits=limits.rate_limits,
         concurrency_limits=limits.concurrency_limits,
+        queue_limits=limits.queue_limits,
         resources=held,
     )
 

@@ -29,7 +29,8 @@ What a dashboard needs, and where it is:
 - schedules: :func:`list_schedules`, :func:`pause_schedule`,
   :func:`resume_schedule`, :func:`trigger_schedule`;
 - tenants: :func:`list_tenants`, :func:`set_tenant`;
-- limits: :func:`list_limits` (rate limits, the job types' concurrency limits);
+- limits: :func:`list_limits` (rate limits, the concurrency limits of job types
+  and of queues), :func:`set_queue_limit`, :func:`remove_queue_limit`;
 - keys: :func:`list_keys` (busy keys and their holders, keys a failed strict head
   holds);
 - workers: :func:`list_workers`; health: :func:`readiness`.
@@ -76,7 +77,11 @@ if TYPE_CHECKING:
         retry_matching,
     )
     from hybrid_jobs.jobctl.service.keys import list_keys
-    from hybrid_jobs.jobctl.service.limits import list_limits
+    from hybrid_jobs.jobctl.service.limits import (
+        list_limits,
+        remove_queue_limit,
+        set_queue_limit,
+    )
     from hybrid_jobs.jobctl.service.models import jsonable
     from hybrid_jobs.jobctl.service.queues import pause_queue, resume_queue, stats
     from hybrid_jobs.jobctl.service.schedules import (
@@ -130,6 +135,8 @@ _MODULES: dict[str, str] = {
     "retry_matching": "jobs",
     "list_keys": "keys",
     "list_limits": "limits",
+    "remove_queue_limit": "limits",
+    "set_queue_limit": "limits",
     "jsonable": "models",
     "pause_queue": "queues",
     "resume_queue": "queues",
@@ -188,11 +195,13 @@ __all__ = [
     "redact_input",
     "refusal",
     "reject_job",
+    "remove_queue_limit",
     "resume_queue",
     "resume_schedule",
     "retry_jobs",
     "retry_matching",
     "retry_webhook_call",
+    "set_queue_limit",
     "set_tenant",
     "stats",
     "trigger_schedule",

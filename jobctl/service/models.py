@@ -738,12 +738,33 @@ class ConcurrencyLimitView:
 
 
 @dataclass(frozen=True)
+class QueueLimitView:
+    __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
+
+    queue: str
+    limit: int
+    """At most this many of the queue's jobs hold a lease at once, across every
+    consumer, whatever their types."""
+    running: int
+    """Slots held now (a job of weight N holds N)."""
+    waiting: int
+    """Jobs turned down for the limit that wait for a slot
+    (QUEUE_CONCURRENCY_LIMIT), counted up to 10,000."""
+    updated_at: datetime
+    updated_by: str
+    """Who wrote the limit last: a consumer started with --queue-limit, or an
+    operator."""
+
+
+@dataclass(frozen=True)
 class Limits:
     __pydantic_config__: ClassVar[ConfigDict] = _DOCUMENTED
 
     rate_limits: tuple[RateLimitView, ...]
     concurrency_limits: tuple[ConcurrencyLimitView, ...]
     """Per job type, by name."""
+    queue_limits: tuple[QueueLimitView, ...]
+    """Per queue, by name."""
 
 
 def jsonable(value: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import shutil
 import subprocess
 import tempfile
 import time
@@ -106,7 +107,7 @@ class _Browser:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
-        self._profile: tempfile.TemporaryDirectory[str] | None = None
+        self._profile: str | None = None
         self._endpoint = ""
         atexit.register(self.stop)
 
@@ -115,14 +116,14 @@ class _Browser:
         if self._proc is not None and self._proc.poll() is None:
             return self._endpoint
         self.stop()
-        self._profile = tempfile.TemporaryDirectory(prefix="hj-chromium-")
+        self._profile = tempfile.mkdtemp(prefix="hj-chromium-")
         port = free_port()
         self._proc = subprocess.Popen(
             [
                 str(CHROMIUM),
                 *CHROMIUM_ARGS,
                 f"--remote-debugging-port={port}",
-                f"--user-data-dir={self._profile.name}",
+                f"--user-data-dir={self._profile}",
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
@@ -142,11 +143,16 @@ class _Browser:
 
     def stop(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
             self._proc = None
         if self._profile is not None:
-            self._profile.cleanup()
+            # Chromium's helper processes may still be writing to it as they go.
+            shutil.rmtree(self._profile, ignore_errors=True)
             self._profile = None
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from hybrid_jobs.jobctl.api.guards import GuardedRoute, may_read, may_write
 from hybrid_jobs.jobctl.api.models import (
+    QueueLimitRequest,
     QueueName,
     ScheduleList,
     ScheduleName,
@@ -27,8 +28,10 @@ from hybrid_jobs.jobctl.service import (
     list_workers,
     pause_queue,
     pause_schedule,
+    remove_queue_limit,
     resume_queue,
     resume_schedule,
+    set_queue_limit,
     set_tenant,
     stats,
     trigger_schedule,
@@ -36,6 +39,7 @@ from hybrid_jobs.jobctl.service import (
 from hybrid_jobs.jobctl.service.models import (
     JobView,
     Limits,
+    QueueLimitView,
     QueueState,
     ScheduleView,
     Stats,
@@ -191,11 +195,53 @@ async def put_tenant(
 
 @_reads("/limits", Limits, "limits", "Rate and concurrency limits")
 async def limits(request: Request) -> Limits:
-    """Every rate limit with its bucket now, and every job type's concurrency limit
-    (a handler's global_limit) with the slots its leases hold and the jobs waiting
-    for one. Reads the limits' rows and the waiting jobs' partial index only."""
+    """Every rate limit with its bucket now, and every concurrency limit, of a job
+    type (a handler's global_limit) and of a queue, with the slots its leases hold
+    and the jobs waiting for one. Reads the limits' rows and the waiting jobs'
+    partial indexes only."""
     async with database(request).reading() as session:
         return await list_limits(session)
+
+
+@router.put(
+    "/queues/{queue}/limit",
+    response_model=QueueLimitView,
+    dependencies=[Depends(may_write)],
+    responses=responses(
+        *WITH_BODY,
+        ok_201={"model": QueueLimitView, "description": "The queue had no limit: set."},
+    ),
+    tags=["limits"],
+    summary="Set a queue's concurrency limit",
+)
+async def put_queue_limit(
+    queue: QueueInPath, body: QueueLimitRequest, request: Request, response: Response
+) -> QueueLimitView:
+    """At most `limit` of the queue's jobs hold a lease at once, across every
+    consumer: 200, or 201 when it had none. A raised limit wakes as many waiting
+    jobs as it has new slots; a lowered one stops nothing running. A consumer
+    started later with its own `--queue-limit` for the queue writes over it."""
+    async with database(request).writing() as session:
+        found, created = await set_queue_limit(session, queue, body.limit, by=actor(request))
+    if created:
+        response.status_code = 201
+    return found
+
+
+@router.delete(
+    "/queues/{queue}/limit",
+    status_code=204,
+    dependencies=[Depends(may_write)],
+    responses=responses(401, 403, 404, 422, 503),
+    tags=["limits"],
+    summary="Remove a queue's concurrency limit",
+)
+async def delete_queue_limit(queue: QueueInPath, request: Request) -> Response:
+    """Every job waiting for it is woken; 404 when the queue had none. A consumer
+    started later with `--queue-limit` for the queue sets one again."""
+    async with database(request).writing() as session:
+        await remove_queue_limit(session, queue)
+    return Response(status_code=204)
 
 
 @_reads("/workers", WorkerList, "workers", "Consumers")
