@@ -47,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -670,13 +671,19 @@ class GateMachine(RuleBasedStateMachine):
         assert passed_over == [], "a free key or resource woke only a job of a paused queue"
 
 
+@pytest.mark.parametrize(
+    "examples",
+    # Each example runs up to 40 steps against PostgreSQL, every invariant read after
+    # each: the default suite's share, and a deeper search in ./scripts/test-soak.
+    [pytest.param(20, id="quick"), pytest.param(150, id="deep", marks=pytest.mark.soak)],
+)
 def test_the_gates_hold_together_under_arbitrary_interleavings_and_races(
-    db_url: DatabaseUrl,
+    db_url: DatabaseUrl, examples: int
 ) -> None:
     run_state_machine_as_test(
         lambda: GateMachine(db_url),
         settings=settings(
-            max_examples=30,
+            max_examples=examples,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
