@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -163,11 +164,17 @@ def _jobctl_here(
 
     def invoke() -> None:
         before = os.getcwd()
+        # A command that logs (`jobctl doctor`) sets the root logger up for itself,
+        # as a process of its own would: it is put back for the tests that follow.
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
         os.chdir(cwd)
         try:
             done.append(CliRunner().invoke(main, args, env=changes, prog_name="jobctl"))
         finally:
             os.chdir(before)
+            root.handlers[:] = handlers
+            root.setLevel(level)
 
     thread = threading.Thread(target=invoke, name="jobctl")
     thread.start()
