@@ -585,18 +585,33 @@ class GateMachine(RuleBasedStateMachine):
                   AND w.delay_reason IS DISTINCT FROM 'QUEUE_CONCURRENCY_LIMIT'"""
         )
         assert stranded == [], "a job without a key or resource waits with no wake-up"
-        # one turned down for its type's concurrency limit while it has fewer free
-        # slots than the job weighs: the end of a lease of its type wakes it (and with
-        # it the turn of its key or resource)
-        limited = """((w.delay_reason = 'CONCURRENCY_LIMIT'
-                        AND EXISTS (SELECT 1 FROM concurrency_limits AS c
-                                    WHERE c.job_type = w.job_type
-                                      AND c.max_running - c.running < COALESCE(w.weight, 1)))
+        # one turned down for its type's (or its queue's) concurrency limit while it
+        # has fewer free slots than the job weighs: the end of a lease of its type (or
+        # queue) wakes it, and with it the turn of its key or resource. Or one behind
+        # an older waiter of the same limit that has been woken for the free slots:
+        # a limit's waiters are woken oldest first, whatever they weigh, so that one
+        # takes the turn and its end hands it on (the limits' own checks below hold
+        # a limit with room to having a job on its way).
+        ahead = woken.replace("w.job_id", "x.job_id")
+        limited = f"""((w.delay_reason = 'CONCURRENCY_LIMIT'
+                        AND (EXISTS (SELECT 1 FROM concurrency_limits AS c
+                                     WHERE c.job_type = w.job_type
+                                       AND c.max_running - c.running < COALESCE(w.weight, 1))
+                             OR EXISTS (SELECT 1 FROM jobs AS x
+                                        WHERE x.job_type = w.job_type AND x.job_id < w.job_id
+                                          AND x.state IN ('QUEUED', 'RETRY_WAIT')
+                                          AND x.delay_reason = 'CONCURRENCY_LIMIT'
+                                          AND {ahead})))
                        OR (w.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
-                           AND EXISTS (SELECT 1 FROM queue_limits AS c
-                                       WHERE c.queue = w.queue
-                                         AND c.max_running - c.running
-                                             < COALESCE(w.weight, 1))))"""
+                           AND (EXISTS (SELECT 1 FROM queue_limits AS c
+                                        WHERE c.queue = w.queue
+                                          AND c.max_running - c.running
+                                              < COALESCE(w.weight, 1))
+                                OR EXISTS (SELECT 1 FROM jobs AS x
+                                           WHERE x.queue = w.queue AND x.job_id < w.job_id
+                                             AND x.state IN ('QUEUED', 'RETRY_WAIT')
+                                             AND x.delay_reason = 'QUEUE_CONCURRENCY_LIMIT'
+                                             AND {ahead}))))"""
         limits = self._all(
             f"""SELECT c.job_type FROM concurrency_limits AS c
                 WHERE c.running < c.max_running
