@@ -7,8 +7,6 @@ job of no limited type pays for none of it. Each test names what it guards."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +30,7 @@ from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 from tests.support.api import api_client
 from tests.support.dashboard import CHROMIUM, chromium, dashboard_served, sign_in
+from tests.support.interleave import waits_behind
 from tests.support.jobs import enqueue, job
 from tests.support.metrics import scrape_once
 from tests.support.processes import jobctl
@@ -464,30 +463,17 @@ def test_a_waiter_turned_down_while_a_slot_was_being_given_back_is_woken(
     late = enqueue(engine, "capped")
     _sent(pg, [late])
     generation = job(pg, holders[0])["lease_generation"]
-    with psycopg.connect(db_url.conninfo, autocommit=True) as claimer:
-        claimer.execute("BEGIN")
+
+    def turned_down(claimer: psycopg.Connection) -> None:
         assert _claim(claimer, [late], "w2") == {late: "CONCURRENCY_LIMIT"}
-        ending: list[Any] = []
-        with psycopg.connect(db_url.conninfo, autocommit=True) as ender:
-            ender_pid = ender.info.backend_pid
-            worker = threading.Thread(
-                target=lambda: ending.extend(
-                    ender.execute(
-                        q.JOB_FINISH_MANY,
-                        finish_params("w1", [(holders[0], generation, Outcome.succeeded())]),
-                    ).fetchall()
-                )
-            )
-            worker.start()
-            deadline = time.monotonic() + 30
-            while not pg.execute(
-                "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", [ender_pid]
-            ).fetchone():
-                assert time.monotonic() < deadline, "the end of the lease never waited"
-                time.sleep(0.02)
-            claimer.execute("COMMIT")
-            worker.join(30)
-            assert not worker.is_alive()
+
+    ending = waits_behind(
+        db_url,
+        pg,
+        turned_down,
+        q.JOB_FINISH_MANY,
+        finish_params("w1", [(holders[0], generation, Outcome.succeeded())]),
+    )
     assert [row[1] for row in ending] == ["SUCCEEDED"]
     assert _running(pg) == 1
     assert _pending(pg, late) == 1, "the slot came back: the job turned down for it is woken"
