@@ -35,7 +35,8 @@ from harness.claim import claim_params
 from hybrid_jobs import outbox
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.consumers.store import finish_params
-from hybrid_jobs.plumbing.db import CONTROL_OPTIONS
+from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.plumbing.db import CONTROL_OPTIONS, with_url_options
 from hybrid_jobs.schema import queries as q
 
 # The consumer's own options, the planner made to use one plan without the values
@@ -44,13 +45,16 @@ FORCED_GENERIC = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
 
 
 def measure(
-    conninfo: str, options: str, ids: list[uuid.UUID], batch: int, statement: str
+    db: DatabaseUrl, options: str, ids: list[uuid.UUID], batch: int, statement: str
 ) -> dict[str, float]:
     """Claim ``ids`` ``batch`` at a time on one connection as the consumer's pool
     makes them (autocommit, prepared after a few executions): each claim is a real
     one, committed, of jobs no earlier try took."""
     walls = []
-    with psycopg.connect(conninfo, options=options, autocommit=True) as conn:
+    # given options replace the URL's, which name the instance's schema: keep both
+    with psycopg.connect(
+        db.conninfo, options=with_url_options(db, options), autocommit=True
+    ) as conn:
         for start in range(0, len(ids) - batch + 1, batch):
             chosen = ids[start : start + batch]
             started = time.perf_counter()
@@ -68,12 +72,14 @@ def measure(
 
 
 def measure_outcomes(
-    conninfo: str, held: list[tuple[uuid.UUID, int]], batch: int, statement: str
+    db: DatabaseUrl, held: list[tuple[uuid.UUID, int]], batch: int, statement: str
 ) -> dict[str, float]:
     """Record the success of ``held`` leases (job id, generation) ``batch`` at a
     time, as the consumer's pool runs the outcome: each a real one, committed."""
     walls = []
-    with psycopg.connect(conninfo, options=CONTROL_OPTIONS, autocommit=True) as conn:
+    with psycopg.connect(
+        db.conninfo, options=with_url_options(db, CONTROL_OPTIONS), autocommit=True
+    ) as conn:
         for start in range(0, len(held) - batch + 1, batch):
             chosen = [(i, g, Outcome.succeeded()) for i, g in held[start : start + batch]]
             started = time.perf_counter()
@@ -113,9 +119,7 @@ def main() -> None:
                 for n in (1, 50):
                     first = next(slices)
                     chosen = ids[first : first + min(args.repeat * n, args.jobs // 8)]
-                    report[f"{claim}_{mode}_batch_{n}"] = measure(
-                        db.conninfo, options, chosen, n, statement
-                    )
+                    report[f"{claim}_{mode}_batch_{n}"] = measure(db, options, chosen, n, statement)
         # keyed jobs (a key each, so every one may run): by the whole claim, and by
         # the claim composed of the key's gate alone, which the consumer runs for them
         with committing(db) as session:
@@ -134,7 +138,7 @@ def main() -> None:
                 first = next(parts)
                 chosen = keyed[first : first + min(args.repeat * n, len(keyed) // 4)]
                 report[f"{claim}_consumer_batch_{n}"] = measure(
-                    db.conninfo, CONTROL_OPTIONS, chosen, n, statement
+                    db, CONTROL_OPTIONS, chosen, n, statement
                 )
         # the outcomes of the jobs the plain claim took, by each outcome statement
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
@@ -151,9 +155,7 @@ def main() -> None:
         ):
             for n in (1, 50):
                 leases = [next(held) for _ in range(min(per, args.repeat * n))]
-                report[f"outcome_{outcome}_batch_{n}"] = measure_outcomes(
-                    db.conninfo, leases, n, statement
-                )
+                report[f"outcome_{outcome}_batch_{n}"] = measure_outcomes(db, leases, n, statement)
     print(json.dumps(report, indent=2))
 
 
