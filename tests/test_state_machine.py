@@ -567,6 +567,7 @@ class JobMachine(RuleBasedStateMachine):
                         "window": window,
                         "min_window": 1,
                         "worker_ttl": 60,
+                        "bulk": 1000,
                     },
                 )
             )

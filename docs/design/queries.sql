@@ -2454,7 +2454,7 @@ WHERE q.queue IS NOT NULL
 -- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
 -- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
--- Parameters: limit, min_window, queue, window, worker_ttl.
+-- Parameters: bulk, limit, min_window, queue, window, worker_ttl.
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
     SELECT pg_try_advisory_xact_lock(
@@ -2504,22 +2504,45 @@ WITH RECURSIVE gate AS (
                          >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
-), heads AS (
-    -- 3d. each tenant with unsent wake-ups and its first one, by a skip scan of
-    -- outbox_pending_idx: one probe per tenant
+), bulk AS MATERIALIZED (
+    -- 3d1. the heads among the queue's first unsent wake-ups in tenant order (as many
+    -- as the relay asks: about four per tenant the last pass found), in one read of
+    -- outbox_pending_idx; a tenant's first row in that order is its head. Where
+    -- tenants have few wake-ups each, a row read costs a small part of a probe.
+    -- Kept too: the last row, when the read returned all it asked for (it was cut
+    -- short there). The windows follow the read's order: no sort.
+    SELECT b.tenant, b.priority, b.available_at, b.id, b.head, b.k
+    FROM (SELECT r.tenant, r.priority, r.available_at, r.id,
+                 r.tenant IS DISTINCT FROM lag(r.tenant) OVER w AS head,
+                 row_number() OVER w AS k
+          FROM (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+                WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+                ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+                LIMIT %(bulk)s::int) AS r
+          WINDOW w AS (ORDER BY r.tenant, r.priority DESC, r.available_at, r.id)) AS b
+    WHERE b.head OR b.k = %(bulk)s::int
+), probed AS (
+    -- 3d2. the tenants after the last one a cut read reached (its head it found), by
+    -- a skip scan of outbox_pending_idx: one probe per tenant
     (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
-     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+     WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+       AND o.tenant > (SELECT tenant FROM bulk WHERE k = %(bulk)s::int)
      ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
      LIMIT 1)
     UNION ALL
     SELECT nx.tenant, nx.priority, nx.available_at, nx.id
-    FROM heads AS h
+    FROM probed AS h
     CROSS JOIN LATERAL (
         SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
         WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > h.tenant
         ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
         LIMIT 1
     ) AS nx
+), heads AS (
+    -- 3d. each tenant with unsent wake-ups and its first one
+    SELECT tenant, priority, available_at, id FROM bulk WHERE head
+    UNION ALL
+    SELECT tenant, priority, available_at, id FROM probed
 ), inflight AS (
     -- 3e. each tenant's wake-ups in flight
     SELECT i.tenant, count(*)::int AS n
@@ -2716,7 +2739,7 @@ WITH RECURSIVE gate AS (
 )
 -- 5. the sent wake-ups in turn, then the summary row (id NULL)
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
-       s.turn
+       s.turn, NULL::int AS tenants
 FROM sent AS s
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
@@ -2726,7 +2749,9 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
                          WHERE o.queue = %(queue)s AND o.sent_at IS NULL
                            AND o.available_at <= now())
        END,
-       NULL;
+       NULL,
+       -- the tenants with a backlog, when the pass read them (the next pass's read)
+       CASE WHEN (SELECT yes FROM looking) THEN (SELECT count(*) FROM heads)::int END;
 
 -- name: OUTBOX_SETTLE
 -- Run by relay.maintenance:sweep_expired to delete the sent wake-ups whose job has been

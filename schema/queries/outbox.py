@@ -203,16 +203,20 @@ def _horizon(candidates: str) -> str:
 #    the passes and the clock on, and note per tenant why wake-ups were held back
 #    (QUEUE_PAUSED, TENANT_CAP, WINDOW, FAIR_SHARE), only when that changed.
 #
-# What a pass reads is bounded by the room it fills, plus one index probe per
-# tenant with a backlog:
+# What a pass reads is bounded by the room it fills, plus, per tenant with a
+# backlog, one index probe or, where tenants have few wake-ups each, a few index
+# rows:
 #
 # - with no room (a full window, an ongoing pause) or without the lock it reads no
 #   tenant at all. The tenants' reasons stay as the last pass with room left them,
 #   except that the start and the end of a pause are noted for every tenant (the
 #   clock row remembers whether the queue was paused, to tell);
-# - one probe per tenant finds its first due wake-up (the skip scan returns each
-#   tenant's first unsent one, which is it unless that one is not due yet), and the
-#   in-flight wake-ups are counted per tenant once;
+# - each tenant's first unsent wake-up is its first due one unless that one is not
+#   due yet. They are found by one read of the queue's first unsent wake-ups in
+#   tenant order, as many as the relay asks for (about four per tenant the last
+#   pass found: a pass reads about as many rows as a probe per tenant would cost,
+#   or fewer), and past where that read was cut short, by a skip scan (one probe
+#   per tenant). The in-flight wake-ups are counted per tenant once;
 # - only the tenants whose first due wake-up would go first can be sent anything:
 #   a tenant's first wake-up goes before its others, so `room` tenants whose first
 #   ones go before a tenant's first leave it nothing. At most `room` tenants
@@ -227,8 +231,9 @@ def _horizon(candidates: str) -> str:
 #
 # Returns the sent wake-ups with their turn (1 goes first: the order above, which
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
-# then one summary row (id NULL): the room there was, whether the lock was had, and
-# whether due wake-ups were held back.
+# then one summary row (id NULL): the room there was, whether the lock was had,
+# whether due wake-ups were held back, and how many tenants had a backlog (when
+# the pass read them).
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
@@ -279,22 +284,45 @@ WITH RECURSIVE gate AS (
                          >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
-), heads AS (
-    -- 3d. each tenant with unsent wake-ups and its first one, by a skip scan of
-    -- outbox_pending_idx: one probe per tenant
+), bulk AS MATERIALIZED (
+    -- 3d1. the heads among the queue's first unsent wake-ups in tenant order (as many
+    -- as the relay asks: about four per tenant the last pass found), in one read of
+    -- outbox_pending_idx; a tenant's first row in that order is its head. Where
+    -- tenants have few wake-ups each, a row read costs a small part of a probe.
+    -- Kept too: the last row, when the read returned all it asked for (it was cut
+    -- short there). The windows follow the read's order: no sort.
+    SELECT b.tenant, b.priority, b.available_at, b.id, b.head, b.k
+    FROM (SELECT r.tenant, r.priority, r.available_at, r.id,
+                 r.tenant IS DISTINCT FROM lag(r.tenant) OVER w AS head,
+                 row_number() OVER w AS k
+          FROM (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+                WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+                ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+                LIMIT %(bulk)s::int) AS r
+          WINDOW w AS (ORDER BY r.tenant, r.priority DESC, r.available_at, r.id)) AS b
+    WHERE b.head OR b.k = %(bulk)s::int
+), probed AS (
+    -- 3d2. the tenants after the last one a cut read reached (its head it found), by
+    -- a skip scan of outbox_pending_idx: one probe per tenant
     (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
-     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+     WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+       AND o.tenant > (SELECT tenant FROM bulk WHERE k = %(bulk)s::int)
      ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
      LIMIT 1)
     UNION ALL
     SELECT nx.tenant, nx.priority, nx.available_at, nx.id
-    FROM heads AS h
+    FROM probed AS h
     CROSS JOIN LATERAL (
         SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
         WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant > h.tenant
         ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
         LIMIT 1
     ) AS nx
+), heads AS (
+    -- 3d. each tenant with unsent wake-ups and its first one
+    SELECT tenant, priority, available_at, id FROM bulk WHERE head
+    UNION ALL
+    SELECT tenant, priority, available_at, id FROM probed
 ), inflight AS (
     -- 3e. each tenant's wake-ups in flight
     SELECT i.tenant, count(*)::int AS n
@@ -457,7 +485,7 @@ WITH RECURSIVE gate AS (
 )
 -- 5. the sent wake-ups in turn, then the summary row (id NULL)
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
-       s.turn
+       s.turn, NULL::int AS tenants
 FROM sent AS s
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
@@ -467,7 +495,9 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
                          WHERE o.queue = %(queue)s AND o.sent_at IS NULL
                            AND o.available_at <= now())
        END,
-       NULL
+       NULL,
+       -- the tenants with a backlog, when the pass read them (the next pass's read)
+       CASE WHEN (SELECT yes FROM looking) THEN (SELECT count(*) FROM heads)::int END
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
