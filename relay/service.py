@@ -79,7 +79,12 @@ from hybrid_jobs.relay.settings import RelaySettings
 from hybrid_jobs.relay.wake import WakeLimits, due_queues, wake_queue
 from hybrid_jobs.relay.webhooks import Deliverer
 from hybrid_jobs.schema.queries import OUTBOX_BACKLOG, WEBHOOK_DELIVERY_OWED
-from hybrid_jobs.schema.tables import INSTANCE_SCHEMA_SQL, OUTBOX_CHANNEL, channel
+from hybrid_jobs.schema.tables import (
+    INSTANCE_SCHEMA_SQL,
+    OUTBOX_CHANNEL,
+    TENANT_SLOTS_FREED,
+    channel,
+)
 
 log = logging.getLogger("relay")
 
@@ -87,6 +92,18 @@ log = logging.getLogger("relay")
 # them at most this often.
 _OWED_CHECK_SECONDS: Final = 60.0
 _OWED_WARN_SECONDS: Final = 600.0
+
+
+def nudged(payload: str, backlogged: set[str]) -> set[str] | None:
+    """The queues a notification on the outbox channel sends a drainer to; None for
+    every queue with wake-ups due (a scan for them). Its payload names queues
+    (comma-separated), or none (any), or is TENANT_SLOTS_FREED: a tenant's slot
+    freed, which matters to the queues whose last pass held wake-ups back. Under
+    tenant caps every end of a lease frees one: a scan each time cost more than the
+    decisions it led to."""
+    if payload == TENANT_SLOTS_FREED:
+        return set(backlogged) or None
+    return set(payload.split(",")) if payload else None
 
 
 @dataclass(frozen=True)
@@ -160,12 +177,13 @@ class Relay:
         self.webhooks: Deliverer | None = None
 
     def nudge(self, queues: str = "") -> None:
-        """Wake one idle drainer (one commit's wake-ups rarely need two) for these
-        queues (comma-separated; empty: any)."""
-        if queues:
-            self.hinted.update(queues.split(","))
-        else:
+        """Wake one idle drainer (one commit's wake-ups rarely need two) for the
+        queues a notification names (:func:`nudged`)."""
+        named = nudged(queues, self.backlogged)
+        if named is None:
             self.look_everywhere = True
+        else:
+            self.hinted.update(named)
         self._wake_one()
 
     def _wake_one(self) -> None:

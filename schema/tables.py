@@ -138,9 +138,11 @@ ATTEMPT_OUTCOMES = _in(
 # NOTIFY channels are per instance, "<schema>.<name>" (the schema's name cut to 48
 # characters, as the triggers cut TG_TABLE_SCHEMA: a channel name has 63 bytes at
 # most), so two instances in one database do not wake each other's listeners.
-# The outbox trigger (migration 0001) notifies OUTBOX_CHANNEL on every insert, and a
-# freed tenant slot (migration 0003) too.
+# The outbox trigger (migration 0001) notifies OUTBOX_CHANNEL on every insert (the
+# queues of the wake-ups due, comma-separated; empty: any), and a freed tenant slot
+# (migration 0003) too, with TENANT_SLOTS_FREED (migration 0035): no queue name.
 OUTBOX_CHANNEL = "outbox"
+TENANT_SLOTS_FREED = "*"
 # A job's end is announced on JOB_FINISHED_CHANNEL, its id the payload: a trigger on
 # jobs (migration 0012) notifies it whenever an update moves a job into a final
 # state, delivered at that commit (outbox.wait_for listens).
@@ -219,6 +221,7 @@ __all__ = [
     "RESOURCE_REFUSALS_SQL",
     "TAGS_PATTERN",
     "TAG_PATTERN",
+    "TENANT_SLOTS_FREED",
     "TERMINAL_SQL",
     "UNIQUE_SCOPES_SQL",
     "channel",

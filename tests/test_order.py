@@ -17,6 +17,7 @@ from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers import Registry
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema.tables import TENANT_SLOTS_FREED
 from hybrid_jobs.schema.topology import QueueType, Topology
 from tests.support.broker import collect, delete_topology, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
@@ -314,3 +315,18 @@ def test_tenant_limits_are_validated_and_read_back(engine: Engine) -> None:
     assert acme.running == 0
     with Session(engine) as session, session.begin(), pytest.raises(ValueError, match="tenant"):
         outbox.enqueue(session, "t", {}, tenant="bad tenant")
+
+
+def test_a_freed_tenant_slot_tells_the_relay_with_its_own_payload(db_url, pg) -> None:
+    """Lowering a tenant's running count notifies the relay's channel with
+    TENANT_SLOTS_FREED (not the empty payload that sends it to scan every queue);
+    raising one notifies nothing."""
+    pg.execute("INSERT INTO tenant_limits (tenant, max_running) VALUES ('acme', 5)")
+    pg.execute("INSERT INTO tenant_usage (tenant, running) VALUES ('acme', 2)")
+    with psycopg.connect(db_url.conninfo, autocommit=True) as listener:
+        listener.execute('LISTEN "public.outbox"')
+        pg.execute("UPDATE tenant_usage SET running = 3 WHERE tenant = 'acme'")
+        assert list(listener.notifies(timeout=0.3)) == []
+        pg.execute("UPDATE tenant_usage SET running = 1 WHERE tenant = 'acme'")
+        (note,) = listener.notifies(timeout=2, stop_after=1)
+    assert (note.channel, note.payload) == ("public.outbox", TENANT_SLOTS_FREED)
