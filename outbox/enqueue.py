@@ -26,6 +26,7 @@ from hybrid_jobs.outbox.validation import (
     JsonDefault,
     NewJob,
     max_payload_bytes,
+    new_job_ids,
     parent_ids,
     to_row,
     unique_fields,
@@ -98,7 +99,7 @@ class _Plan:
 
 
 def _plan(
-    jobs: Iterable[NewJob], limit: int, parents: dict[uuid.UUID, JobState] | None = None
+    jobs: Sequence[NewJob], limit: int, parents: dict[uuid.UUID, JobState] | None = None
 ) -> tuple[_Plan, list[uuid.UUID]]:
     rows: list[str] = []
     keys: list[tuple[str, str | None]] = []
@@ -111,11 +112,11 @@ def _plan(
     refs: set[uuid.UUID] = set()
     # The enqueuing code's span, once for the batch: every job of it was made there.
     trace_context = tracing.capture()
-    for job in jobs:
+    for job, new_id in zip(jobs, new_job_ids(len(jobs)), strict=True):
         if not isinstance(job, NewJob):
             raise TypeError(f"enqueue_many takes NewJob items, not {type(job).__name__}")
         edges = _edges(job, parents or {})
-        job_id, row = to_row(job, limit, trace_context, edges)
+        job_id, row = to_row(job, limit, trace_context, edges, new_id)
         tagged_or_after = tagged_or_after or bool(edges) or bool(job.tags)
         if job.debounce is not None and job.dedup_key is not None:
             debounced.pop((job.job_type, job.dedup_key), None)

@@ -39,6 +39,19 @@ def test_each_job_becomes_one_row_with_its_payload_spliced_in() -> None:
     assert plan.tenants == {"acme": 2}
 
 
+def test_a_batch_s_ids_are_time_ordered_distinct_and_ascend_in_its_order() -> None:
+    before = datetime.now(UTC)
+    _, ids = _plan([NewJob("mail", i) for i in range(5_000)], LIMIT)
+    assert len(set(ids)) == len(ids) == 5_000
+    assert ids == sorted(ids), "id order is the batch's order"
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    # the first 48 bits are the Unix milliseconds of the call
+    made = datetime.fromtimestamp((ids[0].int >> 80) / 1000, UTC)
+    assert before - timedelta(seconds=1) <= made <= datetime.now(UTC) + timedelta(seconds=1)
+    # the random bits are random: no two ids of the batch share their last 62
+    assert len({i.int & (1 << 62) - 1 for i in ids}) == len(ids)
+
+
 def test_nothing_is_planned_from_a_job_that_is_refused() -> None:
     with pytest.raises(TypeError, match="NewJob items"):
         _plan([NewJob("ok", 1), ("mail", {})], LIMIT)  # type: ignore[list-item]
