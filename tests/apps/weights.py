@@ -1,31 +1,20 @@
 """Handlers for the job weight tests: `consumer --app tests.apps.weights`.
 
-``weighed`` writes a row to ``weight_runs`` (with the job's weight and the worker)
-as it starts and stamps it as it ends, each in a connection of its own that commits
-at once, so the most slots a worker's running jobs took at once can be read from the
-handlers' own clock. ``payload.seconds``: how long it runs (while not asked to
-cancel); ``payload.hang_once``: its first run (by this table) runs for ten minutes.
+``weighed`` records its runs in ``weight_runs`` with the job's weight
+(tests/apps/recorded.py), so the most slots a worker's running jobs took at once can
+be read from the handlers' own clock.
 ``weighed_sync`` is a plain function (it runs on a thread) that sleeps
 ``payload.seconds``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from hybrid_jobs import consumers
+from tests.apps.recorded import recorded_run, runs_table
 
-RUNS_TABLE = """
-CREATE TABLE IF NOT EXISTS weight_runs (
-    job_id     uuid NOT NULL,
-    attempt    int NOT NULL,
-    worker     text NOT NULL,
-    weight     int NOT NULL,
-    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended_at   timestamptz
-)
-"""
+RUNS_TABLE = runs_table("weight_runs", "weight int NOT NULL,")
 
 # The most slots one worker's runs held at once, from the handlers' own clock (a
 # run still going counts as open-ended): at each start, the weights of that
@@ -43,30 +32,7 @@ SELECT COALESCE(max(n), 0) FROM (
 
 @consumers.handler("weighed", max_attempts=3)
 async def weighed(job: consumers.Job) -> None:
-    payload = job.payload or {}
-    async with job.connection() as conn:
-        cur = await conn.execute("SELECT count(*) FROM weight_runs WHERE job_id = %s", [job.id])
-        row = await cur.fetchone()
-        first = row is not None and row[0] == 0
-        await conn.execute(
-            "INSERT INTO weight_runs (job_id, attempt, worker, weight) VALUES (%s, %s, %s, %s)",
-            [job.id, job.attempt, job.worker, job.weight],
-        )
-    try:
-        hang = first and payload.get("hang_once")
-        seconds = 600.0 if hang else float(payload.get("seconds", 0.05))
-        deadline = asyncio.get_running_loop().time() + seconds
-        while asyncio.get_running_loop().time() < deadline and not job.cancel_requested:
-            await asyncio.sleep(0.02)
-        if job.cancel_requested:
-            raise consumers.Cancel("stopped on request")
-    finally:
-        async with job.connection() as conn:
-            await conn.execute(
-                "UPDATE weight_runs SET ended_at = clock_timestamp()"
-                " WHERE job_id = %s AND attempt = %s AND worker = %s",
-                [job.id, job.attempt, job.worker],
-            )
+    await recorded_run(job, "weight_runs", {"weight": job.weight})
 
 
 @consumers.handler("weighed_sync", max_attempts=3)
