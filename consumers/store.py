@@ -42,6 +42,10 @@ log = logging.getLogger("consumer")
 
 ALL_GATES = frozenset(GATES)
 NO_GATES: frozenset[str] = frozenset()
+# A claim answers 'full' for a job that uses a gate the claim left out, and the job
+# goes on to the claim composed of the gates it uses: at most this many such claims
+# for one batch (a job whose gates keep changing meanwhile is tried again later).
+_COMPOSED_AT_MOST = 3
 _LIMITED: frozenset[str] = frozenset({"concurrency"})
 _RATE: frozenset[str] = frozenset({"rate"})
 _WEIGHED: frozenset[str] = frozenset({"weight"})
@@ -173,6 +177,9 @@ class JobStore:
         # The dedicated tenants this worker names: only it and their likes take
         # those tenants' jobs.
         self.tenants = list(tenants)
+        # The gates the last batch's jobs used: the next batch goes straight to the
+        # claim composed of them (claim).
+        self.expected_gates: frozenset[str] = NO_GATES
 
     async def claim(
         self,
@@ -190,7 +197,15 @@ class JobStore:
         job of any other comes back OTHER_QUEUE, untouched). ``free_slots`` of this
         worker's ``concurrency`` are free: a weighed job is claimed only if its
         weight fits them (NO_ROOM), and turned down if it is above the whole
-        concurrency (WEIGHT_OVER_CONCURRENCY); None: all of them."""
+        concurrency (WEIGHT_OVER_CONCURRENCY); None: all of them.
+
+        Which statements run: a batch goes first to the plain claim, which has no
+        gate's SQL in it, unless the batch before held jobs that use gates. Then it
+        goes straight to the claim composed of those gates (``expected_gates``),
+        which takes plain jobs too: a stream of gated jobs pays for one statement a
+        batch, not two. Whatever a claim leaves 'full' (a job that uses a gate it
+        left out) goes on to the claim composed of the gates that job uses. A batch
+        that holds no gated job sends the next one to the plain claim again."""
         free_slots = concurrency if free_slots is None else free_slots
         params: dict[str, Any] = {
             "job_ids": list(job_ids),
@@ -201,13 +216,80 @@ class JobStore:
             "lease_seconds": self.lease_seconds,
             "tenants": self.tenants,
             "concurrency": concurrency,
+            "worker_ttl": worker_ttl,
+            "free_slots": free_slots,
         }
-        # Plain jobs first, by the shorter statement; what it leaves ('full') is
-        # decided, and any refusal recorded, by the whole claim. A type under a
-        # concurrency limit, or whose handler weighs its jobs, is not given to the
-        # plain claim (which then has none of their SQL): its jobs come back
-        # 'full', named by type, and go to a claim composed with those gates (and
-        # its handler's rate limit's).
+        sync = {t["job_type"] for t in terms if t["sync"]}
+        claimed: list[Claimed] = []
+        missed: dict[uuid.UUID, str] = {}
+        # the gates of the batch's jobs that a claim left 'full'
+        gated = NO_GATES
+        async with self.pool.connection() as conn:
+            if self.expected_gates:
+                pending, used = list(job_ids), self.expected_gates
+            else:
+                pending, used = await self._claim_plain(conn, params, terms, claimed)
+                gated = used
+            for _ in range(_COMPOSED_AT_MOST):
+                if not pending:
+                    break
+                statement = q.JOB_CLAIM_MANY if used == ALL_GATES else q.job_claim_many(used)
+                try:
+                    cur = await native(statement).execute(
+                        conn,
+                        {
+                            **params,
+                            "job_ids": pending,
+                            # the threads and slots the jobs claimed already hold are not free
+                            "free_threads": max(
+                                free_threads - sum(c.job_type in sync for c in claimed), 0
+                            ),
+                            "free_slots": max(free_slots - sum(c.weight for c in claimed), 0),
+                        },
+                    )
+                    rows = await cur.fetchall()
+                except Exception as exc:
+                    if not claimed:
+                        raise
+                    # An earlier claim committed: its jobs are this worker's, and only
+                    # it can start them. The rest are tried again alone, as rows
+                    # another transaction held would be.
+                    log.warning(
+                        "consumer.claim_left_for_later",
+                        extra={"jobs": len(pending), "error": describe_error(exc)},
+                    )
+                    break
+                pending = []
+                for row in rows:
+                    if row[0] == "claimed":
+                        claimed.append(replace(Claimed(*row[1:-1]), gates=frozenset(row[-1])))
+                    elif row[0] == "full":
+                        pending.append(row[1])
+                        gated = gated | frozenset(row[-1])
+                        used = used | gated
+                    else:
+                        missed[row[1]] = row[0]
+            # (left 'full' by every claim tried: its gates changed meanwhile)
+            for job_id in pending:
+                missed[job_id] = LOCKED
+        self.expected_gates = gated.union(*(c.gates or NO_GATES for c in claimed))
+        return ClaimResult(await self.with_inputs(claimed), missed)
+
+    async def _claim_plain(
+        self,
+        conn: AsyncConnection,
+        params: dict[str, Any],
+        terms: list[dict[str, Any]],
+        claimed: list[Claimed],
+    ) -> tuple[list[uuid.UUID], frozenset[str]]:
+        """The plain claim: the plain jobs it takes go to ``claimed``; the ids it
+        leaves ('full': not plain, turned down, of a queue this worker does not
+        serve, held by another transaction, no longer waiting), with the gates
+        their jobs use, are for the claim composed of those gates to decide. A type
+        under a concurrency limit, or whose handler weighs its jobs, is not given to
+        the plain claim (which then has none of their SQL): its jobs come back
+        'full', named by type, and go to a claim composed with those gates (and its
+        handler's rate limit's)."""
         limited = {
             t["job_type"]: (_LIMITED if t.get("global_limit") is not None else NO_GATES)
             | (_WEIGHED if t.get("weight") is not None else NO_GATES)
@@ -215,57 +297,19 @@ class JobStore:
             for t in terms
             if t.get("global_limit") is not None or t.get("weight") is not None
         }
-        plain_terms = [t for t in terms if t["job_type"] not in limited]
-        async with self.pool.connection() as conn:
-            cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(
-                conn, {**params, "types": json.dumps(plain_terms)} if limited else params
-            )
-            plain = await cur.fetchall()
-            rows = taken = [row[:-1] for row in plain if row[0] == "claimed"]
-            rest = [row[1] for row in plain if row[0] == "full"]
-            gates = {
-                row[1]: frozenset(row[-1]) | limited.get(row[2], NO_GATES)
-                for row in plain
-                if row[0] == "full"
-            }
-            # the whole claim, composed of the gates these jobs use, and no other's
-            used = frozenset().union(*gates.values())
-            whole = q.JOB_CLAIM_MANY if used == ALL_GATES else q.job_claim_many(used)
-            if rest:
-                # the threads the plain functions just claimed hold are not free
-                sync = {t["job_type"] for t in terms if t["sync"]}
-                threads_left = free_threads - sum(1 for row in taken if row[2] in sync)
-                try:
-                    cur = await native(whole).execute(
-                        conn,
-                        {
-                            **params,
-                            "job_ids": rest,
-                            "free_threads": max(threads_left, 0),
-                            "worker_ttl": worker_ttl,
-                            # a plain job the plain claim took holds one slot
-                            "free_slots": max(free_slots - len(taken), 0),
-                        },
-                    )
-                    rows = taken + await cur.fetchall()
-                except Exception as exc:
-                    if not taken:
-                        raise
-                    # The plain claim committed: its jobs are this worker's, and only
-                    # it can start them. The rest are tried again alone, as rows
-                    # another transaction held would be.
-                    log.warning(
-                        "consumer.claim_left_for_later",
-                        extra={"jobs": len(rest), "error": describe_error(exc)},
-                    )
-                    rows = taken + [(LOCKED, job_id) for job_id in rest]
-        claimed = [
-            replace(Claimed(*row[1:]), gates=gates.get(row[1], NO_GATES))
-            for row in rows
-            if row[0] == "claimed"
-        ]
-        missed = {row[1]: row[0] for row in rows if row[0] != "claimed"}
-        return ClaimResult(await self.with_inputs(claimed), missed)
+        if limited:
+            plain_terms = [t for t in terms if t["job_type"] not in limited]
+            params = {**params, "types": json.dumps(plain_terms)}
+        cur = await native(q.JOB_CLAIM_PLAIN_MANY).execute(conn, params)
+        rest: list[uuid.UUID] = []
+        used = NO_GATES
+        for row in await cur.fetchall():
+            if row[0] == "claimed":
+                claimed.append(replace(Claimed(*row[1:-1]), gates=NO_GATES))
+            else:
+                rest.append(row[1])
+                used = used | frozenset(row[-1]) | limited.get(row[2], NO_GATES)
+        return rest, used
 
     async def with_inputs(self, claimed: list[Claimed]) -> list[Claimed]:
         """The claimed jobs, those with a stored input (payload_ref) given its

@@ -231,8 +231,10 @@ def test_a_claim_composed_of_some_gates_has_no_other_gates_sql_and_runs(
 def test_a_job_using_a_gate_its_claim_leaves_out_is_left_as_it_was(
     engine: Engine, pg: psycopg.Connection
 ) -> None:
-    # Its gates were read before the claim; whatever changed since, a claim composed
-    # without one of them must neither start the job nor turn it down.
+    # A claim composed without one of the gates a job uses (its gates were read
+    # before the claim, or guessed from the batch before) must neither start the job
+    # nor turn it down: it answers 'full' with the gates the job uses, for the claim
+    # composed of them.
     _limit(engine, "api", rate=1, per=timedelta(hours=1), burst=5)
     jobs = {
         "key": enqueue(engine, "noop", key="account:1"),
@@ -248,7 +250,7 @@ def test_a_job_using_a_gate_its_claim_leaves_out_is_left_as_it_was(
         others = [g for g in GATES if g != gate]
         params = {**claim_params([job_id], "w1"), "queues": ["default", "limited"]}
         rows = pg.execute(q.job_claim_many(others), params).fetchall()
-        assert [row[0] for row in rows] == ["locked"], gate
+        assert [(row[0], row[-1]) for row in rows] == [("full", [gate])], gate
     assert versions(pg, list(jobs.values())) == before
 
 
@@ -275,12 +277,73 @@ async def test_the_store_runs_the_claim_of_the_gates_its_jobs_use(
     )
     assert {c.job_id for c in found.claimed} == {plain, keyed}
     assert ran == [q.JOB_CLAIM_PLAIN_MANY, q.job_claim_many(["key"])]
+    assert found.claimed[[c.job_id for c in found.claimed].index(keyed)].gates == {"key"}
+    # the batch after one with keyed jobs goes straight to the key's claim, which
+    # takes a plain job too: a stream of keyed jobs pays one statement a batch
+    ran.clear()
+    found = await store.claim(
+        [enqueue(engine, "noop"), enqueue(engine, "noop", key="account:2")],
+        terms,
+        queues=["default"],
+        free_threads=0,
+        worker_ttl=60,
+    )
+    assert len(found.claimed) == 2
+    assert ran == [q.job_claim_many(["key"])]
+    # a batch with no gated job sends the next to the plain claim again
+    ran.clear()
+    found = await store.claim(
+        [enqueue(engine, "noop")], terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
+    assert ran == [q.job_claim_many(["key"])]
+    assert [c.gates for c in found.claimed] == [frozenset()]
     ran.clear()
     found = await store.claim(
         [enqueue(engine, "noop")], terms, queues=["default"], free_threads=0, worker_ttl=60
     )
     assert len(found.claimed) == 1
     assert ran == [q.JOB_CLAIM_PLAIN_MANY], "a plain job runs no gate's statement"
+
+
+async def test_a_batch_unlike_the_one_before_goes_on_to_the_claim_of_its_gates(
+    engine: Engine,
+    pool: AsyncConnectionPool[AsyncConnection],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The claim a batch goes to first is composed of the gates of the batch before;
+    # a job that uses another gate is neither claimed nor turned down there, but
+    # answered 'full' and claimed, in the same call, by the claim composed of both.
+    ran: list[str] = []
+    real_native = store_module.native
+
+    def recording(sql: str) -> Native:
+        ran.append(sql)
+        return real_native(sql)
+
+    monkeypatch.setattr(store_module, "native", recording)
+    store = JobStore(pool, "w1", lease_seconds=30)
+    terms = json.loads(claim_params([], "w1")["types"])
+    first = await store.claim(
+        [enqueue(engine, "noop", key="account:1")],
+        terms,
+        queues=["default"],
+        free_threads=0,
+        worker_ttl=60,
+    )
+    assert len(first.claimed) == 1
+    ran.clear()
+    resource = enqueue(engine, "noop", resource="deploy:prod")
+    keyed = enqueue(engine, "noop", key="account:2")
+    found = await store.claim(
+        [resource, keyed], terms, queues=["default"], free_threads=0, worker_ttl=60
+    )
+    assert {c.job_id: c.gates for c in found.claimed} == {
+        resource: {"resource"},
+        keyed: {"key"},
+    }
+    assert found.missed == {}
+    assert ran == [q.job_claim_many(["key"]), q.job_claim_many(["key", "resource"])]
+    assert store.expected_gates == {"key", "resource"}
 
 
 _HELD_OWN = {

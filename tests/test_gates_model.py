@@ -63,6 +63,7 @@ from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.check import check, violations
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.schema import queries as q
+from hybrid_jobs.schema.gates import GATES
 
 WORKERS = ["w1", "w2"]
 QUEUES = ["default", "reports"]
@@ -190,25 +191,41 @@ class GateMachine(RuleBasedStateMachine):
                 ).fetchone()
                 self.api_starts += rate == ("api",)
 
-    def _claim_on(self, conn: psycopg.Connection, ids: list[uuid.UUID], worker: str) -> list[Any]:
-        """As the consumer's store: the plain claim, then the whole one, composed of
-        the gates the rest use, for the rest. Each row with the gates of its job."""
+    def _claim_on(
+        self,
+        conn: psycopg.Connection,
+        ids: list[uuid.UUID],
+        worker: str,
+        expected: frozenset[str] = frozenset(),
+    ) -> list[Any]:
+        """As the consumer's store: the plain claim, or (``expected``: the gates of
+        the batch before) the claim composed of those gates; then, for what that
+        left 'full', the claim composed of the gates those jobs use, until none is
+        left. Each row with the gates of its job."""
         params = _claim_params(ids, worker)
-        plain = params | {"types": _terms(limited=False)}
-        rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, plain).fetchall()
-        limit = frozenset({"concurrency"})
-        gates = {
-            row[1]: frozenset(row[-1]) | (limit if row[2] == LIMITED else frozenset())
-            for row in rows
-            if row[0] == "full"
-        }
-        taken = [(row[:-1], frozenset[str]()) for row in rows if row[0] == "claimed"]
-        if gates:
-            whole = q.job_claim_many(frozenset().union(*gates.values()))
-            taken += [
-                (row, gates.get(row[1], frozenset()))
-                for row in conn.execute(whole, params | {"job_ids": list(gates)}).fetchall()
-            ]
+        taken: list[Any] = []
+        if expected:
+            pending, used = list(ids), expected
+        else:
+            plain = params | {"types": _terms(limited=False)}
+            rows = conn.execute(q.JOB_CLAIM_PLAIN_MANY, plain).fetchall()
+            limit = frozenset({"concurrency"})
+            gates = {
+                row[1]: frozenset(row[-1]) | (limit if row[2] == LIMITED else frozenset())
+                for row in rows
+                if row[0] == "full"
+            }
+            taken += [(row[:-1], frozenset[str]()) for row in rows if row[0] == "claimed"]
+            pending, used = list(gates), frozenset().union(*gates.values())
+        for _ in range(3):
+            if not pending:
+                break
+            rows = conn.execute(q.job_claim_many(used), params | {"job_ids": pending}).fetchall()
+            taken += [(row[:-1], frozenset(row[-1] or ())) for row in rows if row[0] != "full"]
+            full = [row for row in rows if row[0] == "full"]
+            pending = [row[1] for row in full]
+            used = used.union(*(row[-1] for row in full))
+        assert not pending, "a job left 'full' by the claim composed of its gates"
         return taken
 
     def _end(
@@ -306,11 +323,16 @@ class GateMachine(RuleBasedStateMachine):
         if settle:
             self._settle()
 
-    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
-    def claim(self, data: st.DataObject, worker: str) -> None:
+    @rule(
+        data=st.data(),
+        worker=st.sampled_from(WORKERS),
+        # the gates of the batch before, which the consumer claims this one with first
+        expected=st.frozensets(st.sampled_from(GATES)),
+    )
+    def claim(self, data: st.DataObject, worker: str, expected: frozenset[str]) -> None:
         ids = _chosen(self.jobs, data.draw(_picks(4)))
         if ids:
-            self._claimed(self._claim_on(self.conn, ids, worker), worker)
+            self._claimed(self._claim_on(self.conn, ids, worker, expected), worker)
 
     @rule(worker=st.sampled_from(WORKERS))
     def a_consumer_is_woken_for_every_job(self, worker: str) -> None:

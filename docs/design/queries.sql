@@ -643,7 +643,8 @@ WITH types AS (
                             WHERE d.tenant = j.tenant AND d.runners = 'dedicated'
                               AND d.tenant <> ALL(%(tenants)s::text[])), false) AS unauthorized,
            -- it uses a gate this statement leaves out: not this statement's to decide
-           (false) AS unfit
+           (false) AS unfit,
+           array_remove(ARRAY[CASE WHEN (j.key IS NOT NULL OR j.key_seq IS NOT NULL) THEN 'key' END, CASE WHEN COALESCE(j.rate_limit, t.rate_limit) IS NOT NULL THEN 'rate' END, CASE WHEN j.resource IS NOT NULL THEN 'resource' END, CASE WHEN j.expires_at IS NOT NULL THEN 'deadline' END, CASE WHEN t.global_limit IS NOT NULL THEN 'concurrency' END, CASE WHEN COALESCE(q.limited, false) THEN 'queue_limit' END, CASE WHEN COALESCE(j.weight, t.weight) IS NOT NULL THEN 'weight' END], NULL) AS gates
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     -- its queue's row, read once for its pause and its limit (queues.limited)
     LEFT JOIN queues AS q ON q.queue = j.queue
@@ -1095,16 +1096,19 @@ WITH types AS (
               j.max_attempts, j.lease_generation, j.created_at, j.scheduled_for,
               j.trace_context, j.meta, j.payload_ref, COALESCE(j.weight, 1) AS weight
 )
--- 5. one row per requested id: the claimed job, or why it was not claimed
-SELECT 'claimed' AS status, c.* FROM claimed AS c
+-- 5. one row per requested id: the claimed job, with the gates it uses (what its
+-- end of a lease is composed of), or why it was not claimed
+SELECT 'claimed' AS status, c.*, l.gates FROM claimed AS c JOIN locked AS l ON l.job_id = c.job_id
 UNION ALL
 SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
-           -- its rate limit's bucket made by this claim, for the next; or a gate
-           -- this statement leaves out
-           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
+           -- a gate this statement leaves out: 'full', with the gates it uses, for
+           -- the claim composed of them
+           WHEN l.unfit THEN 'full'
+           -- its rate limit's bucket made by this claim, for the next
+           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen)
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
            -- left out of runnable: this worker's free slots were fewer than it needs
@@ -1121,7 +1125,8 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, CASE WHEN l.unfit THEN l.gates END
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -1129,8 +1134,9 @@ LEFT JOIN locked AS l ON l.job_id = ids.job_id
 WHERE ids.job_id NOT IN (SELECT job_id FROM claimed);
 
 -- name: JOB_CLAIM_PLAIN_MANY
--- Run by consumers.claimer:Claimer._claim (through consumers.store:JobStore.claim),
--- consumers.testing:JobRunner.run_due (through consumers.store:JobStore.claim).
+-- Run by consumers.claimer:Claimer._claim (through
+-- consumers.store:JobStore._claim_plain), consumers.testing:JobRunner.run_due (through
+-- consumers.store:JobStore._claim_plain).
 -- Makes QUEUED -> RUNNING: a woken consumer claims a plain job (no key, resource,
 -- deadline or rate limit) by the shorter claim.
 -- Makes RETRY_WAIT -> RUNNING: a plain job's retry, claimed by the shorter claim.

@@ -179,16 +179,19 @@ def _answer(weighed: bool) -> str:
     # the backlog, and lighter jobs would take the slots it needs as they free: the
     # claimer holds them for it only on 'no_room'.
     room = weight.LEFT_OUT_FOR_ROOM if weighed else "NOT l.sync"
-    return f"""-- 5. one row per requested id: the claimed job, or why it was not claimed
-SELECT 'claimed' AS status, c.* FROM claimed AS c
+    return f"""-- 5. one row per requested id: the claimed job, with the gates it uses (what its
+-- end of a lease is composed of), or why it was not claimed
+SELECT 'claimed' AS status, c.*, l.gates FROM claimed AS c JOIN locked AS l ON l.job_id = c.job_id
 UNION ALL
 SELECT CASE
            WHEN j.job_id IS NULL THEN 'missing'
            WHEN j.queue <> ALL(%(queues)s::text[]) THEN 'other_queue'
            WHEN r.reason IS NOT NULL THEN r.reason
-           -- its rate limit's bucket made by this claim, for the next; or a gate
-           -- this statement leaves out
-           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen) OR l.unfit
+           -- a gate this statement leaves out: 'full', with the gates it uses, for
+           -- the claim composed of them
+           WHEN l.unfit THEN 'full'
+           -- its rate limit's bucket made by this claim, for the next
+           WHEN l.job_id IN (SELECT job_id FROM rate_refused WHERE unseen)
                 OR l.job_id IN (SELECT job_id FROM limit_refused WHERE unseen)
            THEN 'locked'
            -- left out of runnable: this worker's free slots were fewer than it needs
@@ -205,7 +208,8 @@ SELECT CASE
            WHEN j.max_attempts IS NOT NULL AND j.attempt_count >= j.max_attempts THEN 'exhausted'
            ELSE 'locked'
        END,
-       ids.job_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       ids.job_id, j.job_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, CASE WHEN l.unfit THEN l.gates END
 FROM unnest(%(job_ids)s::uuid[]) AS ids(job_id)
 LEFT JOIN jobs AS j ON j.job_id = ids.job_id
 LEFT JOIN refused AS r ON r.job_id = ids.job_id
@@ -218,8 +222,8 @@ def job_claim_many(gates: Iterable[str] = GATES) -> str:
     """JOB_CLAIM_MANY composed from the optional ``gates`` its batch's jobs use (the
     names of schema/gates: key, rate, resource, deadline); the others' steps are
     left out, their names standing for empty sets. A job that uses a gate left out
-    (its row changed since its gates were read) is neither claimed nor turned down:
-    it comes back 'locked', for the worker to try again."""
+    is neither claimed nor turned down: it comes back 'full' with the gates it uses,
+    for the claim composed of them. A claimed job comes back with its gates too."""
     return _composed(frozenset(gates))
 
 
@@ -236,6 +240,12 @@ def _composed(used: frozenset[str]) -> str:
         if name not in used
     ]
     unfit = " OR ".join(absent) if absent else "false"
+    # every gate the job uses, its handler's terms included: a claim that leaves one
+    # out answers 'full' with them, and a claimed job's end of a lease is composed of them
+    uses = ", ".join(
+        f"CASE WHEN {weight.USES_WITH_TERMS if name == 'weight' else g.USES} THEN '{name}' END"
+        for name, g in _MODULES.items()
+    )
     admit = ", ".join(
         [
             key.CLAIM_ADMIT if k else key.CLAIM_ADMIT_ABSENT,
@@ -288,7 +298,8 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
            -- One probe of the tenant's row per job, however many tenants are dedicated.
            COALESCE({dedicated.NOT_OURS}, false) AS unauthorized,
            -- it uses a gate this statement leaves out: not this statement's to decide
-           ({unfit}) AS unfit
+           ({unfit}) AS unfit,
+           array_remove(ARRAY[{uses}], NULL) AS gates
     FROM jobs AS j LEFT JOIN types AS t ON t.job_type = j.job_type
     -- its queue's row, read once for its pause and its limit (queues.limited)
     LEFT JOIN queues AS q ON q.queue = j.queue
