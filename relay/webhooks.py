@@ -38,9 +38,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Final
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final
 
 from hybrid_jobs.plumbing.transient import retry_forever
 from hybrid_jobs.relay.maintenance import Pool
@@ -52,6 +50,9 @@ from hybrid_jobs.schema.queries import (
     WEBHOOK_DELIVERY_FAILED,
     WEBHOOK_DELIVERY_GIVE_UP_SPENT,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("relay")
 
@@ -131,6 +132,11 @@ class Deliverer:
         self.allowed = AllowedHosts.parse(self.settings.webhook_allow_hosts)
 
     async def run(self) -> None:
+        # Imported here, by the relays that deliver: where rich is installed, httpx
+        # brings it and pygments too (its command line), about 100 modules and a
+        # tenth of a second on every relay's start, with a secret or without.
+        import httpx
+
         s = self.settings
         limits = httpx.Limits(
             max_connections=s.webhook_concurrency, max_keepalive_connections=s.webhook_concurrency
