@@ -304,13 +304,14 @@ class Claimer:
             ):
                 with attempt:
                     sent_at = time.monotonic()
+                    free_slots = self._free()
                     result = await self.store.claim(
                         job_ids,
                         self.registry.claim_terms(),
                         queues=self.settings.queues,
                         free_threads=self.threads.free,
                         worker_ttl=self.settings.worker_ttl,
-                        free_slots=self._free(),
+                        free_slots=free_slots,
                         concurrency=self.settings.concurrency,
                     )
             claimed, missed = result.claimed, result.missed
@@ -350,13 +351,18 @@ class Claimer:
             self.executor.start(row, sent_at, reservation)
             await self._done(row.job_id)
         self.counts["claimed"] += len(claimed)
+        # The room a weighed job was turned away for: the slots the claim found free,
+        # less what it took. Not the slots free once the claimed jobs are started:
+        # short jobs may have ended by then (starting them awaits), and a job waiting
+        # for more room than that would wait for its retry, not for the next slot.
+        room_left = max(free_slots - sum(row.weight for row in claimed), 0)
         no_thread = []
         for job_id, why in missed.items():
             self.counts[f"wakeup_{why.lower()}"] += 1
             if why == LOCKED:
                 await self._defer(job_id)
             elif why == NO_ROOM:
-                self._wait_for_room(job_id)
+                self._wait_for_room(job_id, room_left)
             elif why == NO_THREAD:
                 no_thread.append(job_id)
             else:
@@ -438,13 +444,13 @@ class Claimer:
         )
         waiting.retries += 1
 
-    def _wait_for_room(self, job_id: uuid.UUID) -> None:
-        """A weighed job that did not fit the free slots: try it again once more are
-        free (or after NO_ROOM_RETRY), before anything else waiting here."""
+    def _wait_for_room(self, job_id: uuid.UUID, room: int) -> None:
+        """A weighed job that did not fit the ``room`` free slots: try it again once
+        more are free (or after NO_ROOM_RETRY), before anything else waiting here."""
         waiting = self.waiting.get(job_id)
         if waiting is None:
             return
-        waiting.room_at_refusal = self._free()
+        waiting.room_at_refusal = room
         waiting.retry_at = time.monotonic() + NO_ROOM_RETRY
 
     async def _make_room_for_heavy(self) -> None:
