@@ -60,7 +60,7 @@ def test_slots_that_free_up_go_to_the_weighed_job_waiting_for_them_first() -> No
         claimer.waiting[heavy] = _Waiting()
         claimer.waiting[light] = _Waiting()
         # the heavy one came back without room (one slot free, it weighs three)
-        claimer._wait_for_room(heavy)
+        claimer._wait_for_room(heavy, claimer._free())
         # the light one waits too, but is not claimed into the slot the heavy one needs
         assert claimer._ready(claimer._free()) == []
         # one more slot frees: the heavy one is tried again, alone
@@ -73,13 +73,30 @@ def test_slots_that_free_up_go_to_the_weighed_job_waiting_for_them_first() -> No
     asyncio.run(scenario())
 
 
+def test_slots_freed_before_the_refusal_is_noted_count_as_freed() -> None:
+    # Regression: the claim found 4 slots free and took two jobs of weight 2; a third
+    # had no room. The two ended while the claimer started them (starting awaits),
+    # so 4 slots are free when the refusal is noted. The room noted is the claim's
+    # (none left), so the job is tried again now, not after its retry.
+    async def scenario() -> None:
+        ledger = Ledger()
+        claimer = _claimer(ledger, concurrency=4)
+        heavy = uuid.uuid4()
+        claimer.waiting[heavy] = _Waiting()
+        claimer._wait_for_room(heavy, 0)
+        assert claimer._free() == 4
+        assert claimer._ready(claimer._free()) == [heavy]
+
+    asyncio.run(scenario())
+
+
 def test_a_weighed_job_without_room_is_tried_again_at_the_latest_after_a_while() -> None:
     async def scenario() -> None:
         ledger = Ledger()
         claimer = _claimer(ledger, concurrency=4)
         heavy = uuid.uuid4()
         claimer.waiting[heavy] = _Waiting()
-        claimer._wait_for_room(heavy)
+        claimer._wait_for_room(heavy, claimer._free())
         assert claimer._ready(claimer._free()) == []
         claimer.waiting[heavy].retry_at = time.monotonic() - 0.01
         assert claimer._ready(claimer._free()) == [heavy]
@@ -95,7 +112,7 @@ def test_a_lighter_id_due_now_does_not_spin_the_loop_while_a_weighed_one_waits()
         heavy, light = uuid.uuid4(), uuid.uuid4()
         claimer.waiting[heavy] = _Waiting()
         claimer.waiting[light] = _Waiting()  # due at once
-        claimer._wait_for_room(heavy)
+        claimer._wait_for_room(heavy, claimer._free())
         # the loop sleeps until the weighed one's retry (or a slot frees), not 0 s
         wait = claimer._next_retry()
         assert wait is not None and wait > 0.5
