@@ -25,10 +25,10 @@ from hybrid_jobs.consumers import store as store_module
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.consumers.store import JobStore, finish_params
 from hybrid_jobs.plumbing.config import DatabaseUrl
-from hybrid_jobs.plumbing.db import Native
 from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.gates import GATES, HELD_GATES
 from tests.support.jobs import enqueue, job, versions
+from tests.support.statements import record_statements
 
 
 def _claim(pg: psycopg.Connection, ids: list[uuid.UUID], worker: str = "w1") -> dict[Any, str]:
@@ -260,14 +260,7 @@ async def test_the_store_runs_the_claim_of_the_gates_its_jobs_use(
     pool: AsyncConnectionPool[AsyncConnection],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ran: list[str] = []
-    real_native = store_module.native
-
-    def recording(sql: str) -> Native:
-        ran.append(sql)
-        return real_native(sql)
-
-    monkeypatch.setattr(store_module, "native", recording)
+    ran = record_statements(monkeypatch)
     store = JobStore(pool, "w1", lease_seconds=30)
     terms = json.loads(claim_params([], "w1")["types"])
     plain = enqueue(engine, "noop")
@@ -313,14 +306,7 @@ async def test_a_batch_unlike_the_one_before_goes_on_to_the_claim_of_its_gates(
     # The claim a batch goes to first is composed of the gates of the batch before;
     # a job that uses another gate is neither claimed nor turned down there, but
     # answered 'full' and claimed, in the same call, by the claim composed of both.
-    ran: list[str] = []
-    real_native = store_module.native
-
-    def recording(sql: str) -> Native:
-        ran.append(sql)
-        return real_native(sql)
-
-    monkeypatch.setattr(store_module, "native", recording)
+    ran = record_statements(monkeypatch)
     store = JobStore(pool, "w1", lease_seconds=30)
     terms = json.loads(claim_params([], "w1")["types"])
     first = await store.claim(

@@ -27,7 +27,6 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from hybrid_jobs import consumers, outbox
-from hybrid_jobs.consumers import store as store_module
 from hybrid_jobs.consumers.cli import parse_queue_limits
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.consumers.registry import Registry
@@ -35,7 +34,6 @@ from hybrid_jobs.consumers.settings import ConsumerSettings
 from hybrid_jobs.consumers.store import JobStore, finish_params
 from hybrid_jobs.jobctl.check import check, violations
 from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
-from hybrid_jobs.plumbing.db import Native
 from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.queries import WORKER_TTL_SECONDS
 from tests.support.api import api_client
@@ -44,6 +42,7 @@ from tests.support.interleave import waits_behind
 from tests.support.jobs import enqueue, job
 from tests.support.metrics import scrape_once
 from tests.support.processes import BIN, jobctl, jobctl_env
+from tests.support.statements import record_statements
 
 QUEUE = "reports"
 
@@ -442,14 +441,7 @@ async def test_the_store_claims_a_limited_queues_jobs_through_the_gate_and_relea
     pool: AsyncConnectionPool[AsyncConnection],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ran: list[str] = []
-    real_native = store_module.native
-
-    def recording(sql: str) -> Native:
-        ran.append(sql)
-        return real_native(sql)
-
-    monkeypatch.setattr(store_module, "native", recording)
+    ran = record_statements(monkeypatch)
     _record(pg)
     plain = enqueue(engine, "noop")
     limited = [_enq(engine, "report") for _ in range(3)]
