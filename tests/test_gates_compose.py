@@ -504,6 +504,50 @@ def test_a_woken_waiter_that_ends_before_it_ran_passes_over_a_paused_queue(
 
 
 @pytest.mark.parametrize("gate", ["key", "resource"])
+def test_pausing_the_queue_of_the_woken_waiter_passes_its_turn_on(
+    engine: Engine, pg: psycopg.Connection, gate: str
+) -> None:
+    # The freed key or resource woke the older waiter, whose queue ran then; its
+    # queue is paused before the relay sends the wake-up. The relay holds it until
+    # the resume, and the key or resource idled while a job of a running queue
+    # waited for it with no wake-up (found by the gates model test). The pause
+    # passes the turn on; the paused job keeps its wake-up for the resume.
+    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
+    holder = enqueue(engine, "noop", **use)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    paused = enqueue(engine, "noop", queue="reports", **use)
+    runnable = enqueue(engine, "noop", **use)
+    _sent(pg)
+    both = ["default", "reports"]
+    assert set(_claim_in(pg, [paused, runnable], both).values()) <= {"KEY_BUSY", "RESOURCE_BUSY"}
+    _finish(pg, holder, Outcome.succeeded())
+    assert (_pending(pg, paused), _pending(pg, runnable)) == (1, 0)
+    _pause(engine, "reports", True)
+    assert (_pending(pg, paused), _pending(pg, runnable)) == (1, 1)
+    _sent(pg)
+    assert _claim_in(pg, [runnable], both) == {runnable: "claimed"}
+    # pausing it again, or a queue whose jobs hold no turn, wakes nobody more
+    _pause(engine, "reports", True)
+    _pause(engine, "default", True)
+    assert pg.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone() == (0,)
+
+
+def test_pausing_a_queue_leaves_an_ordered_keys_turn_with_the_next_in_order(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    holder = enqueue(engine, "noop", key="acct", ordered=True)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    head = enqueue(engine, "noop", queue="reports", key="acct", ordered=True)
+    later = enqueue(engine, "noop", key="acct", ordered=True)
+    _sent(pg)
+    both = ["default", "reports"]
+    assert _claim_in(pg, [head, later], both) == {head: "KEY_ORDER", later: "KEY_ORDER"}
+    _finish(pg, holder, Outcome.succeeded())
+    _pause(engine, "reports", True)
+    assert (_pending(pg, head), _pending(pg, later)) == (1, 0)
+
+
+@pytest.mark.parametrize("gate", ["key", "resource"])
 def test_a_woken_waiter_moved_later_by_an_edit_passes_the_turn_on(
     engine: Engine, pg: psycopg.Connection, gate: str
 ) -> None:
