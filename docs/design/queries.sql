@@ -2466,10 +2466,13 @@ WITH RECURSIVE gate AS (
     SELECT pg_try_advisory_xact_lock(
         hashtextextended('hybrid_jobs.wake.' || %(queue)s, 'jobs'::regclass::oid::bigint)) AS ok
 ), settled AS (
-    -- 1b. settle the wake-ups in flight whose job was taken up since
-    DELETE FROM outbox AS o USING jobs AS j
+    -- 1b. settle the wake-ups in flight whose job was taken up since. (Each job is
+    -- looked up by its id in a sub-select: joined, with the jobs table's statistics
+    -- stale (a burst of enqueues since its last analyze), it was planned as a hash
+    -- join over a scan of every job, 3.5 ms a pass at 20,000.)
+    DELETE FROM outbox AS o
     WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
-      AND j.job_id = o.job_id AND NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at))
+      AND (SELECT NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)) FROM jobs AS j WHERE j.job_id = o.job_id)
     RETURNING o.id
 ), capacity AS (
     -- 2a. the window: given, or twice the live consumers' capacity
@@ -2515,24 +2518,20 @@ WITH RECURSIVE gate AS (
     -- as the relay asks: about four per tenant the last pass found), in one read of
     -- outbox_pending_idx; a tenant's first row in that order is its head. Where
     -- tenants have few wake-ups each, a row read costs a small part of a probe.
-    -- Kept too: the last row, when the read returned all it asked for (it was cut
-    -- short there). The windows follow the read's order: no sort.
-    SELECT b.tenant, b.priority, b.available_at, b.id, b.head, b.k
-    FROM (SELECT r.tenant, r.priority, r.available_at, r.id,
-                 r.tenant IS DISTINCT FROM lag(r.tenant) OVER w AS head,
-                 row_number() OVER w AS k
-          FROM (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
-                WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
-                ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
-                LIMIT %(bulk)s::int) AS r
-          WINDOW w AS (ORDER BY r.tenant, r.priority DESC, r.available_at, r.id)) AS b
-    WHERE b.head OR b.k = %(bulk)s::int
+    -- DISTINCT ON follows the read's order: no sort.
+    SELECT DISTINCT ON (r.tenant) r.tenant, r.priority, r.available_at, r.id
+    FROM (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+          WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+          ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
+          LIMIT %(bulk)s::int) AS r
+    ORDER BY r.tenant, r.priority DESC, r.available_at, r.id
 ), probed AS (
-    -- 3d2. the tenants after the last one a cut read reached (its head it found), by
-    -- a skip scan of outbox_pending_idx: one probe per tenant
+    -- 3d2. the tenants after the last one the read reached (its head it found), by a
+    -- skip scan of outbox_pending_idx: one probe per tenant, and one that finds
+    -- nothing when the read was not cut short
     (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
      WHERE o.queue = %(queue)s AND o.sent_at IS NULL
-       AND o.tenant > (SELECT tenant FROM bulk WHERE k = %(bulk)s::int)
+       AND o.tenant > (SELECT max(tenant) FROM bulk)
      ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
      LIMIT 1)
     UNION ALL
@@ -2546,9 +2545,24 @@ WITH RECURSIVE gate AS (
     ) AS nx
 ), heads AS (
     -- 3d. each tenant with unsent wake-ups and its first one
-    SELECT tenant, priority, available_at, id FROM bulk WHERE head
+    SELECT tenant, priority, available_at, id FROM bulk
     UNION ALL
     SELECT tenant, priority, available_at, id FROM probed
+), firsts AS (
+    -- 3d3. each tenant's first due wake-up: its head, or when that one is not due
+    -- yet, a probe of its due ones (none: nothing of it is due)
+    SELECT tenant, priority, available_at, id FROM heads WHERE available_at <= now()
+    UNION ALL
+    SELECT h.tenant, d.priority, d.available_at, d.id
+    FROM heads AS h
+    LEFT JOIN LATERAL (
+        SELECT o.priority, o.available_at, o.id FROM outbox AS o
+        WHERE o.queue = %(queue)s AND o.tenant = h.tenant
+          AND o.sent_at IS NULL AND o.available_at <= now()
+        ORDER BY o.priority DESC, o.available_at, o.id
+        LIMIT 1
+    ) AS d ON true
+    WHERE h.available_at > now()
 ), inflight AS (
     -- 3e. each tenant's wake-ups in flight
     SELECT i.tenant, count(*)::int AS n
@@ -2558,7 +2572,7 @@ WITH RECURSIVE gate AS (
     GROUP BY i.tenant
 ), shares AS MATERIALIZED (
     -- 3f. per tenant: weight, virtual start, capped room, first due wake-up
-    SELECT h.tenant,
+    SELECT d.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
            -- A capped tenant's room: its free slots, less its wake-ups in flight in
@@ -2570,21 +2584,11 @@ WITH RECURSIVE gate AS (
            s.held_reason,
            -- its first due wake-up (none: nothing of it is due)
            d.priority, d.available_at, d.id
-    FROM heads AS h
-    LEFT JOIN LATERAL (
-        SELECT h.priority, h.available_at, h.id WHERE h.available_at <= now()
-        UNION ALL
-        (SELECT o.priority, o.available_at, o.id FROM outbox AS o
-         WHERE h.available_at > now() AND o.queue = %(queue)s AND o.tenant = h.tenant
-           AND o.sent_at IS NULL AND o.available_at <= now()
-         ORDER BY o.priority DESC, o.available_at, o.id
-         LIMIT 1)
-        LIMIT 1
-    ) AS d ON true
-    LEFT JOIN tenant_limits AS l ON l.tenant = h.tenant
-    LEFT JOIN tenant_usage AS u ON u.tenant = h.tenant
-    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = h.tenant
-    LEFT JOIN inflight AS f ON f.tenant = h.tenant
+    FROM firsts AS d
+    LEFT JOIN tenant_limits AS l ON l.tenant = d.tenant
+    LEFT JOIN tenant_usage AS u ON u.tenant = d.tenant
+    LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = d.tenant
+    LEFT JOIN inflight AS f ON f.tenant = d.tenant
 ), contenders AS (
     -- 3g. the tenants whose first due wake-up would go within the room
     SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
@@ -3673,16 +3677,56 @@ WHERE job_id = %(job_id)s;
 
 -- name: QUEUE_PAUSE
 -- Run by outbox.queues:pause_queue(_async) to pause a queue.
--- Built with WHO.
+-- Built with WHO, no_pending_wakeup, QUEUE_RUNS.
 -- Parameters: by, queue.
-INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)
-VALUES (%(queue)s, true, now(), COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), now())
-ON CONFLICT (queue) DO UPDATE
-SET paused = true,
-    paused_at = CASE WHEN q.paused THEN q.paused_at ELSE EXCLUDED.paused_at END,
-    paused_by = CASE WHEN q.paused THEN q.paused_by ELSE EXCLUDED.paused_by END,
-    updated_at = now()
-RETURNING q.queue, q.paused_at, q.paused_by;
+WITH paused AS (
+    INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)
+    VALUES (%(queue)s, true, now(), COALESCE(%(by)s::text, current_user || COALESCE(' (' || NULLIF(current_setting('application_name'), '') || ')', '')), now())
+    ON CONFLICT (queue) DO UPDATE
+    SET paused = true,
+        paused_at = CASE WHEN q.paused THEN q.paused_at ELSE EXCLUDED.paused_at END,
+        paused_by = CASE WHEN q.paused THEN q.paused_by ELSE EXCLUDED.paused_by END,
+        updated_at = now()
+    RETURNING q.queue, q.paused_at, q.paused_by
+), held AS MATERIALIZED (
+    -- the queue's waiting jobs with a wake-up that wait for a key or a resource
+    SELECT j.job_id, j.key, j.key_seq, j.resource
+    FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
+    WHERE o.queue = %(queue)s AND j.state IN ('QUEUED', 'RETRY_WAIT')
+      AND (j.key IS NOT NULL OR j.resource IS NOT NULL)
+), key_passed AS (
+    SELECT h.key, count(DISTINCT h.job_id)::int AS n
+    FROM held AS h WHERE h.key IS NOT NULL AND h.key_seq IS NULL
+    GROUP BY h.key
+), key_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM key_passed AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
+        WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
+          AND w.queue <> %(queue)s AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+        ORDER BY w.key_seq, w.job_id
+        LIMIT k.n
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), resource_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT DISTINCT h.resource FROM held AS h
+          WHERE h.resource IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM resource_holds AS r WHERE r.resource = h.resource))
+         AS r
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
+        WHERE w.resource = r.resource AND w.state IN ('QUEUED', 'RETRY_WAIT')
+          AND w.run_after <= now() AND w.queue <> %(queue)s AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+        ORDER BY (w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN')) IS TRUE DESC, w.job_id
+        LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+)
+SELECT queue, paused_at, paused_by FROM paused;
 
 -- name: QUEUE_RESUME
 -- Run by outbox.queues:resume_queue(_async) to resume a queue, and notify the relay.
