@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS
-from hybrid_jobs.schema.queries import OUTBOX_WAKE_QUEUE
+from hybrid_jobs.schema.queries import OUTBOX_SETTLE, OUTBOX_WAKE_QUEUE
 from hybrid_jobs.schema.tables import CLOCK_ROW
 from tests.support.plans import plan as explain_plan
 
@@ -489,3 +489,42 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
     # 100 in flight live: a few index pages each time (as bitmap scans: 114 each, the
     # table's pages of every settled wake-up)
     assert all(hits < 60 for _, hits in reads), reads
+
+
+def test_the_sweeps_settling_deletes_the_wake_ups_whose_job_was_taken_up_and_no_other(
+    pg: psycopg.Connection,
+) -> None:
+    """OUTBOX_SETTLE, the relay's sweep for queues that got no new work: of the
+    wake-ups in flight, those whose job was claimed, finished or turned down since
+    they were sent leave the table; one whose job still waits stays (the re-waker
+    looks at it)."""
+    jobs = {
+        name: pg.execute(
+            "INSERT INTO jobs (job_id, job_type) VALUES (gen_random_uuid(), 't') RETURNING job_id"
+        ).fetchone()[0]
+        for name in ("waiting", "running", "succeeded", "turned_down")
+    }
+    for job_id in jobs.values():
+        pg.execute(
+            "INSERT INTO outbox (job_id, queue, tenant, sent_at) VALUES (%s, %s, '', now())",
+            [job_id, QUEUE],
+        )
+    pg.execute(
+        "UPDATE jobs SET state = 'RUNNING', started_at = now(), lease_owner = 'w',"
+        " lease_expires_at = now() + interval '1 minute', lease_generation = 1"
+        " WHERE job_id = %s",
+        [jobs["running"]],
+    )
+    pg.execute(
+        "UPDATE jobs SET state = 'SUCCEEDED', started_at = now(), finished_at = now()"
+        " WHERE job_id = %s",
+        [jobs["succeeded"]],
+    )
+    pg.execute(
+        "UPDATE jobs SET delay_reason = 'KEY_BUSY', delay_since = now() + interval '1 second'"
+        " WHERE job_id = %s",
+        [jobs["turned_down"]],
+    )
+    pg.execute(OUTBOX_SETTLE, {"limit": 100})
+    left = {r[0] for r in pg.execute("SELECT job_id FROM outbox")}
+    assert left == {jobs["waiting"]}

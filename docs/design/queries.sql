@@ -2768,10 +2768,10 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
 -- taken up since.
 -- Built with UNTAKEN.
 -- Parameters: limit.
-DELETE FROM outbox AS o USING jobs AS j
+DELETE FROM outbox AS o
 WHERE o.id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL
                ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-  AND j.job_id = o.job_id AND NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at));
+  AND (SELECT NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)) FROM jobs AS j WHERE j.job_id = o.job_id);
 
 -- name: OUTBOX_LOST_QUEUES
 -- Run by relay.maintenance:rewake_lost to count per queue the sent wake-ups past the

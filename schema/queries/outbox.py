@@ -506,12 +506,14 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
 # statement settles its own queue as it goes; this catches queues that got no new
-# work since. Rows a wake statement holds are skipped.
+# work since. Rows a wake statement holds are skipped. Each job is looked up by its
+# id, as the wake statement's settling does (a join may be planned as a scan of
+# every job).
 OUTBOX_SETTLE: Final = f"""
-DELETE FROM outbox AS o USING jobs AS j
+DELETE FROM outbox AS o
 WHERE o.id IN (SELECT id FROM outbox WHERE sent_at IS NOT NULL
                ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-  AND j.job_id = o.job_id AND NOT ({UNTAKEN})
+  AND (SELECT NOT ({UNTAKEN}) FROM jobs AS j WHERE j.job_id = o.job_id)
 """
 
 # Wake-ups in flight longer than the grace whose job still waits untaken, per queue:
