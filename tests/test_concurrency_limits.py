@@ -271,6 +271,36 @@ def test_a_woken_waiter_that_ends_before_it_ran_passes_its_turn_on(
     assert _running(pg) == 2
 
 
+def test_pausing_the_queue_of_the_woken_waiter_passes_its_turn_on(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """A freed slot woke the oldest waiter; its queue is paused before the relay
+    sends the wake-up, which the relay then holds until the resume. The slot idled
+    while a waiter of a running queue had no wake-up. The pause passes the turn on,
+    to as many as the paused queue's woken waiters, and the paused one keeps its
+    wake-up for the resume."""
+    _record(pg)
+    holders = [enqueue(engine, "capped") for _ in range(2)]
+    assert set(_claim(pg, holders).values()) == {"claimed"}
+    paused = enqueue(engine, "capped", queue="reports")
+    runnable = [enqueue(engine, "capped") for _ in range(2)]
+    waiting = [paused, *runnable]
+    _sent(pg, waiting)
+    params = {**_params(waiting, "w2"), "queues": ["default", "reports"]}
+    turned_down = {r[1]: r[0] for r in pg.execute(CLAIM, params).fetchall()}
+    assert set(turned_down.values()) == {"CONCURRENCY_LIMIT"}
+    generation = job(pg, holders[0])["lease_generation"]
+    pg.execute(
+        q.JOB_FINISH_MANY, finish_params("w1", [(holders[0], generation, Outcome.succeeded())])
+    )
+    assert [_pending(pg, w) for w in waiting] == [1, 0, 0], "the oldest, of a running queue"
+    with Session(engine) as session, session.begin():
+        outbox.pause_queue(session, "reports")
+    assert [_pending(pg, w) for w in waiting] == [1, 1, 0]
+    assert set(_claim(pg, [runnable[0]], "w2").values()) == {"claimed"}
+    assert _running(pg) == 2
+
+
 def test_a_stale_outcome_of_an_expired_holder_gives_back_no_second_slot(
     engine: Engine, pg: psycopg.Connection
 ) -> None:

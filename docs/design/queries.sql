@@ -3689,11 +3689,14 @@ WITH paused AS (
         updated_at = now()
     RETURNING q.queue, q.paused_at, q.paused_by
 ), held AS MATERIALIZED (
-    -- the queue's waiting jobs with a wake-up that wait for a key or a resource
-    SELECT j.job_id, j.key, j.key_seq, j.resource
+    -- the queue's waiting jobs with a wake-up that wait for a key, a resource or
+    -- their type's concurrency limit
+    SELECT j.job_id, j.key, j.key_seq, j.resource, j.job_type,
+           j.delay_reason = 'CONCURRENCY_LIMIT' AS limited
     FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
     WHERE o.queue = %(queue)s AND j.state IN ('QUEUED', 'RETRY_WAIT')
-      AND (j.key IS NOT NULL OR j.resource IS NOT NULL)
+      AND (j.key IS NOT NULL OR j.resource IS NOT NULL
+           OR j.delay_reason = 'CONCURRENCY_LIMIT')
 ), key_passed AS (
     SELECT h.key, count(DISTINCT h.job_id)::int AS n
     FROM held AS h WHERE h.key IS NOT NULL AND h.key_seq IS NULL
@@ -3723,6 +3726,24 @@ WITH paused AS (
           AND w.run_after <= now() AND w.queue <> %(queue)s AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
         ORDER BY (w.delay_reason IN ('RESOURCE_BUSY', 'RESOURCE_UNCERTAIN')) IS TRUE DESC, w.job_id
         LIMIT 1
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT c.job_type, count(DISTINCT h.job_id)::int AS n,
+                 c.max_running - c.running AS free
+          FROM held AS h JOIN concurrency_limits AS c USING (job_type)
+          WHERE h.limited AND c.running < c.max_running
+          GROUP BY c.job_type, c.max_running, c.running) AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
+        WHERE w.job_type = k.job_type AND w.state IN ('QUEUED', 'RETRY_WAIT')
+          AND w.delay_reason = 'CONCURRENCY_LIMIT'
+          AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
+          AND w.queue <> %(queue)s AND NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)
+        ORDER BY w.job_id
+        LIMIT k.n
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
 )

@@ -326,12 +326,14 @@ WHERE job_id = %(job_id)s
 # the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
 # row says paused; jobs already running finish.
 #
-# A hand-off a job of the queue holds is passed on: a free key or resource that
-# woke one of its jobs would otherwise idle until the resume, while jobs of queues
-# that run wait for it. For each unordered key with waiting jobs of the queue that
-# have a wake-up, as many of its waiting jobs of running queues are woken, first in
-# key order; for each free resource with one, its first of a running queue (one it
-# turned down first). The paused queue's jobs keep their wake-ups, for the resume;
+# A hand-off a job of the queue holds is passed on: a free key, resource or slot of
+# a type's concurrency limit that woke one of its jobs would otherwise idle until
+# the resume, while jobs of queues that run wait for it. For each unordered key
+# with waiting jobs of the queue that have a wake-up, as many of its waiting jobs
+# of running queues are woken, first in key order; for each free resource with
+# one, its first of a running queue (one it turned down first); for each type's
+# limit with free slots, as many of the jobs of running queues it turned down,
+# oldest first, that fit. The paused queue's jobs keep their wake-ups, for the resume;
 # a job woken for a key or resource that turns out busy is turned down and waits
 # for the next hand-off. An ordered key's turn stays with the next in order,
 # whatever its queue. (The statement's snapshot does not see the pause: the queue
@@ -347,11 +349,14 @@ WITH paused AS (
         updated_at = now()
     RETURNING q.queue, q.paused_at, q.paused_by
 ), held AS MATERIALIZED (
-    -- the queue's waiting jobs with a wake-up that wait for a key or a resource
-    SELECT j.job_id, j.key, j.key_seq, j.resource
+    -- the queue's waiting jobs with a wake-up that wait for a key, a resource or
+    -- their type's concurrency limit
+    SELECT j.job_id, j.key, j.key_seq, j.resource, j.job_type,
+           j.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}' AS limited
     FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
     WHERE o.queue = %(queue)s AND j.state IN ({CLAIMABLE_SQL})
-      AND (j.key IS NOT NULL OR j.resource IS NOT NULL)
+      AND (j.key IS NOT NULL OR j.resource IS NOT NULL
+           OR j.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}')
 ), key_passed AS (
     SELECT h.key, count(DISTINCT h.job_id)::int AS n
     FROM held AS h WHERE h.key IS NOT NULL AND h.key_seq IS NULL
@@ -381,6 +386,24 @@ WITH paused AS (
           AND w.run_after <= now() AND w.queue <> %(queue)s AND {QUEUE_RUNS}
         ORDER BY (w.delay_reason IN ({RESOURCE_REFUSALS_SQL})) IS TRUE DESC, w.job_id
         LIMIT 1
+    ) AS n
+    WHERE {no_pending_wakeup("n.job_id")}
+), limit_woken AS (
+    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
+    FROM (SELECT c.job_type, count(DISTINCT h.job_id)::int AS n,
+                 c.max_running - c.running AS free
+          FROM held AS h JOIN concurrency_limits AS c USING (job_type)
+          WHERE h.limited AND c.running < c.max_running
+          GROUP BY c.job_type, c.max_running, c.running) AS k
+    CROSS JOIN LATERAL (
+        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
+        WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
+          AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
+          AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
+          AND w.queue <> %(queue)s AND {QUEUE_RUNS}
+        ORDER BY w.job_id
+        LIMIT k.n
     ) AS n
     WHERE {no_pending_wakeup("n.job_id")}
 )
