@@ -703,9 +703,26 @@ class GateMachine(RuleBasedStateMachine):
                 HAVING bool_or({runs}) AND NOT bool_or({woken} AND {runs})
                    AND NOT bool_or({limited})
                    AND NOT EXISTS (SELECT 1 FROM resource_holds AS h
-                                   WHERE h.resource = w.resource)"""
+                                   WHERE h.resource = w.resource)
+                UNION ALL
+                SELECT c.job_type FROM concurrency_limits AS c
+                WHERE c.running < c.max_running
+                  AND EXISTS (SELECT 1 FROM jobs AS w
+                              WHERE w.job_type = c.job_type
+                                AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                AND w.delay_reason = 'CONCURRENCY_LIMIT'
+                                AND COALESCE(w.weight, 1) <= c.max_running - c.running
+                                AND {runs} AND NOT {woken})
+                  AND NOT EXISTS (SELECT 1 FROM jobs AS w
+                                  WHERE w.job_type = c.job_type
+                                    AND w.state IN ('QUEUED', 'RETRY_WAIT')
+                                    AND (({woken} AND {runs}) OR w.delay_reason IN (
+                                        'KEY_BUSY', 'KEY_ORDER', 'RESOURCE_BUSY',
+                                        'RESOURCE_UNCERTAIN')))"""
         )
-        assert passed_over == [], "a free key or resource woke only a job of a paused queue"
+        assert passed_over == [], (
+            "a free key, resource or concurrency limit woke only a job of a paused queue"
+        )
 
 
 @pytest.mark.parametrize(
