@@ -124,7 +124,7 @@ def plans(keys: int, batch: int) -> dict[str, Any]:
             ).fetchall()
         ]
         claim = claim_params(ids, "bench") | {"lease_seconds": 60}
-        decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1,
+        decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1, "slack": 0,
                     "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000}  # fmt: skip
         finish = {
             "outcomes": json.dumps(

@@ -59,7 +59,7 @@ def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
 
 
 def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
-    params = {"queue": "default", "limit": 500, "window": window, "min_window": 1,
+    params = {"queue": "default", "limit": 500, "window": window, "min_window": 1, "slack": 0,
               "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000}  # fmt: skip
     with explaining(conn, OUTBOX_WAKE_QUEUE, params) as (text, top):
         sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()

@@ -196,7 +196,8 @@ RELAY_BATCH_SIZE: Final = 500
 RELAY_WINDOW: Final[int | None] = None
 """Wake-ups in flight (sent, not yet taken up by a consumer) per queue. None (``0``
 on the command line): twice the concurrency of the queue's live consumers, and at
-least ``RELAY_MIN_WINDOW``. The backlog beyond it waits in the tables, where
+least ``RELAY_MIN_WINDOW``, plus twice what they take during one of the relay's
+decisions (relay/pace.py). The backlog beyond it waits in the tables, where
 priority and fair share order it."""
 
 RELAY_MIN_WINDOW: Final = 100

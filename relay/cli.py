@@ -44,7 +44,7 @@ from hybrid_jobs.relay.settings import HEARTBEAT_INTERVAL_MAX, RelaySettings
     "window",
     "Wake-ups in flight per queue; the backlog beyond waits in the tables, ordered by "
     "priority and fair share. 0: twice the concurrency of the queue's live consumers, at "
-    "least --min-window.",
+    "least --min-window, plus twice what they take during one decision.",
     none=0,
 )
 @setting_option(RelaySettings, "min_window", "The smallest automatic window.")

@@ -34,6 +34,7 @@ from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.db import native
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.relay.broker import Publisher, QueueFailure, WakeUp, pack
+from hybrid_jobs.relay.pace import pace
 from hybrid_jobs.relay.spread import pack_limit
 from hybrid_jobs.schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
 
@@ -75,7 +76,7 @@ class Woken:
 class WakeLimits:
     batch: int
     # Wake-ups in flight per queue: fixed, or None for twice the capacity of the
-    # queue's live consumers, at least min_window.
+    # queue's live consumers, at least min_window, plus the slack (relay/pace.py).
     window: int | None
     min_window: int
     pack: int
@@ -118,7 +119,9 @@ async def _wake(
     await publisher.wait_connected(limits.publish_timeout)
     most = await pack_limit(pool, queue, limits.pack, limits.worker_ttl)
     seen = _tenants_seen.setdefault(pool, {})
+    paced = pace(pool, queue)
     async with pool.connection() as conn, conn.transaction():
+        began = time.monotonic()
         try:
             cur = await native(OUTBOX_WAKE_QUEUE).execute(
                 conn,
@@ -127,6 +130,7 @@ async def _wake(
                     "limit": limits.batch,
                     "window": limits.window,
                     "min_window": limits.min_window,
+                    "slack": paced.slack(limits.batch),
                     "worker_ttl": limits.worker_ttl,
                     "bulk": BULK_PER_TENANT * max(1, seen.get(queue, 1)),
                 },
@@ -136,6 +140,7 @@ async def _wake(
             # rows; the other queues' decisions need not wait for it.
             raise QueueFailure(queue, "decision_timeout", describe_error(exc)) from exc
         rows = await cur.fetchall()
+        decided = time.monotonic() - began
         sent = [
             (r[0], r[1], r[2])
             for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
@@ -143,6 +148,8 @@ async def _wake(
         summary = next(r for r in rows if r[0] is None)
         if summary[7] is not None:
             seen[queue] = summary[7]
+        # (summary[7] is set when the decision read the backlog)
+        paced.passed(time.monotonic(), len(sent), decided if summary[7] is not None else None)
         messages = pack(queue, sent, most)
         if messages:
             began = tracing.now_ns()

@@ -449,6 +449,7 @@ def test_the_relays_decision_reads_a_probe_per_tenant_with_a_backlog_and_its_roo
         "limit": defaults.RELAY_BATCH_SIZE,
         "window": WINDOW,
         "min_window": defaults.RELAY_MIN_WINDOW,
+        "slack": 0,
         "worker_ttl": defaults.WORKER_TTL_SECONDS,
         "bulk": bulk,
     }

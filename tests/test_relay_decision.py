@@ -196,7 +196,7 @@ def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
         }
         rows = pg.execute(
             OUTBOX_WAKE_QUEUE,
-            {"queue": QUEUE, "limit": b.limit, "window": b.window, "min_window": 1,
+            {"queue": QUEUE, "limit": b.limit, "window": b.window, "min_window": 1, "slack": 0,
              "worker_ttl": 60, "bulk": b.bulk},
         ).fetchall()  # fmt: skip
         after = {
@@ -279,6 +279,7 @@ def _explained(pg: psycopg.Connection, window: int, bulk: int = 1000) -> tuple[A
                 "limit": 500,
                 "window": window,
                 "min_window": 1,
+                "slack": 0,
                 "worker_ttl": 60,
                 "bulk": bulk,
             },
@@ -408,6 +409,7 @@ def test_a_pass_reads_its_room_not_the_backlog(pg: psycopg.Connection, generic: 
         "limit": 100,
         "window": 100,
         "min_window": 1,
+        "slack": 0,
         "worker_ttl": 60,
         "bulk": 4,
     }
@@ -458,6 +460,7 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
         "limit": 100,
         "window": 100,
         "min_window": 1,
+        "slack": 0,
         "worker_ttl": 60,
         "bulk": 1000,
     }

@@ -566,6 +566,7 @@ class JobMachine(RuleBasedStateMachine):
                         "limit": 100,
                         "window": window,
                         "min_window": 1,
+                        "slack": 0,
                         "worker_ttl": 60,
                         "bulk": 1000,
                     },

@@ -2460,7 +2460,7 @@ WHERE q.queue IS NOT NULL
 -- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
 -- mark them sent.
 -- Built with UNTAKEN, LIVE_WORKER.
--- Parameters: bulk, limit, min_window, queue, window, worker_ttl.
+-- Parameters: bulk, limit, min_window, queue, slack, window, worker_ttl.
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
     SELECT pg_try_advisory_xact_lock(
@@ -2475,10 +2475,12 @@ WITH RECURSIVE gate AS (
       AND (SELECT NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)) FROM jobs AS j WHERE j.job_id = o.job_id)
     RETURNING o.id
 ), capacity AS (
-    -- 2a. the window: given, or twice the live consumers' capacity
+    -- 2a. the window: given, or twice the live consumers' capacity and the slack
+    -- the relay adds for what they take while its decision runs
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
-               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)))) AS size
+               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)))
+               + %(slack)s::int) AS size
 ), pause AS (
     -- 2b. whether the queue is paused
     SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused

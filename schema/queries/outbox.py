@@ -192,7 +192,8 @@ def _horizon(candidates: str) -> str:
 # 1. settle: wake-ups in flight whose job has been taken up since (claimed, finished,
 #    or turned down: the claim deletes those) leave the table;
 # 2. room: the queue's window (given, or twice the capacity of its live consumers,
-#    at least min_window) minus the wake-ups still in flight; none while paused;
+#    at least min_window, plus the relay's slack) minus the wake-ups still in
+#    flight; none while paused;
 # 3. order: higher priority first; within a priority, weighted fair share between
 #    the queue's tenants by start-time fair queuing: a tenant's k-th wake-up gets the
 #    virtual start max(its pass, the queue's clock) + (k-1)/weight, so a tenant of
@@ -249,10 +250,12 @@ WITH RECURSIVE gate AS (
       AND (SELECT NOT ({UNTAKEN}) FROM jobs AS j WHERE j.job_id = o.job_id)
     RETURNING o.id
 ), capacity AS (
-    -- 2a. the window: given, or twice the live consumers' capacity
+    -- 2a. the window: given, or twice the live consumers' capacity and the slack
+    -- the relay adds for what they take while its decision runs
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
-               WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}))) AS size
+               WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}))
+               + %(slack)s::int) AS size
 ), pause AS (
     -- 2b. whether the queue is paused
     SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
