@@ -27,16 +27,16 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from bench.common import argument_parser, report, scratch_database, server_versions
+from bench.common import (
+    argument_parser,
+    autovacuum,
+    report,
+    scratch_database,
+    server_versions,
+)
 from hybrid_jobs import outbox
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import DatabaseUrl
-
-
-def autovacuum(db: DatabaseUrl) -> str:
-    with psycopg.connect(db.conninfo) as conn:
-        row = conn.execute("SHOW autovacuum").fetchone()
-    return str(row[0]) if row else "?"
 
 
 def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None) -> float:
@@ -110,7 +110,7 @@ def main() -> None:
                 "jobs": args.jobs,
                 "repeat": args.repeat,
                 "payload": ours_payload,
-                "autovacuum": autovacuum(mine),
+                "autovacuum": autovacuum(mine.conninfo),
                 "servers": server_versions(),
                 "jobs_per_second": {name: round(rate) for name, rate in rates.items()},
                 "rounds_seconds": {

@@ -40,11 +40,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from types import FrameType
 
-import psycopg
-
 from bench.common import machine, pace_options, server_versions
 from bench.peers.base import Contender, Figures, Settings, say
-from harness.services import ADMIN_URL
 
 GROUPS = {
     "hybrid-jobs": "bench.peers.hybrid",
@@ -259,15 +256,8 @@ def table(data: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def autovacuum() -> str:
-    """The server's autovacuum setting: on in production, off on this project's CI."""
-    with psycopg.connect(ADMIN_URL) as conn:
-        row = conn.execute("SHOW autovacuum").fetchone()
-    return str(row[0]) if row else "?"
-
-
 def machine_info() -> dict[str, object]:
-    info: dict[str, object] = {**machine(), **server_versions(), "autovacuum": autovacuum()}
+    info: dict[str, object] = {**machine(), **server_versions()}
     for package in PEER_PACKAGES:
         try:
             info[package] = importlib.metadata.version(package)
