@@ -148,7 +148,7 @@ async def _wake(
         summary = next(r for r in rows if r[0] is None)
         if summary[7] is not None:
             seen[queue] = summary[7]
-        # (summary[7] is set when the decision read the backlog)
+        # only a decision that read the backlog (summary[7] set) times that read
         paced.passed(time.monotonic(), len(sent), decided if summary[7] is not None else None)
         messages = pack(queue, sent, most)
         if messages:

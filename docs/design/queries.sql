@@ -3679,7 +3679,7 @@ WHERE job_id = %(job_id)s;
 
 -- name: QUEUE_PAUSE
 -- Run by outbox.queues:pause_queue(_async) to pause a queue.
--- Built with WHO, no_pending_wakeup, QUEUE_RUNS.
+-- Built with WHO, no_pending_wakeup, QUEUE_RUNS, turns_passed_on_at_pause.
 -- Parameters: by, queue.
 WITH paused AS (
     INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)

@@ -12,12 +12,11 @@ from hybrid_jobs.schema.queries.fragments import (
     KEY_AHEAD,
     LIVE_WORKER,
     PENDING_TENANTS,
-    QUEUE_RUNS,
     UNTAKEN,
     WHO,
     key_wake_next,
-    no_pending_wakeup,
     resource_wake_next,
+    turns_passed_on_at_pause,
 )
 from hybrid_jobs.schema.queries.policy import forbids
 from hybrid_jobs.schema.queries.worker import RELAY_LIVE_SECONDS
@@ -28,7 +27,6 @@ from hybrid_jobs.schema.tables import (
     LEASED_SQL,
     OUTBOX_CHANNEL,
     REPLAYABLE_SQL,
-    RESOURCE_REFUSALS_SQL,
     TERMINAL_SQL,
     channel_sql,
 )
@@ -324,20 +322,9 @@ WHERE job_id = %(job_id)s
 
 # Pausing a paused queue keeps who paused it first, and when. The claim refuses
 # the queue's jobs (QUEUE_PAUSED) and the relay sends none of its wake-ups while the
-# row says paused; jobs already running finish.
-#
-# A hand-off a job of the queue holds is passed on: a free key, resource or slot of
-# a type's concurrency limit that woke one of its jobs would otherwise idle until
-# the resume, while jobs of queues that run wait for it. For each unordered key
-# with waiting jobs of the queue that have a wake-up, as many of its waiting jobs
-# of running queues are woken, first in key order; for each free resource with
-# one, its first of a running queue (one it turned down first); for each type's
-# limit with free slots, as many of the jobs of running queues it turned down,
-# oldest first, that fit. The paused queue's jobs keep their wake-ups, for the resume;
-# a job woken for a key or resource that turns out busy is turned down and waits
-# for the next hand-off. An ordered key's turn stays with the next in order,
-# whatever its queue. (The statement's snapshot does not see the pause: the queue
-# is left out by name.)
+# row says paused; jobs already running finish. The turns of keys, resources and
+# concurrency limits its waiting jobs hold pass on to jobs of running queues
+# (fragments.turns_passed_on_at_pause).
 QUEUE_PAUSE: Final = f"""
 WITH paused AS (
     INSERT INTO queues AS q (queue, paused, paused_at, paused_by, updated_at)
@@ -348,65 +335,7 @@ WITH paused AS (
         paused_by = CASE WHEN q.paused THEN q.paused_by ELSE EXCLUDED.paused_by END,
         updated_at = now()
     RETURNING q.queue, q.paused_at, q.paused_by
-), held AS MATERIALIZED (
-    -- the queue's waiting jobs with a wake-up that wait for a key, a resource or
-    -- their type's concurrency limit
-    SELECT j.job_id, j.key, j.key_seq, j.resource, j.job_type,
-           j.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}' AS limited
-    FROM outbox AS o JOIN jobs AS j ON j.job_id = o.job_id
-    WHERE o.queue = %(queue)s AND j.state IN ({CLAIMABLE_SQL})
-      AND (j.key IS NOT NULL OR j.resource IS NOT NULL
-           OR j.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}')
-), key_passed AS (
-    SELECT h.key, count(DISTINCT h.job_id)::int AS n
-    FROM held AS h WHERE h.key IS NOT NULL AND h.key_seq IS NULL
-    GROUP BY h.key
-), key_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM key_passed AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
-        WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
-          AND w.queue <> %(queue)s AND {QUEUE_RUNS}
-        ORDER BY w.key_seq, w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE {no_pending_wakeup("n.job_id")}
-), resource_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM (SELECT DISTINCT h.resource FROM held AS h
-          WHERE h.resource IS NOT NULL
-            AND NOT EXISTS (SELECT 1 FROM resource_holds AS r WHERE r.resource = h.resource))
-         AS r
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
-        WHERE w.resource = r.resource AND w.state IN ({CLAIMABLE_SQL})
-          AND w.run_after <= now() AND w.queue <> %(queue)s AND {QUEUE_RUNS}
-        ORDER BY (w.delay_reason IN ({RESOURCE_REFUSALS_SQL})) IS TRUE DESC, w.job_id
-        LIMIT 1
-    ) AS n
-    WHERE {no_pending_wakeup("n.job_id")}
-), limit_woken AS (
-    INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
-    SELECT n.job_id, n.queue, COALESCE(n.tenant, ''), n.priority, now()
-    FROM (SELECT c.job_type, count(DISTINCT h.job_id)::int AS n,
-                 c.max_running - c.running AS free
-          FROM held AS h JOIN concurrency_limits AS c USING (job_type)
-          WHERE h.limited AND c.running < c.max_running
-          GROUP BY c.job_type, c.max_running, c.running) AS k
-    CROSS JOIN LATERAL (
-        SELECT w.job_id, w.queue, w.tenant, w.priority FROM jobs AS w
-        WHERE w.job_type = k.job_type AND w.state IN ({CLAIMABLE_SQL})
-          AND w.delay_reason = '{DelayReason.CONCURRENCY_LIMIT}'
-          AND w.run_after <= now() AND COALESCE(w.weight, 1) <= k.free
-          AND w.queue <> %(queue)s AND {QUEUE_RUNS}
-        ORDER BY w.job_id
-        LIMIT k.n
-    ) AS n
-    WHERE {no_pending_wakeup("n.job_id")}
-)
+), {turns_passed_on_at_pause("%(queue)s")}
 SELECT queue, paused_at, paused_by FROM paused
 """
 
