@@ -414,6 +414,10 @@ async def test_the_store_ends_each_lease_by_the_statement_of_what_it_holds(
     assert pg.execute("SELECT count(*) FROM resource_holds").fetchone() == (0,)
 
 
+# The queues of a consumer that serves the paused queue too.
+BOTH = ["default", "reports"]
+
+
 def _claim_in(pg: psycopg.Connection, ids: list[uuid.UUID], queues: list[str]) -> dict[Any, str]:
     params = {**claim_params(ids, "w1"), "queues": queues}
     return {row[1]: row[0] for row in pg.execute(q.JOB_CLAIM_MANY, params).fetchall()}
@@ -425,6 +429,14 @@ def _pause(engine: Engine, queue: str, paused: bool) -> None:
             outbox.pause_queue(session, queue)
         else:
             outbox.resume_queue(session, queue)
+
+
+def _held(engine: Engine, pg: psycopg.Connection, gate: str) -> tuple[dict[str, str], Any]:
+    """The key or resource of ``gate`` (as enqueue's keyword), and a job that holds it."""
+    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
+    holder = enqueue(engine, "noop", **use)
+    assert _claim(pg, [holder]) == {holder: "claimed"}
+    return use, holder
 
 
 @pytest.mark.parametrize("gate", ["key", "resource"])
@@ -443,18 +455,17 @@ def test_a_freed_gate_passes_over_a_waiter_of_a_paused_queue_to_one_that_can_run
     paused = enqueue(engine, "noop", queue="reports", **use)
     runnable = enqueue(engine, "noop", **use)
     _sent(pg)
-    both = ["default", "reports"]
-    assert _claim_in(pg, [paused, runnable], both) == {paused: busy, runnable: busy}
+    assert _claim_in(pg, [paused, runnable], BOTH) == {paused: busy, runnable: busy}
     _pause(engine, "reports", True)
     _finish(pg, holder, Outcome.succeeded())
     assert (_pending(pg, paused), _pending(pg, runnable)) == (0, 1)
     _sent(pg)
-    assert _claim_in(pg, [runnable], both) == {runnable: "claimed"}
+    assert _claim_in(pg, [runnable], BOTH) == {runnable: "claimed"}
     _finish(pg, runnable, Outcome.succeeded())
     assert _pending(pg, paused) == 1, "the last waiter is woken, paused or not"
     _pause(engine, "reports", False)
     _sent(pg)
-    assert _claim_in(pg, [paused], both) == {paused: "claimed"}
+    assert _claim_in(pg, [paused], BOTH) == {paused: "claimed"}
 
 
 def test_an_ordered_key_keeps_its_order_across_a_paused_queue(
@@ -467,14 +478,13 @@ def test_an_ordered_key_keeps_its_order_across_a_paused_queue(
     head = enqueue(engine, "noop", queue="reports", key="acct", ordered=True)
     later = enqueue(engine, "noop", key="acct", ordered=True)
     _sent(pg)
-    both = ["default", "reports"]
-    assert _claim_in(pg, [head, later], both) == {head: "KEY_ORDER", later: "KEY_ORDER"}
+    assert _claim_in(pg, [head, later], BOTH) == {head: "KEY_ORDER", later: "KEY_ORDER"}
     _pause(engine, "reports", True)
     _finish(pg, holder, Outcome.succeeded())
     assert (_pending(pg, head), _pending(pg, later)) == (1, 0)
     _pause(engine, "reports", False)
     _sent(pg)
-    assert _claim_in(pg, [head, later], both) == {head: "claimed", later: "KEY_ORDER"}
+    assert _claim_in(pg, [head, later], BOTH) == {head: "claimed", later: "KEY_ORDER"}
 
 
 @pytest.mark.parametrize("gate", ["key", "resource"])
@@ -484,14 +494,11 @@ def test_a_woken_waiter_that_ends_before_it_ran_passes_over_a_paused_queue(
     # The freed key or resource woke a job of a running queue; it is cancelled before
     # it runs. The turn passes (jobs_hand_on) to the next job that can run, not to the
     # older one of a paused queue.
-    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
-    holder = enqueue(engine, "noop", **use)
-    assert _claim(pg, [holder]) == {holder: "claimed"}
+    use, holder = _held(engine, pg, gate)
     paused = enqueue(engine, "noop", queue="reports", **use)
     woken, runnable = (enqueue(engine, "noop", **use) for _ in range(2))
     _sent(pg)
-    both = ["default", "reports"]
-    assert set(_claim_in(pg, [paused, woken, runnable], both).values()) <= {
+    assert set(_claim_in(pg, [paused, woken, runnable], BOTH).values()) <= {
         "KEY_BUSY",
         "RESOURCE_BUSY",
     }
@@ -512,20 +519,17 @@ def test_pausing_the_queue_of_the_woken_waiter_passes_its_turn_on(
     # the resume, and the key or resource idled while a job of a running queue
     # waited for it with no wake-up (found by the gates model test). The pause
     # passes the turn on; the paused job keeps its wake-up for the resume.
-    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
-    holder = enqueue(engine, "noop", **use)
-    assert _claim(pg, [holder]) == {holder: "claimed"}
+    use, holder = _held(engine, pg, gate)
     paused = enqueue(engine, "noop", queue="reports", **use)
     runnable = enqueue(engine, "noop", **use)
     _sent(pg)
-    both = ["default", "reports"]
-    assert set(_claim_in(pg, [paused, runnable], both).values()) <= {"KEY_BUSY", "RESOURCE_BUSY"}
+    assert set(_claim_in(pg, [paused, runnable], BOTH).values()) <= {"KEY_BUSY", "RESOURCE_BUSY"}
     _finish(pg, holder, Outcome.succeeded())
     assert (_pending(pg, paused), _pending(pg, runnable)) == (1, 0)
     _pause(engine, "reports", True)
     assert (_pending(pg, paused), _pending(pg, runnable)) == (1, 1)
     _sent(pg)
-    assert _claim_in(pg, [runnable], both) == {runnable: "claimed"}
+    assert _claim_in(pg, [runnable], BOTH) == {runnable: "claimed"}
     # pausing it again, or a queue whose jobs hold no turn, wakes nobody more
     _pause(engine, "reports", True)
     _pause(engine, "default", True)
@@ -540,8 +544,7 @@ def test_pausing_a_queue_leaves_an_ordered_keys_turn_with_the_next_in_order(
     head = enqueue(engine, "noop", queue="reports", key="acct", ordered=True)
     later = enqueue(engine, "noop", key="acct", ordered=True)
     _sent(pg)
-    both = ["default", "reports"]
-    assert _claim_in(pg, [head, later], both) == {head: "KEY_ORDER", later: "KEY_ORDER"}
+    assert _claim_in(pg, [head, later], BOTH) == {head: "KEY_ORDER", later: "KEY_ORDER"}
     _finish(pg, holder, Outcome.succeeded())
     _pause(engine, "reports", True)
     assert (_pending(pg, head), _pending(pg, later)) == (1, 0)
@@ -554,9 +557,7 @@ def test_a_woken_waiter_moved_later_by_an_edit_passes_the_turn_on(
     # The freed key or resource woke one waiter; the other was turned down and has no
     # wake-up. An operator moves the woken one an hour later: nothing ended, so the
     # hand-on trigger does not fire, and the other waited for the orphan walk.
-    use = {"key": "acct"} if gate == "key" else {"resource": "deploy:prod"}
-    holder = enqueue(engine, "noop", **use)
-    assert _claim(pg, [holder]) == {holder: "claimed"}
+    use, holder = _held(engine, pg, gate)
     woken, other = (enqueue(engine, "noop", **use) for _ in range(2))
     _sent(pg)
     assert set(_claim(pg, [woken, other]).values()) <= {"KEY_BUSY", "RESOURCE_BUSY"}
