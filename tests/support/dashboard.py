@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
 import uvicorn
 from fastapi import FastAPI
 from playwright.async_api import BrowserContext, Page, async_playwright
@@ -162,7 +163,11 @@ _BROWSER = _Browser()
 @asynccontextmanager
 async def chromium(refresh_seconds: float | None = None) -> AsyncIterator[BrowserContext]:
     """A fresh headless Chromium context; ``refresh_seconds`` sets the dashboard's
-    auto-refresh before any page loads (the person's choice, in localStorage)."""
+    auto-refresh before any page loads (the person's choice, in localStorage). A
+    test that asks for one where Chromium is not installed is skipped, and says so,
+    as scripts/test promises."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (scripts/test installs it)")
     async with async_playwright() as playwright:
         browser = await playwright.chromium.connect_over_cdp(_BROWSER.endpoint())
         try:
