@@ -66,17 +66,14 @@ def migrate(url: DatabaseUrl, target: str = "head", *, down: bool = False) -> No
 
 
 @contextlib.contextmanager
-def _database(prefix: str, template: str | None = None) -> Iterator[str]:
+def _database(prefix: str) -> Iterator[str]:
     """A database of its own, dropped afterwards (even if connections linger)."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    clone = f' TEMPLATE "{template}"' if template else ""
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"{clone}')
+    name = databases.new_name(prefix)
+    databases.create(_admin, name, None)
     try:
         yield name
     finally:
-        with _admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        databases.drop(_admin, name)
 
 
 def _stop_unless_up(problem: str | None) -> None:

