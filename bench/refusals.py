@@ -14,6 +14,15 @@ one included) per waiting job per 10 s (the target is at most 2), and once the s
 frees, the delay from "handler free" (the previous job's handler returned) to the
 next job's start, p50/p95/max, and how long the waiting jobs took to run. Prints one
 JSON object.
+
+    python -m bench.refusals --killed [--jobs 20] [--busy 10]
+
+The other shape: the one consumer with the handler is killed (SIGKILL) while its
+job runs and the others wait, so the fleet has no handler for them at all; its row
+in ``workers`` still looks live until its heartbeat lapses. The wake-ups are
+counted the same way over --busy seconds from the kill; then a consumer with the
+handler starts again and every job, the killed one's after its lease lapses, must
+run.
 """
 
 from __future__ import annotations
@@ -38,9 +47,11 @@ if os.environ.get(ROLE) == "capable":
 
     @consumers.handler("rare")
     async def rare(job: consumers.Job) -> None:
-        """Notes when it started and when it returned."""
+        """Notes when it started and when it returned; ``then``, how long it takes
+        from its second attempt on (the killed shape's first job)."""
         process_marks().started(job.id)
-        await asyncio.sleep(float(job.payload.get("seconds", 0)))
+        seconds = job.payload.get("then") if job.attempt > 1 else None
+        await asyncio.sleep(float(seconds or job.payload.get("seconds", 0)))
         process_marks().ended(job.id)
 
 else:
@@ -58,26 +69,32 @@ def _outbox_written(conn: Any) -> int:
     return int(row[0] or 0) if row else 0
 
 
-def _enqueue(engine: Any, seconds: float) -> str:
+def _enqueue(engine: Any, seconds: float, then: float | None = None) -> str:
     from sqlalchemy.orm import Session
 
     from hybrid_jobs import outbox
 
     with Session(engine) as session, session.begin():
-        return str(outbox.enqueue(session, "rare", {"seconds": seconds}))
+        return str(outbox.enqueue(session, "rare", {"seconds": seconds, "then": then}))
 
 
 def _state(conn: Any, job_id: str) -> str:
     return str(conn.execute("SELECT state FROM jobs WHERE job_id = %s", [job_id]).fetchone()[0])
 
 
-def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
+def run(args: Any, db: Any, logs: Path, capable: Any = None, restart: Any = None) -> dict[str, Any]:
+    """With ``capable`` (the consumer with the handler) and ``restart`` (starts a
+    new one), the killed shape."""
     import psycopg
     from sqlalchemy import create_engine
 
     engine = create_engine(db.sqlalchemy, pool_size=2)
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        blocker = _enqueue(engine, args.busy)
+        # Killed, its consumer is gone before it could end; run again, it is short.
+        if capable:
+            blocker = _enqueue(engine, 3600, then=args.job_seconds)
+        else:
+            blocker = _enqueue(engine, args.busy)
         deadline = time.monotonic() + 60
         while _state(conn, blocker) != "RUNNING":
             if time.monotonic() > deadline:
@@ -85,12 +102,20 @@ def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
             time.sleep(0.02)
         # Counted from before the waiting jobs' own wake-ups, as the issue counted.
         before, began = _outbox_written(conn), time.monotonic()
+        if capable:
+            capable.kill()
+            capable.wait()
         waiting = [_enqueue(engine, args.job_seconds) for _ in range(args.jobs)]
-        while _state(conn, blocker) == "RUNNING":
-            time.sleep(0.02)
+        if capable:
+            time.sleep(max(0.0, args.busy - (time.monotonic() - began)))
+        else:
+            while _state(conn, blocker) == "RUNNING":
+                time.sleep(0.02)
         window = time.monotonic() - began
         written = _outbox_written(conn) - before
         drained_from = time.monotonic()
+        if restart:
+            restart()
         ids = [blocker, *waiting]
         while conn.execute(
             "SELECT count(*) FROM jobs WHERE job_id = ANY(%s::uuid[]) AND state <> 'SUCCEEDED'",
@@ -103,10 +128,14 @@ def run(args: Any, db: Any, logs: Path) -> dict[str, Any]:
     engine.dispose()
     marks = Marks(logs)
     starts, ends = marks.starts(), marks.ends()
-    # One slot: each job starts after the one before it returned.
+    # One slot: each job starts after the one before it returned. Killed, the
+    # blocker's first run never returned: its second one counts.
     order = sorted(ids, key=lambda j: starts[j])
+    if capable:
+        order = [j for j in order if j in ends]
     delays = [(starts[b] - ends[a]) * 1000 for a, b in itertools.pairwise(order)]
     return {
+        "shape": "killed" if capable else "busy",
         "waiting_jobs": args.jobs,
         "busy_seconds_measured": round(window, 2),
         "wakeups_written_while_busy": written,
@@ -134,16 +163,31 @@ def main() -> None:
     parser.add_argument(
         "--drain-timeout", type=float, default=300, help="seconds to wait for them to run"
     )
+    parser.add_argument(
+        "--killed",
+        action="store_true",
+        help="kill the one consumer with the handler instead of keeping it busy",
+    )
     args = parser.parse_args()
 
     logs = Path(tempfile.mkdtemp(prefix="bench-refusals-"))
     with scratch_system("bench_refusals", env={ENV: str(logs)}, logs=logs) as system:
         app = ["--app", "bench.refusals"]
         system.start("relay")
-        system.start("consumer", *app, "--concurrency", "1", env={ROLE: "capable"})
+        capable = ["consumer", *app, "--concurrency", "1"]
+        first = system.start(*capable, env={ROLE: "capable"})
         system.start("consumer", *app, env={ROLE: "other"})
         time.sleep(3)  # connected, consuming, announced
-        figures = run(args, system.db, logs)
+        if args.killed:
+            figures = run(
+                args,
+                system.db,
+                logs,
+                capable=first,
+                restart=lambda: system.start(*capable, env={ROLE: "capable"}),
+            )
+        else:
+            figures = run(args, system.db, logs)
     report("refusals", figures)
 
 
