@@ -301,6 +301,39 @@ def autovacuum(conninfo: str = ADMIN_URL) -> str:
     return str(row[0]) if row else "?"
 
 
+AUTOVACUUM_CHOICES = ("server", "on", "off")
+
+
+def autovacuum_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--autovacuum",
+        choices=AUTOVACUUM_CHOICES,
+        default="server",
+        help="autovacuum for this run (on, as production runs it; off, as this project's "
+        "CI does), set with ALTER SYSTEM and put back afterwards; server: as it is",
+    )
+
+
+@contextmanager
+def autovacuum_set(value: str) -> Iterator[None]:
+    """The server's autovacuum ``value`` ('on' or 'off'; 'server' leaves it) for the
+    block: with ALTER SYSTEM and a reload (it is a server-wide setting), reset
+    afterwards to what the configuration files say. Killed in between, a run
+    leaves it set: ``ALTER SYSTEM RESET autovacuum; SELECT pg_reload_conf()``."""
+    if value == "server":
+        yield
+        return
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET autovacuum = {'on' if value == 'on' else 'off'}")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum")
+            conn.execute("SELECT pg_reload_conf()")
+
+
 def machine() -> dict[str, object]:
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "autovacuum": autovacuum()}
 

@@ -4,6 +4,7 @@ LOCKED loop as the baseline, in one run against one database.
     python -m bench.drain [--jobs 20000] [--consumers 2] [--concurrency 50]
                           [--rate 200] [--seconds 10] [--no-baseline]
                           [--pack 50] [--prefetch 0] [--analyze]
+                          [--autovacuum server|on|off]
 
 1. drain: N no-op jobs committed at once with enqueue_many, one relay and K
    `consumer` processes; jobs/s from the commit until the last is SUCCEEDED
@@ -33,6 +34,8 @@ from sqlalchemy.orm import Session
 
 from bench.common import (
     argument_parser,
+    autovacuum_option,
+    autovacuum_set,
     pace_options,
     report,
     scratch_system,
@@ -43,6 +46,11 @@ from bench.peers import skiplocked
 from bench.peers.base import latency_figures, paced
 from hybrid_jobs import outbox
 from hybrid_jobs.plumbing.config import DatabaseUrl
+
+# Autovacuum's vacuums and analyzes of the project's tables so far.
+AUTOVACUUM_RUNS = """
+SELECT COALESCE(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables
+"""
 
 
 def count(db: DatabaseUrl, sql: str) -> int:
@@ -120,42 +128,48 @@ def main() -> None:
         action="store_true",
         help="ANALYZE jobs and outbox right after the backlog's commit, as autovacuum would",
     )
+    autovacuum_option(parser)
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C: daemons stopped, database and broker namespace dropped.
     signal.signal(signal.SIGTERM, _terminated)
 
-    marks = Marks(Path(tempfile.mkdtemp(prefix="bench-starts-")))
-    with scratch_system(env={ENV: str(marks.path)}) as system:
-        db = system.db
-        system.start("relay", "--pack", str(args.pack))
-        for _ in range(args.consumers):
-            system.start(
-                "consumer",
-                *("--app", "bench.apps", "--concurrency", str(args.concurrency)),
-                *("--prefetch", str(args.prefetch)),
-            )
-        time.sleep(3)  # connected, consuming
-        drain_rate = drain(db, args.jobs, analyze=args.analyze)
-        lat = latency(db, args.rate, args.seconds, marks)
-        system.stop()
-        attempts = count(db, "SELECT count(*) FROM job_attempts")
-        base_rate = skiplocked.drain(db, args.jobs, args.consumers) if args.baseline else None
+    # The report too: it says the autovacuum setting the run had.
+    with autovacuum_set(args.autovacuum):
+        marks = Marks(Path(tempfile.mkdtemp(prefix="bench-starts-")))
+        with scratch_system(env={ENV: str(marks.path)}) as system:
+            db = system.db
+            system.start("relay", "--pack", str(args.pack))
+            for _ in range(args.consumers):
+                system.start(
+                    "consumer",
+                    *("--app", "bench.apps", "--concurrency", str(args.concurrency)),
+                    *("--prefetch", str(args.prefetch)),
+                )
+            time.sleep(3)  # connected, consuming
+            drain_rate = drain(db, args.jobs, analyze=args.analyze)
+            lat = latency(db, args.rate, args.seconds, marks)
+            system.stop()
+            attempts = count(db, "SELECT count(*) FROM job_attempts")
+            vacuums = count(db, AUTOVACUUM_RUNS)
+            base_rate = skiplocked.drain(db, args.jobs, args.consumers) if args.baseline else None
 
-    figures: dict[str, object] = {
-        "jobs": args.jobs,
-        "consumer_processes": args.consumers,
-        "concurrency_per_process": args.concurrency,
-        "pack": args.pack,
-        "prefetch": args.prefetch or "default",
-        "analyzed": args.analyze,
-        "drain_jobs_per_s": round(drain_rate),
-        "commit_to_handler_start": lat,
-    }
-    if base_rate is not None:
-        figures["baseline_skip_locked_jobs_per_s"] = round(base_rate)
-        figures["drain_to_baseline_ratio"] = round(drain_rate / base_rate, 2)
-    figures["attempt_rows"] = attempts
-    report("drain", figures)
+        figures: dict[str, object] = {
+            "jobs": args.jobs,
+            "consumer_processes": args.consumers,
+            "concurrency_per_process": args.concurrency,
+            "pack": args.pack,
+            "prefetch": args.prefetch or "default",
+            "analyzed": args.analyze,
+            "drain_jobs_per_s": round(drain_rate),
+            "commit_to_handler_start": lat,
+        }
+        if base_rate is not None:
+            figures["baseline_skip_locked_jobs_per_s"] = round(base_rate)
+            figures["drain_to_baseline_ratio"] = round(drain_rate / base_rate, 2)
+        figures["attempt_rows"] = attempts
+        # Whether autovacuum (or its analyze) ran on the project's tables during the run.
+        figures["autovacuum_runs"] = vacuums
+        report("drain", figures)
 
 
 if __name__ == "__main__":
