@@ -15,14 +15,15 @@ frees, the delay from "handler free" (the previous job's handler returned) to th
 next job's start, p50/p95/max, and how long the waiting jobs took to run. Prints one
 JSON object.
 
-    python -m bench.refusals --killed [--jobs 20] [--busy 10]
+    python -m bench.refusals --killed [--jobs 20] [--busy 10] [--lease-seconds 60]
 
 The other shape: the one consumer with the handler is killed (SIGKILL) while its
 job runs and the others wait, so the fleet has no handler for them at all; its row
 in ``workers`` still looks live until its heartbeat lapses. The wake-ups are
 counted the same way over --busy seconds from the kill; then a consumer with the
 handler starts again and every job, the killed one's after its lease lapses, must
-run.
+run. With a lease shorter than the worker TTL (60 s), the killed consumer's lease
+lapses while its row is still fresh.
 """
 
 from __future__ import annotations
@@ -164,6 +165,12 @@ def main() -> None:
         "--drain-timeout", type=float, default=300, help="seconds to wait for them to run"
     )
     parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=60,
+        help="the lease of the consumers with the handler (the consumer's default: 60)",
+    )
+    parser.add_argument(
         "--killed",
         action="store_true",
         help="kill the one consumer with the handler instead of keeping it busy",
@@ -174,7 +181,10 @@ def main() -> None:
     with scratch_system("bench_refusals", env={ENV: str(logs)}, logs=logs) as system:
         app = ["--app", "bench.refusals"]
         system.start("relay")
-        capable = ["consumer", *app, "--concurrency", "1"]
+        capable = [
+            *("consumer", *app, "--concurrency", "1"),
+            *("--lease-seconds", str(args.lease_seconds)),
+        ]
         first = system.start(*capable, env={ROLE: "capable"})
         system.start("consumer", *app, env={ROLE: "other"})
         time.sleep(3)  # connected, consuming, announced

@@ -139,9 +139,20 @@ class LeaseKeeper:
             if now >= next_seen:
                 next_seen = now + seen_every
                 try:
-                    await self.store.seen(self.worker_row())
+                    if await self.store.seen(self.worker_row()):
+                        await self.came_back()
                 except Exception as exc:
                     log.warning("consumer.worker_row_failed", extra={"error": describe_error(exc)})
+
+    async def came_back(self) -> None:
+        """Its row had expired, or a lease of it had lapsed (it was frozen, say):
+        it was not live meanwhile, and the jobs only it could run were left to wait
+        for a consumer to come. It has come: wake them, as at start."""
+        woken = await self.store.wake_parked(self.settings.queues, self.job_types)
+        log.info(
+            "consumer.back",
+            extra={"woke_waiting_jobs": woken, "why": "its row had expired or a lease lapsed"},
+        )
 
     async def renew(self, fences: list[tuple[uuid.UUID, int]]) -> None:
         if not fences:

@@ -448,10 +448,14 @@ class JobStore:
             cur = await conn.execute(q.OUTBOX_HELD_REFRESH, {"job_ids": list(job_ids)})
             return cur.rowcount
 
-    async def seen(self, params: dict[str, Any]) -> None:
-        """The worker's row: who it is, what it runs, its counters."""
+    async def seen(self, params: dict[str, Any]) -> bool:
+        """The worker's row: who it is, what it runs, its counters. Whether it
+        comes back: its row had expired, or a lease of it had lapsed since it was
+        last seen (WORKER_SEEN)."""
         async with self.pool.connection() as conn:
-            await conn.execute(q.WORKER_SEEN, {"worker": self.worker, **params})
+            cur = await conn.execute(q.WORKER_SEEN, {"worker": self.worker, **params})
+            row = await cur.fetchone()
+            return bool(row and row[0])
 
     async def record_policies(self, policies: list[dict[str, Any]]) -> list[str]:
         """Record what the handlers' job types allow (JOB_TYPE_POLICY_RECORD_MANY);

@@ -839,6 +839,9 @@ workers = Table(
     Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     # The dedicated tenants it may serve (consumer --tenant); it serves shared ones too.
     Column("tenants", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # When the sweeper last expired a lease of it: killed or frozen, it is not live
+    # (LIVE_WORKER) until its row is refreshed after that.
+    _ts("lease_lapsed_at"),
 )
 
 # One row per running relay, refreshed by its heartbeat: whether one is there and

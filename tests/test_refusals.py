@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from typing import Any
@@ -74,6 +75,90 @@ def test_a_job_type_only_a_busy_consumer_knows_waits_without_a_storm_of_wakeups(
         assert during <= 2 * len(waiting), f"{during} wake-ups for {len(waiting)} waiting jobs"
         assert states(pg, waiting) == {"QUEUED": 10}
         wait(lambda: states(pg, [*waiting, blocker]) == {"SUCCEEDED": 11}, "all ran", 60)
+        assert not relay.has_event("relay.chore_failed")
+
+
+def test_a_job_type_whose_only_consumer_was_killed_waits_without_a_storm_of_wakeups(
+    env: dict[str, str], engine: Engine, pg: psycopg.Connection
+) -> None:
+    """The only consumer with the handler is killed (SIGKILL) while it runs one: its
+    row in workers still looks live, with its one slot taken, until its heartbeat
+    lapses. The other consumer turns the waiting jobs down meanwhile, at most twice
+    each in the window (it was 11 a job in 10 s); one with the handler that starts
+    then runs them all, the killed one's job after its lease."""
+    short = [*CAPABLE, "--lease-seconds", "3", "--heartbeat-seconds", "1"]
+    with (
+        running("relay", [*RELAY, "--sweep-interval", "1"], env, "relay.started") as relay,
+        running("consumer", OTHER, env, "consumer.started"),
+    ):
+        with running("consumer", short, env, "consumer.started") as capable:
+            blocker = enqueue(engine, "rare", {"seconds": 600, "then": 0})
+            asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
+            capable.kill()
+        before = written(pg)
+        waiting = [enqueue(engine, "rare") for _ in range(10)]
+        time.sleep(WINDOW)
+        during = written(pg) - before
+        # Each job: its first wake-up and the refusal's delayed one, at most; the
+        # killed one's too, which waits again once its lease lapsed (it was 31).
+        jobs = len(waiting) + 1
+        assert during <= 2 * jobs, f"{during} wake-ups for {jobs} waiting jobs"
+        assert states(pg, waiting) == {"QUEUED": 10}
+        with running("consumer", short, env, "consumer.started"):
+            wait(lambda: states(pg, [*waiting, blocker]) == {"SUCCEEDED": 11}, "all ran", 60)
+        assert not relay.has_event("relay.chore_failed")
+
+
+def test_a_frozen_consumer_that_comes_back_wakes_the_jobs_that_waited_for_it(
+    env: dict[str, str], engine: Engine, pg: psycopg.Connection
+) -> None:
+    """The only consumer with the handler is frozen (SIGSTOP) past its lease: once
+    the sweeper took its lease back it is not live, so the jobs the other consumer
+    turns down wait for a consumer to come, without a wake-up (parked). When it
+    thaws (SIGCONT), its next heartbeat of its row says it is back, and it wakes
+    them: nothing else would."""
+    short = [*CAPABLE, "--lease-seconds", "3", "--heartbeat-seconds", "1"]
+    with (
+        running("relay", [*RELAY, "--sweep-interval", "1"], env, "relay.started") as relay,
+        running("consumer", OTHER, env, "consumer.started"),
+        running("consumer", short, env, "consumer.started") as capable,
+    ):
+        blocker = enqueue(engine, "rare", {"seconds": 2})
+        asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
+        capable.signal(signal.SIGSTOP)
+        try:
+            wait(
+                lambda: (
+                    pg.execute(
+                        "SELECT lease_lapsed_at IS NOT NULL FROM workers WHERE pid = %s",
+                        [capable.pid],
+                    ).fetchone()
+                    == (True,)
+                ),
+                "the sweeper took its lease back",
+            )
+            waiting = [enqueue(engine, "rare") for _ in range(5)]
+
+            def parked() -> int:
+                row = pg.execute(
+                    "SELECT count(*) FROM jobs AS j WHERE j.job_id = ANY(%s)"
+                    " AND j.delay_reason = 'NO_HANDLER'"
+                    " AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id)",
+                    [waiting],
+                ).fetchone()
+                return int(row[0]) if row else 0
+
+            # RabbitMQ may also have handed some to the frozen one (its prefetch):
+            # those it runs when it thaws. The others the other consumer turned down.
+            wait(lambda: parked() >= 2, "waiting jobs turned down, left without a wake-up")
+            time.sleep(1)
+            left = parked()
+        finally:
+            capable.signal(signal.SIGCONT)
+        # Within seconds, not at the orphan walk (a job waits 30 s, its grace,
+        # before the walk looks at it: 29 s after the thaw when measured).
+        wait(lambda: states(pg, [*waiting, blocker]) == {"SUCCEEDED": 6}, "all ran", 15)
+        assert capable.wait_for_event("consumer.back")["woke_waiting_jobs"] >= left
         assert not relay.has_event("relay.chore_failed")
 
 

@@ -1029,7 +1029,7 @@ WITH types AS (
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
     JOIN workers AS w
-      ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)
+      ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
      AND (r.reason = 'NO_HANDLER' OR r.tenant = ANY(w.tenants))
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
@@ -2322,6 +2322,9 @@ WITH expired AS (
     UPDATE resource_holds AS h SET uncertain_since = now()
     FROM resource_releasing AS r
     WHERE h.resource = r.resource
+), lapsed AS (
+    UPDATE workers AS w SET lease_lapsed_at = now()
+    WHERE w.worker_id IN (SELECT worker FROM swept)
 )
 SELECT job_id, state, worker, run_after FROM swept;
 
@@ -2394,7 +2397,7 @@ WITH RECURSIVE kinds AS (
     SELECT k.queue, k.job_type,
            (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
             FROM workers AS w LEFT JOIN held AS h USING (worker_id)
-            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
               AND w.concurrency > COALESCE(h.n, 0)) AS free
     FROM kinds AS k
 ), chosen AS (
@@ -2413,7 +2416,7 @@ WITH RECURSIVE kinds AS (
     SELECT k.tenant, k.queue,
            (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
             FROM workers AS w LEFT JOIN held AS h USING (worker_id)
-            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
               AND w.concurrency > COALESCE(h.n, 0)) AS free
     FROM tenant_kinds AS k
 ), tenant_chosen AS (
@@ -2479,7 +2482,7 @@ WITH RECURSIVE gate AS (
     -- the relay adds for what they take while its decision runs
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
-               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)))
+               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)))
                + %(slack)s::int) AS size
 ), pause AS (
     -- 2b. whether the queue is paused
@@ -2820,7 +2823,7 @@ WITH slice AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
       AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
            OR EXISTS (SELECT 1 FROM workers AS w
-                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
       -- one refused for its dedicated tenant, once a consumer naming it is live, or
       -- once the tenant is shared again
@@ -2828,7 +2831,7 @@ WITH slice AS MATERIALIZED (
            OR NOT EXISTS (SELECT 1 FROM tenant_limits AS d
                           WHERE d.tenant = s.tenant AND d.runners = 'dedicated')
            OR EXISTS (SELECT 1 FROM workers AS w
-                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND s.queue = ANY(w.queues)
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types) AND s.tenant = ANY(w.tenants)))
       -- one waiting for its key is woken by the end of the lease ahead of it: an
       -- orphan only once nothing holds it back any more
@@ -3070,13 +3073,18 @@ WHERE u.tenant = k.tenant;
 -- heartbeat.
 -- Parameters: concurrency, counts, host, job_types, pid, prefetch, queues, stopping,
 -- tenants, worker.
+WITH before AS (
+    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AS lapsed
+    FROM workers AS w WHERE w.worker_id = %(worker)s
+)
 INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
                           stopping, counts, tenants)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)s,
         %(prefetch)s, %(stopping)s, %(counts)s::jsonb, %(tenants)s::text[])
 ON CONFLICT (worker_id) DO UPDATE
 SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
-    job_types = EXCLUDED.job_types;
+    job_types = EXCLUDED.job_types
+RETURNING COALESCE((SELECT lapsed FROM before), true) AS back;
 
 -- name: WORKER_GONE
 -- Run by consumers.store:JobStore.gone to forget a consumer that stopped cleanly.
@@ -3098,7 +3106,7 @@ RETURNING worker_id;
 -- Parameters: queue, worker_ttl.
 SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
-WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s);
+WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at);
 
 -- name: RELAY_SEEN
 -- Run by relay.presence:announce to announce a relay, at start and at every heartbeat.
@@ -3803,15 +3811,15 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        f.held_reason, f.held_since,
        o.id AS wakeup_id, o.available_at AS wakeup_due, o.sent_at AS wakeup_sent_at,
        (SELECT count(*) FROM workers AS w
-        WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS workers_on_queue,
+        WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS workers_on_queue,
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
-          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS handlers_on_queue,
+          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS handlers_on_queue,
        COALESCE(l.runners = 'dedicated', false) AS dedicated,
        (SELECT count(*) FROM workers AS w
         WHERE l.runners = 'dedicated' AND j.queue = ANY(w.queues)
           AND j.job_type = ANY(w.job_types) AND j.tenant = ANY(w.tenants)
-          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS runners_on_queue,
+          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq,
@@ -3825,7 +3833,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        -- the most slots a live consumer with its handler has, for a weighed job
        (SELECT max(w.concurrency) FROM workers AS w
         WHERE j.weight IS NOT NULL AND j.queue = ANY(w.queues)
-          AND j.job_type = ANY(w.job_types) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s))::int AS largest_concurrency
+          AND j.job_type = ANY(w.job_types) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS largest_concurrency
 FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl

@@ -79,8 +79,13 @@ WEIGHED_CAP_RETRY_SECONDS: Final = 1
 # relay's flag) are this one constant (its docstring in defaults says why one).
 WORKER_TTL_SECONDS: Final = defaults.WORKER_TTL_SECONDS
 
-# A live consumer: heartbeating within the given number of seconds, not stopping.
-LIVE_WORKER = "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
+# A live consumer: heartbeating within the given number of seconds, not stopping,
+# and heard from since the sweeper last took a lease of it back.
+LIVE_WORKER = (
+    "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
+    # a lease of it lapsed since it was last heard from: killed, or frozen
+    " AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)"
+)
 
 
 # An ordered job ``{x}`` that a later one of its key waits behind: still waiting or

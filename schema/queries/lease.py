@@ -769,7 +769,10 @@ WHERE h.job_id NOT IN (SELECT job_id FROM returned)
 # its worker does not take the next one down at once; or FAILED once the attempts
 # are spent (counted at claim, so such a job still stops); CANCEL_REQUESTED becomes
 # CANCELLED. The lost attempt gets what every end of a lease gets (lease_ended).
-# SKIP LOCKED passes over a row whose worker is heartbeating it right now.
+# SKIP LOCKED passes over a row whose worker is heartbeating it right now. The
+# worker is noted as having let a lease lapse: not live (LIVE_WORKER) until it is
+# heard from again, so its free slots draw no wake-ups meanwhile. (One sweeper at a
+# time, under the chore's lock: the workers' rows are taken in no other order.)
 JOB_SWEEP_EXPIRED: Final = f"""
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -806,6 +809,9 @@ WITH expired AS (
               e.lease_generation, e.worker, e.ready_at, e.started_at, e.held_slot,
               'LEASE_EXPIRED'::text AS error_code, j.last_error_message AS error_message,
               NULL::text AS traceback
-), {lease_ended("swept", expired=True)}
+), {lease_ended("swept", expired=True)}, lapsed AS (
+    UPDATE workers AS w SET lease_lapsed_at = now()
+    WHERE w.worker_id IN (SELECT worker FROM swept)
+)
 SELECT job_id, state, worker, run_after FROM swept
 """
