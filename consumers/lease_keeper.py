@@ -67,6 +67,8 @@ class LeaseKeeper:
         self.limits = [dict(x) for x in limits]
         self.locked: set[uuid.UUID] = set()
         self.stopping = False
+        # Back (WORKER_SEEN) and its waiting jobs not woken yet (came_back).
+        self.owes_wake = False
 
     def worker_row(self) -> dict[str, object]:
         s = self.settings
@@ -80,6 +82,7 @@ class LeaseKeeper:
             "prefetch": s.effective_prefetch,
             "stopping": self.stopping,
             "counts": _json_counts(self.counts()),
+            "worker_ttl": s.worker_ttl,
         }
 
     async def announce(self) -> None:
@@ -139,10 +142,20 @@ class LeaseKeeper:
             if now >= next_seen:
                 next_seen = now + seen_every
                 try:
-                    if await self.store.seen(self.worker_row()):
-                        await self.came_back()
+                    back = await self.store.seen(self.worker_row())
                 except Exception as exc:
                     log.warning("consumer.worker_row_failed", extra={"error": describe_error(exc)})
+                    continue
+                # (owed until it succeeds: the next row refresh no longer says so)
+                self.owes_wake = (self.owes_wake or back) and not self.stopping
+                if self.owes_wake:
+                    try:
+                        await self.came_back()
+                        self.owes_wake = False
+                    except Exception as exc:
+                        log.warning(
+                            "consumer.wake_waiting_failed", extra={"error": describe_error(exc)}
+                        )
 
     async def came_back(self) -> None:
         """Its row had expired, or a lease of it had lapsed (it was frozen, say):

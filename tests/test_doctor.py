@@ -71,6 +71,7 @@ def announce_consumer(pg: psycopg.Connection, queues: list[str], job_types: list
             "stopping": False,
             "counts": "{}",
             "tenants": [],
+            "worker_ttl": 60,
         },
     )
 

@@ -563,6 +563,7 @@ def _worker_seen(pg: psycopg.Connection, worker: str, queues: list[str], **count
             "stopping": False,
             "counts": json.dumps({"claimed": 9, **counts}),
             "tenants": [],
+            "worker_ttl": 60,
         },
     )
 

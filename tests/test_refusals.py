@@ -46,6 +46,12 @@ def states(pg: psycopg.Connection, ids: list[uuid.UUID]) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
+def lapsed(pg: psycopg.Connection, pid: int) -> bool:
+    """Whether the sweeper took a lease of the consumer of ``pid`` back."""
+    row = pg.execute("SELECT lease_lapsed_at IS NOT NULL FROM workers WHERE pid = %s", [pid])
+    return row.fetchone() == (True,)
+
+
 def wait(check: Any, what: str, timeout: float = 30) -> Any:
     return asyncio.run(until(check, what, timeout))
 
@@ -95,12 +101,15 @@ def test_a_job_type_whose_only_consumer_was_killed_waits_without_a_storm_of_wake
             blocker = enqueue(engine, "rare", {"seconds": 600, "then": 0})
             asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
             capable.kill()
+        # From the sweep that took its lease back: its row is still fresh, and its
+        # one slot is free.
+        wait(lambda: lapsed(pg, capable.pid), "the sweeper took its lease back")
         before = written(pg)
         waiting = [enqueue(engine, "rare") for _ in range(10)]
         time.sleep(WINDOW)
         during = written(pg) - before
         # Each job: its first wake-up and the refusal's delayed one, at most; the
-        # killed one's too, which waits again once its lease lapsed (it was 31).
+        # killed one's too, which waits again once its lease lapsed (it was 66).
         jobs = len(waiting) + 1
         assert during <= 2 * jobs, f"{during} wake-ups for {jobs} waiting jobs"
         assert states(pg, waiting) == {"QUEUED": 10}
@@ -127,16 +136,7 @@ def test_a_frozen_consumer_that_comes_back_wakes_the_jobs_that_waited_for_it(
         asyncio.run(wait_for_state(pg, blocker, "RUNNING"))
         capable.signal(signal.SIGSTOP)
         try:
-            wait(
-                lambda: (
-                    pg.execute(
-                        "SELECT lease_lapsed_at IS NOT NULL FROM workers WHERE pid = %s",
-                        [capable.pid],
-                    ).fetchone()
-                    == (True,)
-                ),
-                "the sweeper took its lease back",
-            )
+            wait(lambda: lapsed(pg, capable.pid), "the sweeper took its lease back")
             waiting = [enqueue(engine, "rare") for _ in range(5)]
 
             def parked() -> int:
@@ -157,7 +157,7 @@ def test_a_frozen_consumer_that_comes_back_wakes_the_jobs_that_waited_for_it(
             capable.signal(signal.SIGCONT)
         # Within seconds, not at the orphan walk (a job waits 30 s, its grace,
         # before the walk looks at it: 29 s after the thaw when measured).
-        wait(lambda: states(pg, [*waiting, blocker]) == {"SUCCEEDED": 6}, "all ran", 15)
+        wait(lambda: states(pg, [*waiting, blocker]) == {"SUCCEEDED": 6}, "all ran", 20)
         assert capable.wait_for_event("consumer.back")["woke_waiting_jobs"] >= left
         assert not relay.has_event("relay.chore_failed")
 

@@ -2324,7 +2324,9 @@ WITH expired AS (
     WHERE h.resource = r.resource
 ), lapsed AS (
     UPDATE workers AS w SET lease_lapsed_at = now()
-    WHERE w.worker_id IN (SELECT worker FROM swept)
+    WHERE w.worker_id IN (SELECT x.worker_id FROM workers AS x
+                          WHERE x.worker_id IN (SELECT worker FROM swept)
+                          FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT job_id, state, worker, run_after FROM swept;
 
@@ -3072,9 +3074,10 @@ WHERE u.tenant = k.tenant;
 -- Run by consumers.store:JobStore.seen to announce a consumer, at start and at every
 -- heartbeat.
 -- Parameters: concurrency, counts, host, job_types, pid, prefetch, queues, stopping,
--- tenants, worker.
+-- tenants, worker, worker_ttl.
 WITH before AS (
-    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AS lapsed
+    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)
+           OR w.last_seen_at <= now() - make_interval(secs => %(worker_ttl)s) AS lapsed
     FROM workers AS w WHERE w.worker_id = %(worker)s
 )
 INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,

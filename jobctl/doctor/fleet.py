@@ -36,6 +36,8 @@ class Process:
     queues: tuple[str, ...] = ()
     concurrency: int = 0
     connected: bool = True  # a relay's connection to RabbitMQ
+    # a lease of it lapsed since it was last heard from: not live, however recent
+    lapsed: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,18 @@ class Seen:
 async def seen(conn: AsyncConnection[Any]) -> Seen:
     cur = await conn.execute(DOCTOR_WORKERS, {"worker_ttl": WORKER_TTL_SECONDS})
     consumers = tuple(
-        Process(f"{host}:{pid} ({wid})", live, stopping, silent, tuple(queues), concurrency)
-        for wid, host, pid, queues, concurrency, stopping, live, silent in await cur.fetchall()
+        Process(
+            f"{host}:{pid} ({wid})",
+            live,
+            stopping,
+            silent,
+            tuple(queues),
+            concurrency,
+            lapsed=lapsed,
+        )
+        for wid, host, pid, queues, concurrency, stopping, live, silent, lapsed in (
+            await cur.fetchall()
+        )
     )
     cur = await conn.execute(DOCTOR_RELAYS)
     relays = tuple(
@@ -74,7 +86,10 @@ async def seen(conn: AsyncConnection[Any]) -> Seen:
 
 
 def _names(processes: list[Process]) -> str:
-    named = ", ".join(f"{p.name}, silent {p.silent_s:.0f} s" for p in processes[:NAMED])
+    named = ", ".join(
+        f"{p.name}, silent {p.silent_s:.0f} s" + (", a lease of it lapsed" if p.lapsed else "")
+        for p in processes[:NAMED]
+    )
     more = len(processes) - NAMED
     return named + (f", and {more} more" if more > 0 else "")
 
@@ -90,8 +105,9 @@ def consumers(found: Seen) -> list[Finding]:
                 "consumers",
                 Level.PROBLEM,
                 "no consumer is live",
-                f"none has announced itself in the last {WORKER_TTL_SECONDS:g} s: jobs wait "
-                "until one starts (they are not lost)",
+                f"none has announced itself in the last {WORKER_TTL_SECONDS:g} s without "
+                "letting a lease lapse since: jobs wait until one starts or comes back (they "
+                "are not lost)",
                 "start `consumer --app YOUR_HANDLERS_MODULE`, or see why it stopped in its log",
             )
         )
@@ -111,7 +127,8 @@ def consumers(found: Seen) -> list[Finding]:
                 "consumers",
                 Level.WARNING,
                 f"{len(stale)} consumer(s) stopped being heard from",
-                f"silent past {WORKER_TTL_SECONDS:g} s: {_names(stale)}. Killed, frozen or "
+                f"silent past {WORKER_TTL_SECONDS:g} s, or a lease of it lapsed since it "
+                f"was last heard from: {_names(stale)}. Killed, frozen or "
                 "cut off from the database; their jobs run again once their leases expire",
                 "see their logs and the machines they ran on; a live relay forgets their "
                 "rows after its --worker-ttl",

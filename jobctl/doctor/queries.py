@@ -55,7 +55,8 @@ WHERE k.contype = 'c' AND c.relname = ANY(%(tables)s::text[])
 DOCTOR_WORKERS: Final = f"""
 SELECT w.worker_id, w.host, w.pid, w.queues, w.concurrency, w.stopping,
        {LIVE_WORKER} AS live,
-       EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_s
+       EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_s,
+       COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AS lapsed
 FROM workers AS w
 ORDER BY w.host, w.pid, w.worker_id
 """

@@ -771,8 +771,9 @@ WHERE h.job_id NOT IN (SELECT job_id FROM returned)
 # CANCELLED. The lost attempt gets what every end of a lease gets (lease_ended).
 # SKIP LOCKED passes over a row whose worker is heartbeating it right now. The
 # worker is noted as having let a lease lapse: not live (LIVE_WORKER) until it is
-# heard from again, so its free slots draw no wake-ups meanwhile. (One sweeper at a
-# time, under the chore's lock: the workers' rows are taken in no other order.)
+# heard from again, so its free slots draw no wake-ups meanwhile. A workers row
+# another transaction holds is skipped too: its worker writing it now is alive, and
+# the relay's expiry of silent workers deletes them in an order of its own.
 JOB_SWEEP_EXPIRED: Final = f"""
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -811,7 +812,9 @@ WITH expired AS (
               NULL::text AS traceback
 ), {lease_ended("swept", expired=True)}, lapsed AS (
     UPDATE workers AS w SET lease_lapsed_at = now()
-    WHERE w.worker_id IN (SELECT worker FROM swept)
+    WHERE w.worker_id IN (SELECT x.worker_id FROM workers AS x
+                          WHERE x.worker_id IN (SELECT worker FROM swept)
+                          FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT job_id, state, worker, run_after FROM swept
 """

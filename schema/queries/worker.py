@@ -12,12 +12,14 @@ from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
 # A consumer announces itself at start and at every heartbeat: which queues, job
 # types and dedicated tenants it serves, with what capacity, and its counters.
 # Upsert, so a worker whose row expired while it was frozen comes back. Returns
-# whether it comes back: its row was gone (expired), or a lease of it lapsed since
-# it was last seen. Either way it was not live (LIVE_WORKER) meanwhile, and the
-# jobs that only it could run waited for a consumer to come (JOB_WAKE_PARKED).
+# whether it comes back: its row was gone (expired), silent past the TTL, or a
+# lease of it lapsed since it was last seen. Either way it was not live
+# (LIVE_WORKER) meanwhile, and the jobs that only it could run waited for a consumer
+# to come (JOB_WAKE_PARKED).
 WORKER_SEEN: Final = """
 WITH before AS (
-    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AS lapsed
+    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)
+           OR w.last_seen_at <= now() - make_interval(secs => %(worker_ttl)s) AS lapsed
     FROM workers AS w WHERE w.worker_id = %(worker)s
 )
 INSERT INTO workers AS w (worker_id, host, pid, queues, job_types, concurrency, prefetch,
