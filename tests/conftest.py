@@ -66,10 +66,11 @@ def migrate(url: DatabaseUrl, target: str = "head", *, down: bool = False) -> No
 
 
 @contextlib.contextmanager
-def _database(prefix: str) -> Iterator[str]:
-    """A database of its own, dropped afterwards (even if connections linger)."""
+def _database(prefix: str, template: str | None = None) -> Iterator[str]:
+    """A database of its own (a copy of ``template``, if given), dropped afterwards
+    (even if connections linger)."""
     name = databases.new_name(prefix)
-    databases.create(_admin, name, None)
+    databases.create(_admin, name, template)
     try:
         yield name
     finally:
