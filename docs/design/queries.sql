@@ -613,7 +613,7 @@ SELECT job_id, queue FROM expired;
 -- Makes QUEUED -> CANCELLED: woken past its deadline (expires): code EXPIRED, never
 -- started.
 -- Makes RETRY_WAIT -> CANCELLED: woken for a retry past its deadline: code EXPIRED.
--- Built with WAITING_BY_ID, LIVE_WORKER.
+-- Built with WAITING_BY_ID, LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: concurrency, free_slots, free_threads, job_ids, lease_seconds, queues,
 -- tenants, types, worker, worker_ttl.
 WITH types AS (
@@ -1029,7 +1029,7 @@ WITH types AS (
     SELECT r.job_id, bool_or(COALESCE(h.n, 0) < w.concurrency) AS has_room
     FROM refused AS r
     JOIN workers AS w
-      ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)
+      ON w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)
      AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
      AND (r.reason = 'NO_HANDLER' OR r.tenant = ANY(w.tenants))
     LEFT JOIN held AS h ON h.lease_owner = w.worker_id
@@ -2359,7 +2359,7 @@ RETURNING job_id;
 -- name: OUTBOX_WAKE_REFUSED
 -- Run by relay.maintenance:wake_refused to bring refused wake-ups forward once a
 -- consumer with the handler frees.
--- Built with LIVE_WORKER.
+-- Built with LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: worker_ttl.
 WITH RECURSIVE kinds AS (
     (SELECT j.queue, j.job_type FROM jobs AS j
@@ -2399,7 +2399,7 @@ WITH RECURSIVE kinds AS (
     SELECT k.queue, k.job_type,
            (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
             FROM workers AS w LEFT JOIN held AS h USING (worker_id)
-            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AND k.queue = ANY(w.queues) AND k.job_type = ANY(w.job_types)
               AND w.concurrency > COALESCE(h.n, 0)) AS free
     FROM kinds AS k
 ), chosen AS (
@@ -2418,7 +2418,7 @@ WITH RECURSIVE kinds AS (
     SELECT k.tenant, k.queue,
            (SELECT COALESCE(sum(w.concurrency - COALESCE(h.n, 0)), 0)::int
             FROM workers AS w LEFT JOIN held AS h USING (worker_id)
-            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
+            WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AND k.queue = ANY(w.queues) AND k.tenant = ANY(w.tenants)
               AND w.concurrency > COALESCE(h.n, 0)) AS free
     FROM tenant_kinds AS k
 ), tenant_chosen AS (
@@ -2464,7 +2464,7 @@ WHERE q.queue IS NOT NULL
 -- name: OUTBOX_WAKE_QUEUE
 -- Run by relay.wake:_wake to choose which of a queue's due wake-ups to send now, and
 -- mark them sent.
--- Built with UNTAKEN, LIVE_WORKER.
+-- Built with UNTAKEN, LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: bulk, limit, min_window, queue, slack, window, worker_ttl.
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
@@ -2484,7 +2484,7 @@ WITH RECURSIVE gate AS (
     -- the relay adds for what they take while its decision runs
     SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
                SELECT 2 * sum(w.concurrency)::int FROM workers AS w
-               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)))
+               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)))
                + %(slack)s::int) AS size
 ), pause AS (
     -- 2b. whether the queue is paused
@@ -2807,7 +2807,7 @@ RETURNING o.job_id;
 
 -- name: JOB_WAKE_ORPHANS
 -- Run by relay.maintenance:wake_orphans to give a wake-up to any due job that has none.
--- Built with LIVE_WORKER.
+-- Built with LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: after, grace_seconds, slice, worker_ttl.
 WITH slice AS MATERIALIZED (
     SELECT j.job_id, j.job_type, j.queue, j.tenant, j.priority, j.state, j.run_after,
@@ -2825,7 +2825,7 @@ WITH slice AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = s.job_id)
       AND (s.delay_reason IS DISTINCT FROM 'NO_HANDLER'
            OR EXISTS (SELECT 1 FROM workers AS w
-                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND s.queue = ANY(w.queues)
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types)))
       -- one refused for its dedicated tenant, once a consumer naming it is live, or
       -- once the tenant is shared again
@@ -2833,7 +2833,7 @@ WITH slice AS MATERIALIZED (
            OR NOT EXISTS (SELECT 1 FROM tenant_limits AS d
                           WHERE d.tenant = s.tenant AND d.runners = 'dedicated')
            OR EXISTS (SELECT 1 FROM workers AS w
-                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at) AND s.queue = ANY(w.queues)
+                      WHERE NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AND s.queue = ANY(w.queues)
                         AND s.job_type = ANY(w.job_types) AND s.tenant = ANY(w.tenants)))
       -- one waiting for its key is woken by the end of the lease ahead of it: an
       -- orphan only once nothing holds it back any more
@@ -3073,6 +3073,7 @@ WHERE u.tenant = k.tenant;
 -- name: WORKER_SEEN
 -- Run by consumers.store:JobStore.seen to announce a consumer, at start and at every
 -- heartbeat.
+-- Built with LEASE_LAPSED.
 -- Parameters: concurrency, counts, host, job_types, pid, prefetch, queues, stopping,
 -- tenants, worker, worker_ttl.
 WITH before AS (
@@ -3105,11 +3106,11 @@ RETURNING worker_id;
 -- name: WORKER_PACK_LIMIT
 -- Run by relay.spread:pack_limit to say how many ids one message to a queue may carry
 -- (its consumers' room).
--- Built with LIVE_WORKER.
+-- Built with LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: queue, worker_ttl.
 SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
-WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at);
+WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false);
 
 -- name: RELAY_SEEN
 -- Run by relay.presence:announce to announce a relay, at start and at every heartbeat.
@@ -3798,7 +3799,7 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = %(queue)s AND state IN ('QUEUED'
 -- name: JOB_EXPLAIN
 -- Run by outbox.explain:explain(_async) to read everything 'why is my job waiting?'
 -- needs about one job.
--- Built with UNTAKEN, LIVE_WORKER.
+-- Built with UNTAKEN, LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: job_id, worker_ttl.
 SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_count,
        j.max_attempts, j.run_after, j.last_error_code, j.last_error_message, j.finished_at,
@@ -3814,15 +3815,15 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        f.held_reason, f.held_since,
        o.id AS wakeup_id, o.available_at AS wakeup_due, o.sent_at AS wakeup_sent_at,
        (SELECT count(*) FROM workers AS w
-        WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS workers_on_queue,
+        WHERE j.queue = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false))::int AS workers_on_queue,
        (SELECT count(*) FROM workers AS w
         WHERE j.queue = ANY(w.queues) AND j.job_type = ANY(w.job_types)
-          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS handlers_on_queue,
+          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false))::int AS handlers_on_queue,
        COALESCE(l.runners = 'dedicated', false) AS dedicated,
        (SELECT count(*) FROM workers AS w
         WHERE l.runners = 'dedicated' AND j.queue = ANY(w.queues)
           AND j.job_type = ANY(w.job_types) AND j.tenant = ANY(w.tenants)
-          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS runners_on_queue,
+          AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false))::int AS runners_on_queue,
        (SELECT w.last_seen_at FROM workers AS w WHERE w.worker_id = j.lease_owner) AS owner_seen_at,
        r.relays_live, r.relays_publishing, r.relay_seen_at,
        j.key, j.key_limit, j.key_order, j.key_seq,
@@ -3836,7 +3837,7 @@ SELECT j.job_id, j.job_type, j.state, j.queue, j.tenant, j.priority, j.attempt_c
        -- the most slots a live consumer with its handler has, for a weighed job
        (SELECT max(w.concurrency) FROM workers AS w
         WHERE j.weight IS NOT NULL AND j.queue = ANY(w.queues)
-          AND j.job_type = ANY(w.job_types) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at))::int AS largest_concurrency
+          AND j.job_type = ANY(w.job_types) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false))::int AS largest_concurrency
 FROM jobs AS j
 -- its type's concurrency limit, when its last claim turned it down for it
 LEFT JOIN concurrency_limits AS cl

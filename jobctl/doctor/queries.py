@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from hybrid_jobs.schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_SECONDS
+from hybrid_jobs.schema.queries import (
+    LEASE_LAPSED,
+    LIVE_WORKER,
+    RELAY_FAILING_QUEUES,
+    RELAY_LIVE_SECONDS,
+)
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL
 
 # The server's settings as this session has them: the configuration file, then the
@@ -56,7 +61,7 @@ DOCTOR_WORKERS: Final = f"""
 SELECT w.worker_id, w.host, w.pid, w.queues, w.concurrency, w.stopping,
        {LIVE_WORKER} AS live,
        EXTRACT(EPOCH FROM now() - w.last_seen_at)::float8 AS silent_s,
-       COALESCE(w.lease_lapsed_at >= w.last_seen_at, false) AS lapsed
+       {LEASE_LAPSED} AS lapsed
 FROM workers AS w
 ORDER BY w.host, w.pid, w.worker_id
 """

@@ -71,6 +71,7 @@ from hybrid_jobs.schema.queries.dashboard import (
 )
 from hybrid_jobs.schema.queries.fragments import (
     FENCE,
+    LEASE_LAPSED,
     LIVE_WORKER,
     UNTAKEN,
     WORKER_TTL_SECONDS,
@@ -282,6 +283,7 @@ __all__ = [
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
     "JOB_WEBHOOK_SET_MANY",
+    "LEASE_LAPSED",
     "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",

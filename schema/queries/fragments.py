@@ -79,12 +79,15 @@ WEIGHED_CAP_RETRY_SECONDS: Final = 1
 # relay's flag) are this one constant (its docstring in defaults says why one).
 WORKER_TTL_SECONDS: Final = defaults.WORKER_TTL_SECONDS
 
+# A consumer ``w`` a lease of which lapsed (the sweeper took it back) since it was
+# last heard from: killed, or frozen.
+LEASE_LAPSED: Final = "COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)"
+
 # A live consumer: heartbeating within the given number of seconds, not stopping,
 # and heard from since the sweeper last took a lease of it back.
 LIVE_WORKER = (
     "NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s)"
-    # a lease of it lapsed since it was last heard from: killed, or frozen
-    " AND (w.lease_lapsed_at IS NULL OR w.lease_lapsed_at < w.last_seen_at)"
+    f" AND NOT {LEASE_LAPSED}"
 )
 
 

@@ -7,7 +7,7 @@ from typing import Final
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema.locks import INSTANCE_SPACE
-from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
+from hybrid_jobs.schema.queries.fragments import LEASE_LAPSED, LIVE_WORKER
 
 # A consumer announces itself at start and at every heartbeat: which queues, job
 # types and dedicated tenants it serves, with what capacity, and its counters.
@@ -16,9 +16,9 @@ from hybrid_jobs.schema.queries.fragments import LIVE_WORKER
 # lease of it lapsed since it was last seen. Either way it was not live
 # (LIVE_WORKER) meanwhile, and the jobs that only it could run waited for a consumer
 # to come (JOB_WAKE_PARKED).
-WORKER_SEEN: Final = """
+WORKER_SEEN: Final = f"""
 WITH before AS (
-    SELECT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)
+    SELECT {LEASE_LAPSED}
            OR w.last_seen_at <= now() - make_interval(secs => %(worker_ttl)s) AS lapsed
     FROM workers AS w WHERE w.worker_id = %(worker)s
 )
