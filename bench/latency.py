@@ -1,8 +1,10 @@
-"""Where commit-to-handler-start goes, hop by hop.
+"""Where commit-to-handler-start goes, hop by hop: this project's, and the floor's
+(`bench.peers.floor`, this design's hops with the least SQL) split the same way.
 
-Jobs are committed one per transaction at a fixed rate; the relay and the consumers
-run with LOG_LEVEL=DEBUG, which makes them trace each wake-up with a wall-clock time
-(relay.notified, relay.sent, consumer.delivered, consumer.claimed), and the bench
+Jobs are committed one per transaction at a fixed rate. Ours: the relay and the
+consumers run with LOG_LEVEL=DEBUG, which makes them trace each wake-up with a
+wall-clock time (relay.notified, relay.sent, consumer.delivered, consumer.claimed).
+The floor's processes note the same points in their marks (BENCH_HOPS). Each bench
 handler notes when it starts. All processes share the machine's clock. Per job:
 
     commit -> notified   the producer sends COMMIT until the relay hears its NOTIFY
@@ -13,18 +15,22 @@ handler notes when it starts. All processes share the machine's clock. Per job:
     claimed -> started   the handler's task gets the event loop
 
 (a hop can be negative where two processes race: a delivery can arrive before the
-relay has logged the publish it waits confirms for). DEBUG tracing costs a little
-itself: the headline figure is bench.drain's, at the normal log level.
+relay has noted the publish it waits confirms for). Tracing costs a little itself:
+the headline figures are bench.compare's, untraced.
 
-With --history N, N finished jobs are in place and the tables analyzed before the
-run, as autovacuum would have them in production: the planner then knows the
-jobs table is large, which changes the plans the prepared statements settle on.
+``--only ours`` or ``--only floor`` runs one of them; by default ours runs first,
+then the floor, and ``ours_over_floor`` divides each hop's p50 and p99.
+
+With --history N, N finished jobs are in place and the tables analyzed before our
+run, as autovacuum would have them in production: the planner then knows the jobs
+table is large, which changes the plans the prepared statements settle on.
 
 Prints one JSON object.
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import json
 import tempfile
@@ -46,8 +52,9 @@ from bench.common import (
     scratch_system,
 )
 from bench.drain import wait_succeeded
-from bench.marks import ENV, Marks
-from bench.peers.base import paced
+from bench.marks import ENV, HOPS_ENV, Marks
+from bench.peers import floor
+from bench.peers.base import paced, wait_until
 from harness.history import fill
 from hybrid_jobs import outbox
 
@@ -62,6 +69,9 @@ HOPS = [
     ("commit_to_started", "commit", "started"),
 ]
 
+# One job's times, by point: the producer's (committing, commit) and each hop's.
+Times = dict[str, dict[str, float]]
+
 
 def _events(path: Path) -> list[dict[str, Any]]:
     out = []
@@ -73,24 +83,39 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def main() -> None:
-    parser = argument_parser("bench.latency", __doc__)
-    pace_options(parser, seconds=10)
-    fleet_options(parser, consumers=2, concurrency=None)
-    parser.add_argument(
-        "--no-trace",
-        dest="trace",
-        action="store_false",
-        help="run at the normal log level: only commit-to-start and CPU, not the hops",
-    )
-    parser.add_argument(
-        "--history", type=int, default=0, help="finished jobs in place, analyzed, before the run"
-    )
-    args = parser.parse_args()
+def split(
+    committing: dict[str, float],
+    committed: dict[str, float],
+    notified: list[float],
+    hops: list[tuple[str, float, list[str]]],
+    starts: dict[str, float],
+) -> dict[str, Any]:
+    """Each hop's percentiles, from the producer's times, the NOTIFYs the relay
+    heard, the (hop, time, job ids) noted and the handlers' starts, by job id."""
+    at: Times = {j: {"commit": t, "committing": committing[j]} for j, t in committed.items()}
+    for name, t, job_ids in hops:
+        for job_id in job_ids:
+            at.get(job_id, {}).setdefault(name, t)
+    for job_id, t in starts.items():
+        at.get(job_id, {}).setdefault("started", t)
+    # The NOTIFY a job's commit caused is the first one the relay heard after the
+    # producer sent COMMIT (not after COMMIT returned: the notification can be
+    # faster than the reply, and the next job's would be matched instead).
+    notified = sorted(notified)
+    for times in at.values():
+        k = bisect.bisect_left(notified, times["committing"])
+        if k < len(notified):
+            times["notified"] = notified[k]
+    figures: dict[str, Any] = {"jobs": len(at)}
+    for name, a, b in HOPS:
+        samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
+        figures[name] = percentiles(samples) if len(samples) > 10 else None
+    return figures
 
+
+def ours(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    level = "DEBUG" if args.trace else "INFO"
-    with scratch_system(env={ENV: str(logs), "LOG_LEVEL": level}, logs=logs) as system:
+    with scratch_system(env={ENV: str(logs), "LOG_LEVEL": "DEBUG"}, logs=logs) as system:
         db = system.db
         if args.history:
             with psycopg.connect(db.conninfo, autocommit=True) as conn:
@@ -109,37 +134,91 @@ def main() -> None:
                 committing[str(job_id)] = time.time()
             committed[str(job_id)] = time.time()
         engine.dispose()
-        total = len(committed)
-        wait_succeeded(db, "latency", total)
+        wait_succeeded(db, "latency", len(committed))
         cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)]
 
-    at: dict[str, dict[str, float]] = {j: {"commit": t} for j, t in committed.items()}
-    notified = sorted(e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified")
-    for path in logs.glob("p*.log"):
-        for e in _events(path):
-            kind = {"relay.sent": "sent", "consumer.delivered": "delivered"}.get(e["event"])
-            kind = kind or {"consumer.claimed": "claimed"}.get(e["event"])
-            if kind:
-                for job_id in e["job_ids"]:
-                    at.get(job_id, {}).setdefault(kind, e["t"])
-    for job_id, t in Marks(logs).starts().items():
-        at.get(job_id, {}).setdefault("started", t)
-    # The NOTIFY a job's commit caused is the first one the relay heard after the
-    # producer sent COMMIT (not after COMMIT returned: the notification can be
-    # faster than the reply, and the next job's would be matched instead).
-    for job_id, times in at.items():
-        k = bisect.bisect_left(notified, committing[job_id])
-        if k < len(notified):
-            times["notified"] = notified[k]
-        times["committing"] = committing[job_id]
-    result: dict[str, Any] = {"rate_per_s": args.rate, "jobs": len(at), "history": args.history}
-    for name, a, b in HOPS:
-        samples = [(t[b] - t[a]) * 1000 for t in at.values() if a in t and b in t]
-        result[name] = percentiles(samples) if len(samples) > 10 else None
-    result["cpu_ms_per_job"] = {
-        "relay": round(cpu[0] * 1000 / total, 3),
-        "consumers": round(sum(cpu[1:]) * 1000 / total, 3),
+    notified = [e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified"]
+    kinds = {
+        "relay.sent": "sent",
+        "consumer.delivered": "delivered",
+        "consumer.claimed": "claimed",
     }
+    hops = [
+        (kinds[e["event"]], e["t"], e["job_ids"])
+        for path in logs.glob("p*.log")
+        for e in _events(path)
+        if e["event"] in kinds
+    ]
+    figures = split(committing, committed, notified, hops, Marks(logs).starts())
+    return figures | {"cpu_ms_per_job": _cpu_per_job(cpu, len(committed))}
+
+
+def floor_split(args: argparse.Namespace) -> dict[str, Any]:
+    """The floor's hops: its processes note them in their marks, at the points where
+    ours traces the same hops."""
+    with floor.floor_fleet(args.consumers, {HOPS_ENV: "1"}) as fleet:
+        cpu_before = [cpu_seconds(p.pid) for p in fleet.procs]
+        committed: dict[str, float] = {}
+        committing: dict[str, float] = {}
+        for _ in paced(args.rate, args.seconds):
+            # BEGIN, the insert, then COMMIT on its own, as our producer commits
+            with fleet.conn.transaction():
+                (job_id,) = floor.enqueue(fleet.conn, "latency")
+                committing[job_id] = time.time()
+            committed[job_id] = time.time()
+
+        def all_started() -> bool:
+            fleet.check()
+            return fleet.marks.start_count() >= len(committed)
+
+        wait_until(all_started, "floor latency jobs", timeout=60)
+        cpu = [cpu_seconds(p.pid) - b for p, b in zip(fleet.procs, cpu_before, strict=True)]
+        noted = fleet.marks.hops()
+        starts = fleet.marks.starts()
+    notified = [t for name, t, _ in noted if name == "notified"]
+    hops = [hop for hop in noted if hop[0] != "notified"]
+    figures = split(committing, committed, notified, hops, starts)
+    return figures | {"cpu_ms_per_job": _cpu_per_job(cpu, len(committed))}
+
+
+def _cpu_per_job(cpu: list[float], jobs: int) -> dict[str, float]:
+    """CPU seconds of the relay (first) and the consumers (the rest), in ms a job."""
+    return {
+        "relay": round(cpu[0] * 1000 / jobs, 3),
+        "consumers": round(sum(cpu[1:]) * 1000 / jobs, 3),
+    }
+
+
+def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each hop's p50 and p99 of ``a`` divided by ``b``'s (None where either is
+    missing or ``b``'s is not positive: a hop can be negative)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, _, _ in HOPS:
+        out[name] = {}
+        for q in ("p50_ms", "p99_ms"):
+            x, y = (a.get(name) or {}).get(q), (b.get(name) or {}).get(q)
+            out[name][q] = round(x / y, 2) if x is not None and y and y > 0 else None
+    return out
+
+
+def main() -> None:
+    parser = argument_parser("bench.latency", __doc__)
+    pace_options(parser, seconds=10)
+    fleet_options(parser, consumers=2, concurrency=None)
+    parser.add_argument(
+        "--only", choices=["ours", "floor"], help="run only this project's, or only the floor's"
+    )
+    parser.add_argument(
+        "--history", type=int, default=0, help="finished jobs in place, analyzed, before our run"
+    )
+    args = parser.parse_args()
+    result: dict[str, Any] = {"rate_per_s": args.rate, "history": args.history}
+    if args.only != "floor":
+        result["ours"] = ours(args)
+    if args.only != "ours":
+        result["floor"] = floor_split(args)
+    if "ours" in result and "floor" in result:
+        result["ours_over_floor"] = ratios(result["ours"], result["floor"])
     report("latency", result)
 
 

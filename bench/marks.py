@@ -12,7 +12,10 @@ Per worker process (pid):
 - ``{pid}.end``: likewise when a handler that notes its end returns;
 - ``{pid}.done``: one byte per finished no-op job (the benchmark sums file sizes);
 - ``{pid}.first``: the time the process started its first no-op job;
-- ``{pid}.ready``: one byte per warm-up job, so the benchmark knows which workers run.
+- ``{pid}.ready``: one byte per warm-up job, so the benchmark knows which workers run;
+- ``{pid}.hops``: one ``hop unix_time job_id ...`` line each time a wake-up passes a
+  hop (``notified``, ``sent``, ``delivered``, ``claimed``), written only by a worker
+  started with ``BENCH_HOPS`` set: `bench.latency` splits the floor's start by them.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ENV = "BENCH_MARKS_DIR"
+# Set (to anything) for a worker to note each hop of a wake-up (Marks.hop).
+HOPS_ENV = "BENCH_HOPS"
 
 
 class Marks:
@@ -64,6 +69,12 @@ class Marks:
     def ready(self) -> None:
         self._append("ready", b".")
 
+    def hop(self, name: str, job_ids: Iterable[object] = ()) -> None:
+        """The wake-up of ``job_ids`` (none: a NOTIFY, which names no job) passed
+        the hop ``name`` now."""
+        ids = "".join(f" {job_id}" for job_id in job_ids)
+        self._append("hops", f"{name} {time.time()}{ids}\n".encode())
+
     # Benchmark side.
 
     def _sizes(self, suffix: str) -> dict[str, int]:
@@ -99,6 +110,15 @@ class Marks:
 
     def start_count(self) -> int:
         return sum(p.read_bytes().count(b"\n") for p in self.path.glob("*.txt"))
+
+    def hops(self) -> list[tuple[str, float, list[str]]]:
+        """Every hop noted, by every worker: (hop, unix time, job ids)."""
+        noted = []
+        for path in self.path.glob("*.hops"):
+            for line in path.read_text().splitlines():
+                name, at, *job_ids = line.split()
+                noted.append((name, float(at), job_ids))
+        return noted
 
 
 _process_marks: Marks | None = None

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiormq
 import psycopg
 
 from bench.common import AMQP, scratch_database
-from bench.marks import ENV, marks_dir
+from bench.marks import ENV, Marks, marks_dir
 from bench.peers.base import (
     Contender,
     Figures,
@@ -106,7 +109,25 @@ def undone(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
-def measure(settings: Settings) -> Figures:
+@dataclasses.dataclass
+class FloorFleet:
+    """The floor's processes, running and warmed up: ``conn`` enqueues (autocommit),
+    ``marks`` is their side channel."""
+
+    conn: psycopg.Connection
+    marks: Marks
+    procs: list[subprocess.Popen[bytes]]
+    log: Path
+
+    def check(self) -> None:
+        """Raise if a worker died."""
+        check_alive(self.procs, self.log)
+
+
+@contextlib.contextmanager
+def floor_fleet(workers: int, env: dict[str, str] | None = None) -> Iterator[FloorFleet]:
+    """A scratch database and queue, one floor relay and ``workers`` floor consumers
+    (with ``env`` added to theirs), returned once every consumer has run a job."""
     with (
         scratch_database("bench_floor", migrate=False) as db,
         scratch_queue() as queue,
@@ -114,47 +135,49 @@ def measure(settings: Settings) -> Figures:
         psycopg.connect(db.conninfo, autocommit=True) as conn,
     ):
         conn.execute(CREATE)
-        env = {
+        worker_env = {
             **os.environ,
             "FLOOR_DSN": db.conninfo,
             "AMQP_URL": AMQP.url,
             "FLOOR_QUEUE": queue,
             ENV: str(marks.path),
+            **(env or {}),
         }
         app = [sys.executable, "-m", "bench.peers.floor_app"]
         log = marks.path / "workers.log"
-        commands = [[*app, "relay"]] + [[*app, "consumer"]] * settings.workers
-        with running(commands, env, log) as procs:
-
-            def done(n: int) -> bool:
-                check_alive(procs, log)
-                return marks.done_count() >= n
-
+        commands = [[*app, "relay"]] + [[*app, "consumer"]] * workers
+        with running(commands, worker_env, log) as procs:
+            fleet = FloorFleet(conn, marks, procs, log)
             # Warm up: one job at a time until every consumer has run one.
             deadline = time.monotonic() + 60
-            while marks.ready_workers() < settings.workers:
+            while marks.ready_workers() < workers:
                 if time.monotonic() > deadline:
                     raise TimeoutError("floor consumers did not all start within 60s")
-                check_alive(procs, log)
+                fleet.check()
                 enqueue(conn, "ready")
                 time.sleep(0.05)
-
-            enqueue(conn, "noop", settings.jobs)
-            committed = time.perf_counter()
-            finished = wait_until(
-                lambda: done(settings.jobs), "floor drain", drain_timeout(settings.jobs)
-            )
-            rate = settings.jobs / (finished - committed)
-
-            committed_at: dict[str, float] = {}
-            for _ in paced(settings.rate, settings.seconds):
-                (job_id,) = enqueue(conn, "latency")
-                committed_at[job_id] = time.time()
-            lat = started_latency(
-                marks, committed_at, settings.rate, "floor", lambda: check_alive(procs, log)
-            )
+            yield fleet
             # Every job ran to its recorded end: nothing the shape lost or left leased.
             wait_until(lambda: not undone(conn), "floor ends", timeout=30)
+
+
+def measure(settings: Settings) -> Figures:
+    with floor_fleet(settings.workers) as fleet:
+        enqueue(fleet.conn, "noop", settings.jobs)
+        committed = time.perf_counter()
+
+        def done() -> bool:
+            fleet.check()
+            return fleet.marks.done_count() >= settings.jobs
+
+        finished = wait_until(done, "floor drain", drain_timeout(settings.jobs))
+        rate = settings.jobs / (finished - committed)
+
+        committed_at: dict[str, float] = {}
+        for _ in paced(settings.rate, settings.seconds):
+            (job_id,) = enqueue(fleet.conn, "latency")
+            committed_at[job_id] = time.time()
+        lat = started_latency(fleet.marks, committed_at, settings.rate, "floor", fleet.check)
     return Figures(rate, lat, {"pack": 20, "relay_batch": 500})
 
 

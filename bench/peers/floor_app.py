@@ -16,6 +16,11 @@ do at each the least that hop needs to keep this design's guarantees; nothing el
 
 No window, no priorities, no fair share, no tenants, no caps, no history, no
 heartbeats, no retries, no error handling: what is left is the cost of the shape.
+
+With ``BENCH_HOPS`` set, each process notes in its marks when a wake-up passes each
+hop (the relay: a NOTIFY heard, ids published and confirmed; a consumer: ids
+delivered, claimed), at the points where ours traces the same hops at DEBUG, so
+`bench.latency --only floor` splits the floor's start as it splits ours.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import aiormq.abc
 import psycopg
 import uvloop
 
-from bench.marks import Marks
+from bench.marks import HOPS_ENV, Marks
 
 CHANNEL = "floor_outbox"
 BATCH = 500
@@ -75,6 +80,7 @@ def _stopping(*also: asyncio.Event) -> asyncio.Event:
 async def relay(dsn: str, amqp: str, queue: str) -> None:
     wake = asyncio.Event()
     stop = _stopping(wake)
+    hops = Marks.from_env() if os.environ.get(HOPS_ENV) else None
     broker = await aiormq.connect(amqp)
     channel = await broker.channel(publisher_confirms=True)
     await channel.queue_declare(queue, durable=True)
@@ -87,6 +93,8 @@ async def relay(dsn: str, amqp: str, queue: str) -> None:
 
     async def hear() -> None:
         async for _ in listen.notifies():
+            if hops:
+                hops.hop("notified")
             wake.set()
 
     listening = asyncio.create_task(hear())
@@ -108,6 +116,8 @@ async def relay(dsn: str, amqp: str, queue: str) -> None:
                 for confirm in await asyncio.gather(*confirms):
                     if not isinstance(confirm, aiormq.spec.Basic.Ack):
                         raise RuntimeError(f"not confirmed: {confirm!r}")
+                if hops and ids:
+                    hops.hop("sent", ids)
             if len(rows) == BATCH:
                 continue
             with contextlib.suppress(TimeoutError):  # a NOTIFY, the stop, or a look anyway
@@ -124,6 +134,7 @@ async def consumer(dsn: str, amqp: str, queue: str) -> None:
     stop = _stopping()
     worker = f"floor-{os.getpid()}"
     marks = Marks.from_env()
+    hops = os.environ.get(HOPS_ENV) is not None
     pool = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(PREFETCH)]
     idle: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
     for conn in pool:
@@ -135,9 +146,13 @@ async def consumer(dsn: str, amqp: str, queue: str) -> None:
 
     async def handle(message: aiormq.abc.DeliveredMessage) -> None:
         ids = [int(line) for line in message.body.split(b"\n")]
+        if hops:
+            marks.hop("delivered", ids)
         conn = await idle.get()
         try:
             claimed = await (await conn.execute(CLAIM, {"ids": ids, "worker": worker})).fetchall()
+            if hops:
+                marks.hop("claimed", [r[0] for r in claimed])
             assert message.delivery_tag is not None  # a consumer's delivery has one
             await message.channel.basic_ack(message.delivery_tag)
             for job_id, kind, _ in claimed:

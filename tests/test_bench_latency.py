@@ -1,0 +1,50 @@
+"""`python -m bench.latency` end to end at a small size: it splits this project's start
+and the floor's into the same hops, every job of both measured at every hop. No
+timing is judged (benchmarks print figures; tests never judge them), only that the
+figures are there and consistent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOPS = [
+    "commit_to_notified",
+    "notified_to_sent",
+    "sent_to_delivered",
+    "delivered_to_claimed",
+    "claimed_to_started",
+    "commit_to_started",
+]
+
+
+def test_ours_and_the_floor_are_split_into_the_same_hops() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--rate", "40", "--seconds", "1.5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    for who in ("ours", "floor"):
+        figures = data[who]
+        assert figures["jobs"] == 60, (who, figures)
+        for hop in HOPS:
+            p = figures[hop]
+            assert p is not None, (who, hop)
+            assert p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"], (who, hop, p)
+        # the whole start is positive, and no shorter than the claim within it
+        total = figures["commit_to_started"]
+        assert 0 < figures["delivered_to_claimed"]["p50_ms"] < total["p99_ms"], (who, figures)
+        assert figures["cpu_ms_per_job"]["relay"] > 0, (who, figures)
+        assert figures["cpu_ms_per_job"]["consumers"] > 0, (who, figures)
+    ratio = data["ours_over_floor"]["commit_to_started"]["p50_ms"]
+    assert ratio == round(
+        data["ours"]["commit_to_started"]["p50_ms"] / data["floor"]["commit_to_started"]["p50_ms"],
+        2,
+    )
