@@ -632,6 +632,11 @@ async def test_queues_schedules_tenants_workers(db_url: DatabaseUrl, engine: Eng
         )
         (worker,) = (await client.get("/v1/workers")).json()["workers"]
         assert (worker["worker_id"], worker["live"], worker["running"]) == ("w1", True, 0)
+        assert worker["lapsed"] is False
+        pg.execute("UPDATE workers SET lease_lapsed_at = now() WHERE worker_id = 'w1'")
+        (worker,) = (await client.get("/v1/workers")).json()["workers"]
+        assert (worker["live"], worker["lapsed"]) == (False, True)
+        pg.execute("UPDATE workers SET last_seen_at = now() + interval '1 second'")
         mail = [
             q for q in (await client.get("/v1/queues")).json()["queues"] if q["queue"] == "mail"
         ]

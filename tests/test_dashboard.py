@@ -260,6 +260,28 @@ async def check_pages(page: Page, base: str, world: World) -> None:
     await expect(worker).to_contain_text("reports")
 
 
+async def test_the_workers_page_names_a_consumer_whose_lease_lapsed(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    # One heard from just now; one the sweeper took a lease back from since it was
+    # last heard from (killed or frozen); one silent past the TTL.
+    pg.execute(
+        "INSERT INTO workers (worker_id, host, pid, queues, job_types, concurrency, prefetch,"
+        " last_seen_at, lease_lapsed_at) VALUES"
+        " ('w-live', 'box', 1, '{mail}', '{greet}', 4, 4, now(), NULL),"
+        " ('w-lapsed', 'box', 2, '{mail}', '{greet}', 4, 4, now(), now() + interval '1 s'),"
+        " ('w-silent', 'box', 3, '{mail}', '{greet}', 4, 4, now() - interval '1 h', NULL)"
+    )
+    async with dashboard_served(db_url, metrics=False) as served, chromium(0) as browser:
+        page = await browser.new_page()
+        await sign_in(page, served.base, then="/workers")
+        for worker, status in (("w-live", "live"), ("w-lapsed", "lapsed"), ("w-silent", "silent")):
+            row = page.locator(f"[data-testid=worker-row][data-worker={worker}]")
+            await expect(row.locator("td").first).to_have_text(status)
+        lapsed = page.locator("[data-testid=worker-row][data-worker=w-lapsed] .badge")
+        await expect(lapsed).to_have_attribute("title", re.compile("lapsed since it was last"))
+
+
 async def test_the_jobs_list_filters_and_pages_by_key(db_url: DatabaseUrl, engine: Engine) -> None:
     enqueue_many(engine, [NewJob("greet", {"n": n}, queue="mail") for n in range(60)])
     enqueue_many(engine, [NewJob("greet", {"n": n}, queue="sms") for n in range(3)])

@@ -248,6 +248,36 @@ async def test_no_consumer_seen_is_a_problem_naming_the_queue_whose_jobs_wait(
     assert "no consumer is live" not in problems(report)
 
 
+async def test_a_consumer_whose_lease_lapsed_is_not_live_and_doctor_says_why(
+    env: dict[str, str],
+    pg: psycopg.Connection,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    tmp_path: Path,
+) -> None:
+    await declare(amqp_url, topology, "default")
+    announce_relay(pg)
+    announce_consumer(pg, ["default"], ["noop"])
+    code, report = doctor(env, tmp_path)
+    assert "no consumer is live" not in problems(report)
+    # The sweeper took a lease of it back (killed or frozen) after it was last heard
+    # from: it is not live, though its row is fresh, and doctor says why.
+    pg.execute("UPDATE workers SET lease_lapsed_at = last_seen_at + interval '1 second'")
+    code, report = doctor(env, tmp_path)
+    assert code == 1
+    assert titled(report, "no consumer is live")["level"] == "problem"
+    stale = titled(report, "1 consumer(s) stopped being heard from")
+    assert stale["level"] == "warning"
+    assert f"{socket.gethostname()}:1" in stale["detail"], stale
+    assert ", a lease of it lapsed" in stale["detail"], stale
+    # Heard from again: live, and nothing said of it.
+    announce_consumer(pg, ["default"], ["noop"])
+    pg.execute("UPDATE workers SET last_seen_at = lease_lapsed_at + interval '1 second'")
+    code, report = doctor(env, tmp_path)
+    assert "no consumer is live" not in problems(report)
+    assert not [f for f in report["findings"] if "stopped being heard from" in f["title"]]
+
+
 async def test_json_has_one_object_with_each_finding_and_the_counts(
     env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -291,7 +291,25 @@ def test_workers(cli, pg) -> None:
     )
     (worker,) = cli.json("workers")["workers"]
     assert (worker["worker_id"], worker["queues"], worker["live"]) == ("w1", ["mail"], True)
+    assert worker["lapsed"] is False
     assert "box:42" in cli("workers").stdout
+    assert " live " in cli("workers").stdout
+    # The sweeper took a lease of it back since it was last heard from: it is not
+    # live, and says why, until it is heard from again.
+    pg.execute("UPDATE workers SET lease_lapsed_at = now() WHERE worker_id = 'w1'")
+    (worker,) = cli.json("workers")["workers"]
+    assert (worker["live"], worker["lapsed"]) == (False, True)
+    assert " lapsed " in cli("workers").stdout
+    pg.execute("UPDATE workers SET last_seen_at = now() + interval '1 second'")
+    (worker,) = cli.json("workers")["workers"]
+    assert (worker["live"], worker["lapsed"]) == (True, False)
+    # Silent past the TTL, no lease of it lapsed: silent.
+    pg.execute(
+        "UPDATE workers SET last_seen_at = now() - interval '1 hour', lease_lapsed_at = NULL"
+    )
+    (worker,) = cli.json("workers")["workers"]
+    assert (worker["live"], worker["lapsed"]) == (False, False)
+    assert " silent " in cli("workers").stdout
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -563,7 +563,11 @@ class WorkerView:
     last_seen_at: datetime
     stopping: bool
     live: bool
-    """Heard from within the last minute and not stopping."""
+    """Heard from within the last minute, not stopping, and no lease of it lapsed
+    since."""
+    lapsed: bool
+    """A lease of it lapsed (the sweeper took it back) since it was last heard from:
+    killed or frozen, most likely. It counts as gone until it is heard from again."""
     running: int
     """Jobs it holds a lease on now."""
     counts: dict[str, Any]

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from hybrid_jobs.jobctl.service.cursor import Order
-from hybrid_jobs.schema.queries import LIVE_WORKER, RELAY_FAILING_QUEUES, RELAY_LIVE_LIST
+from hybrid_jobs.schema.queries import (
+    LEASE_LAPSED,
+    LIVE_WORKER,
+    RELAY_FAILING_QUEUES,
+    RELAY_LIVE_LIST,
+)
 from hybrid_jobs.schema.states import CLAIMABLE, LEASED, REPLAYABLE, JobState
 from hybrid_jobs.schema.tables import CLAIMABLE_SQL, LEASED_SQL, REPLAYABLE_SQL, TERMINAL_SQL
 
@@ -333,11 +338,12 @@ WHERE held_reason IS NOT NULL AND tenant <> '*'
 ORDER BY tenant, queue
 """
 
-# Every consumer that has a row, with the leases it holds now (jobs_leased_idx).
+# Every consumer that has a row, with the leases it holds now (jobs_leased_idx), and
+# whether a lease of it lapsed since it was last heard from (not live until it is).
 WORKERS_LIST: Final = f"""
 SELECT w.worker_id, w.host, w.pid, w.queues, w.job_types, w.concurrency, w.prefetch,
        w.started_at, w.last_seen_at, w.stopping,
-       {LIVE_WORKER},
+       {LIVE_WORKER}, {LEASE_LAPSED},
        COALESCE(r.running, 0), w.counts, w.tenants
 FROM workers AS w
 LEFT JOIN (SELECT lease_owner, count(*)::int AS running
