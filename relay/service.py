@@ -95,14 +95,19 @@ _OWED_WARN_SECONDS: Final = 600.0
 
 
 def nudged(payload: str, backlogged: set[str]) -> set[str] | None:
-    """The queues a notification on the outbox channel sends a drainer to; None for
-    every queue with wake-ups due (a scan for them). Its payload names queues
-    (comma-separated), or none (any), or is TENANT_SLOTS_FREED: a tenant's slot
-    freed, which matters to the queues whose last pass held wake-ups back. Under
-    tenant caps every end of a lease frees one: a scan each time cost more than the
-    decisions it led to."""
+    """The queues a notification on the outbox channel sends a drainer to (none: no
+    pass at all); None for every queue with wake-ups due (a scan for them). Its
+    payload names queues (comma-separated), or none (any), or is TENANT_SLOTS_FREED:
+    a tenant's slot freed, which matters only to the queues whose last pass held
+    wake-ups back. Under tenant caps every end of a lease frees one: a scan each time
+    cost more than the decisions it led to, and a pass each time, where this relay
+    held nothing back, doubled the passes of a capped queue at low load for nothing.
+    (Another relay that held wake-ups back hears the same notification; a relay that
+    starts looks everywhere; a relay that found a queue's lock taken counts the queue
+    as held back; and every relay looks everywhere once a poll interval passes
+    without a notification.)"""
     if payload == TENANT_SLOTS_FREED:
-        return set(backlogged) or None
+        return set(backlogged)
     return set(payload.split(",")) if payload else None
 
 
@@ -182,6 +187,8 @@ class Relay:
         named = nudged(queues, self.backlogged)
         if named is None:
             self.look_everywhere = True
+        elif not named:
+            return  # nothing this relay knows of waits for it
         else:
             self.hinted.update(named)
         self._wake_one()
