@@ -101,11 +101,8 @@ def nudged(payload: str, backlogged: set[str]) -> set[str] | None:
     a tenant's slot freed, which matters only to the queues whose last pass held
     wake-ups back. Under tenant caps every end of a lease frees one: a scan each time
     cost more than the decisions it led to, and a pass each time, where this relay
-    held nothing back, doubled the passes of a capped queue at low load for nothing.
-    (Another relay that held wake-ups back hears the same notification; a relay that
-    starts looks everywhere; a relay that found a queue's lock taken counts the queue
-    as held back; and every relay looks everywhere once a poll interval passes
-    without a notification.)"""
+    held nothing back, doubled the passes of a capped queue at low load for nothing
+    (:meth:`Relay.nudge` scans at most every quarter poll interval for such a slot)."""
     if payload == TENANT_SLOTS_FREED:
         return set(backlogged)
     return set(payload.split(",")) if payload else None
@@ -188,7 +185,13 @@ class Relay:
         if named is None:
             self.look_everywhere = True
         elif not named:
-            return  # nothing this relay knows of waits for it
+            # A freed slot, and nothing this relay held back waits for it. Another
+            # relay that held a queue back may be gone or stalled, or a wake-up may
+            # have come due without a notification: a scan covers both, at most
+            # every quarter poll interval, not one per end of a lease.
+            if time.monotonic() - self.scanned_at < self.settings.poll_interval / 4:
+                return
+            self.look_everywhere = True
         else:
             self.hinted.update(named)
         self._wake_one()
