@@ -28,7 +28,7 @@ def test_a_freed_tenant_slot_sends_the_relay_to_the_queues_it_held_back_not_to_a
     assert nudged(TENANT_SLOTS_FREED, {"billing", "mail"}) == {"billing", "mail"}
 
 
-def test_a_freed_tenant_slot_costs_a_relay_that_held_nothing_back_no_pass() -> None:
+def test_a_freed_slot_no_relay_held_back_costs_one_scan_a_quarter_poll_interval() -> None:
     """At low load nothing is held back, and every end of a capped tenant's lease
     frees a slot: read as "scan", each made the relay scan for due queues and pass
     over them, a second pass for every job (6,000 scans for 6,000 jobs in `python -m
