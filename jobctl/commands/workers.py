@@ -7,17 +7,6 @@ import click
 from hybrid_jobs.jobctl.commands.common import database_option, read
 from hybrid_jobs.jobctl.output import emit, json_option, table, when
 from hybrid_jobs.jobctl.service import jsonable, list_workers
-from hybrid_jobs.jobctl.service.models import WorkerView
-
-
-def status(w: WorkerView) -> str:
-    """stopping, live, lapsed (a lease of it lapsed since it was last heard from) or
-    silent (not heard from within the TTL)."""
-    if w.stopping:
-        return "stopping"
-    if w.live:
-        return "live"
-    return "lapsed" if w.lapsed else "silent"
 
 
 @click.command()
@@ -34,7 +23,7 @@ def workers(database_url: str | None) -> None:
             f"{w.host}:{w.pid}",
             ",".join(w.queues),
             f"{w.running}/{w.concurrency}",
-            status(w),
+            w.status,
             when(w.last_seen_at),
             ",".join(w.job_types),
             ",".join(w.tenants) or "-",

@@ -575,6 +575,16 @@ class WorkerView:
     tenants: tuple[str, ...] = ()
     """The dedicated tenants it may serve (consumer --tenant), besides shared ones."""
 
+    @property
+    def status(self) -> str:
+        """stopping, live, lapsed (a lease of it lapsed since it was last heard
+        from) or silent (not heard from within the TTL)."""
+        if self.stopping:
+            return "stopping"
+        if self.live:
+            return "live"
+        return "lapsed" if self.lapsed else "silent"
+
 
 @dataclass(frozen=True)
 class Enqueued:
