@@ -8,24 +8,18 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.bench import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--jobs", "300", "--rate", "50", "--seconds", "2"]
 
 
 def compare(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.compare", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return run_bench("compare", *args, env=env)
 
 
 def figures(result: subprocess.CompletedProcess[str]) -> dict:

@@ -5,12 +5,8 @@ figures are there and consistent."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from tests.support.bench import bench_json
 
-ROOT = Path(__file__).resolve().parent.parent
 HOPS = [
     "commit_to_notified",
     "notified_to_sent",
@@ -22,15 +18,7 @@ HOPS = [
 
 
 def test_ours_and_the_floor_are_split_into_the_same_hops() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.latency", "--rate", "40", "--seconds", "1.5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout)
+    data = bench_json("latency", "--rate", "40", "--seconds", "1.5")
     for who in ("ours", "floor"):
         figures = data[who]
         assert figures["jobs"] == 60, (who, figures)

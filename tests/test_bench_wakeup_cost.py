@@ -4,24 +4,11 @@ asserted: benchmarks print figures, tests never judge them."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.bench import bench_json
 
 
 def test_every_round_trip_is_timed_at_every_gap() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.wakeup_cost", "--trips", "5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout)
+    data = bench_json("wakeup_cost", "--trips", "5", timeout=120)
     assert data["trips"] == 5
     for trip in ("select_1", "plain_claim", "publish_confirm"):
         assert list(data[trip]) == ["gap_0_ms", "gap_1_ms", "gap_5_ms", "gap_50_ms"]
