@@ -303,7 +303,9 @@ class Relay:
             log.warning("relay.forget_failed", extra={"error": str(exc)})
         await self.publisher.close()
         await self.pool.close(timeout=defaults.POOL_CLOSE_SECONDS)
-        log.info("relay.stopped", extra={"published": self.published})
+        log.info(
+            "relay.stopped", extra={"published": self.published, "busy_passes": self.busy_passes}
+        )
 
     # ------------------------------------------------------------------ draining
 

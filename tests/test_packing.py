@@ -165,8 +165,10 @@ def test_two_relays_and_four_consumers_drain_every_job_once(
     ).fetchone()[0]
     assert once == jobs, "each job succeeded exactly once"
     assert pg.execute("SELECT max(attempt_count) FROM jobs").fetchone()[0] == 1
-    published = [
-        e["published"] for r in (r1, r2) for e in r.events() if e["event"] == "relay.stopped"
-    ]
-    assert all(p > 0 for p in published), f"both relays published: {published}"
-    assert sum(published) >= jobs
+    stopped = [e for r in (r1, r2) for e in r.events() if e["event"] == "relay.stopped"]
+    # Both took part: each published, or found the queue's lock held by the other (the
+    # lock, not luck, keeps them apart; which of them wins each pass is the machine's
+    # timing, and one relay sending every batch is allowed).
+    assert len(stopped) == 2
+    assert all(e["published"] > 0 or e["busy_passes"] > 0 for e in stopped), stopped
+    assert sum(e["published"] for e in stopped) >= jobs
