@@ -52,13 +52,13 @@ from hybrid_jobs.schema.tables import (
     MAX_TAGS,
     MAX_WEBHOOK_URL_LENGTH,
     MAX_WEIGHT,
-    QUEUE_NAME_PATTERN,
     RATE_LIMIT_NAME_PATTERN,
     REPLAYABLE_SQL,
     RESOURCE_REFUSALS_SQL,
     TAGS_PATTERN,
     TERMINAL_SQL,
     UNIQUE_SCOPES_SQL,
+    name_valid,
     unique_held,
 )
 
@@ -208,14 +208,12 @@ jobs = Table(
     CheckConstraint(
         f"char_length(job_type) BETWEEN 1 AND {MAX_JOB_TYPE_LENGTH}", name="jobs_job_type_length"
     ),
-    CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="jobs_queue_name_valid"),
+    CheckConstraint(name_valid("queue"), name="jobs_queue_name_valid"),
     CheckConstraint(
         f"dedup_key IS NULL OR char_length(dedup_key) BETWEEN 1 AND {MAX_DEDUP_KEY_LENGTH}",
         name="jobs_dedup_key_length",
     ),
-    CheckConstraint(
-        f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="jobs_tenant_name_valid"
-    ),
+    CheckConstraint(f"tenant IS NULL OR ({name_valid('tenant')})", name="jobs_tenant_name_valid"),
     CheckConstraint(f"NOT holds_slot OR state IN ({LEASED_SQL})", name="jobs_slot_only_leased"),
     CheckConstraint(
         f"weight IS NULL OR weight BETWEEN 2 AND {MAX_WEIGHT}", name="jobs_weight_range"
@@ -668,7 +666,7 @@ queues = Table(
     # every claim reads this row already, so the mark sends the queue's jobs to the
     # claim composed with the limit at no cost to a queue without one.
     Column("limited", Boolean, nullable=False, server_default=text("false")),
-    CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="queues_name_valid"),
+    CheckConstraint(name_valid("queue"), name="queues_name_valid"),
 )
 
 # A tenant's limits, written by operators in their own transactions. The counters
@@ -692,7 +690,7 @@ tenant_limits = Table(
     # 'dedicated': only consumers that name the tenant (consumer --tenant) take its
     # jobs; 'shared': any consumer of the queue.
     Column("runners", Text, nullable=False, server_default=text("'shared'")),
-    CheckConstraint(f"tenant ~ '{QUEUE_NAME_PATTERN}'", name="tenant_limits_name_valid"),
+    CheckConstraint(name_valid("tenant"), name="tenant_limits_name_valid"),
     CheckConstraint("max_running IS NULL OR max_running >= 0", name="tenant_limits_running"),
     CheckConstraint("weight > 0 AND weight <= 1000", name="tenant_limits_weight"),
     CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="tenant_limits_queued"),
@@ -1125,10 +1123,8 @@ schedules = Table(
     CheckConstraint(
         "every_seconds IS NULL OR every_seconds >= 1", name="schedules_every_at_least_1s"
     ),
-    CheckConstraint(f"queue ~ '{QUEUE_NAME_PATTERN}'", name="schedules_queue_name_valid"),
-    CheckConstraint(
-        f"tenant IS NULL OR tenant ~ '{QUEUE_NAME_PATTERN}'", name="schedules_tenant_valid"
-    ),
+    CheckConstraint(name_valid("queue"), name="schedules_queue_name_valid"),
+    CheckConstraint(f"tenant IS NULL OR ({name_valid('tenant')})", name="schedules_tenant_valid"),
     CheckConstraint(
         "max_attempts IS NULL OR max_attempts >= 1", name="schedules_max_attempts_positive"
     ),

@@ -70,6 +70,21 @@ RESOURCE_REFUSALS_SQL = f"'{DelayReason.RESOURCE_BUSY}', '{DelayReason.RESOURCE_
 # Queue and tenant names become RabbitMQ queue names and metric labels, so they keep
 # to a conservative alphabet.
 QUEUE_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{defaults.MAX_QUEUE_NAME_LENGTH - 1}}}$"
+
+
+def name_valid(column: str) -> str:
+    """The CHECK that ``column`` holds a queue or tenant name: QUEUE_NAME_PATTERN,
+    with its length counted apart. PostgreSQL checks every CHECK of a table at every
+    write of a row, and its regular expressions expand a bounded repetition
+    (``{0,99}``) into as many states: matched so, the name cost 6 microseconds a
+    row, at every claim, outcome and heartbeat of every job, against 0.3 with ``*``
+    and the length compared (migration 0037)."""
+    return (
+        f"char_length({column}) <= {defaults.MAX_QUEUE_NAME_LENGTH}"
+        f" AND {column} ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'"
+    )
+
+
 DEFAULT_MAX_ATTEMPTS = defaults.MAX_ATTEMPTS
 MAX_JOB_TYPE_LENGTH = defaults.MAX_JOB_TYPE_LENGTH
 MAX_DEDUP_KEY_LENGTH = defaults.MAX_DEDUP_KEY_LENGTH
@@ -243,6 +258,7 @@ __all__ = [
     "jobs_key_seq",
     "key_usage",
     "metadata",
+    "name_valid",
     "outbox",
     "queue_limits",
     "queues",
