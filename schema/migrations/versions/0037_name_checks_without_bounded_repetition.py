@@ -8,8 +8,10 @@ outcome and heartbeat of every job (a tenth of an enqueue of 100,000 jobs). The
 same rule, the length compared apart and the rest matched with ``*``, costs 0.3.
 
 Each constraint is replaced by the same rule in the cheaper form, added NOT VALID
-and then validated: the validation reads the table under a lock that lets writes
-go on.
+and then validated. The migration runs in one transaction, so the ACCESS EXCLUSIVE
+lock the replacement takes is held while the validation reads the table: writes to
+jobs wait for one read of it per constraint (two), in the cheaper form: 0.35 s for
+a million rows (340 MB) on the machine of the benchmarks.
 """
 
 from __future__ import annotations
