@@ -8,7 +8,7 @@ from tests.support.bench import bench_json
 
 
 def test_every_copy_and_every_check_is_timed() -> None:
-    data = bench_json("write_cost", "--jobs", "600", "--batch", "5", "--repeat", "50", timeout=180)
+    data = bench_json("write_cost", "--jobs", "300", "--batch", "5", "--repeat", "25", timeout=180)
     assert list(data["claim_write"]) == [
         "jobs_with_its_triggers",
         "as_migrated",

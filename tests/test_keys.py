@@ -28,7 +28,15 @@ from hybrid_jobs.schema.topology import Topology
 from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.inproc import both_running
-from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
+from tests.support.jobs import (
+    enqueue,
+    enqueue_many,
+    job,
+    until,
+    wait_for_state,
+    wait_until_all,
+    wakeups,
+)
 from tests.support.metrics import scrape_once
 from tests.support.processes import fleet, running
 from tests.test_rewaker import relay_pool
@@ -311,7 +319,13 @@ async def test_explain_names_the_key_and_the_job_holding_it(
         holder = enqueue(engine, "hold", {}, key="doc:1")
         await wait_for_state(pg, holder, "RUNNING")
         waiting = enqueue(engine, "hold", {}, key="doc:1")
-        await until(lambda: job(pg, waiting)["delay_reason"] == "KEY_BUSY", "turned down")
+        # Turned down, and then without a wake-up: on a slow machine the re-waker
+        # (1 s grace here) can put the wake-up the claim holds back in the backlog
+        # first; sent again, it is turned down again and used up.
+        await until(
+            lambda: job(pg, waiting)["delay_reason"] == "KEY_BUSY" and wakeups(pg, waiting) == 0,
+            "turned down, its wake-up used up",
+        )
         with Session(engine) as session:
             why = outbox.explain(session, waiting)
         assert why.codes == ["KEY_BUSY"], why
@@ -360,6 +374,7 @@ async def test_mixed_limits_on_one_key_keep_the_strictest(
             "the newcomer claimed or turned down",
         )
         assert job(pg, newcomer)["state"] != "RUNNING", "two leases under a limit of one"
+        await until(lambda: wakeups(pg, newcomer) == 0, "its wake-up used up")
         with Session(engine) as session:
             why = outbox.explain(session, newcomer)
         assert why.codes == ["KEY_BUSY"], why

@@ -35,7 +35,15 @@ from tests.apps.keys import OVERLAPS, RUNS_TABLE
 from tests.support.api import api_client
 from tests.support.dashboard import chromium, dashboard_served, sign_in
 from tests.support.inproc import both_running
-from tests.support.jobs import enqueue, enqueue_many, job, until, wait_for_state, wait_until_all
+from tests.support.jobs import (
+    enqueue,
+    enqueue_many,
+    job,
+    until,
+    wait_for_state,
+    wait_until_all,
+    wakeups,
+)
 from tests.support.metrics import Scrape
 from tests.support.processes import fleet, jobctl, running
 from tests.test_rewaker import relay_pool
@@ -108,7 +116,15 @@ async def test_explain_names_the_holder_and_a_clean_failure_frees_the_resource(
         holder = enqueue(engine, "deploy", {"fail": True}, resource="deploy:prod")
         await wait_for_state(pg, holder, "RUNNING")
         waiting = enqueue(engine, "deploy", {}, resource="deploy:prod")
-        await until(lambda: job(pg, waiting)["delay_reason"] == "RESOURCE_BUSY", "turned down")
+        # Turned down, and then without a wake-up: on a slow machine the re-waker
+        # (1 s grace here) can put the wake-up the claim holds back in the backlog
+        # first; sent again, it is turned down again and used up.
+        await until(
+            lambda: (
+                job(pg, waiting)["delay_reason"] == "RESOURCE_BUSY" and wakeups(pg, waiting) == 0
+            ),
+            "turned down, its wake-up used up",
+        )
         with Session(engine) as session:
             why = outbox.explain(session, waiting)
             assert why.codes == ["RESOURCE_BUSY"], why
@@ -169,6 +185,8 @@ def test_an_expired_lease_leaves_the_resource_uncertain_until_it_is_resolved(
                 "SELECT count(*) FROM key_runs WHERE key = 'deploy:prod'"
             ).fetchone()  # type: ignore[misc]
             assert started == 1, "only the killed run started"
+            # (no wake-up left from its refusal: see the test above)
+            asyncio.run(until(lambda: wakeups(pg, behind) == 0, "its wake-up used up"))
             with Session(engine) as session:
                 why = outbox.explain(session, behind)
             assert why.codes == ["RESOURCE_UNCERTAIN"], why

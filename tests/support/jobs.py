@@ -34,6 +34,12 @@ def job(pg: psycopg.Connection, job_id: uuid.UUID) -> dict[str, Any]:
     return dict(zip(names, row, strict=True))
 
 
+def wakeups(pg: psycopg.Connection, job_id: uuid.UUID) -> int:
+    """The job's wake-ups in the outbox, sent or not."""
+    row = pg.execute("SELECT count(*) FROM outbox WHERE job_id = %s", [job_id]).fetchone()
+    return int(row[0]) if row else 0
+
+
 def versions(pg: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Each job's row version: xmin moves with every write of a row, so equal means
     untouched."""
