@@ -100,10 +100,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=40_000)
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
-    if args.jobs < 10_000:
-        # each timed slice (an eighth of the jobs; a sixteenth for the keyed ones) must
-        # hold a dozen claims of 50 past the first ten, which are planned afresh
-        parser.error("--jobs must be 10000 or more")
+    if args.jobs < 20_000 or args.repeat < 20:
+        # each timed slice (an eighth of the jobs, a sixteenth for the keyed ones, and
+        # at most --repeat claims) must hold ten claims of 50 or more past the first
+        # ten, which are planned afresh
+        parser.error("--jobs must be 20000 or more and --repeat 20 or more")
     with scratch_database("bench_claim_cost") as db:
         with committing(db) as session:
             ids = outbox.enqueue_many(
