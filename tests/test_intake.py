@@ -118,7 +118,10 @@ async def test_a_message_with_more_ids_than_room_is_split_and_the_rest_handed_ba
                 await wait_for_state(pg, job_id, "SUCCEEDED")
             assert other.claimer.buffered == 0 and small.claimer.buffered == 0
     assert len(ran) == 30, "each ran once"
-    assert ran.count(small.worker) >= 4 and ran.count(other.worker) >= 20, "both ran some"
+    # The small one runs its 4 and, as its slots free, takes handed-back ids again
+    # beside the other: how many each runs depends on how soon the other is up
+    # (19 of 26 on a slow CI run, where this asked for 20).
+    assert ran.count(small.worker) >= 4 and ran.count(other.worker) >= 1, "both ran some"
     assert await queue_depth(amqp_url.url, topology, "default") == 0
     for job_id in ids:
         assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
