@@ -356,9 +356,10 @@ async def test_a_call_whose_relay_is_killed_is_made_again_by_another(
     topology: Topology,
 ) -> None:
     env = service_env(db_url, amqp_url, topology, WEBHOOK_SECRET=SECRET.decode())
-    # Long enough that the call is still open when the relay is killed, however
-    # slow this machine is; its lease (twice that) is what the next relay waits out.
-    args = ["--webhook-timeout", "10", "--webhook-allow-hosts", "127.0.0.1"]
+    # Long enough that the call is still open when the relay is killed (the kill
+    # follows the call's arrival within a poll of 50 ms); its lease (twice that) is
+    # what the next relay waits out.
+    args = ["--webhook-timeout", "5", "--webhook-allow-hosts", "127.0.0.1"]
     with receiving(answers={"/once": ["hang"]}) as receiver:
         job_id = enqueue(engine, "report", on_complete_url=receiver.url("/once"))
         _cancel(engine, job_id)
