@@ -8,15 +8,12 @@ shows the same limits at work on the database. No services."""
 
 from __future__ import annotations
 
-import importlib.util
-import re
-from pathlib import Path
 from types import ModuleType
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema import tables
+from tests.support.migrations import newest_migration
 
-VERSIONS = Path(__file__).resolve().parents[2] / "schema" / "migrations" / "versions"
 LIMITS = (
     "MAX_JOB_TYPE_LENGTH",
     "MAX_QUEUE_NAME_LENGTH",
@@ -34,14 +31,7 @@ LIMITS = (
 
 
 def _newest_function_migration() -> ModuleType:
-    writes = re.compile(r"CREATE (OR REPLACE )?FUNCTION hybrid_jobs_enqueue\(")
-    found = sorted(p for p in VERSIONS.glob("[0-9]*.py") if writes.search(p.read_text()))
-    assert found, "no migration creates hybrid_jobs_enqueue"
-    spec = importlib.util.spec_from_file_location(f"_migration_{found[-1].stem}", found[-1])
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return newest_migration(r"CREATE (OR REPLACE )?FUNCTION hybrid_jobs_enqueue\(")
 
 
 def test_the_sql_functions_limits_are_the_defaults() -> None:
