@@ -125,7 +125,8 @@ def plans(keys: int, batch: int) -> dict[str, Any]:
         ]
         claim = claim_params(ids, "bench") | {"lease_seconds": 60}
         decision = {"queue": "default", "limit": 500, "window": 200, "min_window": 1, "slack": 0,
-                    "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000}  # fmt: skip
+                    "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000,
+                    "near": False, "scan": 32}  # fmt: skip
         finish = {
             "outcomes": json.dumps(
                 [{"job_id": str(head), "generation": 1, "kind": "succeeded", "result": None}]

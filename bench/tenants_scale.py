@@ -3,10 +3,12 @@ capped tenants drain.
 
 1. Plans: for 10, 1,000 and 10,000 tenants (each capped at --cap running, with
    --per-tenant wake-ups due), EXPLAIN (ANALYZE, BUFFERS) of one decision
-   (OUTBOX_WAKE_QUEUE) with a room of --window, and of one with the window full,
-   each in a transaction rolled back. The plans are printed as text; the summary
-   keeps each one's execution time, buffers and rows handled (produced or filtered
-   out, over all loops: the work, free of the machine's speed).
+   (OUTBOX_WAKE_QUEUE) with a room of --window reading every tenant, of the same
+   decision reading the next tenants only (a scan of NEAR_SCAN_PER_ROOM wake-ups
+   per one of room, as the relay first asks), and of one with the window full, each
+   in a transaction rolled back. The plans are printed as text; the summary keeps
+   each one's execution time, buffers and rows handled (produced or filtered out,
+   over all loops: the work, free of the machine's speed).
 2. Drains (one relay, --consumers consumer processes of --concurrency slots, each
    variant in a fresh database, one after another): --jobs no-op jobs with no
    tenant, over --tenants tenants each capped at --cap, and over --many-tenants
@@ -39,6 +41,7 @@ from bench.common import (
 from bench.fleet import drain_rate, fleet
 from hybrid_jobs import outbox
 from hybrid_jobs.plumbing.config import DatabaseUrl
+from hybrid_jobs.relay.wake import NEAR_SCAN_PER_ROOM
 from hybrid_jobs.schema.queries import OUTBOX_WAKE_QUEUE, WORKER_TTL_SECONDS
 
 
@@ -58,9 +61,12 @@ def jobs_over(tenants: int, jobs: int) -> list[outbox.NewJob]:
             for i in range(jobs)]  # fmt: skip
 
 
-def explain(conn: psycopg.Connection, window: int) -> tuple[str, dict[str, Any]]:
+def explain(
+    conn: psycopg.Connection, window: int, near: bool = False
+) -> tuple[str, dict[str, Any]]:
     params = {"queue": "default", "limit": 500, "window": window, "min_window": 1, "slack": 0,
-              "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000}  # fmt: skip
+              "worker_ttl": WORKER_TTL_SECONDS, "bulk": 1000, "near": near,
+              "scan": NEAR_SCAN_PER_ROOM * window}  # fmt: skip
     with explaining(conn, OUTBOX_WAKE_QUEUE, params) as (text, top):
         sent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL").fetchone()
     return text, {
@@ -79,6 +85,13 @@ def plans(tenants: int, per_tenant: int, cap: int, window: int) -> dict[str, Any
             explain(conn, window)  # warm the caches and the plan's first reads
             text, with_room = explain(conn, window)
             print(f"--- the decision: {tenants} tenants, room {window}\n{text}\n", flush=True)
+            explain(conn, window, near=True)
+            text, near = explain(conn, window, near=True)
+            print(
+                f"--- the decision: {tenants} tenants, room {window}, the next tenants only"
+                f"\n{text}\n",
+                flush=True,
+            )
             conn.execute(
                 "UPDATE outbox SET sent_at = now()"
                 " WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT %s)",
@@ -87,7 +100,7 @@ def plans(tenants: int, per_tenant: int, cap: int, window: int) -> dict[str, Any
             explain(conn, window)
             text, full = explain(conn, window)
             print(f"--- the decision: {tenants} tenants, window full\n{text}\n", flush=True)
-    return {"with_room": with_room, "window_full": full}
+    return {"with_room": with_room, "next_tenants_only": near, "window_full": full}
 
 
 def drain(tenants: int, cap: int | None, jobs: int, consumers: int, concurrency: int) -> float:

@@ -52,8 +52,62 @@ TRACE_READ_SECONDS = 2.0
 # probe, so four rows a tenant cost less than the probe per tenant they save where
 # tenants have a few wake-ups each, and a little where they have many.
 BULK_PER_TENANT = 4
-# Per pool, per queue: the tenants with a backlog the last pass that read them found.
-_tenants_seen: weakref.WeakKeyDictionary[AsyncConnectionPool[AsyncConnection], dict[str, int]] = (
+# From this many tenants with a backlog (as the last full read found them), a pass
+# asks for the next tenants only (OUTBOX_WAKE_QUEUE's near): it reads a few times
+# the room of the first wake-ups across tenants, not every tenant's first.
+NEAR_FROM_TENANTS = 64
+# The first wake-ups across tenants such a pass reads, per wake-up of room the last
+# pass had (and at least NEAR_SCAN_MIN): enough to find that many tenants whose turn
+# comes next where each has a few wake-ups in the backlog. Doubled (up to
+# NEAR_SCAN_MOST) each time a pass found too few and read every tenant, and brought
+# back down by one each time one found enough: where a queue's tenants' wake-ups are
+# interleaved, a short scan meets mostly tenants that were just served.
+NEAR_SCAN_PER_ROOM = 2
+NEAR_SCAN_MOST = 32
+NEAR_SCAN_MIN = 32
+# A full read at least this often, per queue: it notes every tenant's reason for
+# waiting (explain, the metrics), which a pass that reads the next tenants notes for
+# those alone.
+FULL_READ_SECONDS = 1.0
+
+
+@dataclass
+class _Seen:
+    """Per queue, what the relay's last passes over it found."""
+
+    # tenants with a backlog, as the last full read found them
+    tenants: int = 1
+    # the room of the last pass that read the backlog
+    room: int = 0
+    # when the last full read ended (time.monotonic)
+    full_at: float = float("-inf")
+    # the scan of a pass that asks for the next tenants, per wake-up of room
+    per_room: int = NEAR_SCAN_PER_ROOM
+    # whether the last pass asked for the next tenants only
+    asked: bool = False
+
+    def params(self, now: float) -> dict[str, Any]:
+        self.asked = self.tenants >= NEAR_FROM_TENANTS and now - self.full_at < FULL_READ_SECONDS
+        return {
+            "bulk": BULK_PER_TENANT * max(1, self.tenants),
+            "near": self.asked,
+            "scan": max(NEAR_SCAN_MIN, self.per_room * self.room),
+        }
+
+    def read(self, room: int, tenants: int | None, near: bool, at: float) -> None:
+        """Note a pass that read the backlog: every tenant (``tenants`` found), or
+        the next ones only (``near``)."""
+        self.room = room
+        if tenants is not None:
+            self.tenants, self.full_at = tenants, at
+            if self.asked:  # asked for the next tenants, it found too few
+                self.per_room = min(NEAR_SCAN_MOST, 2 * self.per_room)
+        elif near:
+            self.per_room = max(NEAR_SCAN_PER_ROOM, self.per_room - 1)
+
+
+# Per pool, per queue: what its last passes found.
+_seen: weakref.WeakKeyDictionary[AsyncConnectionPool[AsyncConnection], dict[str, _Seen]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -118,7 +172,7 @@ async def _wake(
     # 200 jobs/s it cost more CPU in psycopg than it saved in waiting.
     await publisher.wait_connected(limits.publish_timeout)
     most = await pack_limit(pool, queue, limits.pack, limits.worker_ttl)
-    seen = _tenants_seen.setdefault(pool, {})
+    seen = _seen.setdefault(pool, {}).setdefault(queue, _Seen())
     paced = pace(pool, queue)
     async with pool.connection() as conn, conn.transaction():
         began = time.monotonic()
@@ -132,7 +186,7 @@ async def _wake(
                     "min_window": limits.min_window,
                     "slack": paced.slack(limits.batch),
                     "worker_ttl": limits.worker_ttl,
-                    "bulk": BULK_PER_TENANT * max(1, seen.get(queue, 1)),
+                    **seen.params(began),
                 },
             )
         except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
@@ -146,10 +200,11 @@ async def _wake(
             for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
         ]
         summary = next(r for r in rows if r[0] is None)
-        if summary[7] is not None:
-            seen[queue] = summary[7]
-        # only a decision that read the backlog (summary[7] set) times that read
-        paced.passed(time.monotonic(), len(sent), decided if summary[7] is not None else None)
+        read = summary[7] is not None or bool(summary[8])
+        if read:
+            seen.read(int(summary[3] or 0), summary[7], bool(summary[8]), time.monotonic())
+        # only a decision that read the backlog times that read
+        paced.passed(time.monotonic(), len(sent), decided if read else None)
         messages = pack(queue, sent, most)
         if messages:
             began = tracing.now_ns()

@@ -529,6 +529,19 @@ Index(
     outbox.c.id,
     postgresql_where=text("sent_at IS NULL"),
 )
+# The backlog of the jobs that have a tenant in the order the relay wakes it across
+# tenants: higher priority first, then oldest. Where a queue has many tenants, the
+# relay finds the tenants whose turn comes next from its first rows. No entry for a
+# job of no tenant.
+Index(
+    "outbox_turn_idx",
+    outbox.c.queue,
+    outbox.c.priority.desc(),
+    outbox.c.available_at,
+    outbox.c.id,
+    postgresql_include=["tenant"],
+    postgresql_where=text("sent_at IS NULL AND tenant <> ''"),
+)
 # The oldest unsent wake-up, and the queues that have one due.
 Index(
     "outbox_due_idx",

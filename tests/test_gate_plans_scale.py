@@ -452,6 +452,8 @@ def test_the_relays_decision_reads_a_probe_per_tenant_with_a_backlog_and_its_roo
         "slack": 0,
         "worker_ttl": defaults.WORKER_TTL_SECONDS,
         "bulk": bulk,
+        "near": False,
+        "scan": 32,
     }
     with _connect(tenants.name, RELAY_OPTIONS) as relay:
         found = explain_plan(relay, q.OUTBOX_WAKE_QUEUE, params, generic=generic)

@@ -569,6 +569,8 @@ class JobMachine(RuleBasedStateMachine):
                         "slack": 0,
                         "worker_ttl": 60,
                         "bulk": 1000,
+                        "near": False,
+                        "scan": 32,
                     },
                 )
             )

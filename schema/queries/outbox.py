@@ -185,6 +185,23 @@ def _horizon(candidates: str) -> str:
     LIMIT 1"""
 
 
+def _share_columns() -> str:
+    """The columns of a tenant's share (``shares``, ``near_shares``), of its first due
+    wake-up ``d``, its limits ``l``, usage ``u``, pass ``s`` and wake-ups in flight ``f``."""
+    return """d.tenant,
+           COALESCE(l.weight, 1) AS weight,
+           GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
+           -- A capped tenant's room: its free slots, less its wake-ups in flight in
+           -- this queue (those of other queues are theirs to count; the claim holds
+           -- the cap exactly whatever the relay sends).
+           CASE WHEN l.max_running IS NULL THEN NULL
+                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - COALESCE(f.n, 0))
+           END AS cap_room,
+           s.held_reason,
+           -- its first due wake-up (none: nothing of it is due)
+           d.priority, d.available_at, d.id"""
+
+
 # The relay's one decision: which of a queue's due wake-ups to send now. In the
 # relay's transaction, under a per-queue advisory lock (another relay skips the
 # queue meanwhile), in one statement:
@@ -218,6 +235,14 @@ def _horizon(candidates: str) -> str:
 #   pass found: a pass reads about as many rows as a probe per tenant would cost,
 #   or fewer), and past where that read was cut short, by a skip scan (one probe
 #   per tenant). The in-flight wake-ups are counted per tenant once;
+# - where a queue has many tenants, the relay asks (near) for the next tenants only:
+#   the first wake-ups across tenants in the order they go (outbox_turn_idx), a few
+#   times the room, give the tenants whose first due one is among them. When those
+#   are the contenders all tenants' heads would give (see 3c7), the pass reads,
+#   orders and notes reasons for them alone, and costs the room, not the tenants.
+#   Otherwise it reads every tenant as above. The tenants it did not read keep the
+#   reasons the last full read noted; the relay reads every tenant at least once a
+#   second (relay/wake.py), so those stay at most that stale;
 # - only the tenants whose first due wake-up would go first can be sent anything:
 #   a tenant's first wake-up goes before its others, so `room` tenants whose first
 #   ones go before a tenant's first leave it nothing. At most `room` tenants
@@ -233,8 +258,8 @@ def _horizon(candidates: str) -> str:
 # Returns the sent wake-ups with their turn (1 goes first: the order above, which
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
 # then one summary row (id NULL): the room there was, whether the lock was had,
-# whether due wake-ups were held back, and how many tenants had a backlog (when
-# the pass read them).
+# whether due wake-ups were held back, how many tenants had a backlog (when the
+# pass read them all), and whether it read the next tenants only.
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
@@ -290,6 +315,66 @@ WITH RECURSIVE gate AS (
                          >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
+), near_try AS (
+    -- 3c2. whether to look at the next tenants only, as the relay asks where a queue
+    -- has many: a pass with room that notes no start or end of a pause
+    SELECT (SELECT yes FROM looking) AND %(near)s::bool
+           AND (SELECT reason FROM look) IS NOT DISTINCT FROM (SELECT held_reason FROM clock)
+           AS yes
+), scan AS MATERIALIZED (
+    -- 3c3. the queue's first unsent wake-ups of jobs that have a tenant, in the order
+    -- they go across tenants (outbox_turn_idx), as many as the relay asks (a few
+    -- times the room). A tenant's first one among them that is due is its first due
+    -- one: every wake-up before it in its own order is before it here too.
+    SELECT o.tenant, o.priority, o.available_at, o.id
+    FROM outbox AS o
+    WHERE (SELECT yes FROM near_try) AND o.queue = %(queue)s AND o.sent_at IS NULL
+      AND o.tenant <> ''
+    ORDER BY o.priority DESC, o.available_at, o.id
+    LIMIT %(scan)s::int
+), near AS (
+    -- 3c4. the next tenants: those with a due wake-up in the scan, each with its first,
+    -- and the jobs of no tenant with theirs (one probe of outbox_pending_idx)
+    (SELECT DISTINCT ON (c.tenant) c.tenant, c.priority, c.available_at, c.id
+     FROM scan AS c WHERE c.available_at <= now()
+     ORDER BY c.tenant, c.priority DESC, c.available_at, c.id)
+    UNION ALL
+    (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
+     WHERE (SELECT yes FROM near_try) AND o.queue = %(queue)s AND o.tenant = ''
+       AND o.sent_at IS NULL AND o.available_at <= now()
+     ORDER BY o.priority DESC, o.available_at, o.id
+     LIMIT 1)
+), near_shares AS MATERIALIZED (
+    -- 3c5. their shares, as 3f has them, each row looked up by its key (a join of
+    -- the whole tables would read every tenant)
+    SELECT {_share_columns()}
+    FROM near AS d
+    LEFT JOIN LATERAL (SELECT weight, max_running FROM tenant_limits AS l
+                       WHERE l.tenant = d.tenant LIMIT 1) AS l ON true
+    LEFT JOIN LATERAL (SELECT running FROM tenant_usage AS u
+                       WHERE u.tenant = d.tenant LIMIT 1) AS u ON true
+    LEFT JOIN LATERAL (SELECT vpass, held_reason FROM fair_shares AS s
+                       WHERE s.queue = %(queue)s AND s.tenant = d.tenant LIMIT 1) AS s ON true
+    LEFT JOIN inflight AS f ON f.tenant = d.tenant
+), near_contenders AS (
+    -- 3c6. the contenders among them, as 3g picks them
+    SELECT s.priority, s.start FROM near_shares AS s
+    WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
+    ORDER BY s.priority DESC, s.start, s.available_at, s.id
+    LIMIT (SELECT n FROM room)
+), near_enough AS (
+    -- 3c7. whether they are the contenders every tenant's would give. A tenant not
+    -- among them has its first due wake-up after the scan's last row, so it goes
+    -- after a contender of a higher priority than that row's, and after one at the
+    -- queue's clock (no virtual start is earlier; the tie goes by age). When the scan
+    -- read the whole backlog, or filled the room with such contenders, they are;
+    -- otherwise every tenant is read (3d).
+    SELECT (SELECT yes FROM near_try)
+           AND ((SELECT count(*) FROM scan) < %(scan)s::int
+                OR ((SELECT count(*) FROM near_contenders) >= (SELECT n FROM room)
+                    AND NOT EXISTS (SELECT 1 FROM near_contenders AS c
+                                    WHERE c.priority <= (SELECT min(priority) FROM scan)
+                                      AND c.start > (SELECT v FROM clock)))) AS ok
 ), bulk AS MATERIALIZED (
     -- 3d1. the heads among the queue's first unsent wake-ups in tenant order (as many
     -- as the relay asks: about four per tenant the last pass found), in one read of
@@ -298,7 +383,8 @@ WITH RECURSIVE gate AS (
     -- DISTINCT ON follows the read's order: no sort.
     SELECT DISTINCT ON (r.tenant) r.tenant, r.priority, r.available_at, r.id
     FROM (SELECT o.tenant, o.priority, o.available_at, o.id FROM outbox AS o
-          WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.sent_at IS NULL
+          WHERE (SELECT yes FROM looking) AND NOT (SELECT ok FROM near_enough)
+            AND o.queue = %(queue)s AND o.sent_at IS NULL
           ORDER BY o.tenant, o.priority DESC, o.available_at, o.id
           LIMIT %(bulk)s::int) AS r
     ORDER BY r.tenant, r.priority DESC, r.available_at, r.id
@@ -348,19 +434,11 @@ WITH RECURSIVE gate AS (
       AND i.id NOT IN (SELECT id FROM settled)
     GROUP BY i.tenant
 ), shares AS MATERIALIZED (
-    -- 3f. per tenant: weight, virtual start, capped room, first due wake-up
-    SELECT d.tenant,
-           COALESCE(l.weight, 1) AS weight,
-           GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
-           -- A capped tenant's room: its free slots, less its wake-ups in flight in
-           -- this queue (those of other queues are theirs to count; the claim holds
-           -- the cap exactly whatever the relay sends).
-           CASE WHEN l.max_running IS NULL THEN NULL
-                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - COALESCE(f.n, 0))
-           END AS cap_room,
-           s.held_reason,
-           -- its first due wake-up (none: nothing of it is due)
-           d.priority, d.available_at, d.id
+    -- 3f. per tenant: weight, virtual start, capped room, first due wake-up (of the
+    -- next tenants only, when they were enough)
+    SELECT * FROM near_shares WHERE (SELECT ok FROM near_enough)
+    UNION ALL
+    SELECT {_share_columns()}
     FROM firsts AS d
     LEFT JOIN tenant_limits AS l ON l.tenant = d.tenant
     LEFT JOIN tenant_usage AS u ON u.tenant = d.tenant
@@ -492,19 +570,25 @@ WITH RECURSIVE gate AS (
 )
 -- 5. the sent wake-ups in turn, then the summary row (id NULL)
 SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
-       s.turn, NULL::int AS tenants
+       s.turn, NULL::int AS tenants, NULL::bool AS near
 FROM sent AS s
 UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        CASE WHEN (SELECT yes FROM looking)
+            -- the next tenants only, when the scan did not reach the end of the
+            -- backlog: others wait that were not read
             THEN EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
+                 OR ((SELECT ok FROM near_enough) AND (SELECT count(*) FROM scan) >= %(scan)s::int)
             ELSE EXISTS (SELECT 1 FROM outbox AS o
                          WHERE o.queue = %(queue)s AND o.sent_at IS NULL
                            AND o.available_at <= now())
        END,
        NULL,
-       -- the tenants with a backlog, when the pass read them (the next pass's read)
-       CASE WHEN (SELECT yes FROM looking) THEN (SELECT count(*) FROM heads)::int END
+       -- the tenants with a backlog, when the pass read them all (the next pass's read)
+       CASE WHEN (SELECT yes FROM looking) AND NOT (SELECT ok FROM near_enough)
+            THEN (SELECT count(*) FROM heads)::int END,
+       -- whether it read the next tenants only
+       (SELECT ok FROM near_enough)
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
