@@ -57,14 +57,19 @@ BULK_PER_TENANT = 4
 # the room of the first wake-ups across tenants, not every tenant's first.
 NEAR_FROM_TENANTS = 64
 # The first wake-ups across tenants such a pass reads, per wake-up of room the last
-# pass had (and at least NEAR_SCAN_MIN): enough to find that many tenants whose turn
-# comes next where each has a few wake-ups in the backlog. Doubled (up to
-# NEAR_SCAN_MOST) each time a pass found too few and read every tenant, and brought
-# back down by one each time one found enough: where a queue's tenants' wake-ups are
-# interleaved, a short scan meets mostly tenants that were just served.
+# pass had (at least NEAR_SCAN_MIN rows, at most NEAR_SCAN_TENANTS per tenant: a
+# longer scan costs more than reading every tenant): enough to find that many
+# tenants whose turn comes next where each has a few wake-ups in the backlog.
+# Doubled (up to NEAR_SCAN_MOST_PER_ROOM) each time a pass tried and found too few,
+# and brought back down by one each time one found enough: where a queue's tenants'
+# wake-ups are interleaved, a short scan meets mostly tenants that were just served.
 NEAR_SCAN_PER_ROOM = 2
-NEAR_SCAN_MOST = 32
+NEAR_SCAN_MOST_PER_ROOM = 32
 NEAR_SCAN_MIN = 32
+NEAR_SCAN_TENANTS = 2
+# A queue where even the longest scan found too few (its tenants' first wake-ups
+# lie behind many others, say) is read whole, without trying, for this long.
+NEAR_REST_SECONDS = 10.0
 # A full read at least this often, per queue: it notes every tenant's reason for
 # waiting (explain, the metrics), which a pass that reads the next tenants notes for
 # those alone.
@@ -83,25 +88,33 @@ class _Seen:
     full_at: float = float("-inf")
     # the scan of a pass that asks for the next tenants, per wake-up of room
     per_room: int = NEAR_SCAN_PER_ROOM
-    # whether the last pass asked for the next tenants only
-    asked: bool = False
+    # no pass asks for the next tenants before this (time.monotonic)
+    resting_until: float = float("-inf")
 
     def params(self, now: float) -> dict[str, Any]:
-        self.asked = self.tenants >= NEAR_FROM_TENANTS and now - self.full_at < FULL_READ_SECONDS
+        near = (
+            self.tenants >= NEAR_FROM_TENANTS
+            and now - self.full_at < FULL_READ_SECONDS
+            and now >= self.resting_until
+        )
+        scan = min(self.per_room * self.room, NEAR_SCAN_TENANTS * self.tenants)
         return {
             "bulk": BULK_PER_TENANT * max(1, self.tenants),
-            "near": self.asked,
-            "scan": max(NEAR_SCAN_MIN, self.per_room * self.room),
+            "near": near,
+            "scan": max(NEAR_SCAN_MIN, scan),
         }
 
-    def read(self, room: int, tenants: int | None, near: bool, at: float) -> None:
+    def read(self, room: int, tenants: int | None, near: bool | None, at: float) -> None:
         """Note a pass that read the backlog: every tenant (``tenants`` found), or
-        the next ones only (``near``)."""
+        the next ones only. ``near``: whether the next tenants were enough, when the
+        pass tried them (None: it did not)."""
         self.room = room
         if tenants is not None:
             self.tenants, self.full_at = tenants, at
-            if self.asked:  # asked for the next tenants, it found too few
-                self.per_room = min(NEAR_SCAN_MOST, 2 * self.per_room)
+        if near is False:  # tried, and found too few: it read every tenant
+            if self.per_room >= NEAR_SCAN_MOST_PER_ROOM:
+                self.resting_until = at + NEAR_REST_SECONDS
+            self.per_room = min(NEAR_SCAN_MOST_PER_ROOM, 2 * self.per_room)
         elif near:
             self.per_room = max(NEAR_SCAN_PER_ROOM, self.per_room - 1)
 
@@ -202,7 +215,7 @@ async def _wake(
         summary = next(r for r in rows if r[0] is None)
         read = summary[7] is not None or bool(summary[8])
         if read:
-            seen.read(int(summary[3] or 0), summary[7], bool(summary[8]), time.monotonic())
+            seen.read(int(summary[3] or 0), summary[7], summary[8], time.monotonic())
         # only a decision that read the backlog times that read
         paced.passed(time.monotonic(), len(sent), decided if read else None)
         messages = pack(queue, sent, most)

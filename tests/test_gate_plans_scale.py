@@ -14,7 +14,8 @@ pooled connection settles on, each on its daemon's connection options
    jobs each with an unsent wake-up (100,000). A plain claim of 50 jobs of 50
    tenants reads their own tenants' rows, not every tenant's; the relay's decision
    reads what its comment (schema/queries/outbox.py) promises: one index probe per
-   tenant with a backlog, plus what it fills.
+   tenant with a backlog, plus what it fills; asked for the next tenants only, the
+   scan and the tenants met there, plus what it fills.
 
 Each database is set up once for its tests, cloned from the session's migrated
 template as every test's database is. Every statement runs in a transaction that is
@@ -25,9 +26,10 @@ the same ids would count, so the figures do not depend on the order of the tests
 Each test fails on a degraded plan (checked by dropping, inside a rolled-back
 transaction, an index the statement walks: jobs_pkey, jobs_key_order_idx,
 jobs_key_waiting_idx, outbox_job_id_idx, key_usage_pkey, tenant_limits_pkey,
-tenant_usage_pkey, outbox_inflight_idx; outbox_pending_idx replaced by one on
-(queue, tenant) alone): the planner then scans the table, or reads every waiting job
-or every one of a tenant's wake-ups per probe, and the assertion fires."""
+tenant_usage_pkey, outbox_inflight_idx, outbox_turn_idx; outbox_pending_idx
+replaced by one on (queue, tenant) alone): the planner then scans the table, or reads
+every waiting job or every one of a tenant's wake-ups per probe, and the assertion
+fires."""
 
 from __future__ import annotations
 
@@ -471,4 +473,41 @@ def test_the_relays_decision_reads_a_probe_per_tenant_with_a_backlog_and_its_roo
     for relation in ("tenant_limits", "tenant_usage", "fair_shares"):
         assert total(read, relation) <= TENANTS + 10, read
     # the settling of the wake-ups in flight looks up their jobs, no others
+    assert total(read, "jobs") <= 2 * BATCH, read
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_relays_decision_asked_for_the_next_tenants_reads_the_room_not_the_tenants(
+    tenants: Tenants, generic: bool
+) -> None:
+    """The same pass asked for the next tenants only, as the relay asks once it knows
+    of 10,000 tenants (a scan of twice the room): it reads the scan's 200 wake-ups
+    (outbox_turn_idx), looks up the tenants met there by their keys, and fills its
+    room of 100 with them, reading no tenant beyond. Bounded at 10 outbox rows per
+    wake-up of the window and 3 rows of each tenant table per wake-up scanned; a
+    read of every tenant reads 10,000 of each."""
+    room = WINDOW - 2 * BATCH
+    params = {
+        "queue": QUEUE,
+        "limit": defaults.RELAY_BATCH_SIZE,
+        "window": WINDOW,
+        "min_window": defaults.RELAY_MIN_WINDOW,
+        "slack": 0,
+        "worker_ttl": defaults.WORKER_TTL_SECONDS,
+        "bulk": 4 * TENANTS,
+        "near": True,
+        "scan": 2 * room,
+    }
+    with _connect(tenants.name, RELAY_OPTIONS) as relay:
+        found = explain_plan(relay, q.OUTBOX_WAKE_QUEUE, params, generic=generic)
+        with relay.transaction(force_rollback=True):
+            *sent, summary = relay.execute(q.OUTBOX_WAKE_QUEUE, params).fetchall()
+    read = read_by(found, "outbox", "jobs", "tenant_limits", "tenant_usage", "fair_shares")
+    _report("relay decision, the next tenants", generic, found, read)
+    assert summary[3] == room and len(sent) == room, summary
+    assert summary[8] is True and summary[7] is None, "the next tenants were enough"
+    assert all(node != "Seq Scan" for node, _, loops in read["outbox"] if loops), read
+    assert total(read, "outbox") <= 10 * WINDOW, read
+    for relation in ("tenant_limits", "tenant_usage", "fair_shares"):
+        assert total(read, relation) <= 3 * 2 * room + 10, read
     assert total(read, "jobs") <= 2 * BATCH, read

@@ -238,11 +238,11 @@ def _share_columns() -> str:
 # - where a queue has many tenants, the relay asks (near) for the next tenants only:
 #   the first wake-ups across tenants in the order they go (outbox_turn_idx), a few
 #   times the room, give the tenants whose first due one is among them. When those
-#   are the contenders all tenants' heads would give (see 3c7), the pass reads,
+#   are the contenders all tenants' heads would give (see 3c8), the pass reads,
 #   orders and notes reasons for them alone, and costs the room, not the tenants.
 #   Otherwise it reads every tenant as above. The tenants it did not read keep the
-#   reasons the last full read noted; the relay reads every tenant at least once a
-#   second (relay/wake.py), so those stay at most that stale;
+#   reasons the last full read noted; while passes with room go on, the relay reads
+#   every tenant at least once a second (relay/wake.py);
 # - only the tenants whose first due wake-up would go first can be sent anything:
 #   a tenant's first wake-up goes before its others, so `room` tenants whose first
 #   ones go before a tenant's first leave it nothing. At most `room` tenants
@@ -259,7 +259,8 @@ def _share_columns() -> str:
 # the publisher keeps, so a pass's urgent wake-up is not packed behind the others),
 # then one summary row (id NULL): the room there was, whether the lock was had,
 # whether due wake-ups were held back, how many tenants had a backlog (when the
-# pass read them all), and whether it read the next tenants only.
+# pass read them all), and, when it tried the next tenants only, whether they were
+# enough (NULL: it did not try).
 OUTBOX_WAKE_QUEUE: Final = f"""
 WITH RECURSIVE gate AS (
     -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
@@ -358,23 +359,34 @@ WITH RECURSIVE gate AS (
     LEFT JOIN inflight AS f ON f.tenant = d.tenant
 ), near_contenders AS (
     -- 3c6. the contenders among them, as 3g picks them
-    SELECT s.priority, s.start FROM near_shares AS s
+    SELECT s.priority, s.start, s.available_at, s.id FROM near_shares AS s
     WHERE s.id IS NOT NULL AND (s.cap_room IS NULL OR s.cap_room > 0)
     ORDER BY s.priority DESC, s.start, s.available_at, s.id
     LIMIT (SELECT n FROM room)
+), scan_end AS (
+    -- 3c7. the scan's last row, in the order it read
+    SELECT -c.priority AS p, c.available_at, c.id FROM scan AS c
+    ORDER BY c.priority, c.available_at DESC, c.id DESC
+    LIMIT 1
 ), near_enough AS (
-    -- 3c7. whether they are the contenders every tenant's would give. A tenant not
-    -- among them has its first due wake-up after the scan's last row, so it goes
-    -- after a contender of a higher priority than that row's, and after one at the
-    -- queue's clock (no virtual start is earlier; the tie goes by age). When the scan
-    -- read the whole backlog, or filled the room with such contenders, they are;
-    -- otherwise every tenant is read (3d).
+    -- 3c8. whether they are the contenders every tenant's would give. A tenant the
+    -- scan did not reach has its first due wake-up after the scan's last row: a
+    -- priority no higher than that row's and, at that priority, a later one. So a
+    -- contender goes before it if its own first one has a higher priority than that
+    -- row's, or if it starts at the queue's clock (no virtual start is earlier, and
+    -- the tie goes by age) with its first one before that row (every tenant met in
+    -- the scan; the jobs of no tenant, probed apart, only when theirs is). When the
+    -- scan read the whole backlog, or filled the room with such contenders, they
+    -- are; otherwise every tenant is read (3d).
     SELECT (SELECT yes FROM near_try)
            AND ((SELECT count(*) FROM scan) < %(scan)s::int
                 OR ((SELECT count(*) FROM near_contenders) >= (SELECT n FROM room)
-                    AND NOT EXISTS (SELECT 1 FROM near_contenders AS c
-                                    WHERE c.priority <= (SELECT min(priority) FROM scan)
-                                      AND c.start > (SELECT v FROM clock)))) AS ok
+                    AND NOT EXISTS (
+                        SELECT 1 FROM near_contenders AS c
+                        WHERE -c.priority >= (SELECT p FROM scan_end)
+                          AND (c.start > (SELECT v FROM clock)
+                               OR (-c.priority, c.available_at, c.id)
+                                  > (SELECT p, available_at, id FROM scan_end))))) AS ok
 ), bulk AS MATERIALIZED (
     -- 3d1. the heads among the queue's first unsent wake-ups in tenant order (as many
     -- as the relay asks: about four per tenant the last pass found), in one read of
@@ -576,9 +588,14 @@ UNION ALL
 SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        CASE WHEN (SELECT yes FROM looking)
             -- the next tenants only, when the scan did not reach the end of the
-            -- backlog: others wait that were not read
+            -- backlog: a due wake-up of a tenant not read, if one is left unsent
+            -- (what this pass sent still reads as unsent here: at most the room)
             THEN EXISTS (SELECT 1 FROM reasons WHERE reason IS NOT NULL)
-                 OR ((SELECT ok FROM near_enough) AND (SELECT count(*) FROM scan) >= %(scan)s::int)
+                 OR ((SELECT ok FROM near_enough) AND (SELECT count(*) FROM scan) >= %(scan)s::int
+                     AND EXISTS (SELECT 1 FROM outbox AS o
+                                 WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+                                   AND o.available_at <= now()
+                                   AND o.id NOT IN (SELECT id FROM sent)))
             ELSE EXISTS (SELECT 1 FROM outbox AS o
                          WHERE o.queue = %(queue)s AND o.sent_at IS NULL
                            AND o.available_at <= now())
@@ -587,8 +604,8 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        -- the tenants with a backlog, when the pass read them all (the next pass's read)
        CASE WHEN (SELECT yes FROM looking) AND NOT (SELECT ok FROM near_enough)
             THEN (SELECT count(*) FROM heads)::int END,
-       -- whether it read the next tenants only
-       (SELECT ok FROM near_enough)
+       -- asked for the next tenants only: whether they were enough (NULL: not tried)
+       CASE WHEN (SELECT yes FROM near_try) THEN (SELECT ok FROM near_enough) END
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
