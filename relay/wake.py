@@ -72,8 +72,10 @@ NEAR_SCAN_TENANTS = 2
 NEAR_REST_SECONDS = 10.0
 # A full read at least this often, per queue: it notes every tenant's reason for
 # waiting (explain, the metrics), which a pass that reads the next tenants notes for
-# those alone.
+# those alone. Where a full read takes long (10,000 tenants: a sixth of a second
+# and more), less often: at most FULL_READ_SHARE of the time goes to full reads.
 FULL_READ_SECONDS = 1.0
+FULL_READ_SHARE = 0.1
 
 
 @dataclass
@@ -84,17 +86,19 @@ class _Seen:
     tenants: int = 1
     # the room of the last pass that read the backlog
     room: int = 0
-    # when the last full read ended (time.monotonic)
+    # when the last full read ended (time.monotonic), and how long it took
     full_at: float = float("-inf")
+    full_took: float = 0.0
     # the scan of a pass that asks for the next tenants, per wake-up of room
     per_room: int = NEAR_SCAN_PER_ROOM
     # no pass asks for the next tenants before this (time.monotonic)
     resting_until: float = float("-inf")
 
     def params(self, now: float) -> dict[str, Any]:
+        every = max(FULL_READ_SECONDS, self.full_took / FULL_READ_SHARE)
         near = (
             self.tenants >= NEAR_FROM_TENANTS
-            and now - self.full_at < FULL_READ_SECONDS
+            and now - self.full_at < every
             and now >= self.resting_until
         )
         scan = min(self.per_room * self.room, NEAR_SCAN_TENANTS * self.tenants)
@@ -104,13 +108,17 @@ class _Seen:
             "scan": max(NEAR_SCAN_MIN, scan),
         }
 
-    def read(self, room: int, tenants: int | None, near: bool | None, at: float) -> None:
-        """Note a pass that read the backlog: every tenant (``tenants`` found), or
-        the next ones only. ``near``: whether the next tenants were enough, when the
-        pass tried them (None: it did not)."""
+    def read(
+        self, room: int, tenants: int | None, near: bool | None, at: float, took: float = 0.0
+    ) -> None:
+        """Note a pass that read the backlog, ending ``at`` after ``took`` seconds:
+        every tenant (``tenants`` found), or the next ones only. ``near``: whether
+        the next tenants were enough, when the pass tried them (None: it did not)."""
         self.room = room
         if tenants is not None:
             self.tenants, self.full_at = tenants, at
+            if near is None:  # a full read that did not try the next tenants first
+                self.full_took = took
         if near is False:  # tried, and found too few: it read every tenant
             if self.per_room >= NEAR_SCAN_MOST_PER_ROOM:
                 self.resting_until = at + NEAR_REST_SECONDS
@@ -215,7 +223,7 @@ async def _wake(
         summary = next(r for r in rows if r[0] is None)
         read = summary[7] is not None or bool(summary[8])
         if read:
-            seen.read(int(summary[3] or 0), summary[7], summary[8], time.monotonic())
+            seen.read(int(summary[3] or 0), summary[7], summary[8], time.monotonic(), decided)
         # only a decision that read the backlog times that read
         paced.passed(time.monotonic(), len(sent), decided if read else None)
         messages = pack(queue, sent, most)

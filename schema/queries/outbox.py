@@ -242,7 +242,8 @@ def _share_columns() -> str:
 #   orders and notes reasons for them alone, and costs the room, not the tenants.
 #   Otherwise it reads every tenant as above. The tenants it did not read keep the
 #   reasons the last full read noted; while passes with room go on, the relay reads
-#   every tenant at least once a second (relay/wake.py);
+#   every tenant once a second, or less often where that read takes long
+#   (relay/wake.py);
 # - only the tenants whose first due wake-up would go first can be sent anything:
 #   a tenant's first wake-up goes before its others, so `room` tenants whose first
 #   ones go before a tenant's first leave it nothing. At most `room` tenants

@@ -67,3 +67,18 @@ def test_a_queue_the_longest_scan_cannot_serve_is_read_whole_for_a_while() -> No
     assert seen.params(5.1)["near"] is False
     seen.read(50, 1000, near=None, at=5.0 + NEAR_REST_SECONDS)
     assert seen.params(5.0 + NEAR_REST_SECONDS + 0.1)["near"] is True
+
+
+def test_a_full_read_that_takes_long_comes_less_often() -> None:
+    """At 10,000 tenants a full read takes a sixth of a second and more: once a
+    second, it would take that share of the relay's passes; it comes at most a
+    tenth of the time."""
+    from hybrid_jobs.relay.wake import FULL_READ_SHARE
+
+    seen = _Seen()
+    seen.read(100, 10_000, near=None, at=10.0, took=0.3)
+    assert seen.params(10.0 + FULL_READ_SECONDS + 0.5)["near"] is True
+    assert seen.params(10.0 + 0.3 / FULL_READ_SHARE + 0.01)["near"] is False
+    # a quick one: once a second
+    seen.read(100, 10_000, near=None, at=20.0, took=0.01)
+    assert seen.params(20.0 + FULL_READ_SECONDS + 0.01)["near"] is False
