@@ -30,6 +30,7 @@ from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 from tests.support.processes import ROOT
 from tests.support.services import ADMIN_URL, AMQP_URL
+from tests.support.source import source_copy
 
 pytestmark = pytest.mark.usefixtures("rabbitmq_up")
 
@@ -38,10 +39,12 @@ pytestmark = pytest.mark.usefixtures("rabbitmq_up")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # With the venv's setuptools (the test extra's): a build environment of its own
-    # would ask the package index mid-run, and once that failed the build.
+    # would ask the package index mid-run, and once that failed the build. From a
+    # copy of the source: another test builds from the checkout meanwhile.
+    source = source_copy(tmp_path_factory.mktemp("source"))
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(ROOT)],
+         "-w", str(out), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
