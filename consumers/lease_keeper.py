@@ -111,10 +111,13 @@ class LeaseKeeper:
             for queue, n in self.settings.queue_limits:
                 if queue in recorded:
                     log.info("consumer.queue_limit_recorded", extra={"queue": queue, "limit": n})
-        woken = await self.store.wake_parked(self.settings.queues, self.job_types)
+        woken = await self.store.wake_parked(
+            self.settings.queues, self.job_types, self.settings.concurrency
+        )
         if woken:
             log.info(
-                "consumer.woke_waiting_jobs", extra={"count": woken, "why": "a handler arrived"}
+                "consumer.woke_waiting_jobs",
+                extra={"count": woken, "why": "a consumer that can run them arrived"},
             )
 
     async def run(self) -> None:
@@ -161,7 +164,9 @@ class LeaseKeeper:
         """Its row had expired, or a lease of it had lapsed (it was frozen, say):
         it was not live meanwhile, and the jobs only it could run were left to wait
         for a consumer to come. It has come: wake them, as at start."""
-        woken = await self.store.wake_parked(self.settings.queues, self.job_types)
+        woken = await self.store.wake_parked(
+            self.settings.queues, self.job_types, self.settings.concurrency
+        )
         log.info(
             "consumer.back",
             extra={"woke_waiting_jobs": woken, "why": "its row had expired or a lease lapsed"},

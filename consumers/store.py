@@ -492,15 +492,18 @@ class JobStore:
         async with self.pool.connection() as conn:
             await conn.execute(q.WORKER_GONE, {"worker": self.worker})
 
-    async def wake_parked(self, queues: Sequence[str], job_types: Sequence[str]) -> int:
+    async def wake_parked(
+        self, queues: Sequence[str], job_types: Sequence[str], concurrency: int
+    ) -> int:
         """Wake the jobs that waited for a consumer knowing their type, or naming
-        their dedicated tenant."""
+        their dedicated tenant, and bring forward those turned down as heavier than
+        their consumer that fit in ``concurrency``."""
+        served = {"queues": list(queues), "job_types": list(job_types)}
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                q.JOB_WAKE_PARKED,
-                {"queues": list(queues), "job_types": list(job_types), "tenants": self.tenants},
-            )
-            return cur.rowcount
+            cur = await conn.execute(q.JOB_WAKE_PARKED, served | {"tenants": self.tenants})
+            woken = cur.rowcount
+            cur = await conn.execute(q.JOB_WAKE_HEAVY, served | {"concurrency": concurrency})
+            return woken + cur.rowcount
 
     async def ping(self) -> None:
         async with self.pool.connection() as conn:

@@ -105,6 +105,7 @@ NOTES: Final[dict[str, str]] = {
     "JOB_ATTEMPT_RECORDED_MANY": "tell applied outcomes from stale ones, after an ambiguous commit",
     "JOB_SNOOZES": "count the times a job was snoozed, for outbox.explain",
     # outbox
+    "JOB_WAKE_HEAVY": "bring forward the wake-ups of jobs too heavy for their consumer",
     "JOB_WAKE_PARKED": "wake the jobs that waited for a consumer that knows their type",
     "OUTBOX_DUE_QUEUES": "list the queues with wake-ups due",
     "OUTBOX_WAKE_QUEUE": "choose which of a queue's due wake-ups to send now, and mark them sent",

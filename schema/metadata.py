@@ -452,6 +452,17 @@ Index(
     ),
 )
 
+# Jobs turned down as heavier than the whole concurrency of their consumer: found
+# when a larger consumer starts, which brings their wake-ups forward.
+Index(
+    "jobs_too_heavy_idx",
+    jobs.c.queue,
+    jobs.c.job_type,
+    postgresql_where=text(
+        f"delay_reason = '{DelayReason.WEIGHT_OVER_CONCURRENCY}' AND state IN ({CLAIMABLE_SQL})"
+    ),
+)
+
 # Jobs of a dedicated tenant no live consumer naming it could take wait here until
 # one starts.
 Index(

@@ -469,6 +469,78 @@ def test_a_job_heavier_than_the_whole_concurrency_is_turned_down_and_explained(
     assert "--concurrency" in why.summary, why.summary
 
 
+def test_a_consumer_with_room_for_a_heavy_job_brings_its_wake_up_forward_when_it_starts(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """A job turned down as heavier than its consumer asks again after the refusal
+    backstop. A consumer that starts with room for it (JOB_WAKE_HEAVY, as it starts
+    or comes back) makes its wake-up due at once; one still too small, or serving
+    other queues or types, does not, and a lighter job's wake-up is left alone."""
+    heavy = enqueue(engine, "noop", weight=5)
+    heavier = enqueue(engine, "noop", weight=8)
+    assert _claim(pg, [heavy, heavier], concurrency=4) == {
+        heavy: "WEIGHT_OVER_CONCURRENCY",
+        heavier: "WEIGHT_OVER_CONCURRENCY",
+    }
+    light = enqueue(engine, "noop", run_after=timedelta(minutes=5))
+
+    def due(job_id: uuid.UUID) -> bool:
+        return bool(_one(pg, "SELECT available_at <= now() FROM outbox WHERE job_id = %s", job_id))
+
+    def start(queues: list[str], job_types: list[str], concurrency: int) -> set[uuid.UUID]:
+        rows = pg.execute(
+            q.JOB_WAKE_HEAVY,
+            {"queues": queues, "job_types": job_types, "concurrency": concurrency},
+        ).fetchall()
+        return {row[0] for row in rows}
+
+    assert start(["default"], ["noop"], 4) == set(), "still too small for either"
+    assert start(["other"], ["noop"], 6) == set() and start(["default"], ["x"], 6) == set()
+    assert not due(heavy) and not due(heavier)
+    assert start(["default"], ["noop"], 6) == {heavy}, "room for the one of weight 5"
+    assert due(heavy) and not due(heavier) and not due(light)
+    assert _one(pg, "SELECT count(*) FROM outbox WHERE job_id = %s", heavy) == 1
+    # its claim by the larger consumer takes it
+    assert _claim(pg, [heavy], "w2", concurrency=6) == {heavy: "claimed"}
+    assert start(["default"], ["noop"], 8) == {heavier}
+
+
+def test_a_heavy_job_turned_down_while_a_larger_consumer_is_live_is_sent_again_at_once(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """Its wake-up may reach a consumer too small for it while a larger one serves
+    the queue: turned down, it is due again at once (for the larger one); turned
+    down again within a second, a second later, so that small consumers cannot pass
+    it round and round. With no larger consumer live, after the backstop."""
+    pg.execute(
+        "INSERT INTO workers (worker_id, host, pid, queues, job_types, concurrency, prefetch)"
+        " VALUES ('big', 'here', 2, '{default}', '{noop}', 6, 0)"
+    )
+    heavy = enqueue(engine, "noop", weight=5)
+    assert _claim(pg, [heavy], concurrency=4) == {heavy: "WEIGHT_OVER_CONCURRENCY"}
+    due_in = _one(
+        pg, "SELECT available_at - now() FROM outbox WHERE job_id = %s AND sent_at IS NULL", heavy
+    )
+    assert due_in <= timedelta(0), "due at once: a live consumer has room for it"
+    assert _claim(pg, [heavy], "w3", concurrency=4) == {heavy: "WEIGHT_OVER_CONCURRENCY"}
+    due_in = _one(
+        pg, "SELECT available_at - now() FROM outbox WHERE job_id = %s AND sent_at IS NULL", heavy
+    )
+    assert timedelta(0) < due_in <= timedelta(seconds=1), "twice in a second: a second on"
+    pg.execute(
+        "UPDATE workers SET last_seen_at = now() - interval '1 hour' WHERE worker_id = 'big'"
+    )
+    pg.execute(
+        "UPDATE jobs SET delay_since = now() - interval '1 minute' WHERE job_id = %s", [heavy]
+    )
+    assert _claim(pg, [heavy], "w4", concurrency=4) == {heavy: "WEIGHT_OVER_CONCURRENCY"}
+    due_in = _one(
+        pg, "SELECT available_at - now() FROM outbox WHERE job_id = %s AND sent_at IS NULL", heavy
+    )
+    assert due_in > timedelta(seconds=5), "no larger consumer live: the backstop"
+    assert _claim(pg, [heavy], "big", concurrency=6) == {heavy: "claimed"}
+
+
 async def test_the_metrics_count_the_jobs_heavier_than_their_consumer(
     engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
 ) -> None:

@@ -83,9 +83,11 @@ def test_a_job_heavier_than_the_consumer_is_explained_and_runs_on_a_larger_one(
             why = outbox.explain(session, heavy)
         assert "WEIGHT_OVER_CONCURRENCY" in why.codes, why
         assert job(pg, heavy)["attempt_count"] == 0
-        with running("consumer", [*APP, "--concurrency", "6"], env, "consumer.started"):
-            # its wake-up comes back after the refusal backstop, and may meet the
-            # small consumer again first: a generous deadline
+        with running("consumer", [*APP, "--concurrency", "6"], env, "consumer.started") as big:
+            # started, it brought the wake-up forward (the backstop is 10 s off)
+            woke = big.wait_for_event("consumer.woke_waiting_jobs")
+            assert woke["count"] == 1, woke
+            # if the small consumer meets it first, it is sent on for the larger one
             asyncio.run(wait_until_all(pg, "SUCCEEDED", 2, timeout=120))
     assert job(pg, heavy)["attempt_count"] == 1
 

@@ -964,9 +964,9 @@ WITH types AS (
                 WHEN l.job_id IN (SELECT job_id FROM key_waiting)
                      OR l.job_id IN (SELECT job_id FROM admitted) THEN 'KEY_BUSY'
                 ELSE 'TENANT_CAP' END AS reason,
-           -- turned down for want of a handler (or of a runner naming its tenant) less
-           -- than a second ago already
-           COALESCE(l.delay_reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER')
+           -- turned down for want of a handler (or of a runner naming its tenant), or
+           -- as too heavy, less than a second ago already
+           COALESCE(l.delay_reason IN ('NO_HANDLER', 'NO_AUTHORIZED_RUNNER', 'WEIGHT_OVER_CONCURRENCY')
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)
@@ -1044,9 +1044,20 @@ WITH types AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason = 'WEIGHT_OVER_CONCURRENCY'
-                -- a consumer with room for its weight may take it: tried again after
-                -- the backstop, not sent round the consumers too small for it
-                THEN now() + make_interval(secs => 10)
+                -- a consumer with room for its weight may take it. When another live
+                -- one serving its queue and type is that large: at once, for it
+                -- (the wake-up may meet small ones first: from the second time in
+                -- a second, a second later, so they do not pass it round and round).
+                -- Else after the backstop, not sent round the consumers too small for
+                -- it (one that starts large enough brings it forward: JOB_WAKE_HEAVY)
+                THEN CASE WHEN NOT EXISTS (
+                              SELECT 1 FROM workers AS w
+                              WHERE w.worker_id <> %(worker)s AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)
+                                AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+                                AND w.concurrency >= r.weight)
+                          THEN now() + make_interval(secs => 10)
+                          WHEN r.refused_lately THEN now() + interval '1 second'
+                          ELSE now() END
                 WHEN r.reason = 'TENANT_CAP' AND r.weight > 1
                 -- the relay sends a capped tenant's wake-up once one slot is free;
                 -- a heavier job needs more, so it asks again a moment later, not at once
@@ -2354,6 +2365,23 @@ FROM (SELECT j.job_id, j.queue, j.tenant, j.priority
         AND j.tenant = ANY(%(tenants)s::text[]) AND j.queue = ANY(%(queues)s::text[])
         AND j.job_type = ANY(%(job_types)s::text[])) AS p
 WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
+RETURNING job_id;
+
+-- name: JOB_WAKE_HEAVY
+-- Run by consumers.store:JobStore.wake_parked to bring forward the wake-ups of jobs too
+-- heavy for their consumer.
+-- Parameters: concurrency, job_types, queues.
+WITH later AS (
+    DELETE FROM outbox AS o
+    USING jobs AS j
+    WHERE j.delay_reason = 'WEIGHT_OVER_CONCURRENCY' AND j.state IN ('QUEUED', 'RETRY_WAIT')
+      AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+      AND (j.weight IS NULL OR j.weight <= %(concurrency)s)
+      AND o.job_id = j.job_id AND o.sent_at IS NULL AND o.available_at > now()
+    RETURNING o.job_id, o.queue, o.tenant, o.priority
+)
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT job_id, queue, tenant, priority, now() FROM later
 RETURNING job_id;
 
 -- name: OUTBOX_WAKE_REFUSED

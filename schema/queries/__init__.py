@@ -130,6 +130,7 @@ from hybrid_jobs.schema.queries.lease import (
     job_finish_many,
 )
 from hybrid_jobs.schema.queries.outbox import (
+    JOB_WAKE_HEAVY,
     JOB_WAKE_ORPHANS,
     JOB_WAKE_PARKED,
     OUTBOX_BACKLOG,
@@ -280,6 +281,7 @@ __all__ = [
     "JOB_TYPE_POLICY_RECORD_MANY",
     "JOB_TYPE_POLICY_REFUSAL",
     "JOB_TYPE_WEBHOOK_RECORD_MANY",
+    "JOB_WAKE_HEAVY",
     "JOB_WAKE_ORPHANS",
     "JOB_WAKE_PARKED",
     "JOB_WEBHOOK_SET_MANY",

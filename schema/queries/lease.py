@@ -124,9 +124,20 @@ _REFUSALS_WOKEN: Final = f"""used_up AS (
     INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
     SELECT r.job_id, r.queue, COALESCE(r.tenant, ''), r.priority,
            CASE WHEN r.reason = '{DelayReason.WEIGHT_OVER_CONCURRENCY}'
-                -- a consumer with room for its weight may take it: tried again after
-                -- the backstop, not sent round the consumers too small for it
-                THEN now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS})
+                -- a consumer with room for its weight may take it. When another live
+                -- one serving its queue and type is that large: at once, for it
+                -- (the wake-up may meet small ones first: from the second time in
+                -- a second, a second later, so they do not pass it round and round).
+                -- Else after the backstop, not sent round the consumers too small for
+                -- it (one that starts large enough brings it forward: JOB_WAKE_HEAVY)
+                THEN CASE WHEN NOT EXISTS (
+                              SELECT 1 FROM workers AS w
+                              WHERE w.worker_id <> %(worker)s AND {LIVE_WORKER}
+                                AND r.queue = ANY(w.queues) AND r.job_type = ANY(w.job_types)
+                                AND w.concurrency >= r.weight)
+                          THEN now() + make_interval(secs => {REFUSAL_BACKSTOP_SECONDS})
+                          WHEN r.refused_lately THEN now() + interval '1 second'
+                          ELSE now() END
                 WHEN r.reason = '{DelayReason.TENANT_CAP}' AND r.weight > 1
                 -- the relay sends a capped tenant's wake-up once one slot is free;
                 -- a heavier job needs more, so it asks again a moment later, not at once
@@ -341,9 +352,9 @@ WITH {_handlers(concurrency.HANDLER_COLUMN + weight.HANDLER_COLUMN)}, locked AS 
     SELECT l.job_id, l.queue, l.tenant, l.priority, l.job_type, l.rate_name, l.weight,
            CASE {case}
                 ELSE '{DelayReason.TENANT_CAP}' END AS reason,
-           -- turned down for want of a handler (or of a runner naming its tenant) less
-           -- than a second ago already
-           COALESCE(l.delay_reason IN ({_WANTING_RUNNER})
+           -- turned down for want of a handler (or of a runner naming its tenant), or
+           -- as too heavy, less than a second ago already
+           COALESCE(l.delay_reason IN ({_WANTING_RUNNER}, '{DelayReason.WEIGHT_OVER_CONCURRENCY}')
                     AND l.delay_since > now() - interval '1 second', false) AS refused_lately
     FROM locked AS l
     WHERE l.job_id NOT IN (SELECT job_id FROM resource_admitted)

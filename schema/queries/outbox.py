@@ -32,6 +32,28 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = p.job_id)
 RETURNING job_id
 """
 
+# Jobs turned down as heavier than the whole concurrency of the consumer that
+# claimed them (WEIGHT_OVER_CONCURRENCY) ask again after the refusal backstop. A
+# consumer that starts with room for them (its --concurrency at least their weight;
+# a job enqueued without one takes its handler's, unknown here, so it is woken and
+# its claim decides) brings their wake-ups forward: each one waiting in the backlog
+# is replaced by one due now, whose insert tells the relay. Reads jobs_too_heavy_idx,
+# which holds only such jobs.
+JOB_WAKE_HEAVY: Final = f"""
+WITH later AS (
+    DELETE FROM outbox AS o
+    USING jobs AS j
+    WHERE j.delay_reason = '{DelayReason.WEIGHT_OVER_CONCURRENCY}' AND j.state IN ({CLAIMABLE_SQL})
+      AND j.queue = ANY(%(queues)s::text[]) AND j.job_type = ANY(%(job_types)s::text[])
+      AND (j.weight IS NULL OR j.weight <= %(concurrency)s)
+      AND o.job_id = j.job_id AND o.sent_at IS NULL AND o.available_at > now()
+    RETURNING o.job_id, o.queue, o.tenant, o.priority
+)
+INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
+SELECT job_id, queue, tenant, priority, now() FROM later
+RETURNING job_id
+"""
+
 # Wake-ups a consumer turned down for want of a handler (or of a runner naming the
 # job's dedicated tenant, NO_AUTHORIZED_RUNNER: the same walk by tenant and queue)
 # wait the backstop
