@@ -56,6 +56,20 @@ def wait(check: Any, what: str, timeout: float = 30) -> Any:
     return asyncio.run(until(check, what, timeout))
 
 
+def _where_they_are(pg: psycopg.Connection, job_ids: list[uuid.UUID]) -> dict[str, Any]:
+    """The jobs' states, reasons and wake-ups, and the consumers' rows: what a
+    failed wait for parked jobs needs to say why."""
+    jobs = pg.execute(
+        "SELECT j.state, j.delay_reason, j.lease_owner, o.sent_at IS NOT NULL, o.available_at"
+        " FROM jobs AS j LEFT JOIN outbox AS o USING (job_id) WHERE j.job_id = ANY(%s)",
+        [job_ids],
+    ).fetchall()
+    workers = pg.execute(
+        "SELECT pid, job_types, stopping, last_seen_at, lease_lapsed_at, now() FROM workers"
+    ).fetchall()
+    return {"jobs": jobs, "workers": workers}
+
+
 def test_a_job_type_only_a_busy_consumer_knows_waits_without_a_storm_of_wakeups(
     env: dict[str, str], engine: Engine, pg: psycopg.Connection
 ) -> None:
@@ -150,7 +164,10 @@ def test_a_frozen_consumer_that_comes_back_wakes_the_jobs_that_waited_for_it(
 
             # RabbitMQ may also have handed some to the frozen one (its prefetch):
             # those it runs when it thaws. The others the other consumer turned down.
-            wait(lambda: parked() >= 2, "waiting jobs turned down, left without a wake-up")
+            try:
+                wait(lambda: parked() >= 2, "waiting jobs turned down, left without a wake-up")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {_where_they_are(pg, waiting)}") from None
             time.sleep(1)
             left = parked()
         finally:
