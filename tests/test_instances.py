@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -171,8 +172,25 @@ def test_each_instance_has_its_own_tables_and_functions(
         [A, B],
     ).fetchall()
     assert len(rows) >= 2 * 9
+    tables = {
+        r[0]
+        for r in raw.execute(
+            "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v')",
+            [A],
+        )
+    }
+    assert {"jobs", "outbox", "tenant_usage"} <= tables
     for schema, name, config, source in rows:
-        assert config == [f'search_path="{schema}"'], (schema, name)
+        # A function whose body names a table of the instance runs with the
+        # instance's search_path; one that names none may go without (a SET costs
+        # every call).
+        if config is None:
+            code = re.sub(r"'(?:[^']|'')*'", "''", source)  # not in a string (a channel)
+            named = {t for t in tables if re.search(rf"\b{t}\b", code)}
+            assert not named, (schema, name, named)
+        else:
+            assert config == [f'search_path="{schema}"'], (schema, name)
         if "pg_notify" in source:
             assert "TG_TABLE_SCHEMA" in source and "pg_notify('" not in source, name
 

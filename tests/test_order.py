@@ -329,4 +329,27 @@ def test_a_freed_tenant_slot_tells_the_relay_with_its_own_payload(db_url, pg) ->
         assert list(listener.notifies(timeout=0.3)) == []
         pg.execute("UPDATE tenant_usage SET running = 1 WHERE tenant = 'acme'")
         (note,) = listener.notifies(timeout=2, stop_after=1)
-    assert (note.channel, note.payload) == ("public.outbox", TENANT_SLOTS_FREED)
+        assert (note.channel, note.payload) == ("public.outbox", TENANT_SLOTS_FREED)
+        # slots of several tenants freed in one statement: one notification
+        pg.execute("INSERT INTO tenant_limits (tenant, max_running) VALUES ('beta', 5)")
+        pg.execute("INSERT INTO tenant_usage (tenant, running) VALUES ('beta', 2)")
+        pg.execute("UPDATE tenant_usage SET running = running - 1")
+        assert len(list(listener.notifies(timeout=0.5))) == 1
+
+
+def test_a_write_that_frees_no_slot_runs_no_trigger_of_tenant_usage(pg) -> None:
+    """A claim updates its batch's tenants' rows, none for jobs of no tenant, and
+    raises their counts: neither runs the freed-slot trigger (a row trigger on a
+    fall of running), so a plain job's statements pay nothing for it."""
+    pg.execute("INSERT INTO tenant_limits (tenant, max_running) VALUES ('acme', 5)")
+    pg.execute("INSERT INTO tenant_usage (tenant, running) VALUES ('acme', 2)")
+
+    def fired(sql: str) -> list[str]:
+        with pg.transaction(force_rollback=True):
+            plan = [r[0] for r in pg.execute("EXPLAIN (ANALYZE) " + sql).fetchall()]
+        return [line for line in plan if line.startswith("Trigger tenant_usage_notify")]
+
+    assert fired("UPDATE tenant_usage SET running = running + 1 WHERE false") == []
+    assert fired("UPDATE tenant_usage SET running = running + 1") == []
+    assert fired("UPDATE tenant_usage SET claimed = claimed + 1") == []
+    assert fired("UPDATE tenant_usage SET running = running - 1") != []
