@@ -2168,8 +2168,12 @@ WITH expired AS (
 ), swept AS (
     UPDATE jobs AS j
     SET state = e.state,
+        -- counted from the attempt's recorded end (the history's finished_at, the
+        -- statement's time): the sweep's transaction may have begun earlier, and
+        -- from now() the retry came that much before its whole backoff was over
         run_after = CASE WHEN e.state = 'RETRY_WAIT'
-                         THEN now() + make_interval(secs => e.backoff) ELSE j.run_after END,
+                         THEN statement_timestamp() + make_interval(secs => e.backoff)
+                         ELSE j.run_after END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         holds_slot = false,
