@@ -427,6 +427,31 @@ def test_a_plain_claim_reads_its_own_tenants_of_ten_thousand(
     assert {i for i, s in status.items() if s == "claimed"} == set(batch) - full
 
 
+def _decide(
+    tenants: Tenants, generic: bool, *, bulk: int, near: bool, scan: int
+) -> tuple[list[Any], Any, Read]:
+    """One relay decision over the tenants' queue, as the relay's connection runs
+    it, rolled back: the wake-ups it sent, its summary row, and what its plan read."""
+    params = {
+        "queue": QUEUE,
+        "limit": defaults.RELAY_BATCH_SIZE,
+        "window": WINDOW,
+        "min_window": defaults.RELAY_MIN_WINDOW,
+        "slack": 0,
+        "worker_ttl": defaults.WORKER_TTL_SECONDS,
+        "bulk": bulk,
+        "near": near,
+        "scan": scan,
+    }
+    with _connect(tenants.name, RELAY_OPTIONS) as relay:
+        found = explain_plan(relay, q.OUTBOX_WAKE_QUEUE, params, generic=generic)
+        with relay.transaction(force_rollback=True):
+            *sent, summary = relay.execute(q.OUTBOX_WAKE_QUEUE, params).fetchall()
+    read = read_by(found, "outbox", "jobs", "tenant_limits", "tenant_usage", "fair_shares")
+    _report("relay decision" + (", the next tenants" if near else ""), generic, found, read)
+    return sent, summary, read
+
+
 @pytest.mark.parametrize("bulk", [4, 4 * TENANTS], ids=["first-pass", "tenants-known"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_the_relays_decision_reads_a_probe_per_tenant_with_a_backlog_and_its_room(
@@ -446,23 +471,7 @@ def test_the_relays_decision_reads_a_probe_per_tenant_with_a_backlog_and_its_roo
     with a backlog, and 10 per wake-up of the window (in flight or room). A probe
     that read each tenant's wake-ups reads 110,000, a scan of the backlog 100,000 a
     time."""
-    params = {
-        "queue": QUEUE,
-        "limit": defaults.RELAY_BATCH_SIZE,
-        "window": WINDOW,
-        "min_window": defaults.RELAY_MIN_WINDOW,
-        "slack": 0,
-        "worker_ttl": defaults.WORKER_TTL_SECONDS,
-        "bulk": bulk,
-        "near": False,
-        "scan": 32,
-    }
-    with _connect(tenants.name, RELAY_OPTIONS) as relay:
-        found = explain_plan(relay, q.OUTBOX_WAKE_QUEUE, params, generic=generic)
-        with relay.transaction(force_rollback=True):
-            *sent, summary = relay.execute(q.OUTBOX_WAKE_QUEUE, params).fetchall()
-    read = read_by(found, "outbox", "jobs", "tenant_limits", "tenant_usage", "fair_shares")
-    _report("relay decision", generic, found, read)
+    sent, summary, read = _decide(tenants, generic, bulk=bulk, near=False, scan=32)
     room = WINDOW - 2 * BATCH
     assert summary[3] == room and len(sent) == room, summary
     assert summary[7] == TENANTS, "the tenants it found, for the relay's next read"
@@ -487,23 +496,7 @@ def test_the_relays_decision_asked_for_the_next_tenants_reads_the_room_not_the_t
     wake-up of the window and 3 rows of each tenant table per wake-up scanned; a
     read of every tenant reads 10,000 of each."""
     room = WINDOW - 2 * BATCH
-    params = {
-        "queue": QUEUE,
-        "limit": defaults.RELAY_BATCH_SIZE,
-        "window": WINDOW,
-        "min_window": defaults.RELAY_MIN_WINDOW,
-        "slack": 0,
-        "worker_ttl": defaults.WORKER_TTL_SECONDS,
-        "bulk": 4 * TENANTS,
-        "near": True,
-        "scan": 2 * room,
-    }
-    with _connect(tenants.name, RELAY_OPTIONS) as relay:
-        found = explain_plan(relay, q.OUTBOX_WAKE_QUEUE, params, generic=generic)
-        with relay.transaction(force_rollback=True):
-            *sent, summary = relay.execute(q.OUTBOX_WAKE_QUEUE, params).fetchall()
-    read = read_by(found, "outbox", "jobs", "tenant_limits", "tenant_usage", "fair_shares")
-    _report("relay decision, the next tenants", generic, found, read)
+    sent, summary, read = _decide(tenants, generic, bulk=4 * TENANTS, near=True, scan=2 * room)
     assert summary[3] == room and len(sent) == room, summary
     assert summary[8] is True and summary[7] is None, "the next tenants were enough"
     assert all(node != "Seq Scan" for node, _, loops in read["outbox"] if loops), read
