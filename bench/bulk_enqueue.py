@@ -14,7 +14,13 @@
 The header says whether autovacuum was on: the figure does not depend on it
 (each round starts on an empty table), but every bench says.
 
-Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3]
+With ``--sizes N ...``, instead: where the COPY starts to pay. For each batch size,
+this project's batches of plain jobs written by COPY and by the one statement
+(``outbox.bulk.COPY_FROM`` set past and below the size), alternated, each
+enqueuing and committing 20,000 jobs in batches of that size; the median time per
+job of each.
+
+Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3] [--sizes 50 100 200 500]
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from bench.common import (
     server_versions,
 )
 from hybrid_jobs import outbox
-from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.outbox import NewJob, bulk
 from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
@@ -81,6 +87,57 @@ def pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
     return asyncio.run(_pgqueuer(db, jobs, payload))
 
 
+def per_job(db: DatabaseUrl, size: int, copy: bool, total: int = 20_000) -> float:
+    """Microseconds per job, enqueuing ``total`` jobs in committed batches of ``size``
+    by COPY or by the statement."""
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        # Not emptied: from an empty table, with autovacuum off, a backend keeps the
+        # plans it made while the table was small (the outbox's foreign-key check
+        # among them, a scan of jobs), and every round would grow slower.
+        conn.execute("VACUUM ANALYZE jobs, outbox")
+    engine = create_engine(db.sqlalchemy)
+    was = bulk.COPY_FROM
+    bulk.COPY_FROM = 1 if copy else size + 1
+    try:
+        batch = [NewJob("noop") for _ in range(size)]
+        with Session(engine) as session:
+            session.connection()
+            session.commit()
+            started = time.perf_counter()
+            for _ in range(max(1, total // size)):
+                outbox.enqueue_many(session, batch)
+                session.commit()
+            elapsed = time.perf_counter() - started
+    finally:
+        bulk.COPY_FROM = was
+        engine.dispose()
+    return elapsed / (max(1, total // size) * size) * 1e6
+
+
+def crossover(sizes: list[int], repeat: int) -> None:
+    with scratch_database("bench_bulk_sizes") as db:
+        per_job(db, 20_000, True, 20_000)  # tables of some size, as a producer meets
+        found = {}
+        for size in sizes:
+            times: dict[str, list[float]] = {"copy": [], "statement": []}
+            for _ in range(repeat):
+                times["copy"].append(per_job(db, size, True))
+                times["statement"].append(per_job(db, size, False))
+            found[str(size)] = {
+                name: round(statistics.median(values), 1) for name, values in times.items()
+            }
+        report(
+            "bulk_enqueue_sizes",
+            {
+                "repeat": repeat,
+                "copy_from": bulk.COPY_FROM,
+                "autovacuum": autovacuum(db.conninfo),
+                "servers": server_versions(),
+                "microseconds_per_job": found,
+            },
+        )
+
+
 def main() -> None:
     parser = argument_parser("bench.bulk_enqueue", __doc__)
     parser.add_argument("--jobs", type=int, default=100_000, help="jobs per call")
@@ -88,7 +145,13 @@ def main() -> None:
     parser.add_argument(
         "--payload", action="store_true", help='a small payload ({"order": 1}) instead of none'
     )
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", help="compare COPY and the statement at these batch sizes"
+    )
     args = parser.parse_args()
+    if args.sizes:
+        crossover(args.sizes, args.repeat)
+        return
     ours_payload = {"order": 1} if args.payload else None
     peer_payload = b'{"order": 1}' if args.payload else None
     with (

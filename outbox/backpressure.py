@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybrid_jobs import defaults
 from hybrid_jobs.schema.queries import TENANT_BACKPRESSURE, TENANT_ENQUEUE_TAKE
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 MIN_RETRY_AFTER = defaults.MIN_RETRY_AFTER
 MAX_RETRY_AFTER = defaults.MAX_RETRY_AFTER
@@ -48,6 +51,15 @@ class Backpressure(Exception):
         self.waiting = waiting
         self.retry_after = retry_after
         self.max_enqueue_rate = max_enqueue_rate
+
+
+def refuse(conn: Connection, tenants: Counter[str]) -> None:
+    """Raise Backpressure for the first tenant these jobs would take past its
+    max_queued or its max_enqueue_rate, before anything is written; a batch of no
+    tenant asks nothing."""
+    if tenants:
+        refuse_over_limit(tenants, conn.exec_driver_sql(STATEMENT, params(tenants)).all())
+        refuse_over_rate(conn.exec_driver_sql(RATE_STATEMENT, rate_params(tenants)).all())
 
 
 def tenants_of(rows: Sequence[str | None]) -> Counter[str]:

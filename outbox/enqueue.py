@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from hybrid_jobs.outbox import backpressure, hooks, known_types, webhooks
+from hybrid_jobs.outbox import backpressure, bulk, hooks, known_types, webhooks
 from hybrid_jobs.outbox.twin import async_twin
 from hybrid_jobs.outbox.validation import (
     JsonDefault,
@@ -275,6 +275,11 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     unenqueueable because a process has a smaller one."""
     batch = list(jobs)
     urls = _webhook_urls(batch)
+    if bulk.copyable(batch):
+        result = bulk.copy_jobs(psycopg_connection(session), batch, payload_limit)
+        if urls is not None:
+            webhooks.set_urls(psycopg_connection(session), result, urls)
+        return result
     if not any(isinstance(job, NewJob) and job.after for job in batch):
         plan, ids = _plan(batch, payload_limit)
         if not ids:
@@ -287,13 +292,7 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
                 parent_ids(job)
         conn = psycopg_connection(session)
         plan, ids = _plan(batch, payload_limit, _lock_parents(conn, batch))
-    if plan.tenants:
-        limits = conn.exec_driver_sql(backpressure.STATEMENT, backpressure.params(plan.tenants))
-        backpressure.refuse_over_limit(plan.tenants, limits.all())
-        rates = conn.exec_driver_sql(
-            backpressure.RATE_STATEMENT, backpressure.rate_params(plan.tenants)
-        )
-        backpressure.refuse_over_rate(rates.all())
+    backpressure.refuse(conn, plan.tenants)
     if plan.ordered_keys:
         conn.exec_driver_sql(JOB_KEYS_LOCK, {"keys": plan.ordered_keys})
     if plan.refs:

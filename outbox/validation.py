@@ -396,6 +396,8 @@ def encode_payload(payload: Any, limit: int, json_default: JsonDefault | None = 
     hold (a datetime, a UUID, a Decimal) is refused, naming where it is, unless
     ``json_default`` makes JSON of it (:func:`plain_json`), before every check:
     what is checked and stored is what the handler will read."""
+    if payload is None:  # many jobs: nothing to check
+        return "null"
     return _encode("payload", payload, limit, MAX_PAYLOAD_BYTES_ENV, json_default)
 
 
@@ -655,6 +657,30 @@ def to_row(
     ``JOB_INSERT_MANY`` (payload embedded; ``trace_context``, from
     ``plumbing.tracing.capture``, stored with it; ``parents``: its edges,
     ``{"parent_id", "position", "done"}`` each, from enqueue's look at them)."""
+    job_id, fields = job_fields(job, limit, trace_context, parents, job_id)
+    payload = fields.pop("payload")
+    meta = fields.pop("meta")
+    fields["job_id"] = str(job_id)
+    # A field left out is NULL to jsonb_to_recordset: a plain job's object holds a
+    # handful of fields, not two dozen nulls to encode here and parse there.
+    head = _ROW_JSON.encode({name: value for name, value in fields.items() if value is not None})
+    # Splice the already-encoded payload (and meta) in rather than encoding them again.
+    if meta is not None:
+        head = f'{head[:-1]},"meta":{meta}}}'
+    return job_id, f'{head[:-1]},"payload":{payload}}}'
+
+
+def job_fields(
+    job: NewJob,
+    limit: int,
+    trace_context: dict[str, str] | None = None,
+    parents: list[dict[str, Any]] | None = None,
+    job_id: uuid.UUID | None = None,
+) -> tuple[uuid.UUID, dict[str, Any]]:
+    """The job checked, as :func:`to_row` takes it, and what it stores by field,
+    None where nothing: ``job_id`` a UUID, ``payload`` and ``meta`` as JSON text,
+    ``run_after`` and ``expires_at`` an instant's ISO text, or ``delay_seconds`` and
+    ``expires_seconds`` a span from the database's now."""
     job_type = names.job_type(job.job_type)
     queue = names.queue(job.queue)
     dedup_key = None if job.dedup_key is None else names.dedup_key(job.dedup_key)
@@ -677,7 +703,8 @@ def to_row(
         raise ValueError("a debounced job takes no key")
 
     expires_at, expires_seconds = _run_after(job.expires, "expires")
-    check_start_before_deadline(job.run_after, job.expires)
+    if job.run_after is not None and job.expires is not None:
+        check_start_before_deadline(job.run_after, job.expires)
     rate_limit = None if job.rate_limit is None else names.rate_limit(job.rate_limit)
     debounce_seconds, debounce_max_seconds = _debounce(job)
     unique_scope, unique_seconds = unique_fields(job)
@@ -698,7 +725,7 @@ def to_row(
     if job_id is None:
         job_id = new_job_id()
     fields: dict[str, Any] = {
-        "job_id": str(job_id),
+        "job_id": job_id,
         "job_type": job_type,
         "queue": queue,
         "tenant": tenant,
@@ -735,10 +762,6 @@ def to_row(
         fields["unique_key"] = fields.pop("dedup_key")
         fields["unique_scope"] = unique_scope
         fields["unique_seconds"] = unique_seconds
-    # A field left out is NULL to jsonb_to_recordset: a plain job's object holds a
-    # handful of fields, not two dozen nulls to encode here and parse there.
-    head = _ROW_JSON.encode({name: value for name, value in fields.items() if value is not None})
-    # Splice the already-encoded payload (and meta) in rather than encoding them again.
-    if meta is not None:
-        head = f'{head[:-1]},"meta":{meta}}}'
-    return job_id, f'{head[:-1]},"payload":{payload}}}'
+    fields["payload"] = payload
+    fields["meta"] = meta
+    return job_id, fields

@@ -320,6 +320,18 @@ WITH input AS (
 )
 SELECT job_id FROM inserted;
 
+-- name: JOB_COPY
+-- Run by outbox.bulk:copy_jobs.
+-- Makes (new) -> QUEUED: a large batch of plain jobs enqueued by COPY.
+COPY jobs (job_id, job_type, queue, tenant, payload, max_attempts, priority, run_after,
+           trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta)
+FROM STDIN;
+
+-- name: JOB_COPY_NOW
+-- Run by outbox.bulk:copy_jobs to read the transaction's now, which a COPY's starts and
+-- deadlines count from.
+SELECT now();
+
 -- name: JOB_PARENTS_LOCK
 -- Run by outbox.enqueue:_lock_parents to keep the parents an enqueue's after= names from
 -- deletion; their state.
@@ -2387,6 +2399,11 @@ WITH later AS (
 INSERT INTO outbox (job_id, queue, tenant, priority, available_at)
 SELECT job_id, queue, tenant, priority, now() FROM later
 RETURNING job_id;
+
+-- name: OUTBOX_COPY
+-- Run by outbox.bulk:copy_jobs to write the wake-ups of a large batch of plain jobs, by
+-- COPY.
+COPY outbox (job_id, queue, tenant, priority, available_at) FROM STDIN;
 
 -- name: OUTBOX_WAKE_REFUSED
 -- Run by relay.maintenance:wake_refused to bring refused wake-ups forward once a

@@ -87,6 +87,8 @@ from hybrid_jobs.schema.queries.inputs import (
     INPUT_STORE,
 )
 from hybrid_jobs.schema.queries.job import (
+    JOB_COPY,
+    JOB_COPY_NOW,
     JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
     JOB_EXPIRE_WAITING,
@@ -134,6 +136,7 @@ from hybrid_jobs.schema.queries.outbox import (
     JOB_WAKE_ORPHANS,
     JOB_WAKE_PARKED,
     OUTBOX_BACKLOG,
+    OUTBOX_COPY,
     OUTBOX_DUE_QUEUES,
     OUTBOX_HAND_BACK,
     OUTBOX_HELD_REFRESH,
@@ -234,6 +237,8 @@ __all__ = [
     "JOB_ATTEMPT_RECORDED_MANY",
     "JOB_CLAIM_MANY",
     "JOB_CLAIM_PLAIN_MANY",
+    "JOB_COPY",
+    "JOB_COPY_NOW",
     "JOB_DEBOUNCE_MANY",
     "JOB_EDIT",
     "JOB_EDIT_HAND_ON",
@@ -289,6 +294,7 @@ __all__ = [
     "LIVE_WORKER",
     "MAINTENANCE_TRY_LOCK",
     "OUTBOX_BACKLOG",
+    "OUTBOX_COPY",
     "OUTBOX_DUE_QUEUES",
     "OUTBOX_HAND_BACK",
     "OUTBOX_HELD_REFRESH",

@@ -129,6 +129,19 @@ JOB_INSERT_UNIQUE_MANY: Final = job_insert_many(unique=True)
 JOB_INSERT_REF_MANY: Final = job_insert_many(refs=True)
 JOB_INSERT_UNIQUE_REF_MANY: Final = job_insert_many(unique=True, refs=True)
 
+# A large batch of plain jobs (outbox.bulk): for jobs with none of the insert's
+# steps, the rows JOB_INSERT_PLAIN_MANY writes, by COPY (their wake-ups follow by
+# OUTBOX_COPY). The columns are every one such a job can set; the rest keep their
+# defaults, as in the insert.
+JOB_COPY: Final = """
+COPY jobs (job_id, job_type, queue, tenant, payload, max_attempts, priority, run_after,
+           trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta)
+FROM STDIN
+"""
+# The transaction's now(), which the insert's defaults and spans count from: a
+# COPY's start and deadline are counted from it too.
+JOB_COPY_NOW: Final = "SELECT now()"
+
 
 # Before a batch with after= is inserted: its parents' states, the parents locked
 # FOR KEY SHARE in id order, which keeps retention from deleting them until the

@@ -54,6 +54,11 @@ SELECT job_id, queue, tenant, priority, now() FROM later
 RETURNING job_id
 """
 
+# The wake-ups of a batch of plain jobs written by JOB_COPY, one a job, due when the
+# job is (its run_after); a tenant's as its name, a job of no tenant's as ''. The
+# outbox's trigger notifies the relay as for an insert.
+OUTBOX_COPY: Final = "COPY outbox (job_id, queue, tenant, priority, available_at) FROM STDIN"
+
 # Wake-ups a consumer turned down for want of a handler (or of a runner naming the
 # job's dedicated tenant, NO_AUTHORIZED_RUNNER: the same walk by tenant and queue)
 # wait the backstop
