@@ -10,10 +10,12 @@ import uuid
 
 import psycopg
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session
 
+from hybrid_jobs import outbox
 from hybrid_jobs.jobctl.check import check, violations
-from hybrid_jobs.outbox import NewJob
+from hybrid_jobs.outbox import NewJob, bulk
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 from tests.support import pgbouncer
@@ -55,3 +57,28 @@ def test_relay_and_consumers_through_pgbouncer_in_transaction_mode(
     assert served > 50, "the daemons' transactions went through PgBouncer"
     assert pg.execute("SELECT count(*) FROM effects").fetchone()[0] == 100
     assert violations(check(db_url.conninfo, require_success=True)) == {}
+
+
+def test_a_batch_copied_through_pgbouncer_in_transaction_mode(
+    pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """enqueue_many's COPY of a large batch, and the savepoint that takes a refused
+    one back, through a transaction pooler, as a producer's engine would meet it."""
+    jobs = [NewJob("noop", {"i": i}) for i in range(bulk.COPY_FROM + 100)]
+    refused = [*jobs[:-1], NewJob("noop", {"nul": "a\x00b"})]
+    with pgbouncer.pgbouncer() as port:
+        pooled = create_engine(
+            db_url.sqlalchemy.replace("127.0.0.1:5432", f"127.0.0.1:{port}"),
+            connect_args={"prepare_threshold": None},
+        )
+        try:
+            with Session(pooled) as session, session.begin():
+                with pytest.raises(ValueError, match="NUL character"):
+                    outbox.enqueue_many(session, refused)
+                ids = outbox.enqueue_many(session, jobs)
+        finally:
+            pooled.dispose()
+        served = pgbouncer.transactions_served(port, db_url.dbname)
+    assert served >= 1, "the producer's transaction went through PgBouncer"
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == len(ids) == len(jobs)
+    assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == len(jobs)
