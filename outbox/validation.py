@@ -247,7 +247,10 @@ def _walk(value: Any, stop: int) -> tuple[int, bool]:
         deepest = max(deepest, depth)
         if depth > stop:
             return deepest, str_keys
-        pending.extend((child, depth) for child in children)
+        # only what can nest further: a scalar would be popped again for nothing
+        for child in children:
+            if isinstance(child, dict | list | tuple):
+                pending.append((child, depth))
     return deepest, str_keys
 
 
@@ -458,13 +461,13 @@ def _encode(
     except ValueError as exc:  # NaN / Infinity, circular references
         raise ValueError(f"{name} is not valid JSON: {exc}") from None
     try:
-        size = len(encoded.encode("utf-8"))
+        size = len(encoded) if encoded.isascii() else len(encoded.encode("utf-8"))
     except UnicodeEncodeError:
         raise ValueError(f"{name} contains a lone surrogate, which is not valid UTF-8") from None
     if size > limit:
         raise ValueError(f"{name} is {size} bytes as JSON; the limit is {limit} ({limit_name})")
     # jsonb refuses the NUL character; catch it here, with a clear message.
-    if _ESCAPED_NUL.search(encoded):
+    if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise ValueError(f"{name} contains a NUL character (U+0000), which jsonb cannot store")
     return encoded
 
