@@ -254,7 +254,8 @@ def psycopg_connection(session: Session) -> Connection:
 
 
 def enqueue_many(session: Session, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-    """Enqueue several jobs in one statement; returns their ids in the given order.
+    """Enqueue several jobs in one statement (a large batch of plain jobs: by COPY,
+    :mod:`outbox.bulk`); returns their ids in the given order.
 
     A job whose ``dedup_key`` is already taken for its job type is not inserted; its
     place in the result holds the existing job's id. In strict mode
