@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 # at 300, 29 against 31 at 500 and 26 against 32 at 1,000.
 COPY_FROM = 500
 
+_Copies = list[tuple[str, Iterable[tuple[Any, ...]]]]
+
 # A span from now whose end a datetime can hold, with room to spare; a longer one
 # (which the database refuses as out of range) goes by the statement, and fails there
 # as it always has.
@@ -54,6 +56,14 @@ def copyable(batch: Sequence[object]) -> bool:
     by COPY. A job with a value enqueue refuses may be counted plain: the same
     checks refuse it on either path."""
     return len(batch) >= COPY_FROM and all(_plain(job) for job in batch)
+
+
+def in_transaction(conn: Connection) -> bool:
+    """Whether the session's connection runs its statements in a transaction: an
+    autocommit one (``isolation_level="AUTOCOMMIT"``) commits each apart, and the
+    two COPYs must commit together, so such a session's batch goes by the one
+    statement."""
+    return getattr(conn.connection.driver_connection, "autocommit", True) is False
 
 
 def _plain(job: object) -> bool:
@@ -79,15 +89,23 @@ def copy_jobs(conn: Connection, batch: Sequence[NewJob], limit: int) -> list[uui
     """Writes the jobs and their wake-ups by COPY, in the caller's transaction, and
     returns their ids in order (none can conflict: no job has a dedup key).
 
-    Each job is checked as the statement's path checks it, as it is written: the
-    checks run while the server writes the rows before them, where a whole check
-    first would leave the server idle. A job refused then ends the COPY, and a
-    savepoint around the writes takes back what was written: as on the
-    statement's path, a refused batch writes nothing and the caller's transaction
-    goes on. Backpressure is asked first, from the batch's tenants."""
-    tenants = Counter(names.tenant(job.tenant) for job in batch if job.tenant is not None)
-    backpressure.refuse(conn, tenants)
-    now: datetime = conn.exec_driver_sql(JOB_COPY_NOW).scalar_one()
+    Each job is checked as the statement's path checks it, in the batch's order, as
+    it is written: the checks run while the server writes the rows before them,
+    where a whole check first would leave the server idle. A savepoint holds it
+    all, backpressure's tokens included: a refused job ends the COPY and the
+    savepoint takes back what was written, so, as on the statement's path, a
+    refused batch keeps nothing and the caller's transaction goes on. Backpressure
+    is asked before the first row, from the batch's tenants; when it refuses, the
+    jobs are checked first, so a batch that holds a refused job says so, as the
+    statement's path (which checks before it asks) does."""
+    tenants = _tenants(batch)
+    if tenants is None:  # a tenant's name is refused: say what the checks say first
+        _check(batch, limit)
+        raise AssertionError("a tenant's name refused here passed the checks")
+    # In UTC: a span is elapsed time, as now() + interval counts it in PostgreSQL,
+    # where Python adds a span to a zoned datetime on the wall clock (across a change
+    # of summer time, an hour off).
+    now: datetime = conn.exec_driver_sql(JOB_COPY_NOW).scalar_one().astimezone(UTC)
     captured = tracing.capture()
     trace = None if captured is None else json.dumps(captured, separators=(",", ":"))
     ids = new_job_ids(len(batch))
@@ -121,8 +139,43 @@ def copy_jobs(conn: Connection, batch: Sequence[NewJob], limit: int) -> list[uui
             wakeups.append((new_id, queue, tenant or "", priority, run_after))
 
     copies = [(JOB_COPY, rows()), (OUTBOX_COPY, wakeups)]
-    driver = conn.connection.driver_connection
     with conn.begin_nested():
+        try:
+            backpressure.refuse(conn, tenants)
+        except backpressure.Backpressure:
+            _check(batch, limit)
+            raise
+        _write(conn, copies)
+    return ids
+
+
+def _tenants(batch: Sequence[NewJob]) -> Counter[str] | None:
+    """How many jobs each tenant adds (backpressure's question), or None if a
+    tenant's name is refused."""
+    tenants: Counter[str] = Counter()
+    for job in batch:
+        if job.tenant is not None:
+            try:
+                tenants[names.tenant(job.tenant)] += 1
+            except (TypeError, ValueError):
+                return None
+    return tenants
+
+
+def _check(batch: Sequence[NewJob], limit: int) -> None:
+    """Every job checked in order, as the statement's path checks them: the first
+    refused one raises."""
+    for job in batch:
+        parent_ids(job)
+        job_fields(job, limit)
+
+
+def _write(conn: Connection, copies: _Copies) -> None:
+    """The COPYs, on the session's own driver connection; an error of the server's
+    raised as SQLAlchemy raises it for a statement (an OperationalError for a
+    timeout, an IntegrityError for a constraint), for the caller's handlers."""
+    driver = conn.connection.driver_connection
+    try:
         if isinstance(driver, psycopg.AsyncConnection):  # an AsyncSession's, in its greenlet
             # imported here: the daemons import the producer API without SQLAlchemy
             from sqlalchemy.util import await_only
@@ -132,16 +185,23 @@ def copy_jobs(conn: Connection, batch: Sequence[NewJob], limit: int) -> list[uui
             _copy(driver, copies)
         else:  # psycopg_connection refused any other driver already
             raise TypeError(f"COPY needs a psycopg connection, not {type(driver).__name__}")
-    return ids
+    except psycopg.Error as exc:
+        from sqlalchemy.exc import DBAPIError
+
+        raise DBAPIError.instance(
+            JOB_COPY,
+            None,
+            exc,
+            psycopg.Error,
+            connection_invalidated=conn.dialect.is_disconnect(cast(Any, exc), None, None),
+            dialect=conn.dialect,
+        ) from exc
 
 
 def _instant(given: object, checked: object, now: datetime) -> object:
     """A start or deadline as the COPY writes it: a span (as given) added to the
     transaction's now, an instant as checked (its ISO text), or None."""
     return now + given if isinstance(given, timedelta) else checked
-
-
-_Copies = list[tuple[str, Iterable[tuple[Any, ...]]]]
 
 
 def _copy(driver: psycopg.Connection[Any], copies: _Copies) -> None:

@@ -276,10 +276,10 @@ def insert_jobs(session: Session, jobs: Iterable[NewJob], payload_limit: int) ->
     unenqueueable because a process has a smaller one."""
     batch = list(jobs)
     urls = _webhook_urls(batch)
-    if bulk.copyable(batch):
-        result = bulk.copy_jobs(psycopg_connection(session), batch, payload_limit)
+    if bulk.copyable(batch) and bulk.in_transaction(conn := psycopg_connection(session)):
+        result = bulk.copy_jobs(conn, batch, payload_limit)
         if urls is not None:
-            webhooks.set_urls(psycopg_connection(session), result, urls)
+            webhooks.set_urls(conn, result, urls)
         return result
     if not any(isinstance(job, NewJob) and job.after for job in batch):
         plan, ids = _plan(batch, payload_limit)

@@ -399,7 +399,7 @@ def encode_payload(payload: Any, limit: int, json_default: JsonDefault | None = 
     hold (a datetime, a UUID, a Decimal) is refused, naming where it is, unless
     ``json_default`` makes JSON of it (:func:`plain_json`), before every check:
     what is checked and stored is what the handler will read."""
-    if payload is None:  # many jobs: nothing to check
+    if payload is None and limit >= len("null"):  # many jobs: nothing else to check
         return "null"
     return _encode("payload", payload, limit, MAX_PAYLOAD_BYTES_ENV, json_default)
 

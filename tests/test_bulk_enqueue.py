@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy.exc
 from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
@@ -32,7 +33,7 @@ AT = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
 def _job(i: int) -> NewJob:
     """Jobs with every field a plain job may set, each in turn: spans and instants,
     tenants, keys, resources, weights, meta and payloads of each JSON kind."""
-    kind = i % 7
+    kind = i % 8
     if kind == 0:
         return NewJob("t", {"i": i, "nested": [1, {"a": None}], "text": "é\n\t\\"})
     if kind == 1:
@@ -45,7 +46,10 @@ def _job(i: int) -> NewJob:
         return NewJob("t", {"k": i}, rate_limit="api", key=f"k{i % 10}", key_limit=2)
     if kind == 5:
         return NewJob("u", {}, resource=f"r{i % 4}", weight=3, meta={"m": i}, max_attempts=4)
-    return NewJob("t", 1.5, key=f"x{i}")
+    if kind == 6:
+        return NewJob("t", 1.5, key=f"x{i}")
+    # spans long enough to cross a change of summer time, both ways
+    return NewJob("t", True, run_after=timedelta(days=200), expires=timedelta(days=-1 + 400))
 
 
 # Each job's row, with its start and deadline as offsets from its enqueue's now where
@@ -82,20 +86,26 @@ def copy_statements(engine: Engine) -> Iterator[list[str]]:
     event.remove(engine, "before_cursor_execute", note)
 
 
+# A session in a zone with summer time: a span is elapsed time, whatever the wall
+# clock does meanwhile (200 days from December cross March's change).
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
 def test_a_large_plain_batch_writes_by_copy_what_the_statement_writes(
     engine: Engine,
     pg: psycopg.Connection,
     copy_statements: list[str],
     monkeypatch: pytest.MonkeyPatch,
+    zone: str,
 ) -> None:
     jobs = [_job(i) for i in range(SIZE)]
     with Session(engine) as session, session.begin():
+        session.execute(text(f"SET LOCAL TIME ZONE '{zone}'"))
         copied = outbox.enqueue_many(session, jobs)
     assert JOB_COPY_NOW in copy_statements, "the batch did not go by COPY"
     assert not any("INSERT INTO jobs" in s for s in copy_statements)
     monkeypatch.setattr(bulk, "COPY_FROM", SIZE + 1)
     copy_statements.clear()
     with Session(engine) as session, session.begin():
+        session.execute(text(f"SET LOCAL TIME ZONE '{zone}'"))
         inserted = outbox.enqueue_many(session, jobs)
     assert any("INSERT INTO jobs" in s for s in copy_statements)
     assert len(set(copied) | set(inserted)) == 2 * SIZE
@@ -110,6 +120,7 @@ def test_a_large_plain_batch_writes_by_copy_what_the_statement_writes(
     assert by_copy[2][1] == timedelta(seconds=2) and by_copy[2][3] == timedelta(hours=1)
     assert by_copy[3][2] == AT + timedelta(seconds=3) and by_copy[3][4] == AT + timedelta(days=1)
     assert by_copy[0][5:] == ("default", "", 0, True, None)
+    assert by_copy[7][1] == timedelta(days=200), "elapsed time, not the wall clock's"
 
 
 BAD_IN_BULK = [case for case in BAD if "dedup_key" not in getattr(case, "values", case)[0]]
@@ -137,6 +148,81 @@ def test_a_refused_job_late_in_a_copied_batch_writes_nothing_and_the_transaction
     assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == SIZE
     assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == SIZE
     assert sorted(r[0] for r in pg.execute("SELECT job_id FROM jobs")) == after
+
+
+def test_a_refused_copied_batch_gives_back_the_enqueue_rate_it_took(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """The tenant's enqueue tokens are taken before the first row and given back
+    with the rows when a job after them is refused."""
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "metered", max_enqueue_rate=10_000)
+    jobs = [NewJob("t", {"i": i}, tenant="metered") for i in range(SIZE)]
+    jobs[-1] = NewJob("t", float("nan"), tenant="metered")
+    with (
+        Session(engine) as session,
+        session.begin(),
+        pytest.raises(ValueError, match="not valid JSON"),
+    ):
+        outbox.enqueue_many(session, jobs)
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    tokens = pg.execute("SELECT enqueue_tokens FROM tenant_limits WHERE tenant = 'metered'")
+    assert tokens.fetchone()[0] is None, "the refused batch kept the tokens it took"
+
+
+def test_a_copied_batch_says_first_what_the_statement_says_first(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused job before backpressure, and the batch's first refused job before
+    a later one's refused tenant, on both paths."""
+    with Session(engine) as session, session.begin():
+        outbox.set_tenant_limit(session, "full", max_queued=0)
+    over = [NewJob("t", {}, tenant="full") for _ in range(SIZE)]
+    over[-1] = NewJob("t", {}, tenant="full", priority=10**6)
+    bad_first = [NewJob("t", {}) for _ in range(SIZE)]
+    bad_first[0] = NewJob("t", {}, priority=10**6)
+    bad_first[-1] = NewJob("t", {}, tenant="not a name")
+    for copy_from in (bulk.COPY_FROM, SIZE + 1):
+        monkeypatch.setattr(bulk, "COPY_FROM", copy_from)
+        for jobs in (over, bad_first):
+            with (
+                Session(engine) as session,
+                session.begin(),
+                pytest.raises(ValueError, match="priority must fit"),
+            ):
+                outbox.enqueue_many(session, jobs)
+    with Session(engine) as session, session.begin(), pytest.raises(Backpressure):
+        outbox.enqueue_many(session, over[:-1])
+
+
+def test_a_servers_refusal_of_a_copy_is_sqlalchemys_error(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """An error of the server's in the COPY comes as SQLAlchemy's, as a statement's
+    does: an IntegrityError for a constraint, an OperationalError for a timeout."""
+    pg.execute("ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (job_type <> 'forbidden')")
+    jobs = [NewJob("t", {}) for _ in range(SIZE)]
+    jobs[-1] = NewJob("forbidden", {})
+    with Session(engine) as session, session.begin():
+        with pytest.raises(sqlalchemy.exc.IntegrityError, match="no_forbidden"):
+            outbox.enqueue_many(session, jobs)
+        session.rollback()
+    with Session(engine) as session, session.begin():
+        session.execute(text("SET LOCAL statement_timeout = 1"))
+        with pytest.raises(sqlalchemy.exc.OperationalError, match="statement timeout"):
+            outbox.enqueue_many(session, [NewJob("t", {}) for _ in range(50_000)])
+        session.rollback()
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_an_autocommit_session_writes_a_large_batch_by_the_statement(
+    engine: Engine, pg: psycopg.Connection, copy_statements: list[str]
+) -> None:
+    """Its statements commit one by one: the two COPYs could not commit together."""
+    with Session(engine.execution_options(isolation_level="AUTOCOMMIT")) as session:
+        ids = outbox.enqueue_many(session, [NewJob("t", {}) for _ in range(SIZE)])
+    assert JOB_COPY_NOW not in copy_statements
+    assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == len(ids) == SIZE
 
 
 def test_backpressure_refuses_a_copied_batch_before_writing(
