@@ -227,7 +227,9 @@ def running(name: str, *, parent: Any, attributes: Mapping[str, Any]) -> Iterato
     """A CONSUMER span, child of the stored trace context ``parent`` (a root span
     without one), current while the block runs."""
     trace = _otel()
-    if trace is None:
+    if trace is None or not recording():
+        # With the API's default provider a span records nothing and carries no
+        # context on (the no-op tracer's span is invalid): none is made, every job.
         yield Running()
         return
     tracer = trace.get_tracer(TRACER_NAME)

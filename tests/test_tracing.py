@@ -62,6 +62,20 @@ def tracer(spans: InMemorySpanExporter) -> Iterator[trace.Tracer]:
     assert not tracing.recording()
 
 
+def test_a_handler_runs_in_no_span_where_nothing_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's default provider records nothing: the run makes no span (a cost
+    every job paid for nothing), and says so by a Running that notes nothing."""
+    assert not tracing.recording()
+
+    def no_tracer(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a tracer was asked for with nothing recording")
+
+    monkeypatch.setattr(trace, "get_tracer", no_tracer)
+    with tracing.running("process q", parent=None, attributes={}) as run:
+        run.outcome("succeeded")
+    assert run._span is None
+
+
 def _traceparent(span: trace.Span) -> str:
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
