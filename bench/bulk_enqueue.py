@@ -8,8 +8,10 @@
 3. PgQueuer: `Queries.enqueue([...] * N, ...)` on asyncpg, its preferred driver:
    one statement, one commit.
 4. The contenders alternate, `--repeat` times each, every round on fresh empty
-   tables; jobs/s is N over the time from the call to the commit's return, and
-   the median round is reported with the ratio ours / PgQueuer.
+   tables (with ``--backlog N``: on tables holding N waiting jobs, enqueued first,
+   each round's own jobs deleted after it); jobs/s is the jobs over the time from
+   the call to the commit's return, and the median round is reported with the
+   ratio ours / PgQueuer.
 
 The header says whether autovacuum was on: the figure does not depend on it
 (each round starts on an empty table), but every bench says.
@@ -20,7 +22,8 @@ this project's batches of plain jobs written by COPY and by the one statement
 enqueuing and committing 20,000 jobs in batches of that size; the median time per
 job of each.
 
-Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3] [--sizes 50 100 200 500]
+Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3] [--backlog 1000000]
+       [--sizes 50 100 200 500]
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ from hybrid_jobs.outbox import NewJob, bulk
 from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
-def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None) -> float:
-    """Seconds from the call to the commit's return, on tables emptied first."""
+def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None, backlog: bool) -> float:
+    """Seconds from the call to the commit's return, on tables emptied first (with a
+    backlog: holding it, the round's own jobs deleted afterwards)."""
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        conn.execute("TRUNCATE jobs, outbox, job_attempts CASCADE")
+        if not backlog:
+            conn.execute("TRUNCATE jobs, outbox, job_attempts CASCADE")
         conn.execute("VACUUM ANALYZE jobs, outbox")
     engine = create_engine(db.sqlalchemy)
     try:
@@ -62,10 +67,40 @@ def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None) -> float:
         assert len(set(ids)) == jobs
     finally:
         engine.dispose()
+    if backlog:
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute("DELETE FROM jobs WHERE job_id = ANY(%s)", [ids])  # outbox: cascade
     return elapsed
 
 
-async def _pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
+def fill(db: DatabaseUrl, jobs: int, peer: DatabaseUrl) -> None:
+    """``jobs`` waiting jobs in both projects' tables, as a backlog the rounds add to."""
+    engine = create_engine(db.sqlalchemy)
+    try:
+        for start in range(0, jobs, 100_000):
+            with Session(engine) as session, session.begin():
+                outbox.enqueue_many(session, [NewJob("waiting")] * min(100_000, jobs - start))
+    finally:
+        engine.dispose()
+    asyncio.run(_pgqueuer_fill(peer, jobs))
+
+
+async def _pgqueuer_fill(db: DatabaseUrl, jobs: int) -> None:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    connection = await asyncpg.connect(db.conninfo)
+    try:
+        queries = Queries(AsyncpgDriver(connection))
+        for start in range(0, jobs, 100_000):
+            n = min(100_000, jobs - start)
+            await queries.enqueue(["waiting"] * n, [None] * n, [0] * n)
+    finally:
+        await connection.close()
+
+
+async def _pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None, backlog: bool) -> float:
     # PgQueuer comes with the bench extra only: imported when it is measured.
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
@@ -73,18 +108,22 @@ async def _pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
 
     connection = await asyncpg.connect(db.conninfo)
     try:
-        await connection.execute("TRUNCATE pgqueuer")
+        if not backlog:
+            await connection.execute("TRUNCATE pgqueuer")
         await connection.execute("VACUUM ANALYZE pgqueuer")
         queries = Queries(AsyncpgDriver(connection))
         started = time.perf_counter()
-        await queries.enqueue(["noop"] * jobs, [payload] * jobs, [0] * jobs)
-        return time.perf_counter() - started
+        ids = await queries.enqueue(["noop"] * jobs, [payload] * jobs, [0] * jobs)
+        elapsed = time.perf_counter() - started
+        if backlog:
+            await connection.execute("DELETE FROM pgqueuer WHERE id = ANY($1)", ids)
+        return elapsed
     finally:
         await connection.close()
 
 
-def pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None) -> float:
-    return asyncio.run(_pgqueuer(db, jobs, payload))
+def pgqueuer(db: DatabaseUrl, jobs: int, payload: bytes | None, backlog: bool) -> float:
+    return asyncio.run(_pgqueuer(db, jobs, payload, backlog))
 
 
 def per_job(db: DatabaseUrl, size: int, copy: bool, total: int = 20_000) -> float:
@@ -146,6 +185,12 @@ def main() -> None:
         "--payload", action="store_true", help='a small payload ({"order": 1}) instead of none'
     )
     parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="waiting jobs in place before the rounds (each round deletes its own after)",
+    )
+    parser.add_argument(
         "--sizes", type=int, nargs="+", help="compare COPY and the statement at these batch sizes"
     )
     args = parser.parse_args()
@@ -161,16 +206,20 @@ def main() -> None:
         from bench.peers.pgqueuer_peer import install
 
         install(theirs)
+        if args.backlog:
+            fill(mine, args.backlog, theirs)
+        backlog = bool(args.backlog)
         rounds: dict[str, list[float]] = {"this project": [], "pgqueuer": []}
         for _ in range(args.repeat):
-            rounds["this project"].append(ours(mine, args.jobs, ours_payload))
-            rounds["pgqueuer"].append(pgqueuer(theirs, args.jobs, peer_payload))
+            rounds["this project"].append(ours(mine, args.jobs, ours_payload, backlog))
+            rounds["pgqueuer"].append(pgqueuer(theirs, args.jobs, peer_payload, backlog))
         median = {name: statistics.median(times) for name, times in rounds.items()}
         rates = {name: args.jobs / seconds for name, seconds in median.items()}
         report(
             "bulk_enqueue",
             {
                 "jobs": args.jobs,
+                "backlog": args.backlog,
                 "repeat": args.repeat,
                 "payload": ours_payload,
                 "autovacuum": autovacuum(mine.conninfo),
