@@ -2,10 +2,10 @@
 
 ``enqueue_many`` writes most batches with one statement that reads the jobs from a
 JSON document (``JOB_INSERT_MANY``). For a large batch whose jobs need none of that
-statement's steps (no dedup key to look up, no tags, parents, approval, key order,
-stored input or debounce), the server's parse of the document and the statement's
+statement's steps but tags (no dedup key to look up, no parents, approval, key
+order, stored input or debounce), the server's parse of the document and the statement's
 projection of every row cost more than the rows themselves. So such a batch goes
-by two COPYs instead, into ``jobs`` and into ``outbox``, on the same connection
+by COPYs instead, into ``jobs``, ``outbox`` and (for tags) ``job_tags``, on the same connection
 and in the caller's transaction: the rows written are the ones the statement
 writes, checked by the same validation (:func:`validation.job_fields`), and the
 outbox's trigger notifies the relay at commit as it does for an insert.
@@ -29,7 +29,13 @@ from hybrid_jobs.outbox import backpressure
 from hybrid_jobs.outbox.validation import NewJob, job_fields, new_job_ids, parent_ids
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.schema import names
-from hybrid_jobs.schema.queries import JOB_COPY, JOB_COPY_NOW, OUTBOX_COPY
+from hybrid_jobs.schema.queries import (
+    JOB_COPY,
+    JOB_COPY_NOW,
+    JOB_COPY_TAGGED,
+    JOB_TAGS_COPY,
+    OUTBOX_COPY,
+)
 
 if TYPE_CHECKING:
     import uuid
@@ -73,7 +79,6 @@ def _plain(job: object) -> bool:
         and job.debounce is None
         and job.needs_approval is False
         and not job.after
-        and not job.tags
         and job.payload_ref is None
         and not job.ordered
         and _near(job.run_after)
@@ -110,35 +115,43 @@ def copy_jobs(conn: Connection, batch: Sequence[NewJob], limit: int) -> list[uui
     trace = None if captured is None else json.dumps(captured, separators=(",", ":"))
     ids = new_job_ids(len(batch))
     wakeups: list[tuple[Any, ...]] = []
+    tagged: list[tuple[str, uuid.UUID]] = []
 
     def rows() -> Iterator[tuple[Any, ...]]:
         for job, new_id in zip(batch, ids, strict=True):
             parent_ids(job)  # none, but on_parent_failure is checked as for any job
             _, fields = job_fields(job, limit, None, None, new_id)
-            get = fields.get
-            queue, tenant, priority = fields["queue"], get("tenant"), fields["priority"]
-            run_after = _instant(job.run_after, get("run_after"), now) or now
-            yield (
+            queue, tenant, priority = fields["queue"], fields["tenant"], fields["priority"]
+            run_after = _instant(job.run_after, fields["run_after"], now) or now
+            row: tuple[Any, ...] = (
                 new_id,
                 fields["job_type"],
                 queue,
                 tenant,
                 fields["payload"],
-                get("max_attempts"),
+                fields["max_attempts"],
                 priority,
                 run_after,
                 trace,
-                _instant(job.expires, get("expires_at"), now),
-                get("rate_limit"),
-                get("key"),
-                get("key_limit"),
-                get("resource"),
-                get("weight"),
-                get("meta"),
+                _instant(job.expires, fields["expires_at"], now),
+                fields["rate_limit"],
+                fields["key"],
+                fields["key_limit"],
+                fields["resource"],
+                fields["weight"],
+                fields["meta"],
             )
+            if with_tags:
+                tags = fields.get("tags", [])
+                row = (*row, tags)
+                tagged.extend([(tag, new_id) for tag in tags])
+            yield row
             wakeups.append((new_id, queue, tenant or "", priority, run_after))
 
-    copies = [(JOB_COPY, rows()), (OUTBOX_COPY, wakeups)]
+    # A batch without tags by the COPY without their column.
+    with_tags = any(job.tags for job in batch)
+    job_copy = JOB_COPY_TAGGED if with_tags else JOB_COPY
+    copies = [(job_copy, rows()), (OUTBOX_COPY, wakeups), (JOB_TAGS_COPY, tagged)]
     with conn.begin_nested():
         try:
             backpressure.refuse(conn, tenants)
@@ -207,6 +220,8 @@ def _instant(given: object, checked: object, now: datetime) -> object:
 def _copy(driver: psycopg.Connection[Any], copies: _Copies) -> None:
     with driver.cursor() as cursor:
         for statement, rows in copies:
+            if statement is JOB_TAGS_COPY and not rows:
+                continue  # a batch with no tags: no COPY for them
             with cursor.copy(statement) as copy:
                 for row in rows:
                     copy.write_row(row)
@@ -215,6 +230,8 @@ def _copy(driver: psycopg.Connection[Any], copies: _Copies) -> None:
 async def _copy_async(driver: psycopg.AsyncConnection[Any], copies: _Copies) -> None:
     async with driver.cursor() as cursor:
         for statement, rows in copies:
+            if statement is JOB_TAGS_COPY and not rows:
+                continue  # a batch with no tags: no COPY for them
             async with cursor.copy(statement) as copy:
                 for row in rows:
                     await copy.write_row(row)

@@ -71,6 +71,7 @@ WAITS_END: Final = "<!-- end of generated waits -->"
 # ...". A statement that moves jobs says so in schema/states.py instead.
 NOTES: Final[dict[str, str]] = {
     # job
+    "JOB_TAGS_COPY": "write the tags of a large batch of plain jobs, by COPY",
     "JOB_COPY_NOW": "read the transaction's now, which a COPY's starts and deadlines count from",
     "JOB_FIND_BY_DEDUP_MANY": "find the jobs holding the dedup keys an insert found taken",
     "JOB_FIND_BY_UNIQUE_MANY": "find the jobs holding the scoped keys (unique=) an insert"

@@ -242,6 +242,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         {(_NEW, _QUEUED): "a large batch of plain jobs enqueued by COPY"},
     ),
     Operation(
+        "JOB_COPY_TAGGED",
+        ("outbox.bulk:copy_jobs",),
+        {(_NEW, _QUEUED): "a large batch of plain jobs, some with tags, enqueued by COPY"},
+    ),
+    Operation(
         "JOB_INSERT_UNIQUE_MANY",
         ("outbox.enqueue:insert_jobs", "outbox.enqueue:_holders"),
         {(_NEW, _QUEUED): "a batch with a key held under a scope (unique=) enqueued"},

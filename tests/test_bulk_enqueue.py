@@ -30,12 +30,16 @@ SIZE = bulk.COPY_FROM + 100
 AT = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
 
 
-def _job(i: int) -> NewJob:
+def _job(i: int, tagged: bool = True) -> NewJob:
     """Jobs with every field a plain job may set, each in turn: spans and instants,
     tenants, keys, resources, weights, meta and payloads of each JSON kind."""
     kind = i % 8
     if kind == 0:
-        return NewJob("t", {"i": i, "nested": [1, {"a": None}], "text": "é\n\t\\"})
+        return NewJob(
+            "t",
+            {"i": i, "nested": [1, {"a": None}], "text": "é\n\t\\"},
+            tags=["b:1", "a", "b:1"] if tagged else (),
+        )
     if kind == 1:
         return NewJob("t", None, queue="other", tenant=f"ten{i % 3}", priority=i % 5 - 2)
     if kind == 2:
@@ -60,7 +64,8 @@ SELECT to_jsonb(j) - 'job_id' - 'created_at' - 'updated_at' - 'run_after' - 'exp
        CASE WHEN NOT (%(spans)s::boolean[])[n] THEN j.run_after END,
        CASE WHEN (%(spans)s::boolean[])[n] THEN j.expires_at - j.created_at END,
        CASE WHEN NOT (%(spans)s::boolean[])[n] THEN j.expires_at END,
-       o.queue, o.tenant, o.priority, o.available_at = j.run_after, o.sent_at
+       o.queue, o.tenant, o.priority, o.available_at = j.run_after, o.sent_at,
+       (SELECT array_agg(t.tag ORDER BY t.tag) FROM job_tags AS t WHERE t.job_id = j.job_id)
 FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS i(job_id, n)
 JOIN jobs AS j USING (job_id)
 LEFT JOIN outbox AS o USING (job_id)
@@ -88,15 +93,19 @@ def copy_statements(engine: Engine) -> Iterator[list[str]]:
 
 # A session in a zone with summer time: a span is elapsed time, whatever the wall
 # clock does meanwhile (200 days from December cross March's change).
-@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+# A batch with tags goes by the COPY with their column, one without by the one without.
+@pytest.mark.parametrize(
+    ("zone", "tagged"), [("UTC", True), ("UTC", False), ("America/New_York", True)]
+)
 def test_a_large_plain_batch_writes_by_copy_what_the_statement_writes(
     engine: Engine,
     pg: psycopg.Connection,
     copy_statements: list[str],
     monkeypatch: pytest.MonkeyPatch,
     zone: str,
+    tagged: bool,
 ) -> None:
-    jobs = [_job(i) for i in range(SIZE)]
+    jobs = [_job(i, tagged) for i in range(SIZE)]
     with Session(engine) as session, session.begin():
         session.execute(text(f"SET LOCAL TIME ZONE '{zone}'"))
         copied = outbox.enqueue_many(session, jobs)
@@ -116,10 +125,12 @@ def test_a_large_plain_batch_writes_by_copy_what_the_statement_writes(
         assert one == other, f"job {n}: {jobs[n]}"
     first = by_copy[1]
     assert first[0]["tenant"] == "ten1" and first[0]["payload"] is None
-    assert first[5:] == ("other", "ten1", -1, True, None)
+    assert first[5:] == ("other", "ten1", -1, True, None, None)
     assert by_copy[2][1] == timedelta(seconds=2) and by_copy[2][3] == timedelta(hours=1)
     assert by_copy[3][2] == AT + timedelta(seconds=3) and by_copy[3][4] == AT + timedelta(days=1)
-    assert by_copy[0][5:] == ("default", "", 0, True, None)
+    tags = ["b:1", "a"] if tagged else []
+    assert by_copy[0][5:] == ("default", "", 0, True, None, sorted(tags) or None)
+    assert by_copy[0][0]["tags"] == tags
     assert by_copy[7][1] == timedelta(days=200), "elapsed time, not the wall clock's"
 
 

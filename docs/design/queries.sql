@@ -324,8 +324,18 @@ SELECT job_id FROM inserted;
 -- Run by outbox.bulk:copy_jobs.
 -- Makes (new) -> QUEUED: a large batch of plain jobs enqueued by COPY.
 COPY jobs (job_id, job_type, queue, tenant, payload, max_attempts, priority, run_after,
-           trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta)
-FROM STDIN;
+           trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta) FROM STDIN;
+
+-- name: JOB_COPY_TAGGED
+-- Run by outbox.bulk:copy_jobs.
+-- Makes (new) -> QUEUED: a large batch of plain jobs, some with tags, enqueued by COPY.
+COPY jobs (job_id, job_type, queue, tenant, payload, max_attempts, priority, run_after,
+           trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta, tags) FROM STDIN;
+
+-- name: JOB_TAGS_COPY
+-- Run by outbox.bulk:_copy(_async), outbox.bulk:copy_jobs to write the tags of a large
+-- batch of plain jobs, by COPY.
+COPY job_tags (tag, job_id) FROM STDIN;
 
 -- name: JOB_COPY_NOW
 -- Run by outbox.bulk:copy_jobs to read the transaction's now, which a COPY's starts and

@@ -89,6 +89,7 @@ from hybrid_jobs.schema.queries.inputs import (
 from hybrid_jobs.schema.queries.job import (
     JOB_COPY,
     JOB_COPY_NOW,
+    JOB_COPY_TAGGED,
     JOB_DEBOUNCE_MANY,
     JOB_EFFECT_CLAIM,
     JOB_EXPIRE_WAITING,
@@ -113,6 +114,7 @@ from hybrid_jobs.schema.queries.job import (
     JOB_STEP_CLEAR,
     JOB_STEP_LIST,
     JOB_STEP_RECORD,
+    JOB_TAGS_COPY,
     JOB_TAGS_PRUNE,
     JOB_TRACE_CONTEXTS,
 )
@@ -239,6 +241,7 @@ __all__ = [
     "JOB_CLAIM_PLAIN_MANY",
     "JOB_COPY",
     "JOB_COPY_NOW",
+    "JOB_COPY_TAGGED",
     "JOB_DEBOUNCE_MANY",
     "JOB_EDIT",
     "JOB_EDIT_HAND_ON",
@@ -280,6 +283,7 @@ __all__ = [
     "JOB_STEP_LIST",
     "JOB_STEP_RECORD",
     "JOB_SWEEP_EXPIRED",
+    "JOB_TAGS_COPY",
     "JOB_TAGS_PRUNE",
     "JOB_TRACE_CONTEXTS",
     "JOB_TYPE_POLICY",
