@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+import uuid
+from typing import Any
 
 import psycopg
 from sqlalchemy import create_engine
@@ -48,7 +50,13 @@ from hybrid_jobs.outbox import NewJob, bulk
 from hybrid_jobs.plumbing.config import DatabaseUrl
 
 
-def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None, backlog: bool) -> float:
+def ours(
+    db: DatabaseUrl,
+    jobs: int,
+    payload: dict[str, int] | None,
+    backlog: bool,
+    fields: dict[str, Any] | None = None,
+) -> float:
     """Seconds from the call to the commit's return, on tables emptied first (with a
     backlog: holding it, the round's own jobs deleted afterwards)."""
     with psycopg.connect(db.conninfo, autocommit=True) as conn:
@@ -57,7 +65,14 @@ def ours(db: DatabaseUrl, jobs: int, payload: dict[str, int] | None, backlog: bo
         conn.execute("VACUUM ANALYZE jobs, outbox")
     engine = create_engine(db.sqlalchemy)
     try:
-        batch = [NewJob("noop", payload) for _ in range(jobs)]
+        given = fields or {}
+        keyed = "dedup_key" in given
+        batch = [
+            NewJob("noop", payload, **(given | {"dedup_key": f"{given['dedup_key']}{n}"}))
+            if keyed
+            else NewJob("noop", payload, **given)
+            for n in range(jobs)
+        ]
         with Session(engine) as session:
             session.connection()  # connected before the clock starts, as a live pool is
             started = time.perf_counter()
@@ -184,6 +199,12 @@ def main() -> None:
     parser.add_argument(
         "--payload", action="store_true", help='a small payload ({"order": 1}) instead of none'
     )
+    parser.add_argument("--tags", action="store_true", help="a tag on each of this project's jobs")
+    parser.add_argument(
+        "--dedup-keys",
+        action="store_true",
+        help="a dedup_key of its own on each of this project's jobs (by the statement)",
+    )
     parser.add_argument(
         "--backlog",
         type=int,
@@ -198,6 +219,12 @@ def main() -> None:
         crossover(args.sizes, args.repeat)
         return
     ours_payload = {"order": 1} if args.payload else None
+    # what this project's jobs carry beyond the peer's (PgQueuer's jobs: neither)
+    fields: dict[str, Any] = {}
+    if args.tags:
+        fields["tags"] = ["import"]
+    if args.dedup_keys:
+        fields["dedup_key"] = f"{uuid.uuid4().hex}-"  # and the job's number: none taken
     peer_payload = b'{"order": 1}' if args.payload else None
     with (
         scratch_database("bench_bulk_ours") as mine,
@@ -211,7 +238,7 @@ def main() -> None:
         backlog = bool(args.backlog)
         rounds: dict[str, list[float]] = {"this project": [], "pgqueuer": []}
         for _ in range(args.repeat):
-            rounds["this project"].append(ours(mine, args.jobs, ours_payload, backlog))
+            rounds["this project"].append(ours(mine, args.jobs, ours_payload, backlog, fields))
             rounds["pgqueuer"].append(pgqueuer(theirs, args.jobs, peer_payload, backlog))
         median = {name: statistics.median(times) for name, times in rounds.items()}
         rates = {name: args.jobs / seconds for name, seconds in median.items()}
@@ -222,6 +249,7 @@ def main() -> None:
                 "backlog": args.backlog,
                 "repeat": args.repeat,
                 "payload": ours_payload,
+                "this_projects_jobs_also": sorted(fields),
                 "autovacuum": autovacuum(mine.conninfo),
                 "servers": server_versions(),
                 "jobs_per_second": {name: round(rate) for name, rate in rates.items()},
