@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from hybrid_jobs.outbox import NewJob
 from tests.apps.concurrency import LIMIT, MOST_AT_ONCE, RUNS_TABLE
-from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
+from tests.support.jobs import enqueue, enqueue_many, job, until, until_started, wait_until_all
 from tests.support.processes import fleet, running
 
 APP = ["--app", "tests.apps.concurrency"]
@@ -73,6 +73,7 @@ def test_a_holder_killed_gives_its_slot_back_when_its_lease_expires(
         with running("consumer", short, env, "consumer.started") as killed:
             holders = [enqueue(engine, "capped", {"hang_once": True}) for _ in range(LIMIT)]
             asyncio.run(until(lambda: _one(pg, _LEASED) == LIMIT, "the holders run", timeout=60))
+            asyncio.run(until_started(pg, "limit_runs", holders))
             waiting = [enqueue(engine, "capped", {"seconds": 0.05}) for _ in range(2)]
             asyncio.run(
                 until(

@@ -22,7 +22,7 @@ from hybrid_jobs.jobctl.check import check, violations
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from tests.apps.weights import MOST_SLOTS_AT_ONCE, RUNS_TABLE
-from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
+from tests.support.jobs import enqueue, enqueue_many, job, until, until_started, wait_until_all
 from tests.support.processes import Daemon, fleet, running
 
 APP = ["--app", "tests.apps.weights"]
@@ -104,9 +104,7 @@ def test_a_heavy_holder_killed_gives_its_weight_back_when_its_lease_expires(
     with running("relay", relay, env, "relay.started"):
         with running("consumer", short, env, "consumer.started") as killed:
             heavy = enqueue(engine, "weighed", {"hang_once": True}, tenant="acme", weight=4)
-            asyncio.run(
-                until(lambda: job(pg, heavy)["state"] == "RUNNING", "the heavy job runs", 60)
-            )
+            asyncio.run(until_started(pg, "weight_runs", [heavy]))
             waiting = [
                 enqueue(engine, "weighed", {"seconds": 0.05}, tenant="acme") for _ in range(2)
             ]

@@ -33,6 +33,7 @@ from tests.support.jobs import (
     enqueue_many,
     job,
     until,
+    until_started,
     wait_for_state,
     wait_until_all,
     wakeups,
@@ -248,7 +249,7 @@ def test_a_key_comes_back_by_every_way_a_lease_ends(
 
     def pair(key: str, **head: Any) -> None:
         heads[key] = enqueue(engine, "keyed", keyed(key, **head), key=key)
-        asyncio.run(wait_for_state(pg, heads[key], "RUNNING"))
+        asyncio.run(until_started(pg, "key_runs", [heads[key]]))
         nexts[key] = enqueue(engine, "keyed", keyed(key), key=key)
 
         def refused() -> bool:

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from hybrid_jobs.outbox import NewJob
 from tests.apps.queue_limit import LIMIT, MOST_AT_ONCE, QUEUE, RUNS_TABLE
-from tests.support.jobs import enqueue, enqueue_many, job, until, wait_until_all
+from tests.support.jobs import enqueue, enqueue_many, job, until, until_started, wait_until_all
 from tests.support.processes import running
 
 APP = ["--app", "tests.apps.queue_limit"]
@@ -83,6 +83,7 @@ def test_a_holder_killed_gives_its_queue_slots_back_when_its_leases_expire(
                 enqueue(engine, "report", {"hang_once": True}, queue=QUEUE) for _ in range(LIMIT)
             ]
             asyncio.run(until(lambda: _one(pg, _LEASED) == LIMIT, "the holders run", timeout=60))
+            asyncio.run(until_started(pg, "queue_limit_runs", holders))
             waiting = [enqueue(engine, "chart", {"seconds": 0.05}, queue=QUEUE) for _ in range(2)]
             asyncio.run(
                 until(

@@ -40,6 +40,7 @@ from tests.support.jobs import (
     enqueue_many,
     job,
     until,
+    until_started,
     wait_for_state,
     wait_until_all,
     wakeups,
@@ -159,7 +160,7 @@ def test_an_expired_lease_leaves_the_resource_uncertain_until_it_is_resolved(
             head = enqueue(
                 engine, "keyed", on("deploy:prod", hang_once=True), resource="deploy:prod"
             )
-            asyncio.run(wait_for_state(pg, head, "RUNNING"))
+            asyncio.run(until_started(pg, "key_runs", [head]))
             behind = enqueue(engine, "keyed", on("deploy:prod"), resource="deploy:prod")
             asyncio.run(
                 until(lambda: job(pg, behind)["delay_reason"] == "RESOURCE_BUSY", "turned down")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -81,6 +82,27 @@ async def wait_until_all(
         if time.monotonic() > deadline:
             raise AssertionError(f"wanted {count} {state}, have {got}")
         await asyncio.sleep(0.1)
+
+
+async def until_started(
+    pg: psycopg.Connection, table: str, job_ids: list[uuid.UUID], timeout: float = 60
+) -> None:
+    """Wait until each job's handler has recorded its start in ``table`` (a test
+    app's runs table). A test that kills a consumer whose job runs with
+    ``hang_once`` waits for this, not for the lease: killed between its claim and
+    that record, the first run leaves no row, and the retry, taking itself for the
+    first, hangs instead of finishing."""
+
+    def started() -> bool:
+        row = pg.execute(
+            psycopg.sql.SQL("SELECT count(DISTINCT job_id) FROM {} WHERE job_id = ANY(%s)").format(
+                psycopg.sql.Identifier(table)
+            ),
+            [job_ids],
+        ).fetchone()
+        return row is not None and row[0] == len(set(job_ids))
+
+    await until(started, f"the handlers of {len(job_ids)} jobs recorded in {table}", timeout)
 
 
 async def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
