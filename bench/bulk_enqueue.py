@@ -3,8 +3,10 @@
 1. A scratch database migrated to head (and, for PgQueuer, one with its own
    schema from `pgq install`); nothing else runs: no relay, no consumer.
 2. This project: `outbox.enqueue_many(session, [NewJob(...)] * N)` and the commit, on
-   a SQLAlchemy session as a producer would call it: each job's row, its wake-up
-   in the outbox, in one statement.
+   a SQLAlchemy session as a producer would call it: each job's row and its wake-up
+   in the outbox, by COPY (a batch this large of plain jobs, or with ``--tags``
+   a tag on each), or by its one statement (``--dedup-keys``: a key on each).
+   PgQueuer's jobs carry neither a tag nor a key in any case.
 3. PgQueuer: `Queries.enqueue([...] * N, ...)` on asyncpg, its preferred driver:
    one statement, one commit.
 4. The contenders alternate, `--repeat` times each, every round on fresh empty
@@ -22,8 +24,8 @@ this project's batches of plain jobs written by COPY and by the one statement
 enqueuing and committing 20,000 jobs in batches of that size; the median time per
 job of each.
 
-Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3] [--backlog 1000000]
-       [--sizes 50 100 200 500]
+Usage: python -m bench.bulk_enqueue [--jobs 100000] [--repeat 3] [--payload] [--tags]
+       [--dedup-keys] [--backlog 1000000] [--sizes 50 100 200 500]
 """
 
 from __future__ import annotations
