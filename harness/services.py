@@ -6,6 +6,7 @@ scratch databases are created) and TEST_AMQP_URL say where they are."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
@@ -73,7 +74,11 @@ def default_workers() -> int:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--workers"]:
+    parser = argparse.ArgumentParser(prog="python -m harness.services", description=__doc__)
+    parser.add_argument(
+        "--workers", action="store_true", help="print how many pytest processes to start"
+    )
+    if parser.parse_args().workers:
         print(default_workers())
         return
     found = problems()

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 COPY_FROM = 500
 
 _Copies = list[tuple[str, Iterable[tuple[Any, ...]]]]
+_ToWrite = Iterator[tuple[str, Iterable[tuple[Any, ...]]]]
 
 # A span from now whose end a datetime can hold, with room to spare; a longer one
 # (which the database refuses as out of range) goes by the statement, and fails there
@@ -119,8 +120,7 @@ def copy_jobs(conn: Connection, batch: Sequence[NewJob], limit: int) -> list[uui
 
     def rows() -> Iterator[tuple[Any, ...]]:
         for job, new_id in zip(batch, ids, strict=True):
-            parent_ids(job)  # none, but on_parent_failure is checked as for any job
-            _, fields = job_fields(job, limit, None, None, new_id)
+            fields = _checked(job, limit, new_id)
             queue, tenant, priority = fields["queue"], fields["tenant"], fields["priority"]
             run_after = _instant(job.run_after, fields["run_after"], now) or now
             row: tuple[Any, ...] = (
@@ -179,8 +179,14 @@ def _check(batch: Sequence[NewJob], limit: int) -> None:
     """Every job checked in order, as the statement's path checks them: the first
     refused one raises."""
     for job in batch:
-        parent_ids(job)
-        job_fields(job, limit)
+        _checked(job, limit)
+
+
+def _checked(job: NewJob, limit: int, job_id: uuid.UUID | None = None) -> dict[str, Any]:
+    """The job checked as the statement's path checks it (its ``after``, empty here,
+    for on_parent_failure; then every field), as the fields it stores."""
+    parent_ids(job)
+    return job_fields(job, limit, None, None, job_id)[1]
 
 
 def _write(conn: Connection, copies: _Copies) -> None:
@@ -188,21 +194,23 @@ def _write(conn: Connection, copies: _Copies) -> None:
     raised as SQLAlchemy raises it for a statement (an OperationalError for a
     timeout, an IntegrityError for a constraint), for the caller's handlers."""
     driver = conn.connection.driver_connection
+    begun: list[str] = []  # the COPYs begun, the last one the one that failed
+    to_write = _to_write(copies, begun)
     try:
         if isinstance(driver, psycopg.AsyncConnection):  # an AsyncSession's, in its greenlet
             # imported here: the daemons import the producer API without SQLAlchemy
             from sqlalchemy.util import await_only
 
-            await_only(_copy_async(driver, copies))
+            await_only(_copy_async(driver, to_write))
         elif isinstance(driver, psycopg.Connection):
-            _copy(driver, copies)
+            _copy(driver, to_write)
         else:  # psycopg_connection refused any other driver already
             raise TypeError(f"COPY needs a psycopg connection, not {type(driver).__name__}")
     except psycopg.Error as exc:
         from sqlalchemy.exc import DBAPIError
 
         raise DBAPIError.instance(
-            JOB_COPY,
+            begun[-1] if begun else JOB_COPY,
             None,
             exc,
             psycopg.Error,
@@ -217,21 +225,27 @@ def _instant(given: object, checked: object, now: datetime) -> object:
     return now + given if isinstance(given, timedelta) else checked
 
 
-def _copy(driver: psycopg.Connection[Any], copies: _Copies) -> None:
+def _to_write(copies: _Copies, begun: list[str]) -> _ToWrite:
+    """The COPYs with rows to write, each looked at once the one before is written
+    (the lists fill as the jobs' rows go out): a batch with no tags has no COPY of
+    them. Each one's statement goes to ``begun`` as it is handed out."""
+    for statement, rows in copies:
+        if not isinstance(rows, list) or rows:
+            begun.append(statement)
+            yield statement, rows
+
+
+def _copy(driver: psycopg.Connection[Any], copies: _ToWrite) -> None:
     with driver.cursor() as cursor:
         for statement, rows in copies:
-            if statement is JOB_TAGS_COPY and not rows:
-                continue  # a batch with no tags: no COPY for them
             with cursor.copy(statement) as copy:
                 for row in rows:
                     copy.write_row(row)
 
 
-async def _copy_async(driver: psycopg.AsyncConnection[Any], copies: _Copies) -> None:
+async def _copy_async(driver: psycopg.AsyncConnection[Any], copies: _ToWrite) -> None:
     async with driver.cursor() as cursor:
         for statement, rows in copies:
-            if statement is JOB_TAGS_COPY and not rows:
-                continue  # a batch with no tags: no COPY for them
             async with cursor.copy(statement) as copy:
                 for row in rows:
                     await copy.write_row(row)

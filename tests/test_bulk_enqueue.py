@@ -210,14 +210,20 @@ def test_a_servers_refusal_of_a_copy_is_sqlalchemys_error(
     engine: Engine, pg: psycopg.Connection
 ) -> None:
     """An error of the server's in the COPY comes as SQLAlchemy's, as a statement's
-    does: an IntegrityError for a constraint, an OperationalError for a timeout."""
+    does, naming the COPY that failed: an IntegrityError for a constraint, an
+    OperationalError for a timeout."""
     pg.execute("ALTER TABLE jobs ADD CONSTRAINT no_forbidden CHECK (job_type <> 'forbidden')")
-    jobs = [NewJob("t", {}) for _ in range(SIZE)]
-    jobs[-1] = NewJob("forbidden", {})
-    with Session(engine) as session, session.begin():
-        with pytest.raises(sqlalchemy.exc.IntegrityError, match="no_forbidden"):
-            outbox.enqueue_many(session, jobs)
-        session.rollback()
+    pg.execute("ALTER TABLE outbox ADD CONSTRAINT no_closed CHECK (queue <> 'closed')")
+    for bad, constraint, table in (
+        (NewJob("forbidden", {}), "no_forbidden", "jobs"),
+        (NewJob("t", {}, queue="closed"), "no_closed", "outbox"),
+    ):
+        jobs = [*[NewJob("t", {}) for _ in range(SIZE - 1)], bad]
+        with Session(engine) as session, session.begin():
+            with pytest.raises(sqlalchemy.exc.IntegrityError, match=constraint) as refused:
+                outbox.enqueue_many(session, jobs)
+            assert refused.value.statement.startswith(f"COPY {table} ")
+            session.rollback()
     with Session(engine) as session, session.begin():
         session.execute(text("SET LOCAL statement_timeout = 1"))
         with pytest.raises(sqlalchemy.exc.OperationalError, match="statement timeout"):

@@ -333,8 +333,8 @@ COPY jobs (job_id, job_type, queue, tenant, payload, max_attempts, priority, run
            trace_context, expires_at, rate_limit, key, key_limit, resource, weight, meta, tags) FROM STDIN;
 
 -- name: JOB_TAGS_COPY
--- Run by outbox.bulk:_copy(_async), outbox.bulk:copy_jobs to write the tags of a large
--- batch of plain jobs, by COPY.
+-- Run by outbox.bulk:copy_jobs to write the tags of a large batch of plain jobs, by
+-- COPY.
 COPY job_tags (tag, job_id) FROM STDIN;
 
 -- name: JOB_COPY_NOW
