@@ -304,3 +304,32 @@ async def test_a_copied_batch_runs(
         for job_id in ids:
             await wait_for_state(pg, job_id, "SUCCEEDED", timeout=30)
     assert sorted(seen) == list(range(SIZE))
+
+
+def test_a_connection_killed_mid_copy_commits_nothing_and_the_pool_recovers(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    """The session's backend terminated while the COPY streams (from the checks of
+    job 1,500, through its json_default): SQLAlchemy's error, with the connection
+    invalidated, nothing of the batch kept, and the next session enqueues."""
+    killed: list[int] = []
+
+    def kill_then_encode(value: object) -> object:
+        if not killed:
+            killed.append(backend)
+            pg.execute("SELECT pg_terminate_backend(%s)", [backend])
+        return str(value)
+
+    jobs = [NewJob("t", {"i": i}) for i in range(2000)]
+    jobs[1500] = NewJob("t", {"at": AT}, json_default=kill_then_encode)
+    with Session(engine) as session:
+        backend = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with pytest.raises(sqlalchemy.exc.DBAPIError) as lost:
+            outbox.enqueue_many(session, jobs)
+        assert lost.value.connection_invalidated
+        session.rollback()
+    assert killed == [backend]
+    assert pg.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    with Session(engine) as session, session.begin():
+        ids = outbox.enqueue_many(session, [NewJob("t", {}) for _ in range(SIZE)])
+    assert pg.execute("SELECT count(*) FROM outbox").fetchone()[0] == len(ids) == SIZE
