@@ -18,8 +18,7 @@ What comes back unclaimed is handled by why:
   was, for a consumer of its queue: the wake-up that named it here was not the
   relay's (anyone with access to the broker can publish one), so it is dropped;
 - locked by another transaction: tried again alone, after a short wait, then
-  handed back to the outbox's backlog if that goes on (soon, while a slot is free:
-  its message, unacknowledged meanwhile, keeps RabbitMQ from sending more);
+  handed back to the outbox's backlog if that goes on;
 - no free thread for a plain-function handler (every thread held by a handler
   past its time limit): its wake-up goes back to the outbox's backlog, due a little
   later, for this consumer or another with a free thread;
@@ -75,14 +74,11 @@ log = logging.getLogger("consumer")
 
 # A row another transaction holds is tried again after this long, doubling, up to
 # the cap; after LOCKED_HOLD seconds its wake-up goes back to the outbox's backlog,
-# due LOCKED_RETRY_CAP later. While a slot is free, after LOCKED_HOLD_WITH_ROOM:
-# its message stays unacknowledged meanwhile, and RabbitMQ, which sends one message
-# ahead, sends this worker nothing else until it is (a brief lock, the usual kind,
-# is over by the second or third try).
+# due LOCKED_RETRY_CAP later (held here longer, its message would keep RabbitMQ,
+# which sends two messages ahead, from sending this worker anything else).
 LOCKED_RETRY = 0.05
 LOCKED_RETRY_CAP = 2.0
 LOCKED_HOLD = 5.0
-LOCKED_HOLD_WITH_ROOM = 0.3
 # A plain-function job with no free thread (every thread is held by a handler past
 # its time limit) goes back to the outbox's backlog, due this much later, for this
 # consumer or one with a free thread.
@@ -431,8 +427,7 @@ class Claimer:
         waiting = self.waiting.get(job_id)
         if waiting is None:
             return
-        hold = LOCKED_HOLD_WITH_ROOM if self._free() > 0 else LOCKED_HOLD
-        if self._waited(waiting) > hold:
+        if self._waited(waiting) > LOCKED_HOLD:
             log.warning(
                 "consumer.wakeup_returned",
                 extra={

@@ -1,12 +1,12 @@
 """How much this worker takes in.
 
 It holds at most ``concurrency + prefetch`` job ids: running, or delivered and
-waiting for a slot. RabbitMQ pushes one message ahead (its QoS counts messages, not
-ids) and the relay packs at most the smallest prefetch of a queue's consumers into
-one message (WORKER_PACK_LIMIT), so that is normally all a consumer is sent. A
-message that brings more (a relay run with a fixed --pack, a small consumer beside
-large ones) is split: the ids there is room for are kept, and the rest are handed
-back at once, for the other consumers.
+waiting for a slot. RabbitMQ pushes at most two messages ahead (its QoS counts
+messages, not ids) and the relay packs at most half the smallest prefetch of a
+queue's consumers into one message (WORKER_PACK_LIMIT), so that is normally all a
+consumer is sent. A message that brings more (a relay run with a fixed --pack, a
+small consumer beside large ones) is split: the ids there is room for are kept, and
+the rest are handed back at once, for the other consumers.
 
 A hand-back goes through the table (OUTBOX_HAND_BACK): each id's wake-up returns to
 the outbox's backlog, due now, and the relay decides again what to send where. The

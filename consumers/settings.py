@@ -8,15 +8,7 @@ from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.config import AmqpUrl, ConfigError, DatabaseUrl
 from hybrid_jobs.schema.topology import Topology
 
-# RabbitMQ sends a consumer one message ahead, and the relay packs up to a whole
-# prefetch of ids into it (WORKER_PACK_LIMIT): the consumer then claims, and
-# records the ends of, twice as many jobs per statement as with two messages of half
-# a prefetch each, for the same ids held (a 20,000-job drain ran 22% faster; the
-# start at 200 and 500 jobs/s did not move). A message stays unacknowledged until
-# every id in it is claimed or explained, so one whose row another transaction holds
-# is handed back soon (claimer.LOCKED_HOLD_WITH_ROOM) rather than keep the next
-# message away from free slots.
-MESSAGES_AHEAD = 1
+MESSAGES_AHEAD = 2
 # The consumer's own statements (claims, heartbeats, outcomes) have a small pool of
 # their own, so handlers holding connections can never starve a heartbeat.
 OWN_POOL_SIZE = 4
@@ -90,9 +82,10 @@ class ConsumerSettings:
 
     @property
     def messages_ahead(self) -> int:
-        """RabbitMQ's QoS: unacknowledged messages it may push to this worker. One,
-        of at most a prefetch of ids (WORKER_PACK_LIMIT), so that each claim takes
-        as many as the prefetch allows (MESSAGES_AHEAD)."""
+        """RabbitMQ's QoS: unacknowledged messages it may push to this worker. Two,
+        so the next message is here as the last ids of one are claimed; the relay
+        packs at most half a prefetch of ids into a message (WORKER_PACK_LIMIT), so
+        two fit in the prefetch."""
         return min(MESSAGES_AHEAD, self.effective_prefetch)
 
     @property

@@ -2,9 +2,9 @@
 every consumer instead of piling up at the first ones (a consumer keeps a message
 until each id in it is claimed).
 
-A consumer takes one message at a time and holds at most its prefetch of ids
-waiting for a slot, so a message carries at most the smallest prefetch among the
-queue's live consumers (WORKER_PACK_LIMIT), and never more than ``--pack``.
+A consumer takes two messages at a time and holds at most its prefetch of ids
+waiting for a slot, so a message carries at most half the smallest prefetch among
+the queue's live consumers (WORKER_PACK_LIMIT), and never more than ``--pack``.
 Read from the workers table at most once a second per queue; with no live consumer
 known, ``--pack`` applies.
 """

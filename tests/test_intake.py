@@ -17,7 +17,6 @@ from hybrid_jobs import consumers
 from hybrid_jobs.consumers import Registry
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
-from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import publish_raw, queue_depth
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
@@ -153,34 +152,3 @@ async def test_the_rewaker_leaves_the_wakeups_a_live_consumer_holds_alone(
     assert relay.published == 2
     for job_id in ids:
         assert len(attempts(pg, job_id)) == 1
-
-
-def test_a_hand_back_skips_a_row_held_for_update_and_leaves_its_wakeup_to_the_rewaker(
-    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
-) -> None:
-    """A user's transaction holds one waiting job's row FOR UPDATE, which the
-    outbox insert's foreign key check would wait for: the hand-back skips that job
-    at once (the consumer can settle its message and take the next one), hands the
-    other back, and leaves the skipped one's wake-up as it was, marked sent, for the
-    re-waker."""
-    held, other = enqueue_many(engine, [NewJob("noop", {}) for _ in range(2)])
-    pg.execute("UPDATE outbox SET sent_at = clock_timestamp()")  # sent by the relay
-    with psycopg.connect(db_url.conninfo) as holder:
-        holder.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR UPDATE", [held])
-        with psycopg.connect(db_url.conninfo, autocommit=True) as conn:
-            conn.execute("SET lock_timeout = '2s'")
-            began = time.monotonic()
-            handed = conn.execute(
-                q.OUTBOX_HAND_BACK, {"job_ids": [held, other], "delay_seconds": 0}
-            ).fetchall()
-            assert time.monotonic() - began < 1.0, "it waited for the row"
-        assert handed == [(other,)]
-    wakeups = {
-        job_id: sent
-        for job_id, sent in pg.execute(
-            "SELECT job_id, sent_at IS NOT NULL FROM outbox ORDER BY id"
-        ).fetchall()
-    }
-    assert wakeups == {held: True, other: False}
-    lost = pg.execute(q.OUTBOX_REWAKE_LOST, {"queues": ["default"], "grace_seconds": 0}).fetchall()
-    assert lost == [(held,)], "the re-waker sends it again"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import uuid
 
 import psycopg
@@ -16,7 +15,7 @@ import pytest
 from sqlalchemy import Engine
 
 from hybrid_jobs import consumers
-from hybrid_jobs.consumers import Backoff, Registry, claimer
+from hybrid_jobs.consumers import Backoff, Registry
 from hybrid_jobs.consumers.inbox import Delivery
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
@@ -25,7 +24,6 @@ from tests.support.broker import collect, publish_raw
 from tests.support.inproc import chore_rounds, consumer_running, relay_running
 from tests.support.jobs import attempts, enqueue, enqueue_many, job, wait_for_state
 from tests.support.proxy import TcpProxy
-from tests.test_packing import body, silent_jobs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,45 +125,6 @@ async def test_a_row_locked_elsewhere_delays_that_job_only(
     assert "consumer.database_unavailable" not in events
     assert "consumer.lease_lost" not in events
     for job_id in ids:
-        assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
-
-
-async def test_a_row_locked_elsewhere_does_not_keep_the_next_message_from_free_slots(
-    services, pg, db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology
-) -> None:
-    """RabbitMQ sends a consumer one message ahead, and a message stays unacknowledged
-    until every id in it is claimed or explained. One id whose row another
-    transaction holds kept the next message away for as long as its retries here
-    lasted (LOCKED_HOLD, 5 s): with slots free, its wake-up now goes back to the
-    outbox's backlog within a fraction of a second, the next message's jobs run, and
-    the locked job runs once its row is free."""
-    registry = Registry()
-
-    @registry.handler("quick")
-    async def quick(j: consumers.Job) -> None:
-        return None
-
-    first, second = silent_jobs(pg, "quick", 5), silent_jobs(pg, "quick", 5)
-    victim = first[0]
-    with psycopg.connect(db_url.conninfo) as holder:
-        # the lock a cancel request or an edit takes
-        holder.execute("SELECT 1 FROM jobs WHERE job_id = %s FOR NO KEY UPDATE", [victim])
-        async with (
-            relay_running(*services),
-            consumer_running(*services, registry, concurrency=10) as consumer,
-        ):
-            await publish_raw(amqp_url.url, topology, "default", body(first))
-            await publish_raw(amqp_url.url, topology, "default", body(second))
-            began = time.monotonic()
-            for job_id in second:
-                await wait_for_state(pg, job_id, "SUCCEEDED", timeout=30)
-            took = time.monotonic() - began
-            assert took < claimer.LOCKED_HOLD - 0.5, f"the second message waited {took:.1f} s"
-            assert consumer.claimer.counts["wakeup_returned"] >= 1
-            assert job(pg, victim)["attempt_count"] == 0
-            holder.rollback()
-            await wait_for_state(pg, victim, "SUCCEEDED", timeout=30)
-    for job_id in first + second:
         assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
 
 

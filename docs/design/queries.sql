@@ -3047,7 +3047,6 @@ WITH named AS (
     FROM jobs AS j
     WHERE j.job_id = ANY(%(job_ids)s::uuid[])
       AND j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= now()
-    FOR KEY SHARE OF j SKIP LOCKED
 ), dropped AS (
     DELETE FROM outbox AS o USING named AS n
     WHERE o.job_id = n.job_id
@@ -3265,7 +3264,7 @@ RETURNING worker_id;
 -- (its consumers' room).
 -- Built with LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: queue, worker_ttl.
-SELECT min(GREATEST(1, w.prefetch))::int
+SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
 WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false);
 

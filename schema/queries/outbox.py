@@ -773,17 +773,13 @@ ORDER BY queue
 # sent right now (its publish can reach the consumer before its commit) is waited for
 # rather than missed: no mark lands after the hand-back. The insert notifies the
 # relay (outbox_notify). Returns the jobs handed back; the others need no wake-up
-# (running, finished, not due). A job whose row another transaction holds FOR UPDATE
-# (never one of this project's statements: a user's own) is skipped rather than
-# waited for, as the insert's foreign key check would: its wake-up stays as it was,
-# marked sent, for the relay's re-waker once its grace is over.
+# (running, finished, not due).
 OUTBOX_HAND_BACK: Final = f"""
 WITH named AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority
     FROM jobs AS j
     WHERE j.job_id = ANY(%(job_ids)s::uuid[])
       AND j.state IN ({CLAIMABLE_SQL}) AND j.run_after <= now()
-    FOR KEY SHARE OF j SKIP LOCKED
 ), dropped AS (
     DELETE FROM outbox AS o USING named AS n
     WHERE o.job_id = n.job_id

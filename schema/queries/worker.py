@@ -41,12 +41,12 @@ WHERE last_seen_at < now() - make_interval(secs => %(worker_ttl)s)
 RETURNING worker_id
 """
 
-# The most job ids the relay should pack into one message to a queue: the smallest
-# prefetch (in ids) among the queue's live consumers, since each consumer takes one
-# message at a time (consumers/settings.py); NULL when none is live. So a message
-# fits every consumer's prefetch, and a burst larger than that spreads over them.
+# The most job ids the relay should pack into one message to a queue: half the
+# smallest prefetch (in ids) among the queue's live consumers, since each consumer
+# takes two messages at a time (consumers/settings.py); NULL when none is live. So
+# a burst spreads over every consumer, rather than piling up at the first ones.
 WORKER_PACK_LIMIT: Final = f"""
-SELECT min(GREATEST(1, w.prefetch))::int
+SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
 WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}
 """
