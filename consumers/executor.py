@@ -66,13 +66,16 @@ class Executor:
         ledger: Ledger,
         journal: Journal,
         slot_freed: Callable[[], None],
+        ran: Callable[[float], None] = lambda seconds: None,
     ) -> None:
+        """``ran`` is told how long each handler ran (the prefetch follows it)."""
         self.settings = settings
         self.registry = registry
         self.threads = threads
         self.ledger = ledger
         self.journal = journal
         self.slot_freed = slot_freed
+        self.ran = ran
         # What a job's handler reaches (connection pools, the loop); set when the
         # worker runs, before the first claim.
         self.resources: Resources | None = None
@@ -116,6 +119,8 @@ class Executor:
             # never got; the claimer may take more.
             if reservation is not None:
                 reservation.release_if_unused()
+            if job.ran_seconds is not None:
+                self.ran(job.ran_seconds)
             self.slot_freed()
         if outcome is None and job.recorded:
             self.journal.succeeded(job)  # its own transaction recorded it

@@ -1,7 +1,8 @@
 """How much this worker takes in.
 
 It holds at most ``concurrency + prefetch`` job ids: running, or delivered and
-waiting for a slot. RabbitMQ pushes at most two messages ahead (its QoS counts
+waiting for a slot (the prefetch grows while the jobs are short:
+consumers/prefetch.py). RabbitMQ pushes at most two messages ahead (its QoS counts
 messages, not ids) and the relay packs at most half the smallest prefetch of a
 queue's consumers into one message (WORKER_PACK_LIMIT), so that is normally all a
 consumer is sent. A message that brings more (a relay run with a fixed --pack, a
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import Sequence
 
 from hybrid_jobs.consumers.inbox import Inbox
+from hybrid_jobs.consumers.prefetch import Prefetch
 from hybrid_jobs.consumers.settings import ConsumerSettings
 from hybrid_jobs.consumers.store import JobStore
 from hybrid_jobs.plumbing.logfmt import describe_error
@@ -40,13 +42,21 @@ HAND_BACK_TIMEOUT = 10.0
 
 
 class Intake:
-    def __init__(self, settings: ConsumerSettings, store: JobStore, inbox: Inbox) -> None:
-        self.capacity = settings.capacity
+    def __init__(
+        self, settings: ConsumerSettings, store: JobStore, inbox: Inbox, prefetch: Prefetch
+    ) -> None:
+        self.concurrency = settings.concurrency
+        self.prefetch = prefetch
         self.store = store
         self.inbox = inbox
         # Consuming is paused for want of room (not for an outage, nor the stop).
         self.full = False
         self._lock = asyncio.Lock()
+
+    @property
+    def capacity(self) -> int:
+        """The most ids this worker holds now: its slots and its prefetch."""
+        return self.concurrency + self.prefetch.ids
 
     def room(self, held: int) -> int:
         """How many more ids this worker may take, holding ``held``."""

@@ -23,6 +23,7 @@ it. It is refreshed at the heartbeat, at least every third of the worker TTL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -55,7 +56,10 @@ class LeaseKeeper:
         policies: Sequence[Mapping[str, object]] = (),
         webhooks: Sequence[Mapping[str, object]] = (),
         limits: Sequence[Mapping[str, object]] = (),
+        prefetch: Callable[[], int] | None = None,
     ) -> None:
+        """``prefetch``: the ids held beyond the free slots now, for the workers
+        row (the relay packs by it); :meth:`prefetch_changed` writes it soon."""
         self.settings = settings
         self.store = store
         self.ledger = ledger
@@ -65,6 +69,8 @@ class LeaseKeeper:
         self.policies = [dict(p) for p in policies]
         self.webhooks = [dict(w) for w in webhooks]
         self.limits = [dict(x) for x in limits]
+        self.prefetch = prefetch or (lambda: settings.effective_prefetch)
+        self.row_changed = asyncio.Event()
         self.locked: set[uuid.UUID] = set()
         self.stopping = False
         # Back (WORKER_SEEN) and its waiting jobs not woken yet (came_back).
@@ -79,7 +85,7 @@ class LeaseKeeper:
             "job_types": self.job_types,
             "tenants": list(s.tenants),
             "concurrency": s.concurrency,
-            "prefetch": s.effective_prefetch,
+            "prefetch": self.prefetch(),
             "stopping": self.stopping,
             "counts": _json_counts(self.counts()),
             "worker_ttl": s.worker_ttl,
@@ -130,8 +136,12 @@ class LeaseKeeper:
             wake_at = min(next_heartbeat, next_seen)
             if self.locked:
                 wake_at = min(wake_at, now + LOCKED_RENEW_INTERVAL)
-            await asyncio.sleep(max(0.0, wake_at - now))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.row_changed.wait(), max(0.0, wake_at - now))
             now = time.monotonic()
+            if self.row_changed.is_set():
+                self.row_changed.clear()
+                next_seen = now
             if now >= next_heartbeat:
                 next_heartbeat = now + heartbeat_every
                 await self.renew([h.job.fence for h in self.ledger.leases()])
@@ -159,6 +169,11 @@ class LeaseKeeper:
                         log.warning(
                             "consumer.wake_waiting_failed", extra={"error": describe_error(exc)}
                         )
+
+    def prefetch_changed(self) -> None:
+        """The prefetch changed: say so in the workers row now, not at the next
+        refresh, so that the relay packs by it."""
+        self.row_changed.set()
 
     async def came_back(self) -> None:
         """Its row had expired, or a lease of it had lapsed (it was frozen, say):

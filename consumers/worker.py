@@ -48,6 +48,7 @@ from hybrid_jobs.consumers.job import HandlerPools, Job, Resources
 from hybrid_jobs.consumers.journal import Journal
 from hybrid_jobs.consumers.lease_keeper import LeaseKeeper
 from hybrid_jobs.consumers.ledger import Held, Ledger, Phase
+from hybrid_jobs.consumers.prefetch import GROWTH, Prefetch
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.reporter import Reporter
 from hybrid_jobs.consumers.settings import OWN_POOL_SIZE, ConsumerSettings
@@ -132,10 +133,19 @@ class Consumer:
             self.worker,
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
-        self.intake = Intake(settings, self.store, self.inbox)
+        self.prefetch = Prefetch(
+            settings.concurrency, settings.prefetch, on_change=self._prefetch_changed
+        )
+        self.intake = Intake(settings, self.store, self.inbox, self.prefetch)
         self.journal = Journal()
         self.executor = Executor(
-            settings, registry, self.threads, self.ledger, self.journal, self._slot_freed
+            settings,
+            registry,
+            self.threads,
+            self.ledger,
+            self.journal,
+            self._slot_freed,
+            self.prefetch.ran,
         )
         self.claimer = Claimer(
             settings,
@@ -162,6 +172,7 @@ class Consumer:
             registry.policies(),
             registry.webhooks(),
             registry.limits(),
+            prefetch=lambda: self.prefetch.ids,
         )
         # The side tasks (claimer, reporter, ...), once started.
         self.background: dict[str, asyncio.Task[None]] = {}
@@ -219,8 +230,10 @@ class Consumer:
                 "tenants": list(s.tenants),
                 "job_types": self.registry.job_types(),
                 "concurrency": s.concurrency,
-                "prefetch": s.effective_prefetch,
-                "holds_at_most": s.capacity,
+                "prefetch": s.prefetch or "auto",
+                "holds_at_most": s.capacity
+                if not self.prefetch.automatic
+                else s.concurrency * (1 + GROWTH),
                 "lease_s": s.lease_seconds,
                 "heartbeat_s": round(s.effective_heartbeat, 2),
                 "default_timeout_s": s.default_timeout,
@@ -570,6 +583,11 @@ class Consumer:
 
     def _slot_freed(self) -> None:
         self.claimer.wake.set()
+
+    def _prefetch_changed(self) -> None:
+        log.debug("consumer.prefetch_changed", extra={"prefetch": self.prefetch.ids})
+        self.lease_keeper.prefetch_changed()
+        self.claimer.wake.set()  # more room: consuming may resume
 
     async def _report_stats(self) -> None:
         last: Counter[str] = Counter()

@@ -16,12 +16,22 @@ from sqlalchemy import Engine
 
 from hybrid_jobs import consumers
 from hybrid_jobs.consumers import Registry
+from hybrid_jobs.consumers.prefetch import SHORT_RUN
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import collect, publish_raw, queue_depth
-from tests.support.inproc import consumer_running
-from tests.support.jobs import attempts, enqueue_many, job, wait_for_state, wait_until_all
+from tests.support.inproc import consumer_running, relay_running
+from tests.support.jobs import (
+    attempts,
+    enqueue,
+    enqueue_many,
+    job,
+    until,
+    wait_for_state,
+    wait_until_all,
+)
 from tests.support.processes import running
 
 pytestmark = pytest.mark.timeout(240)
@@ -99,6 +109,50 @@ def test_a_consumer_killed_holding_a_half_claimed_message_loses_nothing(
         assert outcomes.count("SUCCEEDED") == 1
         expected = ["RETRY_WAIT", "SUCCEEDED"] if job_id in claimed_by_the_dead else ["SUCCEEDED"]
         assert outcomes == expected, "the redelivery claimed the rest at once"
+
+
+async def test_short_jobs_double_a_consumers_prefetch_and_a_long_one_brings_it_back(
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, engine: Engine, pg
+) -> None:
+    """Left at 0, a consumer's prefetch is its concurrency (4), and the relay packs
+    half of it into a message. After a streak of short runs it holds twice that: its
+    workers row says so at once, and the relay packs twice as many ids. One run
+    longer than SHORT_RUN brings it back."""
+    registry = Registry()
+
+    @registry.handler("quick")
+    async def quick(j: consumers.Job) -> None:
+        return None
+
+    @registry.handler("slow")
+    async def slow(j: consumers.Job) -> None:
+        await asyncio.sleep(2 * SHORT_RUN)
+
+    def row() -> int | None:
+        found = pg.execute("SELECT prefetch FROM workers").fetchone()
+        return found[0] if found else None
+
+    def pack() -> int:
+        return pg.execute(q.WORKER_PACK_LIMIT, {"queue": "default", "worker_ttl": 60}).fetchone()[0]
+
+    services = (db_url, amqp_url, topology)
+    async with (
+        relay_running(*services),
+        consumer_running(*services, registry, concurrency=4) as consumer,
+    ):
+        await until(lambda: row() == 4, "the consumer announced")
+        assert consumer.intake.capacity == 8 and pack() == 2
+        quick_ids = enqueue_many(engine, [NewJob("quick", {}) for _ in range(20)])
+        for job_id in quick_ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+        await until(lambda: row() == 8, "the row says the doubled prefetch", timeout=10)
+        assert consumer.intake.capacity == 12 and pack() == 4
+        slow_id = enqueue(engine, "slow", {})
+        await wait_for_state(pg, slow_id, "SUCCEEDED")
+        await until(lambda: row() == 4, "back to the concurrency", timeout=10)
+        assert consumer.intake.capacity == 8 and pack() == 2
+    for job_id in [*quick_ids, slow_id]:
+        assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
 
 
 async def test_malformed_packed_bodies_go_to_the_dead_letter_queue_and_forms_mix(

@@ -3243,7 +3243,7 @@ VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)
         %(prefetch)s, %(stopping)s, %(counts)s::jsonb, %(tenants)s::text[])
 ON CONFLICT (worker_id) DO UPDATE
 SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
-    job_types = EXCLUDED.job_types
+    job_types = EXCLUDED.job_types, prefetch = EXCLUDED.prefetch
 RETURNING COALESCE((SELECT lapsed FROM before), true) AS back;
 
 -- name: WORKER_GONE

@@ -28,7 +28,7 @@ VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s, %(job_types)s, %(concurrency)
         %(prefetch)s, %(stopping)s, %(counts)s::jsonb, %(tenants)s::text[])
 ON CONFLICT (worker_id) DO UPDATE
 SET last_seen_at = now(), stopping = EXCLUDED.stopping, counts = EXCLUDED.counts,
-    job_types = EXCLUDED.job_types
+    job_types = EXCLUDED.job_types, prefetch = EXCLUDED.prefetch
 RETURNING COALESCE((SELECT lapsed FROM before), true) AS back
 """
 
@@ -42,9 +42,11 @@ RETURNING worker_id
 """
 
 # The most job ids the relay should pack into one message to a queue: half the
-# smallest prefetch (in ids) among the queue's live consumers, since each consumer
-# takes two messages at a time (consumers/settings.py); NULL when none is live. So
-# a burst spreads over every consumer, rather than piling up at the first ones.
+# smallest prefetch (in ids) among the queue's live consumers, as their rows say it
+# now (it grows while their jobs are short: consumers/prefetch.py), since each
+# consumer takes two messages at a time (consumers/settings.py); NULL when none is
+# live. So a burst spreads over every consumer, rather than piling up at the first
+# ones.
 WORKER_PACK_LIMIT: Final = f"""
 SELECT min(GREATEST(1, w.prefetch / 2))::int
 FROM workers AS w
