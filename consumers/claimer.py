@@ -234,9 +234,23 @@ class Claimer:
                     failure = await self._claim(batch)
                 if failure is not None:
                     await self._pause_until_database_answers(failure)
+            await self._shed_excess()
             await self.intake.resume_if_room(
                 self._intake_load(), not self.stopping and not self.paused
             )
+
+    async def _shed_excess(self) -> None:
+        """The prefetch halved for a long run (consumers/prefetch.py): the ids held
+        here beyond the room now go back to the outbox's backlog, due now, for a
+        consumer with a free slot, rather than wait here behind long runs."""
+        excess = self.held - self.intake.capacity
+        if excess <= 0 or not self.waiting or self._holding_room():
+            return
+        if self.stopping or self.paused:
+            return
+        latest = list(self.waiting)[-excess:]
+        self.counts["wakeup_handed_back"] += len(latest)
+        await self._return_to_backlog(latest, 0.0)
 
     def _next_retry(self) -> float | None:
         """How long to sleep before a waiting id can be tried: None (until woken)

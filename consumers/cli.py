@@ -93,9 +93,10 @@ def _where(exc: Exception) -> str:
 @setting_option(
     ConsumerSettings,
     "prefetch",
-    "Job ids held beyond the free slots, waiting for one (0: as many as --concurrency). "
-    "A consumer holds at most concurrency + prefetch ids; ids beyond that are handed back at "
-    "once, for other consumers. RabbitMQ pushes at most two messages ahead.",
+    "Job ids held beyond the free slots, waiting for one (0: as many as --concurrency, twice "
+    "that while the jobs prove short, back as soon as a run reaches 50 ms). A consumer holds "
+    "at most concurrency + prefetch ids; ids beyond that are handed back at once, for other "
+    "consumers. RabbitMQ pushes at most two messages ahead.",
 )
 @setting_option(
     ConsumerSettings, "lease_seconds", "Lease length; a crashed worker's jobs run again after it."

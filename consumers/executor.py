@@ -119,9 +119,9 @@ class Executor:
             # never got; the claimer may take more.
             if reservation is not None:
                 reservation.release_if_unused()
-            if job.ran_seconds is not None:
-                self.ran(job.ran_seconds)
             self.slot_freed()
+        if job.ran_seconds is not None:
+            self.ran(job.ran_seconds)  # (a run this worker stopped does not count)
         if outcome is None and job.recorded:
             self.journal.succeeded(job)  # its own transaction recorded it
         # 4. hand the outcome to the ledger, for the reporter to record
@@ -279,7 +279,7 @@ async def execute(
     ``batches`` (None: it is a batch of its own, called at once)."""
     if (refused := input_refusal(job)) is not None:
         return refused  # the handler is never called on nothing
-    began = time.monotonic()
+    began = job.run_began = time.monotonic()
     with tracing.running(
         f"process {job.queue}", parent=job.trace_context, attributes=_span_attributes(job)
     ) as span:

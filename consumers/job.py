@@ -144,6 +144,9 @@ class Job:
     recorded: bool = field(default=False, repr=False)
     # How long the handler ran, once it has returned or raised.
     ran_seconds: float | None = field(default=None, repr=False)
+    # When its handler began (time.monotonic), while it runs: the worker halves an
+    # automatic prefetch for a run that reaches prefetch.SHORT_RUN.
+    run_began: float | None = field(default=None, repr=False)
     _resources: Resources | None = field(default=None, repr=False)
     _progress: dict[str, Any] | None = field(default=None, repr=False)
     _progress_written: float = field(default=0.0, repr=False)

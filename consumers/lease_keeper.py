@@ -17,7 +17,8 @@ own clock is given up the same way; the fence would refuse its outcome anyway.
 The worker's row says which queues and job types it serves, with what capacity,
 and its counters; the relay sizes its window from it, the claim of a job with no
 handler here checks whether any live worker has one, and the operator surface lists
-it. It is refreshed at the heartbeat, at least every third of the worker TTL.
+it. It is refreshed at the heartbeat, at least every third of the worker TTL, and
+as soon as the prefetch changes (the relay packs by it).
 """
 
 from __future__ import annotations

@@ -1,63 +1,87 @@
 """How many job ids a consumer holds beyond its free slots.
 
 ``--prefetch N`` holds N. Left at 0, a consumer holds as many as its concurrency, and
-twice that once its jobs prove short. A claim takes the ids of the message that
+twice that while its jobs prove short. A claim takes the ids of the message that
 woke it, and the relay packs at most half the smallest prefetch of a queue's
 consumers into a message (WORKER_PACK_LIMIT), so the prefetch sets how many jobs each
 claim and each outcome statement carries, and their fixed costs are paid per that
-many. Twice the ids drained 20,000 no-op jobs a third faster (``python -m bench.drain
---no-baseline``: 8,405 against 6,350 jobs/s at 50 slots; 3,620 against 2,060 at 10),
-and the start at 200 jobs/s did not move.
+many. Measured (``python -m bench.drain --no-baseline``, 20,000 no-op jobs, alternated
+with a prefetch fixed at the concurrency): 7,134 against 6,042 jobs/s at 50 slots,
+about 3,100 against 2,000 at the default 10, the start at 200 jobs/s unmoved.
 
 Ids held here wait while every slot is busy, though another consumer may have a free
-one. For short jobs that wait is short; for long ones it is what a large prefetch
-costs. So a consumer doubles its prefetch only after ``SHORT_STREAK`` times its
-concurrency of runs in a row, each shorter than ``SHORT_RUN``, and any longer run
-brings it back at once. The workers table says the current figure, for the relay's
-packing.
+one: for short jobs a short wait, for long ones what a large prefetch costs. So the
+prefetch doubles only after ``SHORT_STREAK`` times the concurrency of runs in a row
+each shorter than ``SHORT_RUN``, and halves again as soon as a run reaches that long,
+whether it ended or still runs (the worker looks every ``SHORT_RUN``); the ids then
+held beyond the room go back to the outbox's backlog, for other consumers. After
+that it doubles again no sooner than ``REGROW_AFTER``, so a mix of short and long
+jobs does not flip it at every long one. With one slot, doubling would change
+neither the messages nor RabbitMQ's window, so it stays.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import Final
 
-# A run this short keeps the prefetch doubled: the ids it holds wait at most about
-# two such runs for a slot.
+# A run this short keeps the prefetch doubled.
 SHORT_RUN: Final = 0.05
-# How many of the consumer's concurrency of short runs in a row double it.
+# How many times the concurrency of short runs in a row double it.
 SHORT_STREAK: Final = 2
 GROWTH: Final = 2
+# Doubled again no sooner than this after it halved.
+REGROW_AFTER: Final = 10.0
 
 
 class Prefetch:
     def __init__(
         self, concurrency: int, fixed: int, on_change: Callable[[], None] = lambda: None
     ) -> None:
-        """``fixed``: the ``--prefetch`` given (0: automatic); ``on_change`` is
-        called when the figure changes (the workers row should say it)."""
+        """``fixed``: the ``--prefetch`` given (0: follow the jobs); ``on_change``
+        is called when the figure changes (the workers row should say it, and ids
+        held beyond the new room go back)."""
         self.concurrency = concurrency
         self.fixed = fixed
         self.on_change = on_change
         self.short_runs = 0
+        self.doubled = False
+        self.halved_at = -math.inf
 
     @property
     def automatic(self) -> bool:
-        return self.fixed == 0
+        return self.fixed == 0 and self.concurrency > 1
 
     @property
     def ids(self) -> int:
-        if not self.automatic:
+        if self.fixed:
             return self.fixed
-        if self.short_runs >= SHORT_STREAK * self.concurrency:
-            return GROWTH * self.concurrency
-        return self.concurrency
+        return GROWTH * self.concurrency if self.doubled else self.concurrency
 
     def ran(self, seconds: float) -> None:
-        """A handler ran this long."""
+        """A handler returned or raised after running this long (a run the worker
+        stopped says nothing of how long the job takes)."""
         if not self.automatic:
             return
-        before = self.ids
-        self.short_runs = self.short_runs + 1 if seconds < SHORT_RUN else 0
-        if self.ids != before:
+        if seconds >= SHORT_RUN:
+            self.running_long()
+            return
+        self.short_runs += 1
+        if (
+            not self.doubled
+            and self.short_runs >= SHORT_STREAK * self.concurrency
+            and time.monotonic() - self.halved_at >= REGROW_AFTER
+        ):
+            self.doubled = True
+            self.on_change()
+
+    def running_long(self) -> None:
+        """A run reached SHORT_RUN: back to the concurrency, and the streak starts
+        again."""
+        self.short_runs = 0
+        if self.doubled:
+            self.doubled = False
+            self.halved_at = time.monotonic()
             self.on_change()

@@ -73,11 +73,15 @@ class ConsumerSettings:
 
     @property
     def effective_prefetch(self) -> int:
+        """The prefetch to start with (and RabbitMQ's window's): the one given, or
+        the concurrency, which it doubles while the jobs are short
+        (consumers/prefetch.py)."""
         return self.prefetch or self.concurrency
 
     @property
     def capacity(self) -> int:
-        """The most job ids this worker holds at once: running, or waiting for a slot."""
+        """The job ids this worker holds at once at first, running or waiting for a
+        slot (Intake.capacity: now)."""
         return self.concurrency + self.effective_prefetch
 
     @property

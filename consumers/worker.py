@@ -38,6 +38,7 @@ import time
 import uuid
 from collections import Counter
 
+from hybrid_jobs.consumers import prefetch as prefetch_rules
 from hybrid_jobs.consumers.claimer import Claimer
 from hybrid_jobs.consumers.executor import Executor, Threads
 from hybrid_jobs.consumers.forced_cancel import ForcedCancels
@@ -259,6 +260,7 @@ class Consumer:
                 ("held wake-ups", self.held_wakeups.run()),
                 ("stats", self._report_stats()),
             ]
+            + ([("prefetch", self._watch_long_runs())] if self.prefetch.automatic else [])
         }
         await self.inbox.start()
         log.info("consumer.started", extra={"worker": self.worker})
@@ -584,10 +586,27 @@ class Consumer:
     def _slot_freed(self) -> None:
         self.claimer.wake.set()
 
+    async def _watch_long_runs(self) -> None:
+        """While the prefetch is doubled, a run that reaches SHORT_RUN halves it
+        (consumers/prefetch.py): looked for every SHORT_RUN, since the end of a long
+        run comes too late."""
+        while True:
+            await asyncio.sleep(prefetch_rules.SHORT_RUN)
+            if not self.prefetch.doubled:
+                continue
+            since = time.monotonic() - prefetch_rules.SHORT_RUN
+            if any(
+                h.job.run_began is not None and h.job.run_began <= since
+                for h in self.ledger.held.values()
+                if h.phase is Phase.RUNNING
+            ):
+                self.prefetch.running_long()
+
     def _prefetch_changed(self) -> None:
         log.debug("consumer.prefetch_changed", extra={"prefetch": self.prefetch.ids})
         self.lease_keeper.prefetch_changed()
-        self.claimer.wake.set()  # more room: consuming may resume
+        # more room: consuming may resume; less: what it holds beyond goes back
+        self.claimer.wake.set()
 
     async def _report_stats(self) -> None:
         last: Counter[str] = Counter()

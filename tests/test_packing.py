@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import Engine
 
 from hybrid_jobs import consumers
-from hybrid_jobs.consumers import Registry
-from hybrid_jobs.consumers.prefetch import SHORT_RUN
+from hybrid_jobs.consumers import Registry, prefetch
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.relay import spread
 from hybrid_jobs.schema import queries as q
 from hybrid_jobs.schema.topology import Topology
 from tests.support.broker import collect, publish_raw, queue_depth
@@ -111,13 +111,31 @@ def test_a_consumer_killed_holding_a_half_claimed_message_loses_nothing(
         assert outcomes == expected, "the redelivery claimed the rest at once"
 
 
+@pytest.fixture
+def short_run(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A short run, for these tests: long enough that a loaded machine's no-op
+    jobs all count as short."""
+    monkeypatch.setattr(prefetch, "SHORT_RUN", 0.3)
+    return prefetch.SHORT_RUN
+
+
+def prefetch_row(pg: psycopg.Connection) -> int | None:
+    found = pg.execute("SELECT prefetch FROM workers").fetchone()
+    return found[0] if found else None
+
+
+def pack_limit(pg: psycopg.Connection) -> int:
+    row = pg.execute(q.WORKER_PACK_LIMIT, {"queue": "default", "worker_ttl": 60}).fetchone()
+    return row[0]
+
+
 async def test_short_jobs_double_a_consumers_prefetch_and_a_long_one_brings_it_back(
-    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, engine: Engine, pg
+    db_url: DatabaseUrl, amqp_url: AmqpUrl, topology: Topology, engine: Engine, pg, short_run
 ) -> None:
     """Left at 0, a consumer's prefetch is its concurrency (4), and the relay packs
     half of it into a message. After a streak of short runs it holds twice that: its
-    workers row says so at once, and the relay packs twice as many ids. One run
-    longer than SHORT_RUN brings it back."""
+    workers row says so at once, and the relay packs twice as many ids. A run that
+    reaches SHORT_RUN brings it back."""
     registry = Registry()
 
     @registry.handler("quick")
@@ -126,32 +144,71 @@ async def test_short_jobs_double_a_consumers_prefetch_and_a_long_one_brings_it_b
 
     @registry.handler("slow")
     async def slow(j: consumers.Job) -> None:
-        await asyncio.sleep(2 * SHORT_RUN)
-
-    def row() -> int | None:
-        found = pg.execute("SELECT prefetch FROM workers").fetchone()
-        return found[0] if found else None
-
-    def pack() -> int:
-        return pg.execute(q.WORKER_PACK_LIMIT, {"queue": "default", "worker_ttl": 60}).fetchone()[0]
+        await asyncio.sleep(2 * short_run)
 
     services = (db_url, amqp_url, topology)
     async with (
         relay_running(*services),
         consumer_running(*services, registry, concurrency=4) as consumer,
     ):
-        await until(lambda: row() == 4, "the consumer announced")
-        assert consumer.intake.capacity == 8 and pack() == 2
+        await until(lambda: prefetch_row(pg) == 4, "the consumer announced")
+        assert consumer.intake.capacity == 8 and pack_limit(pg) == 2
         quick_ids = enqueue_many(engine, [NewJob("quick", {}) for _ in range(20)])
         for job_id in quick_ids:
             await wait_for_state(pg, job_id, "SUCCEEDED")
-        await until(lambda: row() == 8, "the row says the doubled prefetch", timeout=10)
-        assert consumer.intake.capacity == 12 and pack() == 4
+        await until(lambda: prefetch_row(pg) == 8, "the row says the doubled prefetch")
+        assert consumer.intake.capacity == 12 and pack_limit(pg) == 4
         slow_id = enqueue(engine, "slow", {})
         await wait_for_state(pg, slow_id, "SUCCEEDED")
-        await until(lambda: row() == 4, "back to the concurrency", timeout=10)
-        assert consumer.intake.capacity == 8 and pack() == 2
+        await until(lambda: prefetch_row(pg) == 4, "back to the concurrency")
+        assert consumer.intake.capacity == 8 and pack_limit(pg) == 2
     for job_id in [*quick_ids, slow_id]:
+        assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
+
+
+async def test_long_jobs_after_short_ones_halve_the_prefetch_while_they_run(
+    db_url: DatabaseUrl,
+    amqp_url: AmqpUrl,
+    topology: Topology,
+    engine: Engine,
+    pg,
+    short_run,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer of two slots whose prefetch doubled on short jobs (4 ids) meets a
+    backlog of long ones: it halves its prefetch while the first long runs go on,
+    not when they end, and hands the ids it holds beyond its room back to the
+    outbox's backlog rather than keep them waiting behind the long runs."""
+    monkeypatch.setattr(spread, "FRESH_SECONDS", 0.0)  # the relay packs by the row at once
+    registry = Registry()
+    release = asyncio.Event()
+
+    @registry.handler("quick")
+    async def quick(j: consumers.Job) -> None:
+        return None
+
+    @registry.handler("long")
+    async def long(j: consumers.Job) -> None:
+        await release.wait()
+
+    services = (db_url, amqp_url, topology)
+    async with (
+        relay_running(*services),
+        consumer_running(*services, registry, concurrency=2) as consumer,
+    ):
+        quick_ids = enqueue_many(engine, [NewJob("quick", {}) for _ in range(10)])
+        for job_id in quick_ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED")
+        await until(lambda: prefetch_row(pg) == 4, "doubled")
+        long_ids = enqueue_many(engine, [NewJob("long", {}) for _ in range(6)])
+        await until(lambda: consumer.ledger.running == 2, "both slots on long jobs")
+        await until(lambda: prefetch_row(pg) == 2, "halved while they run", timeout=10)
+        await until(lambda: consumer.claimer.held <= consumer.intake.capacity == 4, "shed")
+        assert consumer.claimer.counts["wakeup_handed_back"] >= 1
+        release.set()
+        for job_id in long_ids:
+            await wait_for_state(pg, job_id, "SUCCEEDED", timeout=60)
+    for job_id in [*quick_ids, *long_ids]:
         assert [a["outcome"] for a in attempts(pg, job_id)] == ["SUCCEEDED"]
 
 

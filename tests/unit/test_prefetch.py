@@ -1,33 +1,65 @@
 """The automatic prefetch: a consumer's concurrency, twice that after a streak of
-short runs, back at once after a long one; a prefetch given is kept whatever runs."""
+short runs, back as soon as a run reaches SHORT_RUN, and doubled again no sooner
+than REGROW_AFTER; a prefetch given is kept whatever runs."""
 
 from __future__ import annotations
 
-from hybrid_jobs.consumers.prefetch import GROWTH, SHORT_RUN, SHORT_STREAK, Prefetch
+from hybrid_jobs.consumers.prefetch import (
+    GROWTH,
+    REGROW_AFTER,
+    SHORT_RUN,
+    SHORT_STREAK,
+    Prefetch,
+)
 
 
-def test_short_runs_double_it_and_one_long_run_brings_it_back() -> None:
+def streak(prefetch: Prefetch, runs: int) -> None:
+    for _ in range(runs):
+        prefetch.ran(SHORT_RUN / 10)
+
+
+def test_short_runs_double_it_and_a_long_run_halves_it() -> None:
     changes: list[int] = []
     prefetch = Prefetch(10, 0, on_change=lambda: changes.append(prefetch.ids))
-    assert prefetch.ids == 10
-    for _ in range(SHORT_STREAK * 10 - 1):
-        prefetch.ran(0.001)
+    assert prefetch.automatic and prefetch.ids == 10
+    streak(prefetch, SHORT_STREAK * 10 - 1)
     assert prefetch.ids == 10 and changes == [], "one short of the streak"
-    prefetch.ran(0.001)
+    streak(prefetch, 1)
     assert prefetch.ids == GROWTH * 10 and changes == [GROWTH * 10]
-    prefetch.ran(0.001)
+    streak(prefetch, 5)
     assert changes == [GROWTH * 10], "told once per change"
     prefetch.ran(SHORT_RUN)
     assert prefetch.ids == 10 and changes == [GROWTH * 10, 10]
-    for _ in range(SHORT_STREAK * 10 - 1):
-        prefetch.ran(0.0)
-    assert prefetch.ids == 10, "the streak starts again after a long run"
 
 
-def test_a_prefetch_given_is_kept() -> None:
+def test_a_run_still_going_halves_it_too() -> None:
     changes: list[int] = []
-    prefetch = Prefetch(10, 3, on_change=lambda: changes.append(prefetch.ids))
-    for _ in range(1000):
-        prefetch.ran(0.0)
-    prefetch.ran(60.0)
-    assert prefetch.ids == 3 and not prefetch.automatic and changes == []
+    prefetch = Prefetch(4, 0, on_change=lambda: changes.append(prefetch.ids))
+    streak(prefetch, SHORT_STREAK * 4)
+    prefetch.running_long()
+    assert prefetch.ids == 4 and changes == [8, 4]
+    prefetch.running_long()
+    assert changes == [8, 4], "nothing to tell while it is not doubled"
+
+
+def test_it_doubles_again_only_after_a_while() -> None:
+    prefetch = Prefetch(4, 0)
+    streak(prefetch, SHORT_STREAK * 4)
+    prefetch.running_long()
+    streak(prefetch, 100 * SHORT_STREAK * 4)
+    assert prefetch.ids == 4, "a mix of short and long jobs does not flip it"
+    prefetch.halved_at -= REGROW_AFTER
+    streak(prefetch, 1)
+    assert prefetch.ids == 8
+
+
+def test_a_prefetch_given_or_a_single_slot_is_kept() -> None:
+    changes: list[int] = []
+    given = Prefetch(10, 3, on_change=lambda: changes.append(given.ids))
+    single = Prefetch(1, 0, on_change=lambda: changes.append(single.ids))
+    for prefetch in (given, single):
+        streak(prefetch, 1000)
+        prefetch.ran(60.0)
+        prefetch.running_long()
+    assert (given.ids, single.ids) == (3, 1) and changes == []
+    assert not given.automatic and not single.automatic
