@@ -242,15 +242,22 @@ class Claimer:
     async def _shed_excess(self) -> None:
         """The prefetch halved for a long run (consumers/prefetch.py): the ids held
         here beyond the room now go back to the outbox's backlog, due now, for a
-        consumer with a free slot, rather than wait here behind long runs."""
-        excess = self.held - self.intake.capacity
-        if excess <= 0 or not self.waiting or self._holding_room():
+        consumer with a free slot, rather than wait here behind long runs; and
+        consuming pauses until there is room again."""
+        prefetch = self.intake.prefetch
+        if not prefetch.shed_due:
             return
-        if self.stopping or self.paused:
-            return
-        latest = list(self.waiting)[-excess:]
-        self.counts["wakeup_handed_back"] += len(latest)
-        await self._return_to_backlog(latest, 0.0)
+        prefetch.shed_due = False
+        async with self.lock:
+            excess = self.held - self.intake.capacity
+            if excess <= 0 or not self.waiting or self._holding_room():
+                return
+            if self.stopping or self.paused:
+                return
+            latest = list(self.waiting)[-excess:]
+            self.counts["prefetch_shed"] += len(latest)
+            await self._return_to_backlog(latest, 0.0)
+            await self.intake.stop_while_full()
 
     def _next_retry(self) -> float | None:
         """How long to sleep before a waiting id can be tried: None (until woken)

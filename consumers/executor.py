@@ -120,7 +120,7 @@ class Executor:
             if reservation is not None:
                 reservation.release_if_unused()
             self.slot_freed()
-        if job.ran_seconds is not None:
+        if job.ran_seconds is not None and not job.interrupted:
             self.ran(job.ran_seconds)  # (a run this worker stopped does not count)
         if outcome is None and job.recorded:
             self.journal.succeeded(job)  # its own transaction recorded it

@@ -49,6 +49,8 @@ class Prefetch:
         self.short_runs = 0
         self.doubled = False
         self.halved_at = -math.inf
+        # Halved since the worker last gave back what it held beyond the new room.
+        self.shed_due = False
 
     @property
     def automatic(self) -> bool:
@@ -84,4 +86,5 @@ class Prefetch:
         if self.doubled:
             self.doubled = False
             self.halved_at = time.monotonic()
+            self.shed_due = True
             self.on_change()

@@ -587,13 +587,11 @@ class Consumer:
         self.claimer.wake.set()
 
     async def _watch_long_runs(self) -> None:
-        """While the prefetch is doubled, a run that reaches SHORT_RUN halves it
-        (consumers/prefetch.py): looked for every SHORT_RUN, since the end of a long
-        run comes too late."""
+        """A run that reaches SHORT_RUN, still going, halves a doubled prefetch and
+        starts the streak of short runs again (consumers/prefetch.py): looked for
+        every SHORT_RUN, since the end of a long run comes too late."""
         while True:
             await asyncio.sleep(prefetch_rules.SHORT_RUN)
-            if not self.prefetch.doubled:
-                continue
             since = time.monotonic() - prefetch_rules.SHORT_RUN
             if any(
                 h.job.run_began is not None and h.job.run_began <= since

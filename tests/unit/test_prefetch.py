@@ -36,10 +36,13 @@ def test_a_run_still_going_halves_it_too() -> None:
     changes: list[int] = []
     prefetch = Prefetch(4, 0, on_change=lambda: changes.append(prefetch.ids))
     streak(prefetch, SHORT_STREAK * 4)
+    assert not prefetch.shed_due
     prefetch.running_long()
     assert prefetch.ids == 4 and changes == [8, 4]
+    assert prefetch.shed_due, "what is held beyond the new room goes back"
+    prefetch.shed_due = False
     prefetch.running_long()
-    assert changes == [8, 4], "nothing to tell while it is not doubled"
+    assert changes == [8, 4] and not prefetch.shed_due, "nothing to do while not doubled"
 
 
 def test_it_doubles_again_only_after_a_while() -> None:
