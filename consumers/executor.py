@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -121,7 +122,9 @@ class Executor:
                 reservation.release_if_unused()
             self.slot_freed()
         if job.ran_seconds is not None and not job.interrupted:
-            self.ran(job.ran_seconds)  # (a run this worker stopped does not count)
+            # (a run this worker stopped does not count; a weighed one counts as
+            # long: twice the ids of weighed jobs would find no room to start)
+            self.ran(job.ran_seconds if job.weight == 1 else math.inf)
         if outcome is None and job.recorded:
             self.journal.succeeded(job)  # its own transaction recorded it
         # 4. hand the outcome to the ledger, for the reporter to record
