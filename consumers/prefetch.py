@@ -60,6 +60,11 @@ class Prefetch:
         return self.fixed == 0 and self.concurrency > 1
 
     @property
+    def most(self) -> int:
+        """The largest figure it takes."""
+        return GROWTH * self.concurrency if self.automatic else self.ids
+
+    @property
     def ids(self) -> int:
         if self.fixed:
             return self.fixed

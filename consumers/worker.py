@@ -49,7 +49,6 @@ from hybrid_jobs.consumers.job import HandlerPools, Job, Resources
 from hybrid_jobs.consumers.journal import Journal
 from hybrid_jobs.consumers.lease_keeper import LeaseKeeper
 from hybrid_jobs.consumers.ledger import Held, Ledger, Phase
-from hybrid_jobs.consumers.prefetch import GROWTH, Prefetch
 from hybrid_jobs.consumers.registry import Registry
 from hybrid_jobs.consumers.reporter import Reporter
 from hybrid_jobs.consumers.settings import OWN_POOL_SIZE, ConsumerSettings
@@ -134,7 +133,7 @@ class Consumer:
             self.worker,
         )
         self.threads = Threads(settings.concurrency, on_free=self._slot_freed)
-        self.prefetch = Prefetch(
+        self.prefetch = prefetch_rules.Prefetch(
             settings.concurrency, settings.prefetch, on_change=self._prefetch_changed
         )
         self.intake = Intake(settings, self.store, self.inbox, self.prefetch)
@@ -232,9 +231,7 @@ class Consumer:
                 "job_types": self.registry.job_types(),
                 "concurrency": s.concurrency,
                 "prefetch": s.prefetch or "auto",
-                "holds_at_most": s.capacity
-                if not self.prefetch.automatic
-                else s.concurrency * (1 + GROWTH),
+                "holds_at_most": s.concurrency + self.prefetch.most,
                 "lease_s": s.lease_seconds,
                 "heartbeat_s": round(s.effective_heartbeat, 2),
                 "default_timeout_s": s.default_timeout,

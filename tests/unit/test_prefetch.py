@@ -21,7 +21,7 @@ def streak(prefetch: Prefetch, runs: int) -> None:
 def test_short_runs_double_it_and_a_long_run_halves_it() -> None:
     changes: list[int] = []
     prefetch = Prefetch(10, 0, on_change=lambda: changes.append(prefetch.ids))
-    assert prefetch.automatic and prefetch.ids == 10
+    assert prefetch.automatic and prefetch.ids == 10 and prefetch.most == GROWTH * 10
     streak(prefetch, SHORT_STREAK * 10 - 1)
     assert prefetch.ids == 10 and changes == [], "one short of the streak"
     streak(prefetch, 1)
@@ -65,4 +65,5 @@ def test_a_prefetch_given_or_a_single_slot_is_kept() -> None:
         prefetch.ran(60.0)
         prefetch.running_long()
     assert (given.ids, single.ids) == (3, 1) and changes == []
+    assert (given.most, single.most) == (3, 1)
     assert not given.automatic and not single.automatic
