@@ -151,7 +151,13 @@ def test_a_frozen_consumer_that_comes_back_wakes_the_jobs_that_waited_for_it(
         capable.signal(signal.SIGSTOP)
         try:
             wait(lambda: lapsed(pg, capable.pid), "the sweeper took its lease back")
-            waiting = [enqueue(engine, "rare") for _ in range(5)]
+            # One message each: once the frozen one is not live, the relay packs by
+            # the other consumer's prefetch, and one message of all five could go
+            # to the frozen one, which holds its room of one message till it thaws.
+            waiting = []
+            for _ in range(5):
+                waiting.append(enqueue(engine, "rare"))
+                wait(lambda: unsent(pg, waiting) == 0, "its wake-up went out")
 
             def parked() -> int:
                 row = pg.execute(
@@ -235,6 +241,13 @@ def _busy_then(
     during = written(pg) - before
     assert during <= 2 * len(jobs), f"{during} wake-ups written for {len(jobs)} jobs"
     return jobs, blocker
+
+
+def unsent(pg: psycopg.Connection, ids: list[uuid.UUID]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND job_id = ANY(%s)", [ids]
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def sent(pg: psycopg.Connection, ids: list[uuid.UUID]) -> int:

@@ -5,7 +5,7 @@ restart).
 A token is refused at start-up when, at the most generous estimate, it holds fewer
 than 128 bits: its length times log2 of the alphabet its characters are drawn from
 (lower case, upper case, digits, other printable ASCII: 26, 26, 10 and 32 symbols),
-or, for a token of fewer than 10 distinct characters, of those characters; and no
+or, for a token of fewer than 6 distinct characters, of those characters; and no
 more than what is left once its patterns are taken out: a stretch that repeats an
 earlier one (``abcabc...``, ``0123456789`` over and over) or carries on a sequence
 (``abcdefgh``, ``13579``) counts as one reference, about 2 log2(length) bits,
@@ -40,8 +40,11 @@ _CLASSES: Final = (
     frozenset(string.punctuation),
 )
 # Below this many distinct characters, the estimate counts those characters rather
-# than the classes they belong to ("abababab..." is not 8 bits a character).
-_FEW_DISTINCT: Final = 10
+# than the classes they belong to ("abbaabab..." is not 4.7 bits a character). Kept
+# low because a random token can happen to draw few: one ``token_hex(16)`` in about
+# 10,000 uses only 9 of its 16 characters (32 x log2 9 is 101 bits), one in about
+# 10^12 only 5.
+_FEW_DISTINCT: Final = 6
 
 
 # A repeat or a sequence is counted as one reference from this many characters on

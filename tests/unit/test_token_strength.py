@@ -4,6 +4,7 @@ token that is a repeat or a sequence is as weak as its pattern, and what
 
 from __future__ import annotations
 
+import random
 import secrets
 
 import pytest
@@ -58,3 +59,17 @@ def test_a_repeat_costs_no_more_than_its_characters() -> None:
     token = secrets.token_urlsafe(32)
     assert estimated_bits(token + token) >= estimated_bits(token)
     assert estimated_bits("") == 0.0
+
+
+def test_a_random_hex_token_that_draws_few_of_its_characters_passes() -> None:
+    # token_hex(16) drew only 9 of the 16 hex digits here (about one in 10,000
+    # does): counted by those 9, it was 101 bits and refused.
+    drawn = "14b835b1684b47461b17b355e1e4b63e"
+    assert len(set(drawn)) == 9
+    assert checked(drawn, SETTING) == drawn
+
+
+def test_few_distinct_characters_in_a_random_order_are_refused() -> None:
+    token = "".join(random.Random(7).choice("ab") for _ in range(100))
+    with pytest.raises(ConfigError):
+        checked(token, SETTING)
