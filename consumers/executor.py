@@ -284,7 +284,9 @@ async def execute(
         return refused  # the handler is never called on nothing
     began = job.run_began = time.monotonic()
     with tracing.running(
-        f"process {job.queue}", parent=job.trace_context, attributes=_span_attributes(job)
+        f"process {job.queue}",
+        parent=job.trace_context,
+        attributes=lambda: _span_attributes(job),
     ) as span:
         try:
             outcome = await _attempt(

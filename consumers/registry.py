@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -68,8 +69,9 @@ class Handler:
     # The slots a job of the type enqueued without a weight of its own takes.
     weight: int = 1
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        # (asked for every job the claim takes)
         return inspect.iscoroutinefunction(self.fn)
 
     def call(self, job: Job) -> Any:

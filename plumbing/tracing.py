@@ -30,9 +30,9 @@ import functools
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 TRACER_NAME = "hybrid_jobs"
 
@@ -222,16 +222,28 @@ class Running:
             self._span.set_status(trace.Status(trace.StatusCode.ERROR, error[1]))
 
 
-@contextlib.contextmanager
-def running(name: str, *, parent: Any, attributes: Mapping[str, Any]) -> Iterator[Running]:
+# What ``running`` gives while no tracer provider records: one context manager for
+# every job, which builds nothing (a consumer runs thousands of jobs a second).
+_NOT_RECORDED: Final = contextlib.nullcontext(Running())
+
+
+def running(
+    name: str, *, parent: Any, attributes: Callable[[], Mapping[str, Any]]
+) -> contextlib.AbstractContextManager[Running]:
     """A CONSUMER span, child of the stored trace context ``parent`` (a root span
-    without one), current while the block runs."""
-    trace = _otel()
-    if trace is None or not recording():
+    without one), current while the block runs; ``attributes`` are asked for only
+    when a span is made."""
+    if not recording():
         # With the API's default provider a span records nothing and carries no
         # context on (the no-op tracer's span is invalid): none is made, every job.
-        yield Running()
-        return
+        return _NOT_RECORDED
+    return _span_running(name, parent, attributes())
+
+
+@contextlib.contextmanager
+def _span_running(name: str, parent: Any, attributes: Mapping[str, Any]) -> Iterator[Running]:
+    trace = _otel()
+    assert trace is not None  # recording() said so
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
         name,
