@@ -63,15 +63,19 @@ def tracer(spans: InMemorySpanExporter) -> Iterator[trace.Tracer]:
 
 
 def test_a_handler_runs_in_no_span_where_nothing_records(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The API's default provider records nothing: the run makes no span (a cost
-    every job paid for nothing), and says so by a Running that notes nothing."""
+    """The API's default provider records nothing: the run makes no span and builds
+    none of its attributes (a cost every job paid for nothing), and says so by a
+    Running that notes nothing."""
     assert not tracing.recording()
 
     def no_tracer(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a tracer was asked for with nothing recording")
 
+    def no_attributes() -> dict[str, Any]:
+        raise AssertionError("span attributes were built with nothing recording")
+
     monkeypatch.setattr(trace, "get_tracer", no_tracer)
-    with tracing.running("process q", parent=None, attributes={}) as run:
+    with tracing.running("process q", parent=None, attributes=no_attributes) as run:
         run.outcome("succeeded")
     assert run._span is None
 

@@ -5,13 +5,15 @@ restart).
 A token is refused at start-up when, at the most generous estimate, it holds fewer
 than 128 bits: its length times log2 of the alphabet its characters are drawn from
 (lower case, upper case, digits, other printable ASCII: 26, 26, 10 and 32 symbols),
-or, for a token of fewer than 6 distinct characters, of those characters; and no
+or, for a token of fewer than 10 distinct characters, of those characters; and no
 more than what is left once its patterns are taken out: a stretch that repeats an
 earlier one (``abcabc...``, ``0123456789`` over and over) or carries on a sequence
 (``abcdefgh``, ``13579``) counts as one reference, about 2 log2(length) bits,
 however long it is. The 43-character ``secrets.token_urlsafe(32)`` the message
-recommends (256 bits) always passes, ``secrets.token_hex(16)`` too; a
-password-like word does not. The estimate cannot see that a long token is a
+recommends (256 bits) always passes, ``secrets.token_hex(32)`` too; a
+password-like word does not. ``secrets.token_hex(16)`` holds exactly 128 bits, with
+no margin for the estimate: one in about 10,000 draws only 9 of the 16 hex digits
+and is refused (make another). The estimate cannot see that a long token is a
 sentence: make tokens with ``secrets``.
 """
 
@@ -40,11 +42,8 @@ _CLASSES: Final = (
     frozenset(string.punctuation),
 )
 # Below this many distinct characters, the estimate counts those characters rather
-# than the classes they belong to ("abbaabab..." is not 4.7 bits a character). Kept
-# low because a random token can happen to draw few: one ``token_hex(16)`` in about
-# 10,000 uses only 9 of its 16 characters (32 x log2 9 is 101 bits), one in about
-# 10^12 only 5.
-_FEW_DISTINCT: Final = 6
+# than the classes they belong to ("aA1!bBa1A!..." is not 6.6 bits a character).
+_FEW_DISTINCT: Final = 10
 
 
 # A repeat or a sequence is counted as one reference from this many characters on

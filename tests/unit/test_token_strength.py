@@ -26,6 +26,8 @@ SETTING = "JOBCTL_API_TOKEN"
         pytest.param("xQ7" * 30, id="period-3"),
         pytest.param("Zq8-" * 25, id="period-4-all-classes"),
         pytest.param("13579" * 10, id="odd-digits-repeated"),
+        # six symbols of four classes, in no pattern: 52 bits at most, not 131
+        pytest.param("aA1!bBa1A!Bb1a!AbB!1", id="six-symbols-four-classes"),
     ],
 )
 def test_a_long_repetitive_token_is_refused_in_one_line(weak: str) -> None:
@@ -45,7 +47,7 @@ def test_tokens_made_by_secrets_always_pass() -> None:
         token = secrets.token_urlsafe(32)
         assert checked(token, SETTING) == token
     for _ in range(200):
-        token = secrets.token_hex(16)
+        token = secrets.token_hex(32)
         assert checked(token, SETTING) == token
 
 
@@ -61,12 +63,14 @@ def test_a_repeat_costs_no_more_than_its_characters() -> None:
     assert estimated_bits("") == 0.0
 
 
-def test_a_random_hex_token_that_draws_few_of_its_characters_passes() -> None:
-    # token_hex(16) drew only 9 of the 16 hex digits here (about one in 10,000
-    # does): counted by those 9, it was 101 bits and refused.
+def test_a_128_bit_hex_token_that_drew_few_digits_is_refused() -> None:
+    # token_hex(16) holds exactly 128 bits; this one drew only 9 of the 16 hex
+    # digits (about one in 10,000 does), which the estimate cannot tell from a
+    # token of 9 symbols: refused, with the advice to make one with secrets.
     drawn = "14b835b1684b47461b17b355e1e4b63e"
     assert len(set(drawn)) == 9
-    assert checked(drawn, SETTING) == drawn
+    with pytest.raises(ConfigError, match="token_urlsafe"):
+        checked(drawn, SETTING)
 
 
 def test_few_distinct_characters_in_a_random_order_are_refused() -> None:
