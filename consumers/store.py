@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any, LiteralString, NamedTuple
 
@@ -80,6 +80,13 @@ class Claimed:
     # Why its stored input cannot be read (redacted): the job fails INPUT_REDACTED
     # instead of running.
     input_redacted: str | None = None
+
+
+# The fields of Claimed that a claim's row gives, in its order (job_id to
+# payload_ref): a claimed job is built from them directly, once per job.
+_CLAIMED_COLUMNS: tuple[str, ...] = tuple(
+    f.name for f in fields(Claimed) if f.name not in ("weight", "gates", "input_redacted")
+)
 
 
 @dataclass(frozen=True)
@@ -305,7 +312,9 @@ class JobStore:
         used = NO_GATES
         for row in await cur.fetchall():
             if row[0] == "claimed":
-                claimed.append(replace(Claimed(*row[1:-1]), gates=NO_GATES))
+                claimed.append(
+                    Claimed(**dict(zip(_CLAIMED_COLUMNS, row[1:-1], strict=True)), gates=NO_GATES)
+                )
             else:
                 rest.append(row[1])
                 used = used | frozenset(row[-1]) | limited.get(row[2], NO_GATES)
