@@ -63,11 +63,12 @@ from hybrid_jobs.consumers.store import (
     NO_THREAD,
     OTHER_QUEUE,
     Claimed,
+    ClaimResult,
     JobStore,
 )
 from hybrid_jobs.plumbing import tracing
 from hybrid_jobs.plumbing.logfmt import describe_error
-from hybrid_jobs.plumbing.transient import is_transient_db_error, retry_forever
+from hybrid_jobs.plumbing.transient import is_transient_db_error, retried, retry_forever
 from hybrid_jobs.schema.states import DelayReason
 
 log = logging.getLogger("consumer")
@@ -99,6 +100,22 @@ def _contention(exc: BaseException) -> bool:
         psycopg.errors.LockNotAvailable
         | psycopg.errors.QueryCanceled
         | psycopg.errors.TransactionRollback,
+    )
+
+
+def _claim_retry() -> AsyncRetrying:
+    """A dropped connection is worth two quick retries on a fresh connection before
+    consuming pauses; no connection to be had at all means the database is away:
+    pause now."""
+    return AsyncRetrying(
+        retry=retry_if_exception(
+            lambda e: (
+                is_transient_db_error(e) and not isinstance(e, PoolTimeout) and not _contention(e)
+            )
+        ),
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.05, max=0.5),
+        reraise=True,
     )
 
 
@@ -307,34 +324,23 @@ class Claimer:
         could not be reached (the deliveries went back)."""
         sent_at = time.monotonic()
         began = tracing.now_ns()
+
+        async def claim() -> tuple[int, ClaimResult]:
+            nonlocal sent_at
+            sent_at = time.monotonic()
+            free = self._free()
+            return free, await self.store.claim(
+                job_ids,
+                self.registry.claim_terms(),
+                queues=self.settings.queues,
+                free_threads=self.threads.free,
+                worker_ttl=self.settings.worker_ttl,
+                free_slots=free,
+                concurrency=self.settings.concurrency,
+            )
+
         try:
-            # A dropped connection is worth two quick retries on a fresh connection
-            # before consuming pauses; no connection to be had at all means the
-            # database is away: pause now.
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(
-                    lambda e: (
-                        is_transient_db_error(e)
-                        and not isinstance(e, PoolTimeout)
-                        and not _contention(e)
-                    )
-                ),
-                stop=stop_after_attempt(3),
-                wait=wait_exponential(multiplier=0.05, max=0.5),
-                reraise=True,
-            ):
-                with attempt:
-                    sent_at = time.monotonic()
-                    free_slots = self._free()
-                    result = await self.store.claim(
-                        job_ids,
-                        self.registry.claim_terms(),
-                        queues=self.settings.queues,
-                        free_threads=self.threads.free,
-                        worker_ttl=self.settings.worker_ttl,
-                        free_slots=free_slots,
-                        concurrency=self.settings.concurrency,
-                    )
+            free_slots, result = await retried(claim, _claim_retry)
             claimed, missed = result.claimed, result.missed
             # A lease ours that does not run here comes from a claim that committed
             # though its answer was lost (a try whose connection dropped, or the

@@ -23,7 +23,7 @@ from hybrid_jobs.consumers.ledger import Held, Ledger
 from hybrid_jobs.consumers.settings import ConsumerSettings
 from hybrid_jobs.consumers.store import Finished, JobStore
 from hybrid_jobs.plumbing.logfmt import describe_error
-from hybrid_jobs.plumbing.transient import retry_forever
+from hybrid_jobs.plumbing.transient import retried, retry_forever
 from hybrid_jobs.schema.states import JobState
 
 log = logging.getLogger("consumer")
@@ -78,10 +78,10 @@ class Reporter:
         held = [h.job.gates for h in batch if h.outcome]
         # what the batch's leases hold, all together (None: some lease's is not known)
         gates = None if None in held else frozenset().union(*(g for g in held if g is not None))
-        async for attempt in retry_forever(log, "consumer.report_failed", only_transient=True):
-            with attempt:
-                return await self.store.finish(triples, gates)
-        raise AssertionError("retry_forever ends by returning or raising")  # pragma: no cover
+        return await retried(
+            lambda: self.store.finish(triples, gates),
+            lambda: retry_forever(log, "consumer.report_failed", only_transient=True),
+        )
 
     async def _record_replaced(self, held: Held, exc: Exception) -> None:
         """The database refused this outcome: record it without the handler's data

@@ -53,7 +53,7 @@ from psycopg import sql
 from hybrid_jobs import defaults
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS, listen_connection, make_pool
 from hybrid_jobs.plumbing.stopping import cancel_and_wait
-from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
+from hybrid_jobs.plumbing.transient import retried, retry_forever, unless_stopped
 from hybrid_jobs.relay.backoff import QueueBackoff
 from hybrid_jobs.relay.broker import Publisher, QueueFailure
 from hybrid_jobs.relay.maintenance import (
@@ -311,12 +311,9 @@ class Relay:
 
     async def _drainer(self, wake: asyncio.Event) -> None:
         s = self.settings
-        retrying = retry_forever(log, "relay.drain_failed")
         refill = s.refill_interval
         while not self.stopping:
-            async for attempt in retrying:
-                with attempt:
-                    done = await self._pass()
+            done = await retried(self._pass, lambda: retry_forever(log, "relay.drain_failed"))
             self.published += done.sent
             self.rounds["drain"] += 1
             if done.full:
