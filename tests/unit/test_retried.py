@@ -67,7 +67,7 @@ def test_a_step_that_succeeds_at_once_never_makes_its_retry() -> None:
 def test_the_first_failure_is_the_retrys_first_attempt() -> None:
     step, retry = Steps(ConnectionError("dropped"), ConnectionError("again")), Retry()
     assert asyncio.run(retried(step, retry)) == "done"
-    assert step.calls == 3
+    assert (step.calls, retry.made) == (3, 1)
     assert retry.slept == [
         (1, "ConnectionError('dropped')"),
         (2, "ConnectionError('again')"),
@@ -78,7 +78,7 @@ def test_the_retrys_stop_counts_the_bare_try() -> None:
     step, retry = Steps(*(ConnectionError(str(n)) for n in range(5))), Retry(attempts=2)
     with pytest.raises(ConnectionError, match="1"):
         asyncio.run(retried(step, retry))
-    assert step.calls == 2
+    assert (step.calls, retry.made) == (2, 1)
 
 
 def test_a_failure_the_retry_does_not_take_is_raised_after_one_try() -> None:
