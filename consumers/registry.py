@@ -96,6 +96,9 @@ class Handler:
 class Registry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        # claim_terms(), made again only after a handler is registered: every claim
+        # asks for it, and an app may register dozens of types
+        self._claim_terms: list[dict[str, Any]] | None = None
 
     def handler(
         self,
@@ -246,6 +249,7 @@ class Registry:
             if job_type in self._handlers:
                 raise ValueError(f"a handler for {job_type!r} is registered already")
             wrapper = HandlerFunction(fn, job_type, queue)
+            self._claim_terms = None
             self._handlers[job_type] = Handler(
                 job_type,
                 fn,
@@ -281,7 +285,13 @@ class Registry:
         without one, the backoff the sweeper applies if a lease expires, whether
         the handler needs a thread, the rate limit its jobs take a token of, its
         concurrency limit, and the weight of its jobs enqueued without one (None
-        for one)."""
+        for one). The same list each time until a handler is registered: read it,
+        never change it."""
+        if self._claim_terms is None:
+            self._claim_terms = self._make_claim_terms()
+        return self._claim_terms
+
+    def _make_claim_terms(self) -> list[dict[str, Any]]:
         return [
             {
                 "job_type": h.job_type,

@@ -189,6 +189,16 @@ class JobStore:
         # The gates the last batch's jobs used: the next batch goes straight to the
         # claim composed of them (claim).
         self.expected_gates: frozenset[str] = NO_GATES
+        # the handlers' terms last claimed with, and their JSON (see _terms_json)
+        self._terms: list[dict[str, Any]] | None = None
+        self._terms_encoded = ""
+
+    def _terms_json(self, terms: list[dict[str, Any]]) -> str:
+        """``terms`` as the claim's JSON, encoded again only for another list: the
+        registry hands every claim the same one until a handler is registered."""
+        if terms is not self._terms:
+            self._terms, self._terms_encoded = terms, json.dumps(terms)
+        return self._terms_encoded
 
     async def claim(
         self,
@@ -219,7 +229,7 @@ class JobStore:
         params: dict[str, Any] = {
             "job_ids": list(job_ids),
             "queues": list(queues),
-            "types": json.dumps(terms),
+            "types": self._terms_json(terms),
             "free_threads": free_threads,
             "worker": self.worker,
             "lease_seconds": self.lease_seconds,

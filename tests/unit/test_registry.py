@@ -24,3 +24,26 @@ def test_registry_refuses_bad_handlers() -> None:
 
     with pytest.raises(ValueError, match="already"):
         registry.handler("t")(ok)
+
+
+def test_the_claim_terms_are_made_again_only_when_a_handler_is_registered() -> None:
+    # Every claim asks for them: one list until the handlers change.
+    registry = Registry()
+
+    @registry.handler("first")
+    async def first(job: consumers.Job) -> None: ...
+
+    terms = registry.claim_terms()
+    assert [t["job_type"] for t in terms] == ["first"]
+    assert registry.claim_terms() is terms
+
+    @registry.handler("second", max_attempts=7)
+    def second(job: consumers.Job) -> None: ...
+
+    again = registry.claim_terms()
+    assert again is not terms
+    assert [(t["job_type"], t["sync"], t["max_attempts"]) for t in again][1] == (
+        "second",
+        True,
+        7,
+    )
