@@ -233,6 +233,8 @@ class Publisher:
         """Return once connected to RabbitMQ, or raise ConnectionError: checked
         before the relay opens a transaction, so an outage keeps none open."""
         assert self.connection is not None, "connect() first"
+        if self.connection.connected.is_set():
+            return  # (every pass asks: no timer for the usual answer)
         try:
             async with asyncio.timeout(within):
                 await self.connection.connected.wait()
@@ -294,24 +296,36 @@ class Publisher:
         # (unroutable) message to its publish by message_id, the outbox row's id.
         channel = await self.declared.channel.get_underlay_channel()
         persistent = int(aio_pika.DeliveryMode.PERSISTENT)
-        return await asyncio.gather(
-            *(
-                channel.basic_publish(
-                    w.body,
-                    exchange=exchange,
-                    routing_key=w.queue,
-                    properties=aiormq.spec.Basic.Properties(
-                        delivery_mode=persistent,
-                        priority=min(max(w.priority, 0), MAX_PRIORITY),
-                        message_id=w.message_id,
-                        content_type="text/plain",
-                    ),
-                    mandatory=True,
-                )
-                for w in wakeups
-            ),
-            return_exceptions=True,
-        )
+        sends = [
+            channel.basic_publish(
+                w.body,
+                exchange=exchange,
+                routing_key=w.queue,
+                properties=aiormq.spec.Basic.Properties(
+                    delivery_mode=persistent,
+                    priority=min(max(w.priority, 0), MAX_PRIORITY),
+                    message_id=w.message_id,
+                    content_type="text/plain",
+                ),
+                mandatory=True,
+            )
+            for w in wakeups
+        ]
+        if len(sends) == 1:
+            # One message, as at low load: awaited here, not wrapped in a task of
+            # its own (which costs the start a turn of the event loop), with what
+            # gather would answer: its exception as its outcome, and a cancellation
+            # of this task (the confirm timeout) raised.
+            try:
+                return [await sends[0]]
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                return [exc]
+            except Exception as exc:
+                return [exc]
+        return await asyncio.gather(*sends, return_exceptions=True)
 
     async def ready_counts(self, queues: list[str]) -> dict[str, int]:
         """Messages ready (not yet delivered) in each job queue; a queue that does not
