@@ -79,12 +79,6 @@ class ConsumerSettings:
         return self.prefetch or self.concurrency
 
     @property
-    def capacity(self) -> int:
-        """The job ids this worker holds at once at first, running or waiting for a
-        slot (Intake.capacity: now)."""
-        return self.concurrency + self.effective_prefetch
-
-    @property
     def messages_ahead(self) -> int:
         """RabbitMQ's QoS: unacknowledged messages it may push to this worker. Two,
         so the next message is here as the last ids of one are claimed; the relay
