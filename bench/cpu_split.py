@@ -1,11 +1,12 @@
 """Where the CPU goes during a drain, or under a steady load: this project's
 processes, PostgreSQL, RabbitMQ.
 
-    python -m bench.cpu_split [--jobs 60000]         a drain
+    python -m bench.cpu_split [--jobs 60000] [--variant plain]   a drain
     python -m bench.cpu_split --rate 200 [--seconds 10]   a steady load
 
 A drain: --jobs no-op jobs are committed at once and drained by one relay and
---consumers consumer processes. A steady load (--rate): one no-op job per
+--consumers consumer processes; --variant gives them a gate, as bench.gates does
+(tenants-1000: every claim takes a capped tenant's slot). A steady load (--rate): one no-op job per
 transaction, --rate a second for --seconds, committed by this process as a producer
 would (outbox.enqueue in a SQLAlchemy session), until all have run. The CPU time
 (user + system, from /proc) each side used is reported as a share of the machine's
@@ -30,6 +31,7 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
+from bench import gates
 from bench.common import (
     argument_parser,
     committing,
@@ -84,12 +86,19 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=10, help="length of the steady load")
     fleet_options(parser)
+    parser.add_argument(
+        "--variant",
+        choices=gates.VARIANTS,
+        default="plain",
+        help="a drain's jobs, as bench.gates makes them (a gate's bookkeeping)",
+    )
+    gates.variant_options(parser)
     args = parser.parse_args()
 
     with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:
         if args.rate is None:
+            jobs = gates.VARIANTS[args.variant](args, f.db)
             with committing(f.db) as session:
-                jobs = [outbox.NewJob("noop", {}) for _ in range(args.jobs)]
                 outbox.enqueue_many(session, jobs)
         before, started = snapshot(f, 1), time.perf_counter()
         count = args.jobs if args.rate is None else commit_at_rate(f.db, args.rate, args.seconds)
@@ -102,7 +111,7 @@ def main() -> None:
     if args.rate is None:
         del used["producer"]  # the set-up's enqueue, not the drain
     shape = (
-        {"jobs": count, "drain_jobs_per_s": round(count / elapsed)}
+        {"jobs": count, "variant": args.variant, "drain_jobs_per_s": round(count / elapsed)}
         if args.rate is None
         else {"jobs": count, "rate_per_s": args.rate}
     )

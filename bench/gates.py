@@ -131,6 +131,17 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+def variant_options(parser: argparse.ArgumentParser) -> None:
+    """The shape of the variants' gates (bench.cpu_split drains a variant too)."""
+    parser.add_argument("--keys", type=int, default=10_000, help="keys of the keys variant")
+    parser.add_argument(
+        "--resources", type=int, default=10_000, help="resources of the resource variant"
+    )
+    parser.add_argument(
+        "--tenant-cap", type=int, default=5, help="max_running of each tenant (tenants-*)"
+    )
+
+
 def states(db: DatabaseUrl) -> dict[str, int]:
     with psycopg.connect(db.conninfo) as conn:
         rows = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
@@ -172,13 +183,7 @@ def main() -> None:
     parser = argument_parser("bench.gates", __doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained per variant")
     fleet_options(parser, consumers=2, concurrency=50)
-    parser.add_argument("--keys", type=int, default=10_000, help="keys of the keys variant")
-    parser.add_argument(
-        "--resources", type=int, default=10_000, help="resources of the resource variant"
-    )
-    parser.add_argument(
-        "--tenant-cap", type=int, default=5, help="max_running of each tenant (tenants-*)"
-    )
+    variant_options(parser)
     parser.add_argument("--repeat", type=int, default=1, help="rounds of the whole list")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated; plain is always run"

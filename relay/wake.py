@@ -2,11 +2,14 @@
 
 For one queue, in one transaction: the statement OUTBOX_WAKE_QUEUE picks the due
 wake-ups to send now (within the queue's window, highest priority first, fair
-between tenants, oldest first) and marks them sent; the relay publishes them,
-packed several ids to a message when there are several, waits for the broker's
-confirms, and commits. A failure anywhere rolls the marks back and the rows go out
-again: a wake-up can be published twice, never lost. A failure that is the queue's
-own (QueueFailure) backs off that queue alone (relay/backoff.py).
+between tenants, oldest first) and marks them sent. A queue whose waiting jobs
+have no tenant pays for no fair share: OUTBOX_WAKE_PLAIN decides it (by priority,
+then age) and only says so when a tenant's wake-up waits, for OUTBOX_WAKE_QUEUE
+to decide instead. The relay publishes the chosen ones, packed several ids to a
+message when there are several, waits for the broker's confirms, and commits. A
+failure anywhere rolls the marks back and the rows go out again: a wake-up can be
+published twice, never lost. A failure that is the queue's own (QueueFailure)
+backs off that queue alone (relay/backoff.py).
 
 The commit is asynchronous (the relay's connections run with synchronous_commit
 off, see plumbing/db.py): if the database crashed before flushing it, the marks
@@ -36,7 +39,12 @@ from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.relay.broker import Publisher, QueueFailure, WakeUp, pack
 from hybrid_jobs.relay.pace import pace
 from hybrid_jobs.relay.spread import pack_limit
-from hybrid_jobs.schema.queries import JOB_TRACE_CONTEXTS, OUTBOX_DUE_QUEUES, OUTBOX_WAKE_QUEUE
+from hybrid_jobs.schema.queries import (
+    JOB_TRACE_CONTEXTS,
+    OUTBOX_DUE_QUEUES,
+    OUTBOX_WAKE_PLAIN,
+    OUTBOX_WAKE_QUEUE,
+)
 
 log = logging.getLogger("relay")
 
@@ -76,6 +84,10 @@ NEAR_REST_SECONDS = 10.0
 # and more), less often: at most FULL_READ_SHARE of the time goes to full reads.
 FULL_READ_SECONDS = 1.0
 FULL_READ_SHARE = 0.1
+# A queue where a tenant's wake-up waited is decided whole (OUTBOX_WAKE_QUEUE) for
+# this long before a pass tries the decision without fair share (OUTBOX_WAKE_PLAIN)
+# again: that one's probe for tenants, when it finds one, is a statement spent.
+TENANTED_SECONDS = 1.0
 
 
 @dataclass
@@ -93,6 +105,12 @@ class _Seen:
     per_room: int = NEAR_SCAN_PER_ROOM
     # no pass asks for the next tenants before this (time.monotonic)
     resting_until: float = float("-inf")
+    # when a pass last found a tenant's wake-up waiting (time.monotonic)
+    tenanted_at: float = float("-inf")
+
+    def plain(self, now: float) -> bool:
+        """Whether to try the decision without fair share first."""
+        return now - self.tenanted_at >= TENANTED_SECONDS
 
     def params(self, now: float) -> dict[str, Any]:
         every = max(FULL_READ_SECONDS, self.full_took / FULL_READ_SHARE)
@@ -197,30 +215,32 @@ async def _wake(
     paced = pace(pool, queue)
     async with pool.connection() as conn, conn.transaction():
         began = time.monotonic()
+        params = {
+            "queue": queue,
+            "limit": limits.batch,
+            "window": limits.window,
+            "min_window": limits.min_window,
+            "slack": paced.slack(limits.batch),
+            "worker_ttl": limits.worker_ttl,
+        }
         try:
-            cur = await native(OUTBOX_WAKE_QUEUE).execute(
-                conn,
-                {
-                    "queue": queue,
-                    "limit": limits.batch,
-                    "window": limits.window,
-                    "min_window": limits.min_window,
-                    "slack": paced.slack(limits.batch),
-                    "worker_ttl": limits.worker_ttl,
-                    **seen.params(began),
-                },
-            )
+            rows = None
+            if seen.plain(began):
+                rows = await _decide(conn, OUTBOX_WAKE_PLAIN, params)
+                if _summary(rows)[9]:  # a tenant's wake-up waits: decide whole
+                    seen.tenanted_at, rows = began, None
+            if rows is None:
+                rows = await _decide(conn, OUTBOX_WAKE_QUEUE, params | seen.params(began))
         except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
             # The statement or lock timeout: something holds or bloats this queue's
             # rows; the other queues' decisions need not wait for it.
             raise QueueFailure(queue, "decision_timeout", describe_error(exc)) from exc
-        rows = await cur.fetchall()
         decided = time.monotonic() - began
         sent = [
             (r[0], r[1], r[2])
             for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
         ]
-        summary = next(r for r in rows if r[0] is None)
+        summary = _summary(rows)
         read = summary[7] is not None or bool(summary[8])
         if read:
             seen.read(int(summary[3] or 0), summary[7], summary[8], time.monotonic(), decided)
@@ -250,6 +270,16 @@ async def _wake(
         held=bool(summary[5]),
         room=int(summary[3] or 0),
     )
+
+
+async def _decide(conn: AsyncConnection, statement: str, params: dict[str, Any]) -> list[Any]:
+    """The decision's rows: the sent wake-ups and the summary (id NULL)."""
+    return await (await native(statement).execute(conn, params)).fetchall()
+
+
+def _summary(rows: list[Any]) -> Any:
+    # last, as the statements write it (UNION ALL promises no order: looked for)
+    return next(r for r in reversed(rows) if r[0] is None)
 
 
 @dataclass(frozen=True)

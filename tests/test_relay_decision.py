@@ -1,9 +1,11 @@
 """The relay's decision (OUTBOX_WAKE_QUEUE) against a reference written from its
 promises, on arbitrary backlogs: priority first, then start-time fair queuing by
 weight with no banked credit, then age; a capped tenant gets no more than its free
-slots minus its wake-ups in flight; the held reasons and the passes it writes. And
-what it reads, at 1,000 tenants: work linear in the tenants and bounded by the room,
-none at all when there is no room (no timings: rows handled, from EXPLAIN ANALYZE).
+slots minus its wake-ups in flight; the held reasons and the passes it writes. The
+decision without fair share (OUTBOX_WAKE_PLAIN) against it, where no tenant waits.
+And what it reads, at 1,000 tenants: work linear in the tenants and bounded by the
+room, none at all when there is no room (no timings: rows handled, from EXPLAIN
+ANALYZE).
 
 Each example is set up and decided in one transaction that is rolled back."""
 
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS
-from hybrid_jobs.schema.queries import OUTBOX_SETTLE, OUTBOX_WAKE_QUEUE
+from hybrid_jobs.schema.queries import OUTBOX_SETTLE, OUTBOX_WAKE_PLAIN, OUTBOX_WAKE_QUEUE
 from hybrid_jobs.schema.tables import CLOCK_ROW
 from tests.support.plans import plan as explain_plan
 
@@ -77,19 +79,34 @@ def _tenant(name: str) -> st.SearchStrategy[Tenant]:
     )
 
 
-backlogs = st.builds(
-    Backlog,
-    tenants=st.lists(
-        st.sampled_from(["", "a", "b", "c", "d", "e", "f"]), unique=True, max_size=6
-    ).flatmap(lambda names: st.tuples(*(_tenant(n) for n in names))),
-    clock=st.sampled_from([0.0, 1.0, 3.0]),
-    clock_reason=st.sampled_from([None, None, "QUEUE_PAUSED"]),
-    paused=st.sampled_from([False, False, False, True]),
-    window=st.integers(1, 30),
-    limit=st.integers(1, 40),
-    bulk=st.sampled_from([1, 2, 3, 5, 8, 13, 1000]),
-    near=st.booleans(),
-    scan=st.sampled_from([1, 2, 3, 5, 8, 13, 1000]),
+def _backlogs(tenants: st.SearchStrategy[tuple[Tenant, ...]]) -> st.SearchStrategy[Backlog]:
+    return st.builds(
+        Backlog,
+        tenants=tenants,
+        clock=st.sampled_from([0.0, 1.0, 3.0]),
+        clock_reason=st.sampled_from([None, None, "QUEUE_PAUSED"]),
+        paused=st.sampled_from([False, False, False, True]),
+        window=st.integers(1, 30),
+        limit=st.integers(1, 40),
+        bulk=st.sampled_from([1, 2, 3, 5, 8, 13, 1000]),
+        near=st.booleans(),
+        scan=st.sampled_from([1, 2, 3, 5, 8, 13, 1000]),
+    )
+
+
+backlogs = _backlogs(
+    st.lists(st.sampled_from(["", "a", "b", "c", "d", "e", "f"]), unique=True, max_size=6).flatmap(
+        lambda names: st.tuples(*(_tenant(n) for n in names))
+    )
+)
+# the jobs of no tenant alone (a plain queue)
+plain_backlogs = _backlogs(st.tuples(_tenant("")))
+# and beside them, or alone, tenants of which one at least has a wake-up waiting
+tenanted_backlogs = _backlogs(
+    st.tuples(
+        _tenant("a").filter(lambda t: bool(t.pending)),
+        *(_tenant(n) for n in ("", "b")),
+    )
 )
 
 
@@ -301,6 +318,77 @@ def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
     assert (clock >= b.clock) and (bool(sent) or clock == b.clock)
 
 
+def _decided(pg: psycopg.Connection, statement: str, b: Backlog) -> tuple[Any, ...]:
+    """One decision in a savepoint rolled back: the wake-ups sent in their turn,
+    the summary, the reasons noted and the unsent wake-ups left."""
+    with pg.transaction(force_rollback=True):
+        rows = pg.execute(
+            statement,
+            {"queue": QUEUE, "limit": b.limit, "window": b.window, "min_window": 1, "slack": 0,
+             "worker_ttl": 60, "bulk": b.bulk, "near": False, "scan": b.scan},
+        ).fetchall()  # fmt: skip
+        reasons = pg.execute(
+            "SELECT tenant, held_reason, held_since FROM fair_shares WHERE queue = %s"
+            " ORDER BY tenant",
+            [QUEUE],
+        ).fetchall()
+        unsent = pg.execute("SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id").fetchall()
+    summary = next(r for r in rows if r[0] is None)
+    sent = [r[:3] for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])]
+    return sent, summary, reasons, unsent
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(b=plain_backlogs)
+def test_a_queue_of_no_tenant_is_decided_without_fair_share_as_with_it(
+    pg: psycopg.Connection, b: Backlog
+) -> None:
+    """Where every waiting job has no tenant, OUTBOX_WAKE_PLAIN sends what the whole
+    decision sends, in the same turn, with the same room, lock and held-back answer,
+    and notes the same reasons (with the same times); it only moves no pass."""
+    with pg.transaction(force_rollback=True):
+        _setup(pg, b)
+        plain = _decided(pg, OUTBOX_WAKE_PLAIN, b)
+        whole = _decided(pg, OUTBOX_WAKE_QUEUE, b)
+    assert plain[1][9] is False, "no tenant waits"
+    assert plain[0] == whole[0], "the same wake-ups in the same turn"
+    assert plain[1][3:6] == whole[1][3:6], "room, lock, held back"
+    assert plain[2] == whole[2], "the same reasons noted"
+    assert plain[3] == whole[3]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(b=tenanted_backlogs)
+def test_a_tenants_waiting_wake_up_leaves_the_decision_to_the_whole_one(
+    pg: psycopg.Connection, b: Backlog
+) -> None:
+    """Once some tenant has an unsent wake-up, OUTBOX_WAKE_PLAIN sends nothing, notes
+    nothing and says so (the relay then runs OUTBOX_WAKE_QUEUE)."""
+    with pg.transaction(force_rollback=True):
+        _setup(pg, b)
+        before = pg.execute(
+            "SELECT tenant, vpass, held_reason, held_since FROM fair_shares ORDER BY tenant"
+        ).fetchall()
+        sent, summary, _, unsent = _decided(pg, OUTBOX_WAKE_PLAIN, b)
+        pg.execute(OUTBOX_WAKE_PLAIN, {"queue": QUEUE, "limit": b.limit, "window": b.window,
+                                       "min_window": 1, "slack": 0, "worker_ttl": 60})  # fmt: skip
+        after = pg.execute(
+            "SELECT tenant, vpass, held_reason, held_since FROM fair_shares ORDER BY tenant"
+        ).fetchall()
+        left = pg.execute("SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id").fetchall()
+    assert summary[9] is True
+    assert sent == [] and summary[7] is None, "nothing read, nothing sent"
+    assert after == before and left == unsent, "nothing written"
+
+
 # ------------------------------------------------------------------ what it reads
 
 
@@ -434,8 +522,17 @@ def _outbox_scans(node: dict[str, Any]) -> list[tuple[str, int]]:
     return found
 
 
+DECISIONS = [
+    pytest.param(OUTBOX_WAKE_QUEUE, id="whole"),
+    pytest.param(OUTBOX_WAKE_PLAIN, id="plain"),
+]
+
+
+@pytest.mark.parametrize("statement", DECISIONS)
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
-def test_a_pass_reads_its_room_not_the_backlog(pg: psycopg.Connection, generic: bool) -> None:
+def test_a_pass_reads_its_room_not_the_backlog(
+    pg: psycopg.Connection, generic: bool, statement: str
+) -> None:
     """20,000 wake-ups due in one queue, analyzed, a window of 100: the pass marks
     100 and reads about that many, in the custom plan of a first execution and in the
     generic plan the relay's prepared statement settles on. Both had locked and
@@ -460,7 +557,7 @@ def test_a_pass_reads_its_room_not_the_backlog(pg: psycopg.Connection, generic: 
         "near": False,
         "scan": 32,
     }
-    found = explain_plan(pg, OUTBOX_WAKE_QUEUE, params, generic=generic)
+    found = explain_plan(pg, statement, params, generic=generic)
     reads = _outbox_scans(found[0]["Plan"])
     assert all(node != "Seq Scan" for node, _ in reads), reads
     assert sum(rows for _, rows in reads) <= 1_000, reads
@@ -487,8 +584,9 @@ def _inflight_reads(node: dict[str, Any]) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.parametrize("statement", DECISIONS)
 def test_a_pass_does_not_visit_the_settled_wake_ups_again(
-    db_url: DatabaseUrl, pg: psycopg.Connection
+    db_url: DatabaseUrl, pg: psycopg.Connection, statement: str
 ) -> None:
     """A drain of 20,000 wake-ups, 100 a pass, each settled by the next pass once its
     job ran, on a table autovacuum has not visited: every settled wake-up leaves a
@@ -515,14 +613,14 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
     }
     with psycopg.connect(db_url.conninfo, autocommit=True, options=RELAY_OPTIONS) as relay:
         for _ in range(200):
-            rows = relay.execute(OUTBOX_WAKE_QUEUE, params, prepare=True).fetchall()
+            rows = relay.execute(statement, params, prepare=True).fetchall()
             sent = [r[1] for r in rows if r[0] is not None]
             assert len(sent) == 100
             pg.execute(
                 "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now() WHERE job_id = ANY(%s)",
                 [sent],
             )
-        plan = explain_plan(relay, OUTBOX_WAKE_QUEUE, params, generic=True)
+        plan = explain_plan(relay, statement, params, generic=True)
         reads = _inflight_reads(plan[0]["Plan"])
         # An index scan marks an entry only once no snapshot on the server may still
         # see it, and a backend judges that again only when its own snapshot's xmin
@@ -534,7 +632,7 @@ def test_a_pass_does_not_visit_the_settled_wake_ups_again(
         deadline = time.monotonic() + 30
         while any(hits >= 60 for _, hits in reads) and time.monotonic() < deadline:
             time.sleep(0.5)
-            plan = explain_plan(relay, OUTBOX_WAKE_QUEUE, params, generic=True)
+            plan = explain_plan(relay, statement, params, generic=True)
             reads = _inflight_reads(plan[0]["Plan"])
     assert reads, "the pass reads the wake-ups in flight"
     assert all("Bitmap" not in node for node, _ in reads), reads

@@ -2926,6 +2926,126 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        -- asked for the next tenants only: whether they were enough (NULL: not tried)
        CASE WHEN (SELECT yes FROM near_try) THEN (SELECT ok FROM near_enough) END;
 
+-- name: OUTBOX_WAKE_PLAIN
+-- Run by relay.wake:_wake to the same for a queue whose waiting jobs have no tenant,
+-- without the fair share.
+-- Built with UNTAKEN, LEASE_LAPSED, LIVE_WORKER.
+-- Parameters: limit, min_window, queue, slack, window, worker_ttl.
+WITH gate AS (
+    -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
+    SELECT pg_try_advisory_xact_lock(
+        hashtextextended('hybrid_jobs.wake.' || %(queue)s, 'jobs'::regclass::oid::bigint)) AS ok
+), settled AS (
+    -- 1b. settle the wake-ups in flight whose job was taken up since. (Each job is
+    -- looked up by its id in a sub-select: joined, with the jobs table's statistics
+    -- stale (a burst of enqueues since its last analyze), it was planned as a hash
+    -- join over a scan of every job, 3.5 ms a pass at 20,000.)
+    DELETE FROM outbox AS o
+    WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
+      AND (SELECT NOT (j.state IN ('QUEUED', 'RETRY_WAIT') AND j.run_after <= o.sent_at AND (j.started_at IS NULL OR j.started_at < o.sent_at) AND (j.delay_since IS NULL OR j.delay_since < o.sent_at)) FROM jobs AS j WHERE j.job_id = o.job_id)
+    RETURNING o.id
+), capacity AS (
+    -- 2a. the window: given, or twice the live consumers' capacity and the slack
+    -- the relay adds for what they take while its decision runs
+    SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
+               SELECT 2 * sum(w.concurrency)::int FROM workers AS w
+               WHERE %(queue)s = ANY(w.queues) AND NOT w.stopping AND w.last_seen_at > now() - make_interval(secs => %(worker_ttl)s) AND NOT COALESCE(w.lease_lapsed_at >= w.last_seen_at, false)))
+               + %(slack)s::int) AS size
+), pause AS (
+    -- 2b. whether the queue is paused
+    SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
+), room AS (
+    -- 2c. room: the window less the wake-ups still in flight (none while paused)
+    SELECT CASE
+               WHEN NOT (SELECT ok FROM gate) THEN 0
+               WHEN (SELECT paused FROM pause) THEN 0
+               ELSE GREATEST(0, LEAST(%(limit)s::int, (SELECT size FROM capacity)
+                   - (SELECT count(*) FROM outbox AS i
+                      WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
+                   + (SELECT count(*) FROM settled)::int))
+           END AS n
+), tenanted AS (
+    -- 3a. whether a tenant has an unsent wake-up here: then this is not the decision
+    SELECT EXISTS (SELECT 1 FROM outbox AS o
+                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant <> '') AS yes
+), clock AS (
+    -- 3b. whether the last pass that looked saw the queue paused
+    SELECT max(held_reason) AS held_reason
+    FROM fair_shares WHERE queue = %(queue)s AND tenant = '*'
+), look AS (
+    SELECT (SELECT ok FROM gate) AND NOT (SELECT yes FROM tenanted) AS ok,
+           CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED' END AS reason
+), looking AS (
+    -- 3c. whether to look, as OUTBOX_WAKE_QUEUE's 3c: a quarter of the window (or
+    -- the batch) free, or a pause that started or ended
+    SELECT l.ok AND ((SELECT n FROM room)
+                         >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
+                     OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
+    FROM look AS l
+), chosen AS MATERIALIZED (
+    -- 3d. the first due wake-ups in the order they go (outbox_pending_idx, no
+    -- sort), up to the room; one another transaction holds is skipped
+    SELECT o.id FROM outbox AS o
+    WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.tenant = ''
+      AND o.sent_at IS NULL AND o.available_at <= now()
+    ORDER BY o.priority DESC, o.available_at, o.id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+), sent AS (
+    -- 4a. marked sent
+    UPDATE outbox AS o SET sent_at = now()
+    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING o.id, o.job_id, o.priority, o.available_at
+), waiting AS (
+    -- 4b. whether due wake-ups are left (what this pass sent still reads as unsent
+    -- here), and whether any wait at all, due or not
+    SELECT EXISTS (SELECT 1 FROM outbox AS o
+                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL
+                     AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM sent)) AS due,
+           EXISTS (SELECT 1 FROM outbox AS o
+                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL) AS backlog
+), reason AS (
+    -- 4c. why wake-ups were held back: QUEUE_PAUSED (any waiting, due or not), or
+    -- WINDOW (due ones the room left)
+    SELECT CASE WHEN (SELECT paused FROM pause) THEN 'QUEUE_PAUSED'
+                WHEN (SELECT due FROM waiting) THEN 'WINDOW'
+           END AS reason
+    WHERE (SELECT yes FROM looking) AND (SELECT backlog FROM waiting)
+), shared AS (
+    -- 4d. note the reasons that changed: the jobs of no tenant's, and the clock
+    -- row's (a pause's start or end)
+    INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
+    SELECT %(queue)s, '', 0, r.reason, CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
+    FROM reason AS r
+    WHERE r.reason IS DISTINCT FROM (SELECT s.held_reason FROM fair_shares AS s
+                                     WHERE s.queue = %(queue)s AND s.tenant = '')
+    UNION ALL
+    SELECT %(queue)s, '*', 0, l.reason,
+           CASE WHEN l.reason IS NULL THEN NULL ELSE now() END
+    FROM look AS l
+    WHERE (SELECT yes FROM looking) AND l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)
+    ON CONFLICT (queue, tenant) DO UPDATE
+    SET held_reason = EXCLUDED.held_reason,
+        held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
+                          THEN f.held_since ELSE EXCLUDED.held_since END
+)
+-- 5. the sent wake-ups in turn, then the summary row (id NULL), as OUTBOX_WAKE_QUEUE's,
+-- and whether a tenant's wake-up waits (then nothing else was done)
+SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
+       row_number() OVER (ORDER BY s.priority DESC, s.available_at, s.id) AS turn,
+       NULL::int AS tenants, NULL::bool AS near, NULL::bool AS tenanted
+FROM sent AS s
+UNION ALL
+SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
+       CASE WHEN (SELECT yes FROM looking)
+            THEN EXISTS (SELECT 1 FROM reason WHERE reason IS NOT NULL)
+            ELSE (SELECT due FROM waiting) END,
+       NULL,
+       -- one tenant read (the jobs of none), when it looked
+       CASE WHEN (SELECT yes FROM looking) THEN 1 END,
+       NULL,
+       (SELECT yes FROM tenanted);
+
 -- name: OUTBOX_SETTLE
 -- Run by relay.maintenance:sweep_expired to delete the sent wake-ups whose job has been
 -- taken up since.

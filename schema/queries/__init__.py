@@ -145,6 +145,7 @@ from hybrid_jobs.schema.queries.outbox import (
     OUTBOX_LOST_QUEUES,
     OUTBOX_REWAKE_LOST,
     OUTBOX_SETTLE,
+    OUTBOX_WAKE_PLAIN,
     OUTBOX_WAKE_QUEUE,
     OUTBOX_WAKE_REFUSED,
 )
@@ -305,6 +306,7 @@ __all__ = [
     "OUTBOX_LOST_QUEUES",
     "OUTBOX_REWAKE_LOST",
     "OUTBOX_SETTLE",
+    "OUTBOX_WAKE_PLAIN",
     "OUTBOX_WAKE_QUEUE",
     "OUTBOX_WAKE_REFUSED",
     "QUEUE_IN_USE",

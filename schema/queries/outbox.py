@@ -229,6 +229,45 @@ def _share_columns() -> str:
            d.priority, d.available_at, d.id"""
 
 
+# Steps 1 and 2 of both decisions (the whole one and the one for a queue whose
+# wake-ups have no tenant): the queue's lock, the settling of the wake-ups in
+# flight whose job was taken up, and the room left in the window.
+_ROOM: Final = f"""gate AS (
+    -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
+    SELECT pg_try_advisory_xact_lock(
+        hashtextextended('{WAKE_LOCK_PREFIX}' || %(queue)s, {INSTANCE_SEED})) AS ok
+), settled AS (
+    -- 1b. settle the wake-ups in flight whose job was taken up since. (Each job is
+    -- looked up by its id in a sub-select: joined, with the jobs table's statistics
+    -- stale (a burst of enqueues since its last analyze), it was planned as a hash
+    -- join over a scan of every job, 3.5 ms a pass at 20,000.)
+    DELETE FROM outbox AS o
+    WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
+      AND (SELECT NOT ({UNTAKEN}) FROM jobs AS j WHERE j.job_id = o.job_id)
+    RETURNING o.id
+), capacity AS (
+    -- 2a. the window: given, or twice the live consumers' capacity and the slack
+    -- the relay adds for what they take while its decision runs
+    SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
+               SELECT 2 * sum(w.concurrency)::int FROM workers AS w
+               WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}))
+               + %(slack)s::int) AS size
+), pause AS (
+    -- 2b. whether the queue is paused
+    SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
+), room AS (
+    -- 2c. room: the window less the wake-ups still in flight (none while paused)
+    SELECT CASE
+               WHEN NOT (SELECT ok FROM gate) THEN 0
+               WHEN (SELECT paused FROM pause) THEN 0
+               ELSE GREATEST(0, LEAST(%(limit)s::int, (SELECT size FROM capacity)
+                   - (SELECT count(*) FROM outbox AS i
+                      WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
+                   + (SELECT count(*) FROM settled)::int))
+           END AS n
+)"""
+
+
 # The relay's one decision: which of a queue's due wake-ups to send now. In the
 # relay's transaction, under a per-queue advisory lock (another relay skips the
 # queue meanwhile), in one statement:
@@ -290,40 +329,7 @@ def _share_columns() -> str:
 # pass read them all), and, when it tried the next tenants only, whether they were
 # enough (NULL: it did not try).
 OUTBOX_WAKE_QUEUE: Final = f"""
-WITH RECURSIVE gate AS (
-    -- 1a. the queue's lock: without it this pass settles, reads and sends nothing
-    SELECT pg_try_advisory_xact_lock(
-        hashtextextended('{WAKE_LOCK_PREFIX}' || %(queue)s, {INSTANCE_SEED})) AS ok
-), settled AS (
-    -- 1b. settle the wake-ups in flight whose job was taken up since. (Each job is
-    -- looked up by its id in a sub-select: joined, with the jobs table's statistics
-    -- stale (a burst of enqueues since its last analyze), it was planned as a hash
-    -- join over a scan of every job, 3.5 ms a pass at 20,000.)
-    DELETE FROM outbox AS o
-    WHERE (SELECT ok FROM gate) AND o.queue = %(queue)s AND o.sent_at IS NOT NULL
-      AND (SELECT NOT ({UNTAKEN}) FROM jobs AS j WHERE j.job_id = o.job_id)
-    RETURNING o.id
-), capacity AS (
-    -- 2a. the window: given, or twice the live consumers' capacity and the slack
-    -- the relay adds for what they take while its decision runs
-    SELECT COALESCE(%(window)s::int, GREATEST(%(min_window)s::int, (
-               SELECT 2 * sum(w.concurrency)::int FROM workers AS w
-               WHERE %(queue)s = ANY(w.queues) AND {LIVE_WORKER}))
-               + %(slack)s::int) AS size
-), pause AS (
-    -- 2b. whether the queue is paused
-    SELECT EXISTS (SELECT 1 FROM queues WHERE queue = %(queue)s AND paused) AS paused
-), room AS (
-    -- 2c. room: the window less the wake-ups still in flight (none while paused)
-    SELECT CASE
-               WHEN NOT (SELECT ok FROM gate) THEN 0
-               WHEN (SELECT paused FROM pause) THEN 0
-               ELSE GREATEST(0, LEAST(%(limit)s::int, (SELECT size FROM capacity)
-                   - (SELECT count(*) FROM outbox AS i
-                      WHERE i.queue = %(queue)s AND i.sent_at IS NOT NULL)::int
-                   + (SELECT count(*) FROM settled)::int))
-           END AS n
-), clock AS (
+WITH RECURSIVE {_ROOM}, clock AS (
     -- 3a. the queue's virtual clock, and whether the last pass that looked saw it paused
     SELECT COALESCE(max(vpass), 0) AS v, max(held_reason) AS held_reason
     FROM fair_shares WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'
@@ -634,6 +640,108 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
             THEN (SELECT count(*) FROM heads)::int END,
        -- asked for the next tenants only: whether they were enough (NULL: not tried)
        CASE WHEN (SELECT yes FROM near_try) THEN (SELECT ok FROM near_enough) END
+"""
+
+# The decision for a queue whose unsent wake-ups have no tenant (every job of a
+# plain queue): OUTBOX_WAKE_QUEUE's steps without the fair share, which one
+# tenant does not need. The same lock, settling, room, quarter-window rule and
+# order (higher priority first, then age), and the same notes of why wake-ups were
+# held back (QUEUE_PAUSED, WINDOW; the jobs of no tenant are never held for a cap
+# or a share). It moves no virtual pass: with one tenant there is no share to
+# keep, and when tenants arrive an idle pass starts at the clock anyway.
+#
+# If some tenant has an unsent wake-up in the queue (one probe of
+# outbox_turn_idx), it sends and notes nothing and says so (the summary's last
+# column): the caller then runs OUTBOX_WAKE_QUEUE in the same transaction.
+# Returns the columns OUTBOX_WAKE_QUEUE does, and that one more.
+OUTBOX_WAKE_PLAIN: Final = f"""
+WITH {_ROOM}, tenanted AS (
+    -- 3a. whether a tenant has an unsent wake-up here: then this is not the decision
+    SELECT EXISTS (SELECT 1 FROM outbox AS o
+                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant <> '') AS yes
+), clock AS (
+    -- 3b. whether the last pass that looked saw the queue paused
+    SELECT max(held_reason) AS held_reason
+    FROM fair_shares WHERE queue = %(queue)s AND tenant = '{CLOCK_ROW}'
+), look AS (
+    SELECT (SELECT ok FROM gate) AND NOT (SELECT yes FROM tenanted) AS ok,
+           CASE WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}' END AS reason
+), looking AS (
+    -- 3c. whether to look, as OUTBOX_WAKE_QUEUE's 3c: a quarter of the window (or
+    -- the batch) free, or a pause that started or ended
+    SELECT l.ok AND ((SELECT n FROM room)
+                         >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
+                     OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
+    FROM look AS l
+), chosen AS MATERIALIZED (
+    -- 3d. the first due wake-ups in the order they go (outbox_pending_idx, no
+    -- sort), up to the room; one another transaction holds is skipped
+    SELECT o.id FROM outbox AS o
+    WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.tenant = ''
+      AND o.sent_at IS NULL AND o.available_at <= now()
+    ORDER BY o.priority DESC, o.available_at, o.id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+), sent AS (
+    -- 4a. marked sent
+    UPDATE outbox AS o SET sent_at = now()
+    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING o.id, o.job_id, o.priority, o.available_at
+), waiting AS (
+    -- 4b. whether due wake-ups are left (what this pass sent still reads as unsent
+    -- here: passed over first, at most the room), and whether any wait at all, due
+    -- or not. In outbox_pending_idx's order, so that each is a walk of that index:
+    -- as EXISTS, each was planned as a scan of the table, a row at a time.
+    SELECT (SELECT o.id FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
+              AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM sent)
+            ORDER BY o.priority DESC, o.available_at, o.id
+            LIMIT 1) IS NOT NULL AS due,
+           (SELECT o.id FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
+            ORDER BY o.priority DESC, o.available_at, o.id
+            LIMIT 1) IS NOT NULL AS backlog
+), reason AS (
+    -- 4c. why wake-ups were held back: QUEUE_PAUSED (any waiting, due or not), or
+    -- WINDOW (due ones the room left)
+    SELECT CASE WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}'
+                WHEN (SELECT due FROM waiting) THEN '{HeldReason.WINDOW}'
+           END AS reason
+    WHERE (SELECT yes FROM looking) AND (SELECT backlog FROM waiting)
+), shared AS (
+    -- 4d. note the reasons that changed: the jobs of no tenant's, and the clock
+    -- row's (a pause's start or end)
+    INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
+    SELECT %(queue)s, '', 0, r.reason, CASE WHEN r.reason IS NULL THEN NULL ELSE now() END
+    FROM reason AS r
+    WHERE r.reason IS DISTINCT FROM (SELECT s.held_reason FROM fair_shares AS s
+                                     WHERE s.queue = %(queue)s AND s.tenant = '')
+    UNION ALL
+    SELECT %(queue)s, '{CLOCK_ROW}', 0, l.reason,
+           CASE WHEN l.reason IS NULL THEN NULL ELSE now() END
+    FROM look AS l
+    WHERE (SELECT yes FROM looking) AND l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)
+    ON CONFLICT (queue, tenant) DO UPDATE
+    SET held_reason = EXCLUDED.held_reason,
+        held_since = CASE WHEN f.held_reason IS NOT DISTINCT FROM EXCLUDED.held_reason
+                          THEN f.held_since ELSE EXCLUDED.held_since END
+)
+-- 5. the sent wake-ups in turn, then the summary row (id NULL), as OUTBOX_WAKE_QUEUE's,
+-- and whether a tenant's wake-up waits (then nothing else was done)
+SELECT s.id, s.job_id, s.priority, NULL::int AS room, NULL::bool AS locked, NULL::bool AS held,
+       row_number() OVER (ORDER BY s.priority DESC, s.available_at, s.id) AS turn,
+       NULL::int AS tenants, NULL::bool AS near, NULL::bool AS tenanted
+FROM sent AS s
+UNION ALL
+SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
+       CASE WHEN (SELECT yes FROM looking)
+            THEN EXISTS (SELECT 1 FROM reason WHERE reason IS NOT NULL)
+            ELSE (SELECT due FROM waiting) END,
+       NULL,
+       -- one tenant read (the jobs of none), when it looked
+       CASE WHEN (SELECT yes FROM looking) THEN 1 END,
+       NULL,
+       (SELECT yes FROM tenanted)
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
