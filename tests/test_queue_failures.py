@@ -174,25 +174,34 @@ def test_a_queue_whose_declaration_is_refused_fails_alone(
 def test_a_queue_whose_decision_times_out_fails_alone(
     env: dict[str, str], engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
 ) -> None:
-    """Another transaction holds a row the queue's decision must write (its
-    fair-share clock), past the relay's lock timeout: that queue's decision fails,
-    every other queue's goes on; once the lock is gone, its jobs run."""
-    pg.execute("INSERT INTO fair_shares (queue, tenant, vpass) VALUES ('stuck', '*', 0)")
-    with (
-        running("relay", RELAY, env, "relay.started") as relay,
-        running("consumer", CONSUMER, env, "consumer.started"),
-        psycopg.connect(db_url.conninfo) as holder,
-    ):
-        holder.execute("SELECT 1 FROM fair_shares WHERE queue = 'stuck' FOR UPDATE")
-        enqueue_many(engine, [NewJob("stuck_noop", {}, queue="stuck") for _ in range(5)])
-        wait(lambda: events(relay, "relay.queue_publish_failing"), "the stuck queue fails", 30)
-        trickle(engine, "healthy_noop", "healthy", 20)
-        wait(lambda: states(pg, "healthy") == {"SUCCEEDED": 20}, "every healthy job ran")
-        (first, *_) = events(relay, "relay.queue_publish_failing")
-        assert (first["queue"], first["reason"]) == ("stuck", "decision_timeout")
-        assert states(pg, "stuck") == {"QUEUED": 5}
-        holder.rollback()
-        wait(lambda: states(pg, "stuck") == {"SUCCEEDED": 5}, "the stuck queue's jobs ran")
+    """Another transaction holds a row the queue's decision must write (a wake-up
+    in flight whose job has ended, which every pass settles first), past the relay's
+    lock timeout: that queue's decision fails, every other queue's goes on; once
+    the lock is gone, its jobs run."""
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, queue, state, finished_at)"
+        " VALUES (gen_random_uuid(), 'stuck_noop', 'stuck', 'SUCCEEDED', now())"
+    )
+    pg.execute(
+        "INSERT INTO outbox (job_id, queue, tenant, available_at, sent_at)"
+        " SELECT job_id, queue, '', now(), now() FROM jobs WHERE queue = 'stuck'"
+    )
+    with psycopg.connect(db_url.conninfo) as holder:
+        # held before the relay starts, whose sweep would settle the row first
+        holder.execute("SELECT 1 FROM outbox WHERE queue = 'stuck' FOR UPDATE")
+        with (
+            running("relay", RELAY, env, "relay.started") as relay,
+            running("consumer", CONSUMER, env, "consumer.started"),
+        ):
+            enqueue_many(engine, [NewJob("stuck_noop", {}, queue="stuck") for _ in range(5)])
+            wait(lambda: events(relay, "relay.queue_publish_failing"), "the stuck queue fails", 30)
+            trickle(engine, "healthy_noop", "healthy", 20)
+            wait(lambda: states(pg, "healthy") == {"SUCCEEDED": 20}, "every healthy job ran")
+            (first, *_) = events(relay, "relay.queue_publish_failing")
+            assert (first["queue"], first["reason"]) == ("stuck", "decision_timeout")
+            assert states(pg, "stuck") == {"QUEUED": 5, "SUCCEEDED": 1}
+            holder.rollback()
+            wait(lambda: states(pg, "stuck") == {"SUCCEEDED": 6}, "the stuck queue's jobs ran")
     assert not events(relay, "relay.drain_failed")
 
 
