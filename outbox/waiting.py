@@ -7,9 +7,9 @@
     done = outbox.wait_for(engine, job_id, timeout=30)
     done.state, done.result          # SUCCEEDED, {"width": 640}
 
-A trigger on ``jobs`` (migration 0012) notifies channel ``job_finished`` with the
-job's id whenever an update moves a job into a final state; PostgreSQL delivers it
-at the commit that ended the job. Every waiter of the process shares one listening
+A trigger on ``jobs`` (``jobs_finished``) notifies channel ``job_finished`` with
+the job's id whenever an update moves a job into a final state; PostgreSQL delivers
+it at the commit that ended the job. Every waiter of the process shares one listening
 connection per database (application_name ``outbox-wait``), held by one thread
 whether the waiters are threads or coroutines of any event loop: a thousand
 waiters cost one connection, and nobody polls. A waiter reads the job once the

@@ -1,7 +1,7 @@
 """Completion webhooks: the relay calls the URL a job (or its type) names when it ends.
 
 The call owed is a ``webhook_deliveries`` row, written by the transaction that ended
-the job (trigger ``jobs_webhook``), so it is never lost. Every relay with a secret
+the job (trigger ``jobs_finished``), so it is never lost. Every relay with a secret
 delivers; the database arbitrates:
 
 - a claim (``WEBHOOK_DELIVERY_CLAIM``) takes due rows with a lease: their

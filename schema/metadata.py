@@ -192,7 +192,7 @@ jobs = Table(
     Column("unique_scope", Text),
     _ts("unique_until"),
     # The URL called when the job ends (enqueue's on_complete_url=; trigger
-    # jobs_webhook owes a call to it); NULL: none of its own, its type's if any.
+    # jobs_finished owes a call to it); NULL: none of its own, its type's if any.
     Column("webhook_url", Text),
     CheckConstraint(f"state IN ({ALL_STATES})", name="jobs_state_valid"),
     CheckConstraint(
@@ -960,7 +960,7 @@ job_type_policies = Table(
 # The URL a job type's handler declares (@consumers.handler(..., webhook=)), called
 # when a job of the type without one of its own ends: written by consumers at
 # start-up (the last to start wins; a type that declares none loses its row), read
-# by trigger jobs_webhook with one probe of the primary key.
+# by trigger jobs_finished, joined to the jobs a statement ended.
 job_type_webhooks = Table(
     "job_type_webhooks",
     metadata,
@@ -974,7 +974,7 @@ job_type_webhooks = Table(
     ),
 )
 
-# A call owed to a webhook: written by trigger jobs_webhook in the transaction that
+# A call owed to a webhook: written by trigger jobs_finished in the transaction that
 # ends the job, delivered by a relay (relay/webhooks.py). A relay claims a due row by
 # pushing next_attempt_at past the call's timeout, with lease_owner and attempts + 1
 # (the fence its outcome carries), so a relay killed mid-call leaves it due again.

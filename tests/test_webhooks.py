@@ -123,6 +123,43 @@ def test_the_end_of_a_job_with_a_url_owes_one_call_with_its_end(
     assert "payload" not in body and "s3cr3t" not in json.dumps(body)
 
 
+def test_one_statement_ending_many_jobs_owes_and_notifies_each_once(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """The end of a job is noted once per statement (trigger jobs_finished, from the
+    statement's transition tables): a statement that ends several jobs owes the call
+    of each that has a URL (its own, else its type's) and notifies each waiter's
+    channel once; a job it updates without ending it, or updates again once ended,
+    owes and notifies nothing."""
+    pg.execute(
+        "INSERT INTO job_type_webhooks (job_type, url, updated_by)"
+        " VALUES ('typed', 'https://types.example.com/done', 'test')"
+    )
+    own = enqueue(engine, "plain", on_complete_url="https://own.example.com/done")
+    typed = enqueue(engine, "typed")
+    bare = enqueue(engine, "plain")
+    waiting = enqueue(engine, "typed")
+    done = enqueue(engine, "typed")
+    _cancel(engine, done)
+    assert len(_deliveries(pg, done)) == 1
+    with psycopg.connect(db_url.conninfo, autocommit=True) as listener:
+        listener.execute('LISTEN "public.job_finished"')
+        pg.execute(
+            "UPDATE jobs SET state = CASE WHEN job_id = %(waiting)s THEN state ELSE 'SUCCEEDED'"
+            " END, finished_at = CASE WHEN job_id = %(waiting)s THEN NULL ELSE now() END,"
+            " result = '{}' WHERE job_id = ANY(%(ids)s)",
+            {"waiting": waiting, "ids": [own, typed, bare, waiting]},
+        )
+        pg.execute("UPDATE jobs SET updated_at = now() WHERE job_id = %s", [done])
+        notes = list(listener.notifies(timeout=1))
+    assert sorted(n.payload for n in notes) == sorted(str(j) for j in (own, typed, bare))
+    assert [d["url"] for d in _deliveries(pg, own)] == ["https://own.example.com/done"]
+    assert [d["url"] for d in _deliveries(pg, typed)] == ["https://types.example.com/done"]
+    assert _delivery(pg, typed)["body"]["state"] == "SUCCEEDED"
+    assert _deliveries(pg, bare) == [] and _deliveries(pg, waiting) == []
+    assert len(_deliveries(pg, done)) == 1, "owed once, at its end"
+
+
 @pytest.mark.parametrize(
     ("url", "error"),
     [

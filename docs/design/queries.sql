@@ -2998,12 +2998,18 @@ WITH gate AS (
     RETURNING o.id, o.job_id, o.priority, o.available_at
 ), waiting AS (
     -- 4b. whether due wake-ups are left (what this pass sent still reads as unsent
-    -- here), and whether any wait at all, due or not
-    SELECT EXISTS (SELECT 1 FROM outbox AS o
-                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL
-                     AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM sent)) AS due,
-           EXISTS (SELECT 1 FROM outbox AS o
-                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL) AS backlog
+    -- here: passed over first, at most the room), and whether any wait at all, due
+    -- or not. In outbox_pending_idx's order, so that each is a walk of that index:
+    -- as EXISTS, each was planned as a scan of the table, a row at a time.
+    SELECT (SELECT o.id FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
+              AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM sent)
+            ORDER BY o.priority DESC, o.available_at, o.id
+            LIMIT 1) IS NOT NULL AS due,
+           (SELECT o.id FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
+            ORDER BY o.priority DESC, o.available_at, o.id
+            LIMIT 1) IS NOT NULL AS backlog
 ), reason AS (
     -- 4c. why wake-ups were held back: QUEUE_PAUSED (any waiting, due or not), or
     -- WINDOW (due ones the room left)
