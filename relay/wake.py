@@ -230,6 +230,7 @@ async def _wake(
                 if _summary(rows)[9]:  # a tenant's wake-up waits: decide whole
                     seen.tenanted_at, rows = began, None
             if rows is None:
+                began = time.monotonic()  # the whole decision's own time, for the pace
                 rows = await _decide(conn, OUTBOX_WAKE_QUEUE, params | seen.params(began))
         except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
             # The statement or lock timeout: something holds or bloats this queue's

@@ -320,7 +320,8 @@ def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
 
 def _decided(pg: psycopg.Connection, statement: str, b: Backlog) -> tuple[Any, ...]:
     """One decision in a savepoint rolled back: the wake-ups sent in their turn,
-    the summary, the reasons noted and the unsent wake-ups left."""
+    the summary, the reasons noted and the wake-ups left (settled ones gone), each
+    with whether it is unsent."""
     with pg.transaction(force_rollback=True):
         rows = pg.execute(
             statement,
@@ -332,10 +333,10 @@ def _decided(pg: psycopg.Connection, statement: str, b: Backlog) -> tuple[Any, .
             " ORDER BY tenant",
             [QUEUE],
         ).fetchall()
-        unsent = pg.execute("SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id").fetchall()
+        left = pg.execute("SELECT id, sent_at IS NULL FROM outbox ORDER BY id").fetchall()
     summary = next(r for r in rows if r[0] is None)
     sent = [r[:3] for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])]
-    return sent, summary, reasons, unsent
+    return sent, summary, reasons, left
 
 
 @settings(
@@ -377,16 +378,73 @@ def test_a_tenants_waiting_wake_up_leaves_the_decision_to_the_whole_one(
         before = pg.execute(
             "SELECT tenant, vpass, held_reason, held_since FROM fair_shares ORDER BY tenant"
         ).fetchall()
-        sent, summary, _, unsent = _decided(pg, OUTBOX_WAKE_PLAIN, b)
+        sent, summary, _, left = _decided(pg, OUTBOX_WAKE_PLAIN, b)
         pg.execute(OUTBOX_WAKE_PLAIN, {"queue": QUEUE, "limit": b.limit, "window": b.window,
                                        "min_window": 1, "slack": 0, "worker_ttl": 60})  # fmt: skip
         after = pg.execute(
             "SELECT tenant, vpass, held_reason, held_since FROM fair_shares ORDER BY tenant"
         ).fetchall()
-        left = pg.execute("SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id").fetchall()
+        unsent = pg.execute("SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id").fetchall()
     assert summary[9] is True
     assert sent == [] and summary[7] is None, "nothing read, nothing sent"
-    assert after == before and left == unsent, "nothing written"
+    assert after == before, "nothing noted"
+    assert unsent == [(i,) for i, waits in left if waits], "nothing marked"
+
+
+def _noted(reasons: list[Any]) -> set[tuple[str, str]]:
+    """The reasons noted: a row with none reads as no row (explain, the metrics)."""
+    return {(t, r) for t, r, _ in reasons if r is not None}
+
+
+@pytest.mark.parametrize("locked", [(0,), (1, 3), (7,)], ids=["first", "two", "last"])
+@pytest.mark.parametrize("window", [4, 7, 30])
+def test_held_and_settled_wake_ups_are_treated_alike_without_fair_share(
+    db_url: DatabaseUrl, pg: psycopg.Connection, locked: tuple[int, ...], window: int
+) -> None:
+    """A plain queue's due wake-ups of which another transaction holds some (a cancel
+    or an edit locks them), and wake-ups in flight of which some jobs were taken up:
+    OUTBOX_WAKE_PLAIN skips the held ones without putting later ones in their place,
+    settles the taken ones, and answers and notes exactly as the whole decision."""
+    due = [uuid.uuid4() for _ in range(8)]
+    flying = [uuid.uuid4() for _ in range(3)]
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, run_after)"
+        " SELECT unnest(%s::uuid[]), 't', now() - interval '1 hour'",
+        [due + flying],
+    )
+    # two of the jobs in flight ran since (their wake-ups are settled), one did not
+    pg.execute(
+        "UPDATE jobs SET state = 'SUCCEEDED', finished_at = now() WHERE job_id = ANY(%s)",
+        [flying[:2]],
+    )
+    pg.execute(
+        "INSERT INTO outbox (job_id, queue, tenant, available_at, sent_at)"
+        " SELECT unnest(%s::uuid[]), %s, '', now() - interval '1 hour',"
+        " now() - interval '1 minute'",
+        [flying, QUEUE],
+    )
+    ids = [
+        pg.execute(
+            "INSERT INTO outbox (job_id, queue, tenant, priority, available_at)"
+            " VALUES (%s, %s, '', %s, now() - make_interval(secs => %s)) RETURNING id",
+            [job_id, QUEUE, 5 if k % 3 == 0 else 0, 100 - k],
+        ).fetchone()[0]  # type: ignore[index]
+        for k, job_id in enumerate(due)
+    ]
+    b = Backlog(tenants=(), clock=0.0, clock_reason=None, paused=False, window=window, limit=40)
+    with psycopg.connect(db_url.conninfo) as holder:
+        holder.execute(
+            "SELECT id FROM outbox WHERE id = ANY(%s) FOR UPDATE", [[ids[k] for k in locked]]
+        )
+        plain = _decided(pg, OUTBOX_WAKE_PLAIN, b)
+        whole = _decided(pg, OUTBOX_WAKE_QUEUE, b)
+    sent_ids = {r[0] for r in plain[0]}
+    assert sent_ids and not sent_ids & {ids[k] for k in locked}, "the held ones wait"
+    assert plain[0] == whole[0] and plain[1][3:6] == whole[1][3:6], (plain, whole)
+    # (each in its own transaction: the times differ; and the whole decision writes
+    # rows for the passes it moves, with no reason, where the plain one writes none)
+    assert _noted(plain[2]) == _noted(whole[2]) and plain[3] == whole[3]
+    assert len(plain[3]) == len(ids) + 1, "the two taken up are settled"
 
 
 # ------------------------------------------------------------------ what it reads
@@ -533,9 +591,10 @@ DECISIONS = [
 def test_a_pass_reads_its_room_not_the_backlog(
     pg: psycopg.Connection, generic: bool, statement: str
 ) -> None:
-    """20,000 wake-ups due in one queue, analyzed, a window of 100: the pass marks
-    100 and reads about that many, in the custom plan of a first execution and in the
-    generic plan the relay's prepared statement settles on. Both had locked and
+    """20,000 wake-ups due in one queue (and 20,000 of tenants in another), analyzed,
+    a window of 100: the pass marks 100 and reads about that many, in the custom
+    plan of a first execution and in the generic plan the relay's prepared statement
+    settles on. Both had locked and
     marked the chosen wake-ups by a hash join over a scan of every unsent one, twice:
     23 ms a pass at 50,000 due, growing with the backlog."""
     pg.execute("TRUNCATE jobs, tenant_limits, fair_shares CASCADE")
@@ -544,6 +603,16 @@ def test_a_pass_reads_its_room_not_the_backlog(
         " FROM generate_series(1, 20000)"
     )
     pg.execute("INSERT INTO outbox (job_id, queue, tenant) SELECT job_id, queue, '' FROM jobs")
+    # and beside it a queue of tenants' wake-ups, which the plain decision's probe for
+    # a tenant's must not read (a scan of the table finds nothing in this queue)
+    pg.execute(
+        "INSERT INTO jobs (job_id, job_type, queue, tenant) SELECT gen_random_uuid(), 't',"
+        " 'busy', 't' || (i % 100) FROM generate_series(1, 20000) AS i"
+    )
+    pg.execute(
+        "INSERT INTO outbox (job_id, queue, tenant)"
+        " SELECT job_id, queue, tenant FROM jobs WHERE queue = 'busy'"
+    )
     pg.execute("ANALYZE")
     # as the relay asks, knowing of one tenant
     params = {

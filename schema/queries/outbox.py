@@ -656,9 +656,14 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
 # Returns the columns OUTBOX_WAKE_QUEUE does, and that one more.
 OUTBOX_WAKE_PLAIN: Final = f"""
 WITH {_ROOM}, tenanted AS (
-    -- 3a. whether a tenant has an unsent wake-up here: then this is not the decision
-    SELECT EXISTS (SELECT 1 FROM outbox AS o
-                   WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant <> '') AS yes
+    -- 3a. whether a tenant has an unsent wake-up here: then this is not the decision.
+    -- (The first in outbox_turn_idx's order, one probe of it: as EXISTS, it may be
+    -- planned as a scan of the table, which on a queue of no tenant finds nothing
+    -- and so reads every row.)
+    SELECT (SELECT o.id FROM outbox AS o
+            WHERE o.queue = %(queue)s AND o.sent_at IS NULL AND o.tenant <> ''
+            ORDER BY o.priority DESC, o.available_at, o.id
+            LIMIT 1) IS NOT NULL AS yes
 ), clock AS (
     -- 3b. whether the last pass that looked saw the queue paused
     SELECT max(held_reason) AS held_reason
@@ -675,26 +680,35 @@ WITH {_ROOM}, tenanted AS (
     FROM look AS l
 ), chosen AS MATERIALIZED (
     -- 3d. the first due wake-ups in the order they go (outbox_pending_idx, no
-    -- sort), up to the room; one another transaction holds is skipped
+    -- sort), up to the room
     SELECT o.id FROM outbox AS o
     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.tenant = ''
       AND o.sent_at IS NULL AND o.available_at <= now()
     ORDER BY o.priority DESC, o.available_at, o.id
     LIMIT (SELECT n FROM room)
-    FOR UPDATE SKIP LOCKED
+), marked AS (
+    -- 4a. locked, each by its id, as OUTBOX_WAKE_QUEUE's 4a: one another transaction
+    -- holds is skipped (and not replaced: it goes in a later pass) ...
+    SELECT l.id
+    FROM chosen AS c
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM outbox AS o
+        WHERE o.id = c.id AND o.sent_at IS NULL
+        FOR UPDATE SKIP LOCKED
+    ) AS l
 ), sent AS (
-    -- 4a. marked sent
+    -- 4b. ... and marked sent
     UPDATE outbox AS o SET sent_at = now()
-    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
+    WHERE o.id = ANY(ARRAY(SELECT id FROM marked))
     RETURNING o.id, o.job_id, o.priority, o.available_at
 ), waiting AS (
-    -- 4b. whether due wake-ups are left (what this pass sent still reads as unsent
-    -- here: passed over first, at most the room), and whether any wait at all, due
-    -- or not. In outbox_pending_idx's order, so that each is a walk of that index:
+    -- 4c. whether due wake-ups are left beyond those chosen (which still read as
+    -- unsent here: passed over first, at most the room), and whether any wait at
+    -- all, due or not. In outbox_pending_idx's order, so that each is a walk of that index:
     -- as EXISTS, each was planned as a scan of the table, a row at a time.
     SELECT (SELECT o.id FROM outbox AS o
             WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
-              AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM sent)
+              AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM chosen)
             ORDER BY o.priority DESC, o.available_at, o.id
             LIMIT 1) IS NOT NULL AS due,
            (SELECT o.id FROM outbox AS o
@@ -702,14 +716,14 @@ WITH {_ROOM}, tenanted AS (
             ORDER BY o.priority DESC, o.available_at, o.id
             LIMIT 1) IS NOT NULL AS backlog
 ), reason AS (
-    -- 4c. why wake-ups were held back: QUEUE_PAUSED (any waiting, due or not), or
+    -- 4d. why wake-ups were held back: QUEUE_PAUSED (any waiting, due or not), or
     -- WINDOW (due ones the room left)
     SELECT CASE WHEN (SELECT paused FROM pause) THEN '{HeldReason.QUEUE_PAUSED}'
                 WHEN (SELECT due FROM waiting) THEN '{HeldReason.WINDOW}'
            END AS reason
     WHERE (SELECT yes FROM looking) AND (SELECT backlog FROM waiting)
 ), shared AS (
-    -- 4d. note the reasons that changed: the jobs of no tenant's, and the clock
+    -- 4e. note the reasons that changed: the jobs of no tenant's, and the clock
     -- row's (a pause's start or end)
     INSERT INTO fair_shares AS f (queue, tenant, vpass, held_reason, held_since)
     SELECT %(queue)s, '', 0, r.reason, CASE WHEN r.reason IS NULL THEN NULL ELSE now() END

@@ -1,7 +1,7 @@
 """Completion webhooks: the URLs jobs and job types name, and the calls owed to them.
 
-Trigger ``jobs_webhook`` (migration 0030) writes a ``webhook_deliveries`` row in the
-transaction that ends a job that has a URL (its own, else its type's). A relay
+Trigger ``jobs_finished`` (migration 0041) writes a ``webhook_deliveries`` row in
+the transaction that ends a job that has a URL (its own, else its type's). A relay
 claims due rows with a lease (:data:`WEBHOOK_DELIVERY_CLAIM`), calls each URL with
 no transaction open, and records the outcome through the fence ``lease_owner`` and
 ``attempts`` (:data:`WEBHOOK_DELIVERY_DELIVERED`, :data:`WEBHOOK_DELIVERY_FAILED`):

@@ -15,9 +15,17 @@ failure), as a trigger none of them can forget.
 
 A trigger with transition tables cannot name columns (``UPDATE OF state``), so every
 UPDATE of jobs copies its rows into them and runs the function once, a claim and a
-heartbeat too: there it finds no job that ended, in one join of the batch's rows.
+heartbeat too: there it finds no job that ended, in one join of the statement's
+rows. Measured by EXPLAIN ANALYZE's trigger times (a scratch database, 40 rounds,
+medians; two runs alternated with the two row triggers): the outcome of 50 jobs
+spent 1.09-1.18 ms in the row triggers and 0.34-0.35 ms in this one; a claim of 50
+pays 0.12 ms for it, a heartbeat of 50 0.14-0.15 ms and a one-row update (progress,
+a cancel) 0.11 ms, where the row triggers cost them nothing. A batch's claim and
+outcome together spend 0.47 ms in it, where they spent 1.1 ms.
 
-Takes a SHARE ROW EXCLUSIVE lock on jobs for a moment (the triggers).
+Locks: DROP TRIGGER takes ACCESS EXCLUSIVE on jobs until the migration commits.
+Nothing is read or rewritten, so it is held for a moment, but it waits for (and
+meanwhile holds up every statement behind) any transaction using jobs.
 """
 
 from alembic import op
@@ -34,7 +42,9 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-  -- one join of the statement's rows: each job that ended is notified as it is read
+  -- one join of the statement's rows. Each job that ended is notified as its row is
+  -- made: the CTE is materialized and the INSERT reads all of it (no LIMIT, no
+  -- early stop), so every row, and its NOTIFY, is made exactly once.
   WITH ended AS MATERIALIZED (
     SELECT n.job_id, n.job_type, n.queue, n.state, n.attempt_count, n.finished_at,
            n.last_error_code, n.last_error_message,
