@@ -107,8 +107,11 @@ async def test_a_message_with_more_ids_than_room_is_split_and_the_rest_handed_ba
 
     ids = silent_jobs(pg, "short", 30)
     services = (db_url, amqp_url, topology)
+    # The jobs have no wake-up until the test publishes theirs, after both daemons
+    # are up: the relay's orphan walk must not wake them first, as it did on a slow
+    # CI run where the consumer took longer to start than the tests' 1 s grace.
     async with (
-        relay_running(*services),
+        relay_running(*services, rewake_interval=120.0),
         consumer_running(*services, registry, concurrency=2, prefetch=2) as small,
     ):
         await publish_raw(amqp_url.url, topology, "default", body(ids))
