@@ -2834,7 +2834,8 @@ WITH RECURSIVE gate AS (
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
-    -- 4a. the chosen ones, locked (one another transaction holds is skipped) ...
+    -- 4a. the chosen ones, locked (one another transaction holds is skipped, and
+    -- not replaced: it goes in a later pass) ...
     -- (Each looked up by its id, and marked in 4b by the array of their ids: joined
     -- to the chosen rows, whose number the planner cannot know, they were planned as
     -- a hash join over a scan of every unsent wake-up, twice, 23 ms a pass with
@@ -2996,8 +2997,12 @@ WITH gate AS (
     ORDER BY o.priority DESC, o.available_at, o.id
     LIMIT (SELECT n FROM room)
 ), marked AS (
-    -- 4a. locked, each by its id, as OUTBOX_WAKE_QUEUE's 4a: one another transaction
-    -- holds is skipped (and not replaced: it goes in a later pass) ...
+    -- 4a. the chosen ones, locked (one another transaction holds is skipped, and
+    -- not replaced: it goes in a later pass) ...
+    -- (Each looked up by its id, and marked in 4b by the array of their ids: joined
+    -- to the chosen rows, whose number the planner cannot know, they were planned as
+    -- a hash join over a scan of every unsent wake-up, twice, 23 ms a pass with
+    -- 50,000 due. A lock in a lateral sub-select is a loop over the chosen rows.)
     SELECT l.id
     FROM chosen AS c
     CROSS JOIN LATERAL (

@@ -268,6 +268,24 @@ _ROOM: Final = f"""gate AS (
 )"""
 
 
+# Step 4a of both decisions: the wake-ups of ``chosen`` locked, each by its id.
+_MARKED: Final = """marked AS (
+    -- 4a. the chosen ones, locked (one another transaction holds is skipped, and
+    -- not replaced: it goes in a later pass) ...
+    -- (Each looked up by its id, and marked in 4b by the array of their ids: joined
+    -- to the chosen rows, whose number the planner cannot know, they were planned as
+    -- a hash join over a scan of every unsent wake-up, twice, 23 ms a pass with
+    -- 50,000 due. A lock in a lateral sub-select is a loop over the chosen rows.)
+    SELECT l.id
+    FROM chosen AS c
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM outbox AS o
+        WHERE o.id = c.id AND o.sent_at IS NULL
+        FOR UPDATE SKIP LOCKED
+    ) AS l
+)"""
+
+
 # The relay's one decision: which of a queue's due wake-ups to send now. In the
 # relay's transaction, under a per-queue advisory lock (another relay skips the
 # queue meanwhile), in one statement:
@@ -548,20 +566,7 @@ WITH RECURSIVE {_ROOM}, clock AS (
               < (SELECT p, vstart, available_at, id FROM horizon))
     ORDER BY c.priority DESC, c.vstart, c.available_at, c.id
     LIMIT (SELECT n FROM room)
-), marked AS (
-    -- 4a. the chosen ones, locked (one another transaction holds is skipped) ...
-    -- (Each looked up by its id, and marked in 4b by the array of their ids: joined
-    -- to the chosen rows, whose number the planner cannot know, they were planned as
-    -- a hash join over a scan of every unsent wake-up, twice, 23 ms a pass with
-    -- 50,000 due. A lock in a lateral sub-select is a loop over the chosen rows.)
-    SELECT l.id
-    FROM chosen AS c
-    CROSS JOIN LATERAL (
-        SELECT o.id FROM outbox AS o
-        WHERE o.id = c.id AND o.sent_at IS NULL
-        FOR UPDATE SKIP LOCKED
-    ) AS l
-), marking AS (
+), {_MARKED}, marking AS (
     -- 4b. ... and marked sent
     UPDATE outbox AS o SET sent_at = now()
     WHERE o.id = ANY(ARRAY(SELECT id FROM marked))
@@ -686,17 +691,7 @@ WITH {_ROOM}, tenanted AS (
       AND o.sent_at IS NULL AND o.available_at <= now()
     ORDER BY o.priority DESC, o.available_at, o.id
     LIMIT (SELECT n FROM room)
-), marked AS (
-    -- 4a. locked, each by its id, as OUTBOX_WAKE_QUEUE's 4a: one another transaction
-    -- holds is skipped (and not replaced: it goes in a later pass) ...
-    SELECT l.id
-    FROM chosen AS c
-    CROSS JOIN LATERAL (
-        SELECT o.id FROM outbox AS o
-        WHERE o.id = c.id AND o.sent_at IS NULL
-        FOR UPDATE SKIP LOCKED
-    ) AS l
-), sent AS (
+), {_MARKED}, sent AS (
     -- 4b. ... and marked sent
     UPDATE outbox AS o SET sent_at = now()
     WHERE o.id = ANY(ARRAY(SELECT id FROM marked))
