@@ -123,7 +123,20 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
                 conn.execute("VACUUM ANALYZE jobs")
         procs = [system.start("relay")]
         procs += [system.start("consumer", "--app", "bench.apps") for _ in range(args.consumers)]
-        time.sleep(3)  # connected, consuming
+        # Listening and consuming before the first commit: a NOTIFY sent before the
+        # relay's LISTEN is never heard, and its hop would be missing.
+        ready = {0: "relay.listening"} | {i: "consumer.started" for i in range(1, len(procs))}
+
+        def all_ready() -> bool:
+            for i in ready:
+                if procs[i].poll() is not None:
+                    raise RuntimeError(f"p{i} exited with {procs[i].returncode}")
+            return all(
+                any(e["event"] == event for e in _events(logs / f"p{i}.log"))
+                for i, event in ready.items()
+            )
+
+        wait_until(all_ready, "relay listening and consumers consuming", timeout=60)
         cpu_before = [cpu_seconds(p.pid) for p in procs]
         engine = create_engine(db.sqlalchemy, pool_size=2)
         committed: dict[str, float] = {}
