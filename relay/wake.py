@@ -76,7 +76,12 @@ NEAR_SCAN_MOST_PER_ROOM = 32
 NEAR_SCAN_MIN = 32
 NEAR_SCAN_TENANTS = 2
 # A queue where even the longest scan found too few (its tenants' first wake-ups
-# lie behind many others, say) is read whole, without trying, for this long.
+# lie behind many others, say) is read whole, without trying, for this long; so is
+# one where a scan as long as reading every tenant (NEAR_SCAN_TENANTS a tenant) was
+# not enough: trying again costs a full read's worth of rows, and the full read
+# besides. (At 1,000 tenants with many wake-ups each, the round comes back to the
+# first tenants every few passes, and each time the next tenants cannot be shown
+# to go first; reading only them saved nothing there.)
 NEAR_REST_SECONDS = 10.0
 # A full read at least this often, per queue: it notes every tenant's reason for
 # waiting (explain, the metrics), which a pass that reads the next tenants notes for
@@ -132,13 +137,15 @@ class _Seen:
         """Note a pass that read the backlog, ending ``at`` after ``took`` seconds:
         every tenant (``tenants`` found), or the next ones only. ``near``: whether
         the next tenants were enough, when the pass tried them (None: it did not)."""
+        # what params() asked this pass to scan: as long as reading every tenant?
+        longest = self.per_room * self.room >= NEAR_SCAN_TENANTS * self.tenants
         self.room = room
         if tenants is not None:
             self.tenants, self.full_at = tenants, at
             if near is None:  # a full read that did not try the next tenants first
                 self.full_took = took
         if near is False:  # tried, and found too few: it read every tenant
-            if self.per_room >= NEAR_SCAN_MOST_PER_ROOM:
+            if self.per_room >= NEAR_SCAN_MOST_PER_ROOM or longest:
                 self.resting_until = at + NEAR_REST_SECONDS
             self.per_room = min(NEAR_SCAN_MOST_PER_ROOM, 2 * self.per_room)
         elif near:

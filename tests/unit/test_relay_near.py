@@ -69,6 +69,28 @@ def test_a_queue_the_longest_scan_cannot_serve_is_read_whole_for_a_while() -> No
     assert seen.params(5.0 + NEAR_REST_SECONDS + 0.1)["near"] is True
 
 
+def test_a_queue_a_scan_of_every_tenant_cannot_serve_is_read_whole_for_a_while() -> None:
+    """1,000 tenants and room for 300: once the scan asked for is as long as
+    reading every tenant, a pass that still found too few rests the queue at once,
+    before the scan per room reaches its most (a longer try costs the full read's
+    rows, and the full read besides)."""
+    seen = _Seen()
+    seen.read(300, 1000, near=None, at=0.0)
+    t = 0.1
+    while seen.params(t)["scan"] < NEAR_SCAN_TENANTS * 1000:
+        assert seen.params(t)["near"] is True
+        seen.read(300, None, near=False, at=t)
+        t += 0.01
+    assert seen.per_room < NEAR_SCAN_MOST_PER_ROOM
+    assert seen.params(t)["near"] is True, "the longest scan is still tried once"
+    seen.read(300, None, near=False, at=t)
+    assert seen.params(t + 0.01)["near"] is False
+    assert seen.params(t + NEAR_REST_SECONDS - 0.01)["near"] is False
+    # a full read after the rest, and the next tenants are tried again
+    seen.read(300, 1000, near=None, at=t + NEAR_REST_SECONDS)
+    assert seen.params(t + NEAR_REST_SECONDS + 0.01)["near"] is True
+
+
 def test_a_full_read_that_takes_long_comes_less_often() -> None:
     """At 10,000 tenants a full read takes a sixth of a second and more: once a
     second, it would take that share of the relay's passes; it comes at most a
