@@ -36,6 +36,28 @@ down_revision: str | None = "0040"
 _FINAL = "('CANCELLED', 'FAILED', 'SUCCEEDED')"
 _MAX_MESSAGE = 2000
 
+
+def _call(row: str, url: str) -> str:
+    """The endpoint and the body of the call owed for the job ``row`` at ``url``: the
+    same in the new function and in the old one the downgrade restores."""
+    return f"""lower(substring({url} FROM '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')),
+         jsonb_build_object(
+           'event', 'job.finished',
+           'job_id', {row}.job_id,
+           'job_type', {row}.job_type,
+           'queue', {row}.queue,
+           'state', {row}.state,
+           'attempts', {row}.attempt_count,
+           'finished_at', coalesce({row}.finished_at, now()),
+           'error', CASE WHEN {row}.state = 'SUCCEEDED'
+                          OR ({row}.last_error_code IS NULL AND {row}.last_error_message IS NULL)
+                         THEN NULL
+                         ELSE jsonb_build_object(
+                           'code', {row}.last_error_code,
+                           'message', left({row}.last_error_message, {_MAX_MESSAGE}))
+                    END)"""
+
+
 _FUNCTION = f"""
 CREATE FUNCTION jobs_finished() RETURNS trigger
 LANGUAGE plpgsql
@@ -57,23 +79,7 @@ BEGIN
     WHERE n.state IN {_FINAL} AND o.state IS DISTINCT FROM n.state
   )
   INSERT INTO webhook_deliveries (job_id, url, endpoint, body)
-  SELECT e.job_id, e.url,
-         lower(substring(e.url FROM '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')),
-         jsonb_build_object(
-           'event', 'job.finished',
-           'job_id', e.job_id,
-           'job_type', e.job_type,
-           'queue', e.queue,
-           'state', e.state,
-           'attempts', e.attempt_count,
-           'finished_at', coalesce(e.finished_at, now()),
-           'error', CASE WHEN e.state = 'SUCCEEDED'
-                          OR (e.last_error_code IS NULL AND e.last_error_message IS NULL)
-                         THEN NULL
-                         ELSE jsonb_build_object(
-                           'code', e.last_error_code,
-                           'message', left(e.last_error_message, {_MAX_MESSAGE}))
-                    END)
+  SELECT e.job_id, e.url, {_call("e", "e.url")}
   FROM ended AS e
   WHERE e.url IS NOT NULL;
   RETURN NULL;
@@ -106,27 +112,7 @@ BEGIN
     END IF;
   END IF;
   INSERT INTO webhook_deliveries (job_id, url, endpoint, body)
-  VALUES (
-    NEW.job_id,
-    target,
-    lower(substring(target FROM '^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*')),
-    jsonb_build_object(
-      'event', 'job.finished',
-      'job_id', NEW.job_id,
-      'job_type', NEW.job_type,
-      'queue', NEW.queue,
-      'state', NEW.state,
-      'attempts', NEW.attempt_count,
-      'finished_at', coalesce(NEW.finished_at, now()),
-      'error', CASE WHEN NEW.state = 'SUCCEEDED'
-                     OR (NEW.last_error_code IS NULL AND NEW.last_error_message IS NULL)
-                    THEN NULL
-                    ELSE jsonb_build_object(
-                      'code', NEW.last_error_code,
-                      'message', left(NEW.last_error_message, {_MAX_MESSAGE}))
-               END
-    )
-  );
+  VALUES (NEW.job_id, target, {_call("NEW", "target")});
   RETURN NULL;
 END $$
 """
