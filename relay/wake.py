@@ -124,12 +124,18 @@ class _Seen:
             and now - self.full_at < every
             and now >= self.resting_until
         )
-        scan = min(self.per_room * self.room, NEAR_SCAN_TENANTS * self.tenants)
         return {
             "bulk": BULK_PER_TENANT * max(1, self.tenants),
             "near": near,
-            "scan": max(NEAR_SCAN_MIN, scan),
+            "scan": max(NEAR_SCAN_MIN, min(self._scan_per_room(), self._scan_longest())),
         }
+
+    def _scan_per_room(self) -> int:
+        return self.per_room * self.room
+
+    def _scan_longest(self) -> int:
+        """The scan as long as reading every tenant: no scan is longer."""
+        return NEAR_SCAN_TENANTS * self.tenants
 
     def read(
         self, room: int, tenants: int | None, near: bool | None, at: float, took: float = 0.0
@@ -137,8 +143,9 @@ class _Seen:
         """Note a pass that read the backlog, ending ``at`` after ``took`` seconds:
         every tenant (``tenants`` found), or the next ones only. ``near``: whether
         the next tenants were enough, when the pass tried them (None: it did not)."""
-        # what params() asked this pass to scan: as long as reading every tenant?
-        longest = self.per_room * self.room >= NEAR_SCAN_TENANTS * self.tenants
+        # whether params() asked this pass for the longest scan (nothing changes
+        # what it read from until here: one pass over a queue at a time)
+        longest = self._scan_per_room() >= self._scan_longest()
         self.room = room
         if tenants is not None:
             self.tenants, self.full_at = tenants, at
