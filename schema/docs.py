@@ -113,7 +113,8 @@ NOTES: Final[dict[str, str]] = {
     "OUTBOX_DUE_QUEUES": "list the queues with wake-ups due",
     "OUTBOX_WAKE_QUEUE": "choose which of a queue's due wake-ups to send now, and mark them sent",
     "OUTBOX_WAKE_PLAIN": (
-        "the same for a queue whose waiting jobs have no tenant, without the fair share"
+        "choose and mark the same for a queue whose waiting jobs have no tenant, without"
+        " the fair share"
     ),
     "OUTBOX_SETTLE": "delete the sent wake-ups whose job has been taken up since",
     "OUTBOX_LOST_QUEUES": "count per queue the sent wake-ups past the grace still untaken",

@@ -378,7 +378,10 @@ def test_a_tenants_waiting_wake_up_leaves_the_decision_to_the_whole_one(
         before = pg.execute(
             "SELECT tenant, vpass, held_reason, held_since FROM fair_shares ORDER BY tenant"
         ).fetchall()
-        sent, summary, _, left = _decided(pg, OUTBOX_WAKE_PLAIN, b)
+        unsent_before = pg.execute(
+            "SELECT id FROM outbox WHERE sent_at IS NULL ORDER BY id"
+        ).fetchall()
+        sent, summary, _, _ = _decided(pg, OUTBOX_WAKE_PLAIN, b)
         pg.execute(OUTBOX_WAKE_PLAIN, {"queue": QUEUE, "limit": b.limit, "window": b.window,
                                        "min_window": 1, "slack": 0, "worker_ttl": 60})  # fmt: skip
         after = pg.execute(
@@ -388,7 +391,29 @@ def test_a_tenants_waiting_wake_up_leaves_the_decision_to_the_whole_one(
     assert summary[9] is True
     assert sent == [] and summary[7] is None, "nothing read, nothing sent"
     assert after == before, "nothing noted"
-    assert unsent == [(i,) for i, waits in left if waits], "nothing marked"
+    assert unsent == unsent_before, "nothing marked"
+
+
+def test_a_queue_another_relay_decides_is_left_to_it_even_when_a_tenant_waits(
+    db_url: DatabaseUrl, pg: psycopg.Connection
+) -> None:
+    """Without the queue's lock, OUTBOX_WAKE_PLAIN does not send the relay to the
+    whole decision for a tenant's wake-up: that one would find the lock taken too."""
+    job_id = uuid.uuid4()
+    pg.execute("INSERT INTO jobs (job_id, job_type, tenant) VALUES (%s, 't', 'acme')", [job_id])
+    pg.execute(
+        "INSERT INTO outbox (job_id, queue, tenant, available_at) VALUES (%s, %s, 'acme', now())",
+        [job_id, QUEUE],
+    )
+    params = {"queue": QUEUE, "limit": 10, "window": 10, "min_window": 1, "slack": 0,
+              "worker_ttl": 60}  # fmt: skip
+    with psycopg.connect(db_url.conninfo, options=RELAY_OPTIONS) as other, other.transaction():
+        rows = other.execute(OUTBOX_WAKE_PLAIN, params).fetchall()
+        assert rows[-1][4] is True and rows[-1][9] is True, "the other relay's: a tenant waits"
+        rows = pg.execute(OUTBOX_WAKE_PLAIN, params).fetchall()
+    assert len(rows) == 1
+    assert rows[0][4] is False, "not locked"
+    assert rows[0][9] is False, "nothing for the whole decision to do"
 
 
 def _noted(reasons: list[Any]) -> set[tuple[str, str]]:

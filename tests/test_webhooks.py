@@ -123,14 +123,15 @@ def test_the_end_of_a_job_with_a_url_owes_one_call_with_its_end(
     assert "payload" not in body and "s3cr3t" not in json.dumps(body)
 
 
-def test_one_statement_ending_many_jobs_owes_and_notifies_each_once(
+def test_one_statement_ending_many_jobs_owes_each_once_and_notifies_each(
     engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
 ) -> None:
     """The end of a job is noted once per statement (trigger jobs_finished, from the
     statement's transition tables): a statement that ends several jobs owes the call
-    of each that has a URL (its own, else its type's) and notifies each waiter's
-    channel once; a job it updates without ending it, or updates again once ended,
-    owes and notifies nothing."""
+    of each that has a URL (its own, else its type's) once and notifies each waiter's
+    channel (PostgreSQL folds a repeated notification within one transaction, so how
+    many times is not seen); a job it updates without ending it, or updates again
+    once ended, owes and notifies nothing."""
     pg.execute(
         "INSERT INTO job_type_webhooks (job_type, url, updated_by)"
         " VALUES ('typed', 'https://types.example.com/done', 'test')"

@@ -2928,8 +2928,8 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        CASE WHEN (SELECT yes FROM near_try) THEN (SELECT ok FROM near_enough) END;
 
 -- name: OUTBOX_WAKE_PLAIN
--- Run by relay.wake:_wake to the same for a queue whose waiting jobs have no tenant,
--- without the fair share.
+-- Run by relay.wake:_wake to choose and mark the same for a queue whose waiting jobs
+-- have no tenant, without the fair share.
 -- Built with UNTAKEN, LEASE_LAPSED, LIVE_WORKER.
 -- Parameters: limit, min_window, queue, slack, window, worker_ttl.
 WITH gate AS (
@@ -3069,7 +3069,8 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        -- one tenant read (the jobs of none), when it looked
        CASE WHEN (SELECT yes FROM looking) THEN 1 END,
        NULL,
-       (SELECT yes FROM tenanted);
+       -- (only with the lock: without it the whole decision could do nothing either)
+       (SELECT ok FROM gate) AND (SELECT yes FROM tenanted);
 
 -- name: OUTBOX_SETTLE
 -- Run by relay.maintenance:sweep_expired to delete the sent wake-ups whose job has been

@@ -750,7 +750,8 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
        -- one tenant read (the jobs of none), when it looked
        CASE WHEN (SELECT yes FROM looking) THEN 1 END,
        NULL,
-       (SELECT yes FROM tenanted)
+       -- (only with the lock: without it the whole decision could do nothing either)
+       (SELECT ok FROM gate) AND (SELECT yes FROM tenanted)
 """
 
 # Wake-ups in flight whose job has been taken up since, in every queue: the wake
