@@ -94,6 +94,8 @@ def main() -> None:
     )
     gates.variant_options(parser)
     args = parser.parse_args()
+    if args.rate is not None and args.variant != "plain":
+        parser.error("--variant is for a drain: a steady load (--rate) commits plain jobs")
 
     with fleet(consumers=args.consumers, concurrency=args.concurrency) as f:
         if args.rate is None:
