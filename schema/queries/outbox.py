@@ -657,7 +657,10 @@ SELECT NULL, NULL, NULL, (SELECT n FROM room), (SELECT ok FROM gate),
 #
 # If some tenant has an unsent wake-up in the queue (one probe of
 # outbox_turn_idx), it sends and notes nothing and says so (the summary's last
-# column): the caller then runs OUTBOX_WAKE_QUEUE in the same transaction.
+# column): the caller then runs OUTBOX_WAKE_QUEUE in the same transaction. One not
+# due yet counts too (a tenant's job scheduled an hour ahead has the queue decided
+# whole until its wake-up is sent): the two statements then agree on every pass,
+# with no pass moved by one that the other would have moved.
 # Returns the columns OUTBOX_WAKE_QUEUE does, and that one more.
 OUTBOX_WAKE_PLAIN: Final = f"""
 WITH {_ROOM}, tenanted AS (
