@@ -527,7 +527,7 @@ RETURNING true;
 -- name: JOB_PROGRESS
 -- Run by consumers.job:Job._write_progress to record a handler's progress, through the
 -- fence.
--- Built with FENCE.
+-- Built with fence, FENCE.
 -- Parameters: generation, job_id, progress, worker.
 WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
 held AS (
@@ -541,7 +541,7 @@ RETURNING j.job_id;
 -- name: JOB_STEP_RECORD
 -- Run by consumers.steps:StepLog.record to record a finished step of a handler
 -- (job.step), through the fence.
--- Built with FENCE.
+-- Built with fence, FENCE.
 -- Parameters: generation, job_id, name, result, worker.
 WITH h AS (SELECT %(job_id)s::uuid AS job_id, %(generation)s::bigint AS generation),
 held AS (
@@ -1287,7 +1287,7 @@ WHERE job_id = ANY(%(job_ids)s::uuid[]) AND lease_owner = %(worker)s AND state I
 -- name: JOB_HEARTBEAT_MANY
 -- Run by consumers.store:JobStore.heartbeat to extend the leases a worker holds, through
 -- the fence, while unexpired.
--- Built with FENCE.
+-- Built with fence, FENCE.
 -- Parameters: jobs, lease_seconds, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -1323,8 +1323,8 @@ LEFT JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id 
 -- Makes CANCEL_REQUESTED -> FAILED: the handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the handler stopped: Cancel, Snooze, or any
 -- retryable error.
--- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next.
+-- Built with BUDGET, fence, FENCE, no_pending_wakeup, QUEUE_RUNS, SOME_QUEUE_PAUSED,
+-- key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1485,6 +1485,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM finished)
+                   AND EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c
@@ -1562,12 +1563,15 @@ WITH h AS (
         LIMIT 1
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), unfinished AS (
+    -- the handles not applied, the only ones looked up again (as a plain join the
+    -- plan read every handle's row once more, after the statement had them all)
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 )
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-WHERE h.job_id NOT IN (SELECT job_id FROM finished);
+FROM unfinished AS h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM unfinished)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
 
 -- name: JOB_FINISH_PLAIN_MANY
 -- Run by consumers.reporter:Reporter.record (through consumers.store:JobStore.finish),
@@ -1581,7 +1585,7 @@ WHERE h.job_id NOT IN (SELECT job_id FROM finished);
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: a plain lease's handler finished anyway.
 -- Makes CANCEL_REQUESTED -> FAILED: a plain lease's handler raised Permanent.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a plain lease's handler stopped.
--- Built with BUDGET, FENCE.
+-- Built with BUDGET, fence, FENCE.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1665,20 +1669,23 @@ WITH h AS (
     UPDATE tenant_usage AS u SET running = GREATEST(u.running - r.slots, 0)
     FROM releasing AS r
     WHERE u.tenant = r.tenant
+), unfinished AS (
+    -- the handles not applied, the only ones looked up again (as a plain join the
+    -- plan read every handle's row once more, after the statement had them all)
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 )
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, CASE WHEN j.key IS NOT NULL OR j.resource IS NOT NULL OR j.limit_held OR j.queue_limit_held OR j.weight IS NOT NULL THEN 'full' ELSE 'LOCKED' END
-FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-WHERE h.job_id NOT IN (SELECT job_id FROM finished);
+FROM unfinished AS h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM unfinished)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
 
 -- name: JOB_FINISH_MANY_IN_TX
 -- Run by consumers.job:Job.transaction (through consumers.job:_transaction_async).
 -- Makes RUNNING -> SUCCEEDED: job.transaction() commits with the handler's writes.
 -- Makes CANCEL_REQUESTED -> SUCCEEDED: job.transaction() commits; a cancel was
 -- requested.
--- Built with BUDGET, FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next,
--- resource_wake_next.
+-- Built with BUDGET, fence, FENCE, no_pending_wakeup, QUEUE_RUNS, SOME_QUEUE_PAUSED,
+-- key_wake_next, resource_wake_next.
 -- Parameters: outcomes, worker.
 WITH h AS (
     SELECT *
@@ -1839,6 +1846,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM finished)
+                   AND EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c
@@ -1916,12 +1924,15 @@ WITH h AS (
         LIMIT 1
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), unfinished AS (
+    -- the handles not applied, the only ones looked up again (as a plain join the
+    -- plan read every handle's row once more, after the statement had them all)
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM finished)
 )
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-WHERE h.job_id NOT IN (SELECT job_id FROM finished);
+FROM unfinished AS h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM unfinished)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
 
 -- name: JOB_ATTEMPT_RECORDED_MANY
 -- Run by consumers.store:JobStore.finish to tell applied outcomes from stale ones, after
@@ -1946,7 +1957,8 @@ FROM (SELECT 1 FROM job_attempts
 -- consumers.store:JobStore.give_back).
 -- Makes RUNNING -> QUEUED: a graceful stop hands it back, the attempt refunded.
 -- Makes CANCEL_REQUESTED -> CANCELLED: a graceful stop: nobody wants it run again.
--- Built with FENCE, no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
+-- Built with fence, FENCE, no_pending_wakeup, QUEUE_RUNS, SOME_QUEUE_PAUSED,
+-- key_wake_next, resource_wake_next.
 -- Parameters: jobs, worker.
 WITH h AS (
     SELECT * FROM jsonb_to_recordset(%(jobs)s::jsonb) AS h(job_id uuid, generation bigint)
@@ -2081,6 +2093,7 @@ WITH h AS (
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM returned)
+                   AND EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c
@@ -2158,19 +2171,20 @@ WITH h AS (
         LIMIT 1
     ) AS n
     WHERE NOT EXISTS (SELECT 1 FROM (SELECT o.sent_at FROM outbox AS o WHERE o.job_id = n.job_id OFFSET 0 FOR SHARE OF o SKIP LOCKED) AS o WHERE o.sent_at IS NULL)
+), unreturned AS (
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM returned)
 )
 SELECT job_id, state FROM returned
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM h)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE
-WHERE h.job_id NOT IN (SELECT job_id FROM returned);
+FROM unreturned AS h JOIN jobs AS j ON j.job_id = ANY(ARRAY(SELECT job_id FROM unreturned)) AND j.job_id = h.job_id AND j.lease_generation = h.generation AND j.lease_owner = %(worker)s AND (j.state IN ('CANCEL_REQUESTED', 'RUNNING')) IS TRUE;
 
 -- name: JOB_SWEEP_EXPIRED
 -- Run by relay.maintenance:sweep_expired.
 -- Makes RUNNING -> RETRY_WAIT: the lease expired without a report, attempts left.
 -- Makes RUNNING -> FAILED: the lease expired without a report on the last attempt.
 -- Makes CANCEL_REQUESTED -> CANCELLED: the lease expired while a cancel was requested.
--- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, key_wake_next.
+-- Built with BUDGET, no_pending_wakeup, QUEUE_RUNS, SOME_QUEUE_PAUSED, key_wake_next.
 -- Parameters: default_backoff, limit.
 WITH expired AS (
     SELECT j.job_id, j.queue, j.tenant, j.priority, j.attempt_count AS attempt,
@@ -2312,6 +2326,7 @@ WITH expired AS (
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM swept)
+                   AND EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c
@@ -3902,7 +3917,8 @@ SELECT job_id, run_after FROM edited;
 -- name: JOB_EDIT_HAND_ON
 -- Run by outbox.edit:update_job(_async) to after an edit moved a job's start later: wake
 -- its key's or resource's next waiter.
--- Built with no_pending_wakeup, QUEUE_RUNS, key_wake_next, resource_wake_next.
+-- Built with no_pending_wakeup, QUEUE_RUNS, SOME_QUEUE_PAUSED, key_wake_next,
+-- resource_wake_next.
 -- Parameters: job_id.
 WITH moved AS (
     SELECT job_id, key, resource FROM jobs
@@ -3938,6 +3954,7 @@ WITH moved AS (
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ('QUEUED', 'RETRY_WAIT') AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM roomy)
+                   AND EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c

@@ -23,6 +23,7 @@ WHO = "current_user || COALESCE(' (' || NULLIF(current_setting('application_name
 # The attempt budget in force: the row's, else the default.
 BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"
 
+
 # The fence every worker write carries: the row is still this worker's lease, of
 # the generation the worker was given at claim (``h`` names the worker's handle).
 #
@@ -36,11 +37,17 @@ BUDGET = f"COALESCE(j.max_attempts, {DEFAULT_MAX_ATTEMPTS})"
 # (an outcome of 50 took 18 ms midway through a drain of 60,000, against 1.3); with
 # only the state test hidden, as a scan of the whole table where none were taken
 # (tests/test_fence_plan.py).
-FENCE: Final = (
-    "j.job_id = ANY(ARRAY(SELECT job_id FROM h))"
-    " AND j.job_id = h.job_id AND j.lease_generation = h.generation"
-    f" AND j.lease_owner = %(worker)s AND (j.state IN ({LEASED_SQL})) IS TRUE"
-)
+def fence(handles: str = "h") -> str:
+    """The fence for the handles of the CTE ``handles`` (job_id, generation), joined
+    as ``h``."""
+    return (
+        f"j.job_id = ANY(ARRAY(SELECT job_id FROM {handles}))"
+        " AND j.job_id = h.job_id AND j.lease_generation = h.generation"
+        f" AND j.lease_owner = %(worker)s AND (j.state IN ({LEASED_SQL})) IS TRUE"
+    )
+
+
+FENCE: Final = fence()
 
 # Whether job ``j`` waits to be claimed, for a statement that names its jobs by id
 # (the claims): written "IS TRUE", the same test, so that the planner cannot match
@@ -127,6 +134,11 @@ def no_pending_wakeup(job_id: str) -> str:
 # A waiting job ``w`` whose queue is not paused: the relay sends its wake-up now.
 QUEUE_RUNS: Final = "NOT EXISTS (SELECT 1 FROM queues AS p WHERE p.queue = w.queue AND p.paused)"
 
+# Whether any queue is paused: one read of the queues' rows for the whole statement
+# (a test that depends on no row, so the plan makes it once), without which the
+# step it guards finds nothing the step before it did not.
+SOME_QUEUE_PAUSED: Final = "EXISTS (SELECT 1 FROM queues AS p WHERE p.paused)"
+
 
 def key_wake_next(source: str) -> str:
     """A CTE ``key_woken``: for the jobs of ``source`` (a CTE with job_id) that no
@@ -134,11 +146,11 @@ def key_wake_next(source: str) -> str:
     each key, as many as left it, unless one is pending for them already. A job
     turned down for its key (KEY_BUSY, KEY_ORDER) got no wake-up back: this is
     what starts it, the next in key order first, so nothing polls a busy key. One
-    probe of jobs_key_waiting_idx per key, and a second for the waiters of paused
-    queues: an unordered key's turn goes to a job whose queue runs, before one of
-    a paused queue (whose wake-up the relay holds until the resume: the key would
-    idle while the others wait); an ordered key's goes to the next in order,
-    whatever its queue (none after it could run before it). A job whose refusal
+    probe of jobs_key_waiting_idx per key, and, while any queue is paused, a second
+    for the waiters of paused queues: an unordered key's turn goes to a job whose
+    queue runs, before one of a paused queue (whose wake-up the relay holds until
+    the resume: the key would idle while the others wait); an ordered key's goes to
+    the next in order, whatever its queue (none after it could run before it). A job whose refusal
     races with this statement still gets its wake-up: it had one in flight, so
     none pending, and is woken; a duplicate wake-up settles harmlessly."""
     return f"""key_left AS (
@@ -167,6 +179,7 @@ def key_wake_next(source: str) -> str:
                  FROM jobs AS w
                  WHERE w.key = k.key AND w.state IN ({CLAIMABLE_SQL}) AND w.run_after <= now()
                    AND w.job_id NOT IN (SELECT job_id FROM {source})
+                   AND {SOME_QUEUE_PAUSED}
                  ORDER BY w.key_seq, w.job_id
                  LIMIT k.n)
             ) AS c

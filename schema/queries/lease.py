@@ -28,6 +28,7 @@ from hybrid_jobs.schema.queries.fragments import (
     REFUSAL_BACKSTOP_SECONDS,
     WAITING_BY_ID,
     WEIGHED_CAP_RETRY_SECONDS,
+    fence,
     lease_ended,
 )
 from hybrid_jobs.schema.states import DelayReason
@@ -685,12 +686,15 @@ WITH h AS (
     RETURNING d.job_id, d.state, d.queue, d.tenant, d.priority, j.run_after, d.attempt,
               d.lease_generation, d.worker, d.ready_at, d.started_at, d.held_slot,
               d.error_code, d.error_message, d.traceback
-), {lease_ended("finished", gates=held)}
+), {lease_ended("finished", gates=held)}, unfinished AS (
+    -- the handles not applied, the only ones looked up again (as a plain join the
+    -- plan read every handle's row once more, after the statement had them all)
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM finished)
+)
 SELECT job_id, state FROM finished
 UNION ALL
 SELECT h.job_id, {left}
-FROM h JOIN jobs AS j ON {FENCE}
-WHERE h.job_id NOT IN (SELECT job_id FROM finished)
+FROM unfinished AS h JOIN jobs AS j ON {fence("unfinished")}
 """
 
 
@@ -766,12 +770,13 @@ WITH h AS (
                    THEN 'given back as its worker stopped; the attempt was refunded'
                    ELSE 'the worker stopped while a cancel was requested' END AS error_message,
               NULL::text AS traceback
-), {lease_ended("returned")}
+), {lease_ended("returned")}, unreturned AS (
+    SELECT * FROM h WHERE h.job_id NOT IN (SELECT job_id FROM returned)
+)
 SELECT job_id, state FROM returned
 UNION ALL
 SELECT h.job_id, 'LOCKED'
-FROM h JOIN jobs AS j ON {FENCE}
-WHERE h.job_id NOT IN (SELECT job_id FROM returned)
+FROM unreturned AS h JOIN jobs AS j ON {fence("unreturned")}
 """
 
 # The sweeper: leases that expired without a report. A crashed or frozen worker
