@@ -185,7 +185,12 @@ class Native:
     async def execute(
         self, conn: AsyncConnection, values: Mapping[str, Any]
     ) -> AsyncRawCursor[Any]:
-        return await AsyncRawCursor(conn).execute(self.sql, self.params(values))
+        # Prepared at its first execution, not its sixth (psycopg's default): each
+        # execution before that is planned afresh, and these statements run on every
+        # batch (a composed claim takes 4.5 ms to plan). Not where the connection
+        # prepares nothing (a transaction pooler's).
+        prepare = None if conn.prepare_threshold is None else True
+        return await AsyncRawCursor(conn).execute(self.sql, self.params(values), prepare=prepare)
 
 
 @cache
