@@ -686,13 +686,17 @@ WITH {_ROOM}, tenanted AS (
                          >= LEAST(%(limit)s::int, GREATEST(1, (SELECT size FROM capacity) / 4))
                      OR l.reason IS DISTINCT FROM (SELECT held_reason FROM clock)) AS yes
     FROM look AS l
-), chosen AS MATERIALIZED (
+), fetched AS MATERIALIZED (
     -- 3d. the first due wake-ups in the order they go (outbox_pending_idx, no
-    -- sort), up to the room
-    SELECT o.id FROM outbox AS o
+    -- sort), up to the room, and one more: whether due ones are left beyond it
+    SELECT o.id, o.priority, o.available_at FROM outbox AS o
     WHERE (SELECT yes FROM looking) AND o.queue = %(queue)s AND o.tenant = ''
       AND o.sent_at IS NULL AND o.available_at <= now()
     ORDER BY o.priority DESC, o.available_at, o.id
+    LIMIT (SELECT n FROM room) + 1
+), chosen AS (
+    SELECT f.id FROM fetched AS f
+    ORDER BY f.priority DESC, f.available_at, f.id
     LIMIT (SELECT n FROM room)
 ), {_MARKED}, sent AS (
     -- 4b. ... and marked sent
@@ -700,15 +704,17 @@ WITH {_ROOM}, tenanted AS (
     WHERE o.id = ANY(ARRAY(SELECT id FROM marked))
     RETURNING o.id, o.job_id, o.priority, o.available_at
 ), waiting AS (
-    -- 4c. whether due wake-ups are left beyond those chosen (which still read as
-    -- unsent here: passed over first, at most the room), and whether any wait at
+    -- 4c. whether due wake-ups are left beyond those chosen (when it looked, the
+    -- one fetched past the room; else the first due one), and whether any wait at
     -- all, due or not. In outbox_pending_idx's order, so that each is a walk of that index:
     -- as EXISTS, each was planned as a scan of the table, a row at a time.
-    SELECT (SELECT o.id FROM outbox AS o
-            WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
-              AND o.available_at <= now() AND o.id NOT IN (SELECT id FROM chosen)
-            ORDER BY o.priority DESC, o.available_at, o.id
-            LIMIT 1) IS NOT NULL AS due,
+    SELECT CASE WHEN (SELECT yes FROM looking)
+                THEN (SELECT count(*) FROM fetched) > (SELECT n FROM room)
+                ELSE (SELECT o.id FROM outbox AS o
+                      WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
+                        AND o.available_at <= now()
+                      ORDER BY o.priority DESC, o.available_at, o.id
+                      LIMIT 1) IS NOT NULL END AS due,
            (SELECT o.id FROM outbox AS o
             WHERE o.queue = %(queue)s AND o.tenant = '' AND o.sent_at IS NULL
             ORDER BY o.priority DESC, o.available_at, o.id
