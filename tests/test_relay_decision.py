@@ -25,11 +25,26 @@ from hypothesis import strategies as st
 from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import RELAY_OPTIONS
 from hybrid_jobs.schema.queries import OUTBOX_SETTLE, OUTBOX_WAKE_PLAIN, OUTBOX_WAKE_QUEUE
+from hybrid_jobs.schema.queries.outbox import PROBED_SHARES_AT_MOST
 from hybrid_jobs.schema.tables import CLOCK_ROW
 from tests.support.plans import plan as explain_plan
 
 QUEUE = "default"
 BIG = 10**9
+
+
+def _reading_shares_whole(statement: str) -> str:
+    """The decision made to read the tenants' limits, usage and passes whole however
+    few tenants wait (as past PROBED_SHARES_AT_MOST), not look them up one by one."""
+    for test in ("<=", ">"):
+        cut = f"(SELECT count(*) FROM firsts) {test} {PROBED_SHARES_AT_MOST}"
+        assert statement.count(cut) == 1, cut
+        statement = statement.replace(cut, f"(SELECT count(*) FROM firsts) {test} -1")
+    return statement
+
+
+# The decision both ways: looking a few tenants' shares up, and reading them whole.
+SHARE_READS = {"probed": OUTBOX_WAKE_QUEUE, "whole": _reading_shares_whole(OUTBOX_WAKE_QUEUE)}
 
 
 @dataclass(frozen=True)
@@ -232,8 +247,9 @@ def _read_near(b: Backlog, pending: dict[int, tuple[str, int, Any]], now: Any) -
         scan=1,
     )
 )
+@pytest.mark.parametrize("shares", list(SHARE_READS))
 def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
-    pg: psycopg.Connection, b: Backlog
+    pg: psycopg.Connection, b: Backlog, shares: str
 ) -> None:
     with pg.transaction(force_rollback=True):
         pending = _setup(pg, b)
@@ -245,7 +261,7 @@ def test_the_decision_sends_the_first_wakeups_in_the_promised_order(
             )
         }
         rows = pg.execute(
-            OUTBOX_WAKE_QUEUE,
+            SHARE_READS[shares],
             {"queue": QUEUE, "limit": b.limit, "window": b.window, "min_window": 1, "slack": 0,
              "worker_ttl": 60, "bulk": b.bulk, "near": b.near, "scan": b.scan},
         ).fetchall()  # fmt: skip
@@ -866,3 +882,34 @@ def test_a_pass_over_ten_thousand_tenants_reads_the_next_ones_not_all(
     print(f"10,000 tenants, every one / the next ones only: rows handled {handled}, read {reads}")
     assert reads[True] < 2_000, "the scan, and the contenders' own wake-ups"
     assert handled[True] * 10 < handled[False]
+
+
+def _rows_read_of(node: dict[str, Any], relations: set[str]) -> int:
+    """Rows the scans of ``relations`` in a plan returned, over all their loops."""
+    own = 0
+    if node.get("Relation Name") in relations and "Scan" in node["Node Type"]:
+        own = int(node.get("Actual Rows", 0) * node.get("Actual Loops", 1))
+    return own + sum(_rows_read_of(child, relations) for child in node.get("Plans", []))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_a_pass_over_a_few_waiting_tenants_of_many_reads_their_shares_alone(
+    pg: psycopg.Connection, generic: bool
+) -> None:
+    # 10,000 capped tenants, each with a pass, and two wake-ups due, of two tenants
+    # (a queue at 200 jobs/s). The prepared statement's plan joined the tenants'
+    # limits, usage and passes whole, every pass: 30,000 rows for two tenants.
+    _backlog(pg, 10_000, 1)
+    pg.execute(
+        "INSERT INTO fair_shares (queue, tenant, vpass) SELECT %s, tenant, 0 FROM tenant_limits",
+        [QUEUE],
+    )
+    pg.execute("DELETE FROM outbox WHERE tenant NOT IN ('t1', 't2')")
+    pg.execute("ANALYZE")
+    params = {"queue": QUEUE, "limit": 500, "window": 200, "min_window": 1, "slack": 0,
+              "worker_ttl": 60, "bulk": 40_000, "near": False, "scan": 600}  # fmt: skip
+    found = explain_plan(pg, OUTBOX_WAKE_QUEUE, params, generic=generic)
+    sent = [r for r in found[0]["Plan"]["Plans"] if r.get("Parent Relationship") == "Member"]
+    assert sent[0]["Actual Rows"] == 2, "both sent"
+    read = _rows_read_of(found[0]["Plan"], {"tenant_limits", "tenant_usage", "fair_shares"})
+    assert read <= 12, f"{read} rows of the tenants' tables for two tenants"

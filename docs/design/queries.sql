@@ -2739,6 +2739,32 @@ WITH RECURSIVE gate AS (
     -- next tenants only, when they were enough)
     SELECT * FROM near_shares WHERE (SELECT ok FROM near_enough)
     UNION ALL
+    -- of a few tenants, each row looked up by its key (joined, the prepared
+    -- statement's plan read all three tables whole, however few tenants waited:
+    -- at 200 jobs/s over 1,000 capped tenants, 0.85 ms of a 1.4 ms pass) ...
+    SELECT * FROM (SELECT d.tenant,
+           COALESCE(l.weight, 1) AS weight,
+           GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
+           -- A capped tenant's room: its free slots, less its wake-ups in flight in
+           -- this queue (those of other queues are theirs to count; the claim holds
+           -- the cap exactly whatever the relay sends).
+           CASE WHEN l.max_running IS NULL THEN NULL
+                ELSE GREATEST(0, l.max_running - COALESCE(u.running, 0) - COALESCE(f.n, 0))
+           END AS cap_room,
+           s.held_reason,
+           -- its first due wake-up (none: nothing of it is due)
+           d.priority, d.available_at, d.id
+    FROM firsts AS d
+    LEFT JOIN LATERAL (SELECT weight, max_running FROM tenant_limits AS l
+                       WHERE l.tenant = d.tenant LIMIT 1) AS l ON true
+    LEFT JOIN LATERAL (SELECT running FROM tenant_usage AS u
+                       WHERE u.tenant = d.tenant LIMIT 1) AS u ON true
+    LEFT JOIN LATERAL (SELECT vpass, held_reason FROM fair_shares AS s
+                       WHERE s.queue = %(queue)s AND s.tenant = d.tenant LIMIT 1) AS s ON true
+    LEFT JOIN inflight AS f ON f.tenant = d.tenant) AS p
+    WHERE (SELECT count(*) FROM firsts) <= 64
+    UNION ALL
+    -- ... of many, the tables read whole
     SELECT d.tenant,
            COALESCE(l.weight, 1) AS weight,
            GREATEST(COALESCE(s.vpass, 0), (SELECT v FROM clock)) AS start,
@@ -2756,6 +2782,7 @@ WITH RECURSIVE gate AS (
     LEFT JOIN tenant_usage AS u ON u.tenant = d.tenant
     LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = d.tenant
     LEFT JOIN inflight AS f ON f.tenant = d.tenant
+    WHERE (SELECT count(*) FROM firsts) > 64
 ), contenders AS (
     -- 3g. the tenants whose first due wake-up would go within the room
     SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most

@@ -212,6 +212,26 @@ def _horizon(candidates: str) -> str:
     LIMIT 1"""
 
 
+def _probed_shares(firsts: str) -> str:
+    """The shares of the tenants of ``firsts`` (``d``), each row of their limits,
+    usage and pass looked up by its key."""
+    return f"""SELECT {_share_columns()}
+    FROM {firsts} AS d
+    LEFT JOIN LATERAL (SELECT weight, max_running FROM tenant_limits AS l
+                       WHERE l.tenant = d.tenant LIMIT 1) AS l ON true
+    LEFT JOIN LATERAL (SELECT running FROM tenant_usage AS u
+                       WHERE u.tenant = d.tenant LIMIT 1) AS u ON true
+    LEFT JOIN LATERAL (SELECT vpass, held_reason FROM fair_shares AS s
+                       WHERE s.queue = %(queue)s AND s.tenant = d.tenant LIMIT 1) AS s ON true
+    LEFT JOIN inflight AS f ON f.tenant = d.tenant"""
+
+
+# Up to this many tenants with due wake-ups, a pass that reads every tenant looks
+# their limits, usage and passes up one by one; past it, it reads those tables
+# whole (a probe costs about what reading 15 of their rows does).
+PROBED_SHARES_AT_MOST: Final = 64
+
+
 def _share_columns() -> str:
     """The columns of a tenant's share (``shares``, ``near_shares``), of its first due
     wake-up ``d``, its limits ``l``, usage ``u``, pass ``s`` and wake-ups in flight ``f``."""
@@ -400,15 +420,7 @@ WITH RECURSIVE {_ROOM}, clock AS (
 ), near_shares AS MATERIALIZED (
     -- 3c5. their shares, as 3f has them, each row looked up by its key (a join of
     -- the whole tables would read every tenant)
-    SELECT {_share_columns()}
-    FROM near AS d
-    LEFT JOIN LATERAL (SELECT weight, max_running FROM tenant_limits AS l
-                       WHERE l.tenant = d.tenant LIMIT 1) AS l ON true
-    LEFT JOIN LATERAL (SELECT running FROM tenant_usage AS u
-                       WHERE u.tenant = d.tenant LIMIT 1) AS u ON true
-    LEFT JOIN LATERAL (SELECT vpass, held_reason FROM fair_shares AS s
-                       WHERE s.queue = %(queue)s AND s.tenant = d.tenant LIMIT 1) AS s ON true
-    LEFT JOIN inflight AS f ON f.tenant = d.tenant
+    {_probed_shares("near")}
 ), near_contenders AS (
     -- 3c6. the contenders among them, as 3g picks them
     SELECT s.priority, s.start, s.available_at, s.id FROM near_shares AS s
@@ -502,12 +514,20 @@ WITH RECURSIVE {_ROOM}, clock AS (
     -- next tenants only, when they were enough)
     SELECT * FROM near_shares WHERE (SELECT ok FROM near_enough)
     UNION ALL
+    -- of a few tenants, each row looked up by its key (joined, the prepared
+    -- statement's plan read all three tables whole, however few tenants waited:
+    -- at 200 jobs/s over 1,000 capped tenants, 0.85 ms of a 1.4 ms pass) ...
+    SELECT * FROM ({_probed_shares("firsts")}) AS p
+    WHERE (SELECT count(*) FROM firsts) <= {PROBED_SHARES_AT_MOST}
+    UNION ALL
+    -- ... of many, the tables read whole
     SELECT {_share_columns()}
     FROM firsts AS d
     LEFT JOIN tenant_limits AS l ON l.tenant = d.tenant
     LEFT JOIN tenant_usage AS u ON u.tenant = d.tenant
     LEFT JOIN fair_shares AS s ON s.queue = %(queue)s AND s.tenant = d.tenant
     LEFT JOIN inflight AS f ON f.tenant = d.tenant
+    WHERE (SELECT count(*) FROM firsts) > {PROBED_SHARES_AT_MOST}
 ), contenders AS (
     -- 3g. the tenants whose first due wake-up would go within the room
     SELECT s.*, LEAST((SELECT n FROM room), COALESCE(s.cap_room, (SELECT n FROM room))) AS most
