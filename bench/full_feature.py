@@ -24,9 +24,11 @@ autovacuum is off (deleted rows' space is reused only after a vacuum).
 
 from __future__ import annotations
 
+import argparse
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -90,40 +92,63 @@ def steady(
     return percentiles(samples) | {"jobs": len(samples), "rate_per_s": rate}
 
 
+def prepare(db: DatabaseUrl, args: Any) -> list[str]:
+    """The full run's database: --history finished jobs over the retention period
+    (the oldest are due as the run goes), analyzed; --tenants tenants capped at 5;
+    the rate limit. Returns the relay's arguments (its retention)."""
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        fill(conn, args.history, 0, span_seconds=args.keep_finished)
+        conn.execute("VACUUM ANALYZE")
+    with committing(db) as session:
+        for t in range(args.tenants):
+            outbox.set_tenant_limit(session, f"tenant-{t}", max_running=5)
+        outbox.set_rate_limit(session, RATE_LIMIT, rate=100 * args.rate, per=timedelta(seconds=1))
+    return ["--keep-finished", str(args.keep_finished)]
+
+
+def featured(args: Any) -> Callable[[int], dict[str, Any]]:
+    """The full run's enqueue arguments for its ``i``-th job: a tenant, a key of
+    limit 1, the rate limit."""
+
+    def job(i: int) -> dict[str, Any]:
+        return {
+            "tenant": f"tenant-{i % args.tenants}",
+            "key": f"key-{i % args.keys}",
+            "key_limit": 1,
+            "rate_limit": RATE_LIMIT,
+        }
+
+    return job
+
+
+def feature_options(parser: argparse.ArgumentParser) -> None:
+    """The full run's shape (bench.latency --full runs it too)."""
+    parser.add_argument("--tenants", type=int, default=1000, help="capped tenants")
+    parser.add_argument("--keys", type=int, default=5000, help="distinct keys (key_limit=1)")
+    parser.add_argument("--history", type=int, default=100_000, help="finished jobs in place")
+    parser.add_argument(
+        "--keep-finished",
+        type=float,
+        default=None,
+        help="the relay's --keep-finished in the full run; the history spans it "
+        "(default: --history / --rate seconds, what this rate keeps: retention then "
+        "deletes about what the run adds, so the tables should stay flat)",
+    )
+
+
 def run(
     args: Any, *, full: bool
 ) -> tuple[dict[str, float], dict[str, dict[str, dict[str, int]]] | None]:
     marks = Marks(Path(tempfile.mkdtemp(prefix="bench-full-")))
-    keep = args.keep_finished
     with scratch_system("bench_full", env={ENV: str(marks.path)}) as system:
         db = system.db
-        if full:
-            with psycopg.connect(db.conninfo, autocommit=True) as conn:
-                # finished over the retention period: the oldest are due as the run goes
-                fill(conn, args.history, 0, span_seconds=keep)
-                conn.execute("VACUUM ANALYZE")
-            with committing(db) as session:
-                for t in range(args.tenants):
-                    outbox.set_tenant_limit(session, f"tenant-{t}", max_running=5)
-                outbox.set_rate_limit(
-                    session, RATE_LIMIT, rate=100 * args.rate, per=timedelta(seconds=1)
-                )
-        system.start("relay", *(["--keep-finished", str(keep)] if full else []))
+        relay_args = prepare(db, args) if full else []
+        system.start("relay", *relay_args)
         for _ in range(2):
             system.start("consumer", "--app", "bench.apps")
         time.sleep(3)  # connected, consuming
         before = sizes(db) if full else None
-
-        def job(i: int) -> dict[str, Any]:
-            if not full:
-                return {}
-            return {
-                "tenant": f"tenant-{i % args.tenants}",
-                "key": f"key-{i % args.keys}",
-                "key_limit": 1,
-                "rate_limit": RATE_LIMIT,
-            }
-
+        job = featured(args) if full else lambda i: {}
         figures = steady(db, args.rate, args.seconds, marks, job)
         after = sizes(db) if full else None
     return figures, ({"start": before, "end": after} if full and before and after else None)
@@ -136,17 +161,7 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 def main() -> None:
     parser = argument_parser("bench.full_feature", __doc__)
     pace_options(parser, seconds=60, what="each run")
-    parser.add_argument("--tenants", type=int, default=1000, help="capped tenants")
-    parser.add_argument("--keys", type=int, default=5000, help="distinct keys (key_limit=1)")
-    parser.add_argument("--history", type=int, default=100_000, help="finished jobs in place")
-    parser.add_argument(
-        "--keep-finished",
-        type=float,
-        default=None,
-        help="the relay's --keep-finished in the full run; the history spans it "
-        "(default: --history / --rate seconds, what this rate keeps: retention then "
-        "deletes about what the run adds, so the tables should stay flat)",
-    )
+    feature_options(parser)
     args = parser.parse_args()
     if args.keep_finished is None:
         args.keep_finished = args.history / args.rate

@@ -25,6 +25,11 @@ With --history N, N finished jobs are in place and the tables analyzed before ou
 run, as autovacuum would have them in production: the planner then knows the jobs
 table is large, which changes the plans the prepared statements settle on.
 
+With --full, ours runs bench.full_feature's full run: every job of one of 1,000
+tenants capped at 5, with one of 5,000 keys (key_limit=1) and a rate limit far
+above the load, over finished jobs (--history, else 100,000) that the relay's
+retention deletes as the run adds more. The floor has none of that.
+
 Prints one JSON object.
 """
 
@@ -35,6 +40,7 @@ import bisect
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,7 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
+from bench import full_feature
 from bench.common import (
     argument_parser,
     cpu_seconds,
@@ -117,11 +124,16 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     with scratch_system(env={ENV: str(logs), "LOG_LEVEL": "DEBUG"}, logs=logs) as system:
         db = system.db
-        if args.history:
+        relay_args: list[str] = []
+        job: Callable[[int], dict[str, Any]] = _featureless
+        if args.full:
+            shape = full_shape(args)
+            relay_args, job = full_feature.prepare(db, shape), full_feature.featured(shape)
+        elif args.history:
             with psycopg.connect(db.conninfo, autocommit=True) as conn:
                 fill(conn, args.history, 0)
                 conn.execute("VACUUM ANALYZE jobs")
-        procs = [system.start("relay")]
+        procs = [system.start("relay", *relay_args)]
         procs += [system.start("consumer", "--app", "bench.apps") for _ in range(args.consumers)]
         # Listening and consuming before the first commit: a NOTIFY sent before the
         # relay's LISTEN is never heard, and its hop would be missing.
@@ -141,9 +153,9 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
         engine = create_engine(db.sqlalchemy, pool_size=2)
         committed: dict[str, float] = {}
         committing: dict[str, float] = {}
-        for _ in paced(args.rate, args.seconds):
+        for i in paced(args.rate, args.seconds):
             with Session(engine) as session, session.begin():
-                job_id = outbox.enqueue(session, "latency", {})
+                job_id = outbox.enqueue(session, "latency", {}, **job(i))
                 committing[str(job_id)] = time.time()
             committed[str(job_id)] = time.time()
         engine.dispose()
@@ -164,6 +176,18 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
     ]
     figures = split(committing, committed, notified, hops, Marks(logs).starts())
     return figures | {"cpu_ms_per_job": _cpu_per_job(cpu, len(committed))}
+
+
+def _featureless(i: int) -> dict[str, Any]:
+    return {}
+
+
+def full_shape(args: argparse.Namespace) -> argparse.Namespace:
+    """bench.full_feature's full run, at this run's rate."""
+    history = args.history or 100_000
+    return argparse.Namespace(
+        tenants=1000, keys=5000, history=history, keep_finished=history / args.rate, rate=args.rate
+    )
 
 
 def floor_split(args: argparse.Namespace) -> dict[str, Any]:
@@ -224,8 +248,11 @@ def main() -> None:
     parser.add_argument(
         "--history", type=int, default=0, help="finished jobs in place, analyzed, before our run"
     )
+    parser.add_argument(
+        "--full", action="store_true", help="ours with bench.full_feature's tenants, keys and limit"
+    )
     args = parser.parse_args()
-    result: dict[str, Any] = {"rate_per_s": args.rate, "history": args.history}
+    result: dict[str, Any] = {"rate_per_s": args.rate, "history": args.history, "full": args.full}
     if args.only != "floor":
         result["ours"] = ours(args)
     if args.only != "ours":
