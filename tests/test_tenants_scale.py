@@ -27,8 +27,9 @@ from hybrid_jobs import consumers, outbox
 from hybrid_jobs.consumers import Registry
 from hybrid_jobs.outbox import NewJob
 from hybrid_jobs.plumbing.config import AmqpUrl, DatabaseUrl
+from hybrid_jobs.plumbing.db import native
 from hybrid_jobs.relay.maintenance import reconcile_tenant_slots, refresh_tenant_usage
-from hybrid_jobs.schema.queries import TENANT_USAGE_REFRESH
+from hybrid_jobs.schema.queries import TENANT_BACKPRESSURE, TENANT_USAGE_REFRESH
 from hybrid_jobs.schema.topology import Topology
 from tests.support.inproc import consumer_running, relay_running
 from tests.support.jobs import enqueue_many, wait_until_all
@@ -182,3 +183,20 @@ async def test_each_round_counts_a_slice_of_the_limited_tenants_stalest_first(
         True,
     )
     assert pg.execute("SELECT min(queued), max(queued) FROM tenant_usage").fetchone() == (1, 1)
+
+
+def test_the_enqueues_backpressure_check_is_planned_once_per_connection(
+    engine: Engine, pg: psycopg.Connection
+) -> None:
+    # A producer's connection prepares it after a few enqueues; given the tenants'
+    # array, PostgreSQL kept planning it for the values, at every enqueue of a
+    # tenant's job (0.34 ms, for a check that runs in 0.013).
+    set_limits(engine, [f"t{i}" for i in range(1000)], max_queued=100)
+    pg.execute("ANALYZE")
+    for i in range(20):
+        pg.execute(TENANT_BACKPRESSURE, {"tenants": [f"t{i}"]}, prepare=True).fetchall()
+    (generic, custom) = pg.execute(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = %s",
+        [native(TENANT_BACKPRESSURE).sql.decode()],
+    ).fetchone() or (0, 0)
+    assert (generic, custom) == (20 - 5, 5)

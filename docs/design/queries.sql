@@ -3282,7 +3282,7 @@ SELECT l.tenant, l.max_queued,
                        LIMIT l.max_queued) AS since) AS waiting,
        u.drain_per_s
 FROM tenant_limits AS l JOIN tenant_usage AS u USING (tenant)
-WHERE l.tenant = ANY(%(tenants)s::text[]) AND l.max_queued IS NOT NULL;
+WHERE l.tenant = ANY((SELECT %(tenants)s::text[])::text[]) AND l.max_queued IS NOT NULL;
 
 -- name: TENANT_ENQUEUE_TAKE
 -- Run by outbox.backpressure:RATE_STATEMENT to take tokens of the tenants' enqueue
