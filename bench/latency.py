@@ -76,6 +76,9 @@ HOPS = [
     ("commit_to_started", "commit", "started"),
 ]
 
+# The finished jobs in place for --full, unless --history says otherwise.
+FULL_HISTORY = 100_000
+
 # One job's times, by point: the producer's (committing, commit) and each hop's.
 Times = dict[str, dict[str, float]]
 
@@ -183,10 +186,13 @@ def _featureless(i: int) -> dict[str, Any]:
 
 
 def full_shape(args: argparse.Namespace) -> argparse.Namespace:
-    """bench.full_feature's full run, at this run's rate."""
-    history = args.history or 100_000
+    """bench.full_feature's full run, at this run's rate. Its retention keeps what
+    this rate adds in the history's time, and never less than the run and a minute:
+    the run's own jobs must still be there to be counted when it ends."""
+    history = args.history or FULL_HISTORY
+    keep = max(history / args.rate, args.seconds + 60)
     return argparse.Namespace(
-        tenants=1000, keys=5000, history=history, keep_finished=history / args.rate, rate=args.rate
+        tenants=1000, keys=5000, history=history, keep_finished=keep, rate=args.rate
     )
 
 
@@ -252,7 +258,8 @@ def main() -> None:
         "--full", action="store_true", help="ours with bench.full_feature's tenants, keys and limit"
     )
     args = parser.parse_args()
-    result: dict[str, Any] = {"rate_per_s": args.rate, "history": args.history, "full": args.full}
+    history = args.history or (FULL_HISTORY if args.full else 0)
+    result: dict[str, Any] = {"rate_per_s": args.rate, "history": history, "full": args.full}
     if args.only != "floor":
         result["ours"] = ours(args)
     if args.only != "ours":

@@ -36,3 +36,16 @@ def test_ours_and_the_floor_are_split_into_the_same_hops() -> None:
         data["ours"]["commit_to_started"]["p50_ms"] / data["floor"]["commit_to_started"]["p50_ms"],
         2,
     )
+
+
+def test_the_full_runs_jobs_are_split_with_their_gates_and_retention_on() -> None:
+    # The full run at a small size: tenants, keys, a rate limit and the relay's
+    # retention; every job measured at every hop.
+    data = bench_json(
+        "latency", "--full", "--only", "ours", "--history", "200", "--rate", "40", "--seconds", "2"
+    )
+    assert data["full"] is True and data["history"] == 200
+    figures = data["ours"]
+    assert figures["jobs"] == 80, figures
+    for hop in HOPS:
+        assert figures[hop] is not None, hop
