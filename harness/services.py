@@ -52,16 +52,21 @@ def problems() -> list[str]:
 # The client connections four pytest processes need room for. Sampled every 0.2 s
 # over a whole run, they held up to 75 at once, in bursts of daemons' pools that a
 # sample can miss; a run under PostgreSQL's default of 100 once met "too many
-# clients already". Three processes held about three quarters of that.
+# clients already". Three processes held about three quarters of that, and five
+# hold about a quarter more.
 CONNECTIONS_FOR_FOUR = 150
+CONNECTIONS_FOR_FIVE = 190
 
 
 def default_workers() -> int:
-    """The pytest processes scripts/test starts unless told: four where the server
-    takes CONNECTIONS_FOR_FOUR connections, else three (saying why, on stderr)."""
+    """The pytest processes scripts/test starts unless told: five where the server
+    takes CONNECTIONS_FOR_FIVE connections, four where it takes CONNECTIONS_FOR_FOUR,
+    else three (saying why, on stderr)."""
     with psycopg.connect(ADMIN_URL, connect_timeout=5) as conn:
         row = conn.execute("SHOW max_connections").fetchone()
     allowed = int(row[0]) if row else 0
+    if allowed >= CONNECTIONS_FOR_FIVE:
+        return 5
     if allowed >= CONNECTIONS_FOR_FOUR:
         return 4
     print(

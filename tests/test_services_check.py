@@ -8,11 +8,11 @@ import sys
 
 import psycopg
 
-from harness.services import ADMIN_URL, CONNECTIONS_FOR_FOUR
+from harness.services import ADMIN_URL, CONNECTIONS_FOR_FIVE, CONNECTIONS_FOR_FOUR
 from tests.support.processes import ROOT
 
 
-def test_four_workers_only_where_the_server_takes_their_connections() -> None:
+def test_more_workers_only_where_the_server_takes_their_connections() -> None:
     with psycopg.connect(ADMIN_URL) as conn:
         row = conn.execute("SHOW max_connections").fetchone()
     assert row is not None
@@ -23,7 +23,9 @@ def test_four_workers_only_where_the_server_takes_their_connections() -> None:
         text=True,
         check=True,
     )
-    if int(row[0]) >= CONNECTIONS_FOR_FOUR:
+    if int(row[0]) >= CONNECTIONS_FOR_FIVE:
+        assert (run.stdout.strip(), run.stderr) == ("5", "")
+    elif int(row[0]) >= CONNECTIONS_FOR_FOUR:
         assert (run.stdout.strip(), run.stderr) == ("4", "")
     else:
         assert run.stdout.strip() == "3"
