@@ -121,6 +121,11 @@ def featured(args: Any) -> Callable[[int], dict[str, Any]]:
     return job
 
 
+def featureless(i: int) -> dict[str, Any]:
+    """The bare run's enqueue arguments: none."""
+    return {}
+
+
 def feature_options(parser: argparse.ArgumentParser) -> None:
     """The full run's shape (bench.latency --full runs it too)."""
     parser.add_argument("--tenants", type=int, default=1000, help="capped tenants")
@@ -148,7 +153,7 @@ def run(
             system.start("consumer", "--app", "bench.apps")
         time.sleep(3)  # connected, consuming
         before = sizes(db) if full else None
-        job = featured(args) if full else lambda i: {}
+        job = featured(args) if full else featureless
         figures = steady(db, args.rate, args.seconds, marks, job)
         after = sizes(db) if full else None
     return figures, ({"start": before, "end": after} if full and before and after else None)

@@ -128,7 +128,7 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
     with scratch_system(env={ENV: str(logs), "LOG_LEVEL": "DEBUG"}, logs=logs) as system:
         db = system.db
         relay_args: list[str] = []
-        job: Callable[[int], dict[str, Any]] = _featureless
+        job: Callable[[int], dict[str, Any]] = full_feature.featureless
         if args.full:
             shape = full_shape(args)
             relay_args, job = full_feature.prepare(db, shape), full_feature.featured(shape)
@@ -179,10 +179,6 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
     ]
     figures = split(committing, committed, notified, hops, Marks(logs).starts())
     return figures | {"cpu_ms_per_job": _cpu_per_job(cpu, len(committed))}
-
-
-def _featureless(i: int) -> dict[str, Any]:
-    return {}
 
 
 def full_shape(args: argparse.Namespace) -> argparse.Namespace:

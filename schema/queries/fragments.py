@@ -150,9 +150,10 @@ def key_wake_next(source: str) -> str:
     for the waiters of paused queues: an unordered key's turn goes to a job whose
     queue runs, before one of a paused queue (whose wake-up the relay holds until
     the resume: the key would idle while the others wait); an ordered key's goes to
-    the next in order, whatever its queue (none after it could run before it). A job whose refusal
-    races with this statement still gets its wake-up: it had one in flight, so
-    none pending, and is woken; a duplicate wake-up settles harmlessly."""
+    the next in order, whatever its queue (none after it could run before it). A
+    job whose refusal races with this statement still gets its wake-up: it had one
+    in flight, so none pending, and is woken; a duplicate wake-up settles
+    harmlessly."""
     return f"""key_left AS (
     SELECT j.key, count(*)::int AS n
     FROM {source} AS s JOIN jobs AS j ON j.job_id = s.job_id
