@@ -37,7 +37,22 @@ def connection_kwargs(application_name: str, database: DatabaseUrl | None = None
 # backlog the planner's estimate passes jit_above_cost and compiling the plan takes
 # most of the time (the relay's decision with 200,000 wake-ups pending: 1,096 ms of
 # 1,146 ms, 68 ms without).
-CONTROL_OPTIONS = "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
+#
+# And each prepared statement planned once, for any values (a generic plan). By
+# default PostgreSQL plans a prepared statement's first five executions for their
+# values and then settles on the generic plan, which is what every hot statement
+# here is written for and what the plan tests check (harness/plans.py): the five
+# custom plans only delay that. They cost 4 to 5 ms each for a claim or the relay's
+# decision, and more for some composed claims, on every new pooled connection and
+# for each statement it runs, so a relay or consumer that starts, or recycles a
+# connection, stalls the jobs behind those plans: at 200 jobs/s of
+# bench.full_feature's jobs, 320 ms of planning in the first second. And a few
+# statements never settled (the relay's pack limit: 49 plans for 50 executions),
+# planned at every call.
+CONTROL_OPTIONS = (
+    "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
+    " -c plan_cache_mode=force_generic_plan"
+)
 
 # For the relay's connections: every write the relay makes is one it would make
 # again if it were lost (a wake-up marked sent, a lease swept, a schedule fired with

@@ -116,8 +116,11 @@ async def test_the_consumers_prepared_claim_settles_on_its_generic_plan(
     plans made with the values look cheaper than the one made without. The plain
     claim's did, by its estimate of ten ids per batch against the one it was given,
     once a backlog was analyzed: it was planned at every claim, 0.9 ms of the 1.7
-    a claim of one job took (bench.claim_cost). Claimed here as a consumer claims,
-    one job at a time, on a connection of its pool."""
+    a claim of one job took (bench.claim_cost). And even a statement that settles
+    was planned for its values five times first, 4 to 5 ms each for a claim, on
+    every new connection. The daemons' pools plan each statement once, generically
+    (plumbing.db.CONTROL_OPTIONS). Claimed here as a consumer claims, one job at a
+    time, on a connection of its pool."""
     pool = make_pool(db_url, "test-claim-plan", max_size=1)
     await pool.open(wait=True)
     try:
@@ -135,9 +138,8 @@ async def test_the_consumers_prepared_claim_settles_on_its_generic_plan(
             generic, custom = await cur.fetchone() or (0, 0)
     finally:
         await pool.close()
-    # prepared at its first run (Native); PostgreSQL makes five custom plans, then
-    # compares
-    assert (generic, custom) == (12 - 5, 5)
+    # prepared at its first run (Native), and planned once, for any values
+    assert (generic, custom) == (12, 0)
 
 
 def _jobs_indexes(node: dict[str, Any]) -> Iterator[str]:
