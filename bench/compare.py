@@ -4,7 +4,9 @@ this machine, against the same PostgreSQL server and the same RabbitMQ broker.
 Every contender gets the same two measurements with the same K worker processes:
 drain (N no-op jobs enqueued at once; jobs/s until all have run) and latency (one job
 per enqueue at a fixed rate; from the enqueue's return to the handler's first line,
-p50/p95/p99). The contenders:
+p50/p95/p99; below zero where a worker that hears the commit's notification itself
+starts the handler before the producer's enqueue returns, as PgQueuer's can on a
+busy machine, and no ratio is given then). The contenders:
 
   hybrid-jobs  this project: `python -m bench.drain --no-baseline` (1 relay, K consumers)
   pgqueuer     PgQueuer at batch size 10 and 100, K workers, asyncpg

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -34,7 +35,12 @@ def figures(result: subprocess.CompletedProcess[str]) -> dict:
         assert row["error"] is None, row
         assert row["drain_jobs_per_s"] > 0, row
         latency = row["latency"]
-        assert 0 < latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"], row
+        # Ordered, but not necessarily above zero: a job is timed from the moment its
+        # producer's enqueue returned, and a peer whose worker hears the commit's
+        # notification directly (PgQueuer) can start the handler first, while the
+        # producer waits for a core on a loaded machine (p50 -1.05 ms was seen).
+        assert all(math.isfinite(latency[k]) for k in ("p50_ms", "p95_ms", "p99_ms")), row
+        assert latency["p50_ms"] <= latency["p95_ms"] <= latency["p99_ms"], row
         assert latency["jobs"] == 100, row  # 50 jobs/s for 2 s, every one measured
     return data
 
