@@ -11,11 +11,12 @@ of the key's gate alone (what the consumer runs for them).
     python -m bench.claim_cost [--jobs 40000] [--repeat 100]
 
 Each try is a real claim, committed, of jobs no earlier try took, on one
-autocommit connection as the consumer's pool runs it (psycopg prepares the
-statement on its fifth execution, and PostgreSQL then keeps one generic plan if it
-costs no more than the custom ones). Prints one JSON object: per batch size, the
-claim's wall time (p50, p95) with the consumer's options and with a generic plan
-forced from the start, and the outcome's wall time with the consumer's options.
+autocommit connection as the consumer's pool runs it (the statement prepared at its
+first run, and planned once, generically: plumbing.db.DAEMON_OPTIONS). Prints one
+JSON object: per batch size, the claim's wall time (p50, p95) with the consumer's
+options and with PostgreSQL's default plan cache (five plans for the values, then
+the generic one if it looks no costlier), and the outcome's wall time with the
+consumer's options.
 The claim's fixed cost bounds the start of every job at low load, and the claim's
 and the outcome's the drain per batch at high load.
 """
@@ -36,12 +37,12 @@ from hybrid_jobs import outbox
 from hybrid_jobs.consumers.outcome import Outcome
 from hybrid_jobs.consumers.store import finish_params
 from hybrid_jobs.plumbing.config import DatabaseUrl
-from hybrid_jobs.plumbing.db import CONTROL_OPTIONS, with_url_options
+from hybrid_jobs.plumbing.db import CONTROL_OPTIONS, DAEMON_OPTIONS, with_url_options
 from hybrid_jobs.schema import queries as q
 
-# The consumer's own options, the planner made to use one plan without the values
-# from the first execution: whether planning per execution costs the claim anything.
-FORCED_GENERIC = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
+# The consumer's options but PostgreSQL's default plan cache: what planning for the
+# values first costs the claim.
+DEFAULT_PLANS = CONTROL_OPTIONS
 
 
 def measure(
@@ -78,7 +79,7 @@ def measure_outcomes(
     time, as the consumer's pool runs the outcome: each a real one, committed."""
     walls = []
     with psycopg.connect(
-        db.conninfo, options=with_url_options(db, CONTROL_OPTIONS), autocommit=True
+        db.conninfo, options=with_url_options(db, DAEMON_OPTIONS), autocommit=True
     ) as conn:
         for start in range(0, len(held) - batch + 1, batch):
             chosen = [(i, g, Outcome.succeeded()) for i, g in held[start : start + batch]]
@@ -120,7 +121,7 @@ def main() -> None:
         # each measure takes its own slice of the backlog, the rest still waiting
         slices = iter(range(0, args.jobs, args.jobs // 8))
         for claim, statement in (("whole", q.JOB_CLAIM_MANY), ("plain", q.JOB_CLAIM_PLAIN_MANY)):
-            for mode, options in (("consumer", CONTROL_OPTIONS), ("generic", FORCED_GENERIC)):
+            for mode, options in (("consumer", DAEMON_OPTIONS), ("default", DEFAULT_PLANS)):
                 for n in (1, 50):
                     first = next(slices)
                     chosen = ids[first : first + min(args.repeat * n, args.jobs // 8)]
@@ -143,7 +144,7 @@ def main() -> None:
                 first = next(parts)
                 chosen = keyed[first : first + min(args.repeat * n, len(keyed) // 4)]
                 report[f"{claim}_consumer_batch_{n}"] = measure(
-                    db, CONTROL_OPTIONS, chosen, n, statement
+                    db, DAEMON_OPTIONS, chosen, n, statement
                 )
         # the outcomes of the jobs the plain claim took, by each outcome statement
         with psycopg.connect(db.conninfo, autocommit=True) as conn:

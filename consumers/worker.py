@@ -54,7 +54,7 @@ from hybrid_jobs.consumers.reporter import Reporter
 from hybrid_jobs.consumers.settings import OWN_POOL_SIZE, ConsumerSettings
 from hybrid_jobs.consumers.store import JobStore
 from hybrid_jobs.defaults import POOL_CLOSE_SECONDS
-from hybrid_jobs.plumbing.db import make_pool
+from hybrid_jobs.plumbing.db import DAEMON_OPTIONS, make_pool
 from hybrid_jobs.plumbing.logfmt import describe_error
 from hybrid_jobs.plumbing.stopping import FORCE_EXIT_SECONDS, cancel_and_wait
 from hybrid_jobs.plumbing.transient import retry_forever, unless_stopped
@@ -118,7 +118,9 @@ class Consumer:
         self.settings = settings
         self.registry = registry
         self.worker = make_worker_id()
-        self.pool = make_pool(settings.database, "consumer", max_size=OWN_POOL_SIZE)
+        self.pool = make_pool(
+            settings.database, "consumer", max_size=OWN_POOL_SIZE, options=DAEMON_OPTIONS
+        )
         self.handlers = HandlerPools(
             settings.database, ("consumer-handlers", "consumer-sync"), settings.concurrency
         )

@@ -37,22 +37,23 @@ def connection_kwargs(application_name: str, database: DatabaseUrl | None = None
 # backlog the planner's estimate passes jit_above_cost and compiling the plan takes
 # most of the time (the relay's decision with 200,000 wake-ups pending: 1,096 ms of
 # 1,146 ms, 68 ms without).
-#
-# And each prepared statement planned once, for any values (a generic plan). By
-# default PostgreSQL plans a prepared statement's first five executions for their
-# values and then settles on the generic plan, which is what every hot statement
-# here is written for and what the plan tests check (harness/plans.py): the five
-# custom plans only delay that. They cost 4 to 5 ms each for a claim or the relay's
-# decision, and more for some composed claims, on every new pooled connection and
-# for each statement it runs, so a relay or consumer that starts, or recycles a
-# connection, stalls the jobs behind those plans: at 200 jobs/s of
-# bench.full_feature's jobs, 320 ms of planning in the first second. And a few
-# statements never settled (the relay's pack limit: 49 plans for 50 executions),
-# planned at every call.
-CONTROL_OPTIONS = (
-    "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
-    " -c plan_cache_mode=force_generic_plan"
-)
+CONTROL_OPTIONS = "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
+
+# For the consumer's and the relay's own connections: every statement with
+# parameters planned once, for any values (a generic plan), prepared or not, and so
+# are the trigger functions' queries that run in those sessions. By default
+# PostgreSQL plans a prepared statement's first five executions for their values and
+# then settles on the generic plan, which is what every hot statement here is
+# written for and what the plan tests check (harness/plans.py; the relay's chores,
+# tests/test_relay_chore_plans.py): the five custom plans only delay that. They cost
+# 4 to 5 ms each for a claim, an outcome or the relay's decision, on every new pooled
+# connection and for each statement it runs, so a relay or consumer that starts, or
+# recycles a connection, stalled the jobs behind those plans: at 200 jobs/s of
+# bench.full_feature's jobs, 320 ms of planning in the first second. And a statement
+# that never settled (the relay's pack limit: 49 plans for 50 executions) was
+# planned at every call. The pools of the operator's tools and of a job's own
+# transactions keep PostgreSQL's default.
+DAEMON_OPTIONS = CONTROL_OPTIONS + " -c plan_cache_mode=force_generic_plan"
 
 # For the relay's connections: every write the relay makes is one it would make
 # again if it were lost (a wake-up marked sent, a lease swept, a schedule fired with
@@ -70,7 +71,7 @@ CONTROL_OPTIONS = (
 # after the drain the start of a job took 13.5-15.6 ms at p50 instead of 5.6-8.5
 # (bench.drain; tests/test_relay_decision.py). Every statement of the relay walks
 # an index bounded by its batch, where a bitmap scan gains nothing.
-RELAY_OPTIONS = CONTROL_OPTIONS + " -c synchronous_commit=off -c enable_bitmapscan=off"
+RELAY_OPTIONS = DAEMON_OPTIONS + " -c synchronous_commit=off -c enable_bitmapscan=off"
 
 
 def with_url_options(database: DatabaseUrl, options: str) -> str:
