@@ -44,8 +44,8 @@ CONTROL_OPTIONS = "-c lock_timeout=5000 -c statement_timeout=30000 -c jit=off"
 # are the trigger functions' queries that run in those sessions. By default
 # PostgreSQL plans a prepared statement's first five executions for their values and
 # then settles on the generic plan, which is what every hot statement here is
-# written for and what the plan tests check (harness/plans.py; the relay's chores,
-# tests/test_relay_chore_plans.py): the five custom plans only delay that. They cost
+# written for and what the plan tests check (harness/plans.py; the daemons' chores,
+# tests/test_daemon_chore_plans.py): the five custom plans only delay that. They cost
 # 4 to 5 ms each for a claim, an outcome or the relay's decision, on every new pooled
 # connection and for each statement it runs, so a relay or consumer that starts, or
 # recycles a connection, stalled the jobs behind those plans: at 200 jobs/s of
