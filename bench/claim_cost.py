@@ -40,10 +40,6 @@ from hybrid_jobs.plumbing.config import DatabaseUrl
 from hybrid_jobs.plumbing.db import CONTROL_OPTIONS, DAEMON_OPTIONS, with_url_options
 from hybrid_jobs.schema import queries as q
 
-# The consumer's options but PostgreSQL's default plan cache: what planning for the
-# values first costs the claim.
-DEFAULT_PLANS = CONTROL_OPTIONS
-
 
 def measure(
     db: DatabaseUrl, options: str, ids: list[uuid.UUID], batch: int, statement: str
@@ -121,7 +117,8 @@ def main() -> None:
         # each measure takes its own slice of the backlog, the rest still waiting
         slices = iter(range(0, args.jobs, args.jobs // 8))
         for claim, statement in (("whole", q.JOB_CLAIM_MANY), ("plain", q.JOB_CLAIM_PLAIN_MANY)):
-            for mode, options in (("consumer", DAEMON_OPTIONS), ("default", DEFAULT_PLANS)):
+            # ("default": PostgreSQL's plan cache, what planning for the values first costs)
+            for mode, options in (("consumer", DAEMON_OPTIONS), ("default", CONTROL_OPTIONS)):
                 for n in (1, 50):
                     first = next(slices)
                     chosen = ids[first : first + min(args.repeat * n, args.jobs // 8)]
