@@ -132,7 +132,7 @@ CHECKS = {
             JOIN rate_limits AS l
               ON l.name = b.bucket
               OR (right(l.name, 2) = ':*' AND starts_with(b.bucket, left(l.name, -1)))
-            ORDER BY b.bucket, l.name = b.bucket DESC
+            ORDER BY b.bucket, l.name = b.bucket DESC, length(l.name) DESC
         ), f AS (
             -- seconds from the bucket's first start, so the float keeps microseconds
             SELECT s.bucket, l.burst, row_number() OVER w AS k,

@@ -370,6 +370,41 @@ async def test_a_job_without_a_token_waits_for_its_own_token_spending_nothing(
     assert pg.execute("SELECT count(*) FROM rate_buckets").fetchone() == (1,)
 
 
+async def test_a_name_under_two_prefixes_takes_the_longer_ones_limit(
+    engine: Engine, pg: psycopg.Connection, db_url: DatabaseUrl
+) -> None:
+    """A name both 'sms:*' and 'sms:eu:*' cover is held to the longer prefix's limit,
+    whatever else is set; an exact limit of its own beats both."""
+    registry = Registry()
+
+    @registry.handler("stamp")
+    async def stamp(j: consumers.Job) -> None:
+        return None
+
+    with Session(engine) as session, session.begin():
+        outbox.set_rate_limit(session, "sms:*", rate=1, per=timedelta(hours=1), burst=1)
+        outbox.set_rate_limit(session, "sms:eu:*", rate=1, per=timedelta(hours=1), burst=3)
+        outbox.set_rate_limit(session, "sms:eu:vip", rate=1, per=timedelta(hours=1), burst=2)
+        for i in range(50):  # others the lookup must pass over
+            outbox.set_rate_limit(session, f"sms:e{i}:*", rate=1, per=timedelta(hours=1))
+    eu = [enqueue(engine, "stamp", {}, rate_limit="sms:eu:acme") for _ in range(4)]
+    vip = [enqueue(engine, "stamp", {}, rate_limit="sms:eu:vip") for _ in range(4)]
+    pg.execute("UPDATE outbox SET sent_at = now()")
+    claimed: list[uuid.UUID] = []
+    async with JobRunner(db_url, registry) as runner:
+        for _ in range(2):  # the first meets sms:eu:acme's bucket unmade: 'locked'
+            claim = await runner.store.claim(
+                eu + vip,
+                registry.claim_terms(),
+                queues=registry.queues(),
+                free_threads=8,
+                worker_ttl=60,
+            )
+            claimed += [c.job_id for c in claim.claimed]
+    assert len([i for i in claimed if i in eu]) == 3, "burst 3 of sms:eu:*, not 1 of sms:*"
+    assert len([i for i in claimed if i in vip]) == 2, "burst 2 of its own limit"
+
+
 def test_a_tenant_that_enqueues_faster_than_its_rate_gets_backpressure(
     engine: Engine, pg: psycopg.Connection
 ) -> None:

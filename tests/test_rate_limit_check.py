@@ -63,3 +63,19 @@ def test_one_start_over_the_limit_in_any_window_is_caught(limited: psycopg.Conne
     before = found[0]
     _starts(limited, "sms:globex", [0, 0, 0.1])
     assert limited.execute(EXCEEDED).fetchone() == (before,)
+
+
+def test_a_name_under_two_prefixes_is_held_to_the_longer_ones_limit(
+    limited: psycopg.Connection,
+) -> None:
+    # 'sms:eu:*' (burst 4) governs sms:eu:acme, not 'sms:*' (burst 2), as the claim
+    # has it: four starts at once are within the limit
+    limited.execute(
+        "INSERT INTO rate_limits (name, rate, per_seconds, burst) VALUES ('sms:eu:*', 10, 1, 4)"
+    )
+    _starts(limited, "sms:eu:acme", [0, 0, 0, 0])
+    assert limited.execute(EXCEEDED).fetchone() == (0,)
+    # and a fifth is one too many by the longer prefix's limit too
+    _starts(limited, "sms:eu:acme", [0])
+    found = limited.execute(EXCEEDED).fetchone()
+    assert found is not None and found[0] >= 1

@@ -722,7 +722,9 @@ WITH types AS (
 ), rate_wanted AS (
     -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
     -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
-    -- and its turn for a token (rate_limits is the operator's short list).
+    -- and its turn for a token. The limits that can cover a name are the name itself
+    -- and, for each ':' in it, the name up to there and '*': looked up by key, so a
+    -- job reads a few rows of rate_limits however many limits an operator sets.
     SELECT r.job_id, r.rate_name AS bucket, m.rate / m.per_seconds AS per_second, m.burst,
            row_number() OVER (PARTITION BY r.rate_name ORDER BY r.priority DESC, r.job_id)
                AS token_rank
@@ -730,8 +732,10 @@ WITH types AS (
     CROSS JOIN LATERAL (
         SELECT x.rate, x.per_seconds, x.burst
         FROM rate_limits AS x
-        WHERE x.name = r.rate_name
-           OR (right(x.name, 2) = ':*' AND starts_with(r.rate_name, left(x.name, -1)))
+        WHERE x.name = ANY (array_prepend(r.rate_name, ARRAY(
+            SELECT left(r.rate_name, p) || '*'
+            FROM generate_series(1, length(r.rate_name)) AS p
+            WHERE substr(r.rate_name, p, 1) = ':')))
         ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
         LIMIT 1
     ) AS m
