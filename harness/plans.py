@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -54,3 +55,17 @@ def plan(
     assert row is not None
     found: list[dict[str, Any]] = row[0]
     return found
+
+
+def reads(node: dict[str, Any], relation: str) -> Iterator[tuple[str, int, int]]:
+    """Each scan of ``relation`` (or of one of its indexes) in a plan from
+    :func:`plan`: its node type, the rows it produced or filtered away, all its loops
+    together, and its loops (0: it never ran)."""
+    ours = node.get("Relation Name") == relation or node.get("Index Name", "").startswith(
+        f"{relation}_"
+    )
+    if ours and "Scan" in node["Node Type"]:
+        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        yield node["Node Type"], int(read * node["Actual Loops"]), node["Actual Loops"]
+    for child in node.get("Plans", []):
+        yield from reads(child, relation)

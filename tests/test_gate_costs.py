@@ -6,8 +6,6 @@ the generic plan a pooled connection settles on."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,21 +15,9 @@ from harness.claim import claim_params
 from hybrid_jobs.schema import queries as q
 from tests.support.jobs import enqueue, job
 from tests.support.plans import plan as explain_plan
+from tests.support.plans import reads as scans
 
 BATCH = 50
-
-
-def reads(node: dict[str, Any], relation: str) -> Iterator[tuple[str, int]]:
-    """Each scan of ``relation`` (or of one of its indexes): its node type and the
-    rows it produced or filtered away, all its loops together."""
-    ours = node.get("Relation Name") == relation or node.get("Index Name", "").startswith(
-        f"{relation}_"
-    )
-    if ours and "Scan" in node["Node Type"]:
-        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-        yield node["Node Type"], read * node["Actual Loops"]
-    for child in node.get("Plans", []):
-        yield from reads(child, relation)
 
 
 def _analyzed(pg: psycopg.Connection, *tables: str) -> None:
@@ -54,7 +40,7 @@ def test_the_claim_reads_one_dedicated_tenant_per_job_not_every_one(
     ids.append(enqueue(engine, "noop", key="kd", tenant="d7"))
     _analyzed(pg, "tenant_limits", "jobs")
     found = explain_plan(pg, q.JOB_CLAIM_MANY, claim_params(ids, "w1"), generic=generic)
-    read = list(reads(found[0]["Plan"], "tenant_limits"))
+    read = [(node, rows) for node, rows, _ in scans(found[0]["Plan"], "tenant_limits")]
     assert all(node != "Seq Scan" for node, _ in read), read
     assert sum(rows for _, rows in read) <= 3 * len(ids), read
     status = {row[1]: row[0] for row in pg.execute(q.JOB_CLAIM_MANY, claim_params(ids, "w1"))}
@@ -85,7 +71,7 @@ def test_a_freed_resource_finds_its_next_waiter_however_many_wait(
         "worker": "w1",
     }
     found = explain_plan(pg, q.JOB_FINISH_MANY, params, generic=generic)
-    read = list(reads(found[0]["Plan"], "jobs"))
+    read = [(node, rows) for node, rows, _ in scans(found[0]["Plan"], "jobs")]
     assert all(node != "Seq Scan" for node, _ in read), read
     assert sum(rows for _, rows in read) <= 20, read
     pg.execute(q.JOB_FINISH_MANY, params)
@@ -120,7 +106,7 @@ def test_a_claim_reads_its_jobs_rate_limits_not_every_limit(
     ]
     _analyzed(pg, "rate_limits", "rate_buckets", "jobs")
     found = explain_plan(pg, q.JOB_CLAIM_MANY, claim_params(ids, "w1"), generic=generic)
-    read = list(reads(found[0]["Plan"], "rate_limits"))
+    read = [(node, rows) for node, rows, _ in scans(found[0]["Plan"], "rate_limits")]
     assert read, "the claim looks its jobs' limits up"
     assert all(node != "Seq Scan" for node, _ in read), read
     assert sum(rows for _, rows in read) <= 3 * len(ids), read

@@ -49,26 +49,13 @@ from hybrid_jobs.plumbing.db import CONTROL_OPTIONS, RELAY_OPTIONS
 from hybrid_jobs.schema import queries as q
 from tests.conftest import _database, _url_for
 from tests.support.plans import plan as explain_plan
+from tests.support.plans import reads
 
 BATCH = 50
 WORKER = "w1"
 HOLDER = "w-other"
 
 Read = dict[str, list[tuple[str, int, int]]]
-
-
-def reads(node: dict[str, Any], relation: str) -> Iterator[tuple[str, int, int]]:
-    """Each scan of ``relation`` (or of one of its indexes) in the plan: its node
-    type, the rows it produced or filtered away, all its loops together, and its
-    loops (0: it never ran)."""
-    ours = node.get("Relation Name") == relation or node.get("Index Name", "").startswith(
-        f"{relation}_"
-    )
-    if ours and "Scan" in node["Node Type"]:
-        read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-        yield node["Node Type"], int(read * node["Actual Loops"]), node["Actual Loops"]
-    for child in node.get("Plans", []):
-        yield from reads(child, relation)
 
 
 def upserts(node: dict[str, Any], relation: str) -> Iterator[dict[str, Any]]:

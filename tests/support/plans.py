@@ -1,5 +1,5 @@
-"""Re-exported from harness.plans, where the benchmarks import it too."""
+"""Re-exported from harness.plans, where the benchmarks import them too."""
 
-from harness.plans import plan
+from harness.plans import plan, reads
 
-__all__ = ["plan"]
+__all__ = ["plan", "reads"]
