@@ -3,15 +3,22 @@
 
 Jobs are committed one per transaction at a fixed rate. Ours: the relay and the
 consumers run with LOG_LEVEL=DEBUG, which makes them trace each wake-up with a
-wall-clock time (relay.notified, relay.sent, consumer.delivered, consumer.claimed).
-The floor's processes note the same points in their marks (BENCH_HOPS). Each bench
-handler notes when it starts. All processes share the machine's clock. Per job:
+wall-clock time (relay.notified, relay.decided, relay.sent, consumer.delivered,
+consumer.claiming, consumer.claimed). The floor's processes note the same points in
+their marks (BENCH_HOPS). Each bench handler notes when it starts. All processes
+share the machine's clock. Per job:
 
     commit -> notified   the producer sends COMMIT until the relay hears its NOTIFY
                          (delivered at commit, often before COMMIT returns)
-    notified -> sent     the relay decides, marks and publishes (confirms awaited)
+    notified -> sent     the relay decides, marks and publishes (confirms awaited),
+                         split in two:
+      notified -> decided   its turn to run, BEGIN, and the decision that marks
+                            the wake-ups sent (the floor: its one-line UPDATE)
+      decided -> sent       the publish, until RabbitMQ's confirms are back
     sent -> delivered    RabbitMQ hands the message to a consumer
-    delivered -> claimed the consumer's claim statement, committed
+    delivered -> claimed the consumer's claim, committed, split in two:
+      delivered -> claiming the consumer's own way from the delivery to its claim
+      claiming -> claimed   the claim statement and its commit
     claimed -> started   the handler's task gets the event loop
 
 (a hop can be negative where two processes race: a delivery can arrive before the
@@ -74,6 +81,13 @@ HOPS = [
     ("delivered_to_claimed", "delivered", "claimed"),
     ("claimed_to_started", "claimed", "started"),
     ("commit_to_started", "commit", "started"),
+    # two of them split: the relay's pass up to its decision (its turn, BEGIN, the
+    # decision) and the publish with its confirms; the consumer's way to its claim
+    # and the claim statement, committed
+    ("notified_to_decided", "notified", "decided"),
+    ("decided_to_sent", "decided", "sent"),
+    ("delivered_to_claiming", "delivered", "claiming"),
+    ("claiming_to_claimed", "claiming", "claimed"),
 ]
 
 # The finished jobs in place for --full, unless --history says otherwise.
@@ -167,8 +181,10 @@ def ours(args: argparse.Namespace) -> dict[str, Any]:
 
     notified = [e["t"] for e in _events(logs / "p0.log") if e["event"] == "relay.notified"]
     kinds = {
+        "relay.decided": "decided",
         "relay.sent": "sent",
         "consumer.delivered": "delivered",
+        "consumer.claiming": "claiming",
         "consumer.claimed": "claimed",
     }
     hops = [

@@ -339,6 +339,11 @@ class Claimer:
                 concurrency=self.settings.concurrency,
             )
 
+        if log.isEnabledFor(logging.DEBUG):  # a trace, for latency work
+            log.debug(
+                "consumer.claiming",
+                extra={"t": time.time(), "job_ids": [str(job_id) for job_id in job_ids]},
+            )
         try:
             free_slots, result = await retried(claim, _claim_retry)
             claimed, missed = result.claimed, result.missed

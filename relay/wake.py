@@ -255,6 +255,11 @@ async def _wake(
             (r[0], r[1], r[2])
             for r in sorted((r for r in rows if r[0] is not None), key=lambda r: r[6])
         ]
+        if sent and log.isEnabledFor(logging.DEBUG):  # a trace of each wake-up
+            log.debug(
+                "relay.decided",
+                extra={"t": time.time(), "queue": queue, "job_ids": [str(r[1]) for r in sent]},
+            )
         summary = _summary(rows)
         read = summary[7] is not None or bool(summary[8])
         if read:

@@ -14,6 +14,10 @@ HOPS = [
     "delivered_to_claimed",
     "claimed_to_started",
     "commit_to_started",
+    "notified_to_decided",
+    "decided_to_sent",
+    "delivered_to_claiming",
+    "claiming_to_claimed",
 ]
 
 
@@ -29,6 +33,9 @@ def test_ours_and_the_floor_are_split_into_the_same_hops() -> None:
         # the whole start is positive, and no shorter than the claim within it
         total = figures["commit_to_started"]
         assert 0 < figures["delivered_to_claimed"]["p50_ms"] < total["p99_ms"], (who, figures)
+        # the claim statement takes time, and comes within the delivery's claim
+        claim = figures["claiming_to_claimed"]
+        assert 0 < claim["p50_ms"] <= figures["delivered_to_claimed"]["p99_ms"], (who, figures)
         cpu = figures["cpu_ms_per_job"]
         assert cpu["relay"] >= 0 and cpu["consumers"] >= 0 and cpu["relay"] + cpu["consumers"] > 0
     ratio = data["ours_over_floor"]["commit_to_started"]["p50_ms"]

@@ -18,8 +18,9 @@ No window, no priorities, no fair share, no tenants, no caps, no history, no
 heartbeats, no retries, no error handling: what is left is the cost of the shape.
 
 With ``BENCH_HOPS`` set, each process notes in its marks when a wake-up passes each
-hop (the relay: a NOTIFY heard, ids published and confirmed; a consumer: ids
-delivered, claimed), at the points where ours traces the same hops at DEBUG, so
+hop (the relay: a NOTIFY heard, ids marked, published and confirmed; a consumer: ids
+delivered, about to be claimed, claimed), at the points where ours traces the same
+hops at DEBUG, so
 `bench.latency --only floor` splits the floor's start as it splits ours.
 """
 
@@ -104,6 +105,8 @@ async def relay(dsn: str, amqp: str, queue: str) -> None:
             async with work.transaction():
                 rows = await (await work.execute(MARK, {"batch": BATCH})).fetchall()
                 ids = [str(r[0]) for r in rows]
+                if hops and ids:
+                    hops.hop("decided", ids)
                 confirms = [
                     channel.basic_publish(
                         "\n".join(ids[i : i + PACK]).encode(),
@@ -150,6 +153,8 @@ async def consumer(dsn: str, amqp: str, queue: str) -> None:
             marks.hop("delivered", ids)
         conn = await idle.get()
         try:
+            if hops:
+                marks.hop("claiming", ids)
             claimed = await (await conn.execute(CLAIM, {"ids": ids, "worker": worker})).fetchall()
             if hops:
                 marks.hop("claimed", [r[0] for r in claimed])
