@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from hybrid_jobs.schema.gates.rate import covering
 from hybrid_jobs.schema.states import TERMINAL
 from hybrid_jobs.schema.tables import TERMINAL_SQL
 
@@ -120,19 +121,23 @@ CHECKS = {
     # holds j - i + 1 starts, over the limit when f(j) - f(i) + 1 > burst: one pass
     # keeping the least f so far finds the worst window ending at each start, so
     # the check reads each attempt once, not every pair. A name's limit is its own
-    # or, failing that, that of a "prefix:*" it falls under.
-    "rate_limit_exceeded": """
+    # or, failing that, that of the longest "prefix:*" it falls under.
+    "rate_limit_exceeded": f"""
         WITH starts AS (
             SELECT j.rate_limit AS bucket, a.started_at
             FROM job_attempts AS a JOIN jobs AS j ON j.job_id = a.job_id
             WHERE j.rate_limit IS NOT NULL AND a.started_at IS NOT NULL
         ), limits AS (
-            SELECT DISTINCT ON (b.bucket) b.bucket, l.rate / l.per_seconds AS per_second, l.burst
+            -- each bucket's limit, looked up by key as the claim looks it up
+            SELECT b.bucket, l.rate / l.per_seconds AS per_second, l.burst
             FROM (SELECT DISTINCT bucket FROM starts) AS b
-            JOIN rate_limits AS l
-              ON l.name = b.bucket
-              OR (right(l.name, 2) = ':*' AND starts_with(b.bucket, left(l.name, -1)))
-            ORDER BY b.bucket, l.name = b.bucket DESC, length(l.name) DESC
+            CROSS JOIN LATERAL (
+                SELECT x.rate, x.per_seconds, x.burst
+                FROM rate_limits AS x
+                WHERE x.name = ANY ({covering("b.bucket")})
+                ORDER BY x.name = b.bucket DESC, length(x.name) DESC
+                LIMIT 1
+            ) AS l
         ), f AS (
             -- seconds from the bucket's first start, so the float keeps microseconds
             SELECT s.bucket, l.burst, row_number() OVER w AS k,

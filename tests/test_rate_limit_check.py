@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from hybrid_jobs.jobctl.check import CHECKS
+from tests.support.plans import plan, reads
 
 EXCEEDED = CHECKS["rate_limit_exceeded"]
 
@@ -79,3 +80,20 @@ def test_a_name_under_two_prefixes_is_held_to_the_longer_ones_limit(
     _starts(limited, "sms:eu:acme", [0])
     found = limited.execute(EXCEEDED).fetchone()
     assert found is not None and found[0] >= 1
+
+
+def test_the_check_looks_each_bucket_s_limit_up_by_key(limited: psycopg.Connection) -> None:
+    # 20,000 limits, and starts in 200 buckets under them: each bucket's limit is
+    # found in a few index probes, not by reading every limit for every bucket
+    limited.execute(
+        "INSERT INTO rate_limits (name, rate, per_seconds, burst)"
+        " SELECT 'api' || i || ':*', 10, 1, 2 FROM generate_series(1, 20000) AS i"
+    )
+    for i in range(200):
+        _starts(limited, f"api{i + 1}:x", [0])
+    limited.execute("ANALYZE rate_limits")
+    found = plan(limited, EXCEEDED, {})
+    read = list(reads(found[0]["Plan"], "rate_limits"))
+    assert read and all(node != "Seq Scan" for node, _, _ in read), read
+    assert sum(rows for _, rows, _ in read) <= 3 * 200, read
+    assert limited.execute(EXCEEDED).fetchone() == (0,)

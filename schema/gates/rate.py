@@ -18,7 +18,19 @@ REASONS: Final = (DelayReason.RATE_LIMITED,)
 LOCKED_COLUMN: Final = "COALESCE(j.rate_limit, t.rate_limit) AS rate_name"
 LOCKED_COLUMN_ABSENT: Final = "NULL::text AS rate_name"
 
-CLAIM_ADMIT: Final = """rate_wanted AS (
+
+def covering(name: str) -> str:
+    """SQL: the names of the limits that can govern the rate-limit name ``name`` (an
+    SQL expression): the name itself and, for each ':' in it, the name up to there
+    with '*'. Looked up by key, a name costs a few index probes however many limits
+    an operator sets."""
+    return f"""array_prepend({name}, ARRAY(
+            SELECT left({name}, p) || '*'
+            FROM generate_series(1, length({name})) AS p
+            WHERE substr({name}, p, 1) = ':'))"""
+
+
+CLAIM_ADMIT: Final = f"""rate_wanted AS (
     -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
     -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
     -- and its turn for a token. The limits that can cover a name are the name itself
@@ -31,10 +43,7 @@ CLAIM_ADMIT: Final = """rate_wanted AS (
     CROSS JOIN LATERAL (
         SELECT x.rate, x.per_seconds, x.burst
         FROM rate_limits AS x
-        WHERE x.name = ANY (array_prepend(r.rate_name, ARRAY(
-            SELECT left(r.rate_name, p) || '*'
-            FROM generate_series(1, length(r.rate_name)) AS p
-            WHERE substr(r.rate_name, p, 1) = ':')))
+        WHERE x.name = ANY ({covering("r.rate_name")})
         ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
         LIMIT 1
     ) AS m
