@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from hybrid_jobs.schema.gates.rate import covering
+from hybrid_jobs.schema.gates.rate import governing
 from hybrid_jobs.schema.states import TERMINAL
 from hybrid_jobs.schema.tables import TERMINAL_SQL
 
@@ -131,13 +131,7 @@ CHECKS = {
             -- each bucket's limit, looked up by key as the claim looks it up
             SELECT b.bucket, l.rate / l.per_seconds AS per_second, l.burst
             FROM (SELECT DISTINCT bucket FROM starts) AS b
-            CROSS JOIN LATERAL (
-                SELECT x.rate, x.per_seconds, x.burst
-                FROM rate_limits AS x
-                WHERE x.name = ANY ({covering("b.bucket")})
-                ORDER BY x.name = b.bucket DESC, length(x.name) DESC
-                LIMIT 1
-            ) AS l
+            CROSS JOIN LATERAL ({governing("b.bucket")}) AS l
         ), f AS (
             -- seconds from the bucket's first start, so the float keeps microseconds
             SELECT s.bucket, l.burst, row_number() OVER w AS k,

@@ -722,23 +722,19 @@ WITH types AS (
 ), rate_wanted AS (
     -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
     -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
-    -- and its turn for a token. The limits that can cover a name are the name itself
-    -- and, for each ':' in it, the name up to there and '*': looked up by key, so a
-    -- job reads a few rows of rate_limits however many limits an operator sets.
+    -- looked up by key, and its turn for a token.
     SELECT r.job_id, r.rate_name AS bucket, m.rate / m.per_seconds AS per_second, m.burst,
            row_number() OVER (PARTITION BY r.rate_name ORDER BY r.priority DESC, r.job_id)
                AS token_rank
     FROM runnable AS r
-    CROSS JOIN LATERAL (
-        SELECT x.rate, x.per_seconds, x.burst
+    CROSS JOIN LATERAL (SELECT x.rate, x.per_seconds, x.burst
         FROM rate_limits AS x
         WHERE x.name = ANY (array_prepend(r.rate_name, ARRAY(
             SELECT left(r.rate_name, p) || '*'
             FROM generate_series(1, length(r.rate_name)) AS p
             WHERE substr(r.rate_name, p, 1) = ':')))
         ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
-        LIMIT 1
-    ) AS m
+        LIMIT 1) AS m
     WHERE r.rate_name IS NOT NULL
       -- one waiting for its key takes no token
       AND r.job_id NOT IN (SELECT job_id FROM key_waiting)

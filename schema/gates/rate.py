@@ -19,34 +19,32 @@ LOCKED_COLUMN: Final = "COALESCE(j.rate_limit, t.rate_limit) AS rate_name"
 LOCKED_COLUMN_ABSENT: Final = "NULL::text AS rate_name"
 
 
-def covering(name: str) -> str:
-    """SQL: the names of the limits that can govern the rate-limit name ``name`` (an
-    SQL expression): the name itself and, for each ':' in it, the name up to there
-    with '*'. Looked up by key, a name costs a few index probes however many limits
-    an operator sets."""
-    return f"""array_prepend({name}, ARRAY(
+def governing(name: str) -> str:
+    """SQL: the limit that governs the rate-limit name ``name`` (an SQL expression),
+    as one row of rate, per_seconds and burst (none: the name is not limited): the
+    name's own, else the longest 'prefix:*' that covers it. The limits that can cover
+    a name are the name itself and, for each ':' in it, the name up to there with
+    '*': looked up by key, a name costs a few index probes however many limits an
+    operator sets."""
+    return f"""SELECT x.rate, x.per_seconds, x.burst
+        FROM rate_limits AS x
+        WHERE x.name = ANY (array_prepend({name}, ARRAY(
             SELECT left({name}, p) || '*'
             FROM generate_series(1, length({name})) AS p
-            WHERE substr({name}, p, 1) = ':'))"""
+            WHERE substr({name}, p, 1) = ':')))
+        ORDER BY x.name = {name} DESC, length(x.name) DESC
+        LIMIT 1"""
 
 
 CLAIM_ADMIT: Final = f"""rate_wanted AS (
     -- 1d. each runnable job under a rate limit: its bucket (its own name) and the limit
     -- that governs it, the name's own or else the longest 'prefix:*' that covers it,
-    -- and its turn for a token. The limits that can cover a name are the name itself
-    -- and, for each ':' in it, the name up to there and '*': looked up by key, so a
-    -- job reads a few rows of rate_limits however many limits an operator sets.
+    -- looked up by key, and its turn for a token.
     SELECT r.job_id, r.rate_name AS bucket, m.rate / m.per_seconds AS per_second, m.burst,
            row_number() OVER (PARTITION BY r.rate_name ORDER BY r.priority DESC, r.job_id)
                AS token_rank
     FROM runnable AS r
-    CROSS JOIN LATERAL (
-        SELECT x.rate, x.per_seconds, x.burst
-        FROM rate_limits AS x
-        WHERE x.name = ANY ({covering("r.rate_name")})
-        ORDER BY x.name = r.rate_name DESC, length(x.name) DESC
-        LIMIT 1
-    ) AS m
+    CROSS JOIN LATERAL ({governing("r.rate_name")}) AS m
     WHERE r.rate_name IS NOT NULL
       -- one waiting for its key takes no token
       AND r.job_id NOT IN (SELECT job_id FROM key_waiting)
